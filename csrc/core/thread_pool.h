@@ -1,0 +1,44 @@
+// A fixed pool of worker threads running parallel_for over index ranges.
+// Work is split by output index only, so every reduction runs on one thread in a
+// fixed order and results do not depend on the thread count.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace strata {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(begin, end, thread_index) on disjoint ranges covering [0, n); blocks until done.
+  // Ranges are multiples of `grain` (but the last).
+  void parallel_for(int64_t n, int64_t grain,
+                    const std::function<void(int64_t, int64_t, int)>& fn);
+
+  // Threads to use when the caller passes 0: STRATA_THREADS, else the physical cores.
+  static int default_threads();
+
+ private:
+  void worker(int idx);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_, cv_done_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0, job_grain_ = 1, next_ = 0;
+  int generation_ = 0, active_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace strata

@@ -1,0 +1,36 @@
+// Core utilities: thread pool coverage and fp16/bf16 conversions.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "core/half.h"
+#include "core/thread_pool.h"
+
+using namespace strata;
+
+TEST(ThreadPool, CoversEveryIndexOnce) {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {1, 7, 64, 1000}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.parallel_for(n, 3, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) hits[i]++;
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+TEST(Half, RoundTripsEveryFiniteHalf) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if (((h >> 10) & 0x1f) == 0x1f) continue;  // inf / nan
+    const float f = fp16_to_f32((uint16_t)h);
+    ASSERT_EQ(f32_to_fp16(f), (uint16_t)h) << std::hex << h;
+  }
+  EXPECT_EQ(fp16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(fp16_to_f32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f32_to_fp16(65520.0f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+}
