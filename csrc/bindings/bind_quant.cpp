@@ -1,6 +1,81 @@
-// Bindings for quant (placeholder registration until the quant layer lands).
+// Bindings for quant: dequantize, matmul and the list of supported types, on numpy arrays.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <tuple>
+#include <vector>
+
 #include "bindings/bind.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "quant/quant.h"
+
+namespace py = pybind11;
 
 namespace strata {
-void bind_quant(pybind11::module_& m) { (void)m; }
+namespace {
+
+using Bytes = py::array_t<uint8_t, py::array::c_style>;
+using Floats = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// Kernels read 16-bit block fields and F32 rows in place, so the bytes must be 4-byte aligned
+// (numpy's own allocations always are; an offset slice may not be).
+void check_bytes(const Bytes& a, size_t expected, const char* what) {
+  STRATA_CHECK(static_cast<size_t>(a.nbytes()) == expected, ConfigError, what, ": got ", a.nbytes(),
+               " bytes, expected ", expected);
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(a.data()) % 4 == 0, ConfigError, what,
+               ": buffer is not 4-byte aligned; pass a copy (np.ascontiguousarray(...).copy())");
+}
+
+}  // namespace
+
+void bind_quant(py::module_& m) {
+  m.def(
+      "quant_types",
+      [] {
+        std::vector<std::tuple<uint32_t, std::string, int64_t, size_t>> out;
+        for (uint32_t id = 0; id < 64; ++id)
+          if (const QuantTraits* q = find_quant(id))
+            out.emplace_back(id, q->name, q->block_size, q->type_size);
+        return out;
+      },
+      "(ggml type id, name, block_size, type_size) for every type strata computes with.");
+
+  m.def(
+      "dequantize",
+      [](uint32_t type, const Bytes& data, int64_t n) {
+        const QType t = quant_traits(type, "dequantize").type;
+        check_bytes(data, row_bytes(t, n), "dequantize");
+        py::array_t<float> out(n);
+        {
+          py::gil_scoped_release nogil;
+          dequantize(t, data.data(), out.mutable_data(), n);
+        }
+        return out;
+      },
+      py::arg("type"), py::arg("data"), py::arg("n"),
+      "Dequantize n elements of ggml type `type` from raw bytes to float32 (n,).");
+
+  m.def(
+      "matmul",
+      [](uint32_t type, const Bytes& w, int64_t rows, int64_t cols, const Floats& x, int threads) {
+        const QType t = quant_traits(type, "matmul").type;
+        STRATA_CHECK(rows >= 0, ConfigError, "matmul: rows=", rows, " is negative");
+        check_bytes(w, static_cast<size_t>(rows) * row_bytes(t, cols), "matmul weights");
+        STRATA_CHECK(x.ndim() == 2 && x.shape(1) == cols, ConfigError, "matmul: x must be (T, ", cols,
+                     "), got ", x.ndim(), " dims with last ", x.ndim() ? x.shape(x.ndim() - 1) : 0);
+        STRATA_CHECK(threads >= 1, ConfigError, "matmul: threads=", threads, " must be at least 1");
+        const int64_t T = x.shape(0);
+        py::array_t<float> y({T, rows});
+        {
+          py::gil_scoped_release nogil;
+          ThreadPool pool(threads);
+          matmul(t, w.data(), rows, cols, x.data(), cols, T, y.mutable_data(), rows, pool);
+        }
+        return y;
+      },
+      py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1,
+      "Y (T, rows) = x (T, cols) @ W.T for W of `rows` raw rows of ggml type `type`.");
+}
+
 }  // namespace strata

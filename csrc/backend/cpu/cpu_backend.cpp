@@ -1,0 +1,247 @@
+// CPU backend: the reference implementation of every op; its "device memory" is host memory
+// and its link is memcpy, so the expert cache and prefill mechanics run without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/thread_pool.h"
+#include "quant/quant.h"
+#include "quant/quantize.h"
+
+namespace strata {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
+
+  const char* name() const override { return "cpu"; }
+  int threads() const override { return pool_.size(); }
+
+  void* alloc(size_t bytes, const char* what) override { return host_alloc(bytes, what).release(); }
+  void free(void* p) override { std::free(p); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  const void* resident(const void* host, size_t, const char*) override { return host; }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void sync() override {}
+
+  void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) override {
+    const QuantTraits& q = quant_traits(type, "token embedding");
+    const size_t rb = row_bytes(q.type, D);
+    pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t)
+        q.dequant_row(static_cast<const uint8_t*>(table) + (size_t)ids[t] * rb, out + t * D, D);
+    });
+  }
+
+  void rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs) override {
+    pool_.parallel_for(T, 16, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* r = x + t * D;
+        float ss = 0.f;
+        for (int64_t i = 0; i < D; ++i) ss += r[i] * r[i];
+        grs[t] = 1.0f / std::sqrt(ss / (float)D + eps);
+      }
+    });
+  }
+
+  void apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows, int64_t div,
+                  int64_t n, float* out) override {
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t s = rows ? rows[i] / div : i;
+        const float* r = x + s * D;
+        const float g = grs[s];
+        float* o = out + i * D;
+        for (int64_t c = 0; c < D; ++c) o[c] = (r[c] * g) * w[c];
+      }
+    });
+  }
+
+  void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) override {
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) std::memcpy(out + i * D, x + (int64_t)(rows[i] / div) * D, D * sizeof(float));
+    });
+  }
+
+  void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows, int64_t div,
+                     int64_t n, uint8_t* out) override {
+    const size_t rb = row_bytes(QType::Q8_0, D);
+    pool_.parallel_for(n, 4, [&](int64_t b, int64_t e, int) {
+      std::vector<float> tmp(D);
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t s = rows[i] / div;
+        const float* r = x + s * D;
+        if (grs) {
+          for (int64_t c = 0; c < D; ++c) tmp[c] = (r[c] * grs[s]) * w[c];
+        } else {
+          std::memcpy(tmp.data(), r, D * sizeof(float));
+        }
+        quantize_row_q8_0(tmp.data(), out + i * rb, D);
+      }
+    });
+  }
+
+  void dequant_rows(uint32_t type, const void* src, int64_t D, int64_t n, float* out) override {
+    const QuantTraits& q = quant_traits(type, "dequant_rows");
+    const size_t rb = row_bytes(q.type, D);
+    pool_.parallel_for(n, 4, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) q.dequant_row(static_cast<const uint8_t*>(src) + i * rb, out + i * D, D);
+    });
+  }
+
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+  void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx, int64_t T,
+              float* Y, int64_t ldy) override {
+    strata::matmul(quant_traits(type, "matmul weight").type, W, rows, cols, X, ldx, T, Y, ldy, pool_);
+  }
+
+  void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
+                      const RopeParams& rope) override {
+    const int64_t half = rope.n_dims / 2;
+    std::vector<float> inv_freq(half);
+    for (int64_t i = 0; i < half; ++i)
+      inv_freq[i] = 1.0f / std::pow(rope.freq_base, (float)(2 * i) / (float)rope.n_dims);
+    pool_.parallel_for(T * n_heads, 8, [&](int64_t b, int64_t e, int) {
+      for (int64_t th = b; th < e; ++th) {
+        float* h = x + th * hd;
+        const int64_t pos = pos0 + th / n_heads;
+        if (w) {
+          float ss = 0.f;
+          for (int64_t i = 0; i < hd; ++i) ss += h[i] * h[i];
+          const float g = 1.0f / std::sqrt(ss / (float)hd + eps);
+          for (int64_t i = 0; i < hd; ++i) h[i] = (h[i] * g) * w[i];
+        }
+        for (int64_t i = 0; i < half; ++i) {
+          const float theta = (float)pos * inv_freq[i];
+          const float c = std::cos(theta), s = std::sin(theta);
+          const float x0 = h[i], x1 = h[i + half];
+          h[i] = x0 * c - x1 * s;
+          h[i + half] = x1 * c + x0 * s;
+        }
+      }
+    });
+  }
+
+  void attention(const float* q, const float* kc, const float* vc, int64_t T, int64_t pos0, int64_t H,
+                 int64_t KV, int64_t hd, float scale, float* out) override {
+    const int64_t group = H / KV;
+    constexpr int64_t kBlock = 128;  // keys per online-softmax block, fixed by absolute position
+    pool_.parallel_for(T * H, 1, [&](int64_t b, int64_t e, int) {
+      float s[kBlock];
+      std::vector<float> acc(hd);
+      for (int64_t th = b; th < e; ++th) {
+        const int64_t t = th / H, h = th % H, kvh = h / group;
+        const float* qh = q + th * hd;
+        const int64_t n_keys = pos0 + t + 1;
+        float m = -INFINITY, l = 0.f;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j0 = 0; j0 < n_keys; j0 += kBlock) {
+          const int64_t nb = std::min(kBlock, n_keys - j0);
+          float bm = -INFINITY;
+          for (int64_t j = 0; j < nb; ++j) {
+            const float* kr = kc + ((j0 + j) * KV + kvh) * hd;
+            float d = 0.f;
+            for (int64_t i = 0; i < hd; ++i) d += qh[i] * kr[i];
+            s[j] = d * scale;
+            bm = std::max(bm, s[j]);
+          }
+          const float m_new = std::max(m, bm);
+          const float corr = std::exp(m - m_new);
+          l *= corr;
+          for (int64_t i = 0; i < hd; ++i) acc[i] *= corr;
+          for (int64_t j = 0; j < nb; ++j) {
+            const float p = std::exp(s[j] - m_new);
+            l += p;
+            const float* vr = vc + ((j0 + j) * KV + kvh) * hd;
+            for (int64_t i = 0; i < hd; ++i) acc[i] += p * vr[i];
+          }
+          m = m_new;
+        }
+        float* o = out + th * hd;
+        const float inv = 1.0f / l;
+        for (int64_t i = 0; i < hd; ++i) o[i] = acc[i] * inv;
+      }
+    });
+  }
+
+  void add(float* x, const float* y, int64_t n) override {
+    pool_.parallel_for(n, 1 << 14, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) x[i] += y[i];
+    });
+  }
+
+  void router_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool norm, int32_t* ids,
+                   float* weights) override {
+    pool_.parallel_for(T, 8, [&](int64_t b, int64_t e, int) {
+      std::vector<float> p(E);
+      std::vector<int32_t> idx(E);
+      for (int64_t t = b; t < e; ++t) {
+        const float* lg = logits + t * E;
+        const float mx = *std::max_element(lg, lg + E);
+        float sum = 0.f;
+        for (int64_t i = 0; i < E; ++i) sum += (p[i] = std::exp(lg[i] - mx));
+        for (int64_t i = 0; i < E; ++i) p[i] /= sum;
+        std::iota(idx.begin(), idx.end(), 0);
+        std::partial_sort(idx.begin(), idx.begin() + K, idx.end(),
+                          [&](int32_t a, int32_t c) { return p[a] > p[c] || (p[a] == p[c] && a < c); });
+        float ws = 0.f;
+        for (int64_t k = 0; k < K; ++k) ws += p[idx[k]];
+        for (int64_t k = 0; k < K; ++k) {
+          ids[t * K + k] = idx[k];
+          weights[t * K + k] = norm ? p[idx[k]] / ws : p[idx[k]];
+        }
+      }
+    });
+  }
+
+  void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off, int32_t* rows) override {
+    std::fill(off, off + E + 1, 0);
+    for (int64_t i = 0; i < T * K; ++i) off[ids[i] + 1]++;
+    for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
+    // Counting sort keeps (expert, t) order: deterministic whatever the chunk.
+    std::vector<int32_t> fill(off, off + E);
+    for (int64_t i = 0; i < T * K; ++i) rows[fill[ids[i]]++] = (int32_t)i;
+  }
+
+  void swiglu(float* g, const float* u, int64_t n) override {
+    pool_.parallel_for(n, 1 << 12, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        const float x = g[i];
+        g[i] = (x / (1.0f + std::exp(-x))) * u[i];
+      }
+    });
+  }
+
+  void scatter_add(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n, int64_t D,
+                   float* out) override {
+    // Split by columns: each output element is summed by one thread in row order, so rows that
+    // share a token (the MMQ pass) neither race nor change the order.
+    pool_.parallel_for(D, 64, [&](int64_t c0, int64_t c1, int) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t r = rows[i];
+        float* o = out + (int64_t)(r / K) * D;
+        const float wr = w[r];
+        const float* yi = y + i * D;
+        for (int64_t c = c0; c < c1; ++c) o[c] += yi[c] * wr;
+      }
+    });
+  }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace strata

@@ -1,0 +1,95 @@
+// ExpertSource implementations: host copy and mmap.
+#include "expert_cache/expert_source.h"
+
+#include <cstring>
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+namespace strata {
+
+const char* source_kind_name(SourceKind k) { return k == SourceKind::Host ? "host" : "mmap"; }
+
+ExpertLayout ExpertLayout::make(int64_t E, std::vector<ExpertLayerLayout> layers) {
+  ExpertLayout out;
+  out.L = (int64_t)layers.size();
+  out.E = E;
+  for (auto& l : layers) {
+    l.gate_off = 0;
+    l.up_off = align_up(l.gate.bytes);
+    l.down_off = l.up_off + align_up(l.up.bytes);
+    l.bytes = l.down_off + align_up(l.down.bytes);
+    out.slot_bytes = std::max(out.slot_bytes, l.bytes);
+  }
+  out.slot_bytes = align_up(out.slot_bytes);
+  out.layers = std::move(layers);
+  return out;
+}
+
+size_t ExpertLayout::total_bytes() const {
+  size_t n = 0;
+  for (const auto& l : layers) n += l.bytes * (size_t)E;
+  return n;
+}
+
+namespace {
+
+void copy_expert(const ExpertLayerLayout& l, int64_t e, uint8_t* dst,
+                 const std::function<void(void*, const void*, size_t)>& copy) {
+  copy(dst + l.gate_off, l.gate.host + (size_t)e * l.gate.bytes, l.gate.bytes);
+  copy(dst + l.up_off, l.up.host + (size_t)e * l.up.bytes, l.up.bytes);
+  copy(dst + l.down_off, l.down.host + (size_t)e * l.down.bytes, l.down.bytes);
+}
+
+class HostSource final : public ExpertSource {
+ public:
+  HostSource(const ExpertLayout& layout, const Progress& progress) : layout_(layout) {
+    const size_t total = layout.total_bytes();
+    buf_ = host_alloc(total, "the host copy of the experts (--source host); use --source mmap to read "
+                             "them from the file instead");
+    size_t off = 0;
+    for (int64_t l = 0; l < layout.L; ++l) {
+      layer_off_.push_back(off);
+      const auto& ll = layout.layers[l];
+      for (int64_t e = 0; e < layout.E; ++e) {
+        copy_expert(ll, e, buf_.get() + off + (size_t)e * ll.bytes,
+                    [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); });
+      }
+      off += ll.bytes * (size_t)layout.E;
+      if (progress) progress(off, total);
+    }
+  }
+  SourceKind kind() const override { return SourceKind::Host; }
+  void stream(int64_t layer, int64_t e, uint8_t* slot, Backend& be) const override {
+    const auto& ll = layout_.layers[layer];
+    be.upload(slot, buf_.get() + layer_off_[layer] + (size_t)e * ll.bytes, ll.bytes);
+  }
+
+ private:
+  const ExpertLayout& layout_;
+  HostBuffer buf_;
+  std::vector<size_t> layer_off_;
+};
+
+class MmapSource final : public ExpertSource {
+ public:
+  explicit MmapSource(const ExpertLayout& layout) : layout_(layout) {}
+  SourceKind kind() const override { return SourceKind::Mmap; }
+  void stream(int64_t layer, int64_t e, uint8_t* slot, Backend& be) const override {
+    copy_expert(layout_.layers[layer], e, slot, [&](void* d, const void* s, size_t n) { be.upload(d, s, n); });
+  }
+
+ private:
+  const ExpertLayout& layout_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, const Progress& progress) {
+  return std::make_unique<HostSource>(layout, progress);
+}
+std::unique_ptr<ExpertSource> make_mmap_source(const ExpertLayout& layout) {
+  return std::make_unique<MmapSource>(layout);
+}
+
+}  // namespace strata

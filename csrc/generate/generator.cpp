@@ -1,0 +1,68 @@
+// Generator: prompt, then sample -> decode until a stop token, max tokens or a full context.
+#include "generate/generator.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace strata {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p) {
+  STRATA_CHECK(!prompt.empty(), ConfigError, "the prompt is empty: it must hold at least one token");
+  STRATA_CHECK((int64_t)prompt.size() < m_.config().ctx, ConfigError, "the prompt has ", prompt.size(),
+               " tokens but ctx is ", m_.config().ctx, "; raise ctx (--ctx) or shorten the prompt");
+  STRATA_CHECK(p.max_tokens >= 0, ConfigError, "max_tokens must be >= 0");
+  p_ = p;
+  sampler_ = std::make_unique<Sampler>(p.sampler);
+  stats_ = GenStats{};
+  tokens_ = prompt;
+  logits_.resize(m_.spec().V);
+  const auto t0 = std::chrono::steady_clock::now();
+  m_.forward(prompt.data(), (int64_t)prompt.size(), 0, logits_.data(), false);
+  stats_.prompt_ms = ms_since(t0);
+  stats_.prompt_tokens = (int64_t)prompt.size();
+  pos_ = (int64_t)prompt.size();
+  have_logits_ = true;
+  done_ = false;
+}
+
+void Generator::finish(const char* reason) {
+  if (!done_) stats_.stop_reason = reason;
+  done_ = true;
+}
+
+int32_t Generator::next() {
+  if (done_) return -1;
+  if (stats_.generated >= p_.max_tokens) {
+    finish("max_tokens");
+    return -1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!have_logits_) {
+    if (pos_ >= m_.config().ctx) {
+      finish("ctx_full");
+      return -1;
+    }
+    m_.forward(&tokens_.back(), 1, pos_ - 1, logits_.data(), false);
+    have_logits_ = true;
+  }
+  const int32_t tok = sampler_->sample(logits_.data(), m_.spec().V, tokens_);
+  have_logits_ = false;
+  stats_.decode_ms += ms_since(t0);
+  if (std::find(p_.stop_ids.begin(), p_.stop_ids.end(), tok) != p_.stop_ids.end()) {
+    finish("stop_token");
+    return -1;
+  }
+  tokens_.push_back(tok);
+  ++pos_;
+  ++stats_.generated;
+  return tok;
+}
+
+}  // namespace strata

@@ -1,0 +1,50 @@
+// Generator: chunked prefill of the prompt, then a decode loop one token at a time, with the
+// sampler, stop tokens, max tokens and timings. Stop strings are matched by the caller on text.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "generate/sampler.h"
+#include "model/model.h"
+
+namespace strata {
+
+struct GenParams {
+  int64_t max_tokens = 256;
+  SamplerParams sampler;
+  std::vector<int32_t> stop_ids;
+};
+
+struct GenStats {
+  int64_t prompt_tokens = 0, generated = 0;
+  double prompt_ms = 0, decode_ms = 0;
+  std::string stop_reason;  // "stop_token", "max_tokens", "ctx_full", "caller"
+  double prompt_tps() const { return prompt_ms > 0 ? prompt_tokens * 1000.0 / prompt_ms : 0; }
+  double decode_tps() const { return decode_ms > 0 ? generated * 1000.0 / decode_ms : 0; }
+};
+
+class Generator {
+ public:
+  explicit Generator(Model& m) : m_(m) {}
+  // Runs the prompt through the model (chunked); the next call to next() samples the first token.
+  void begin(const std::vector<int32_t>& prompt, const GenParams& p);
+  // The next token, or -1 when generation has ended (stats().stop_reason says why).
+  int32_t next();
+  // The caller ends generation (a stop string matched).
+  void finish(const char* reason);
+  const GenStats& stats() const { return stats_; }
+
+ private:
+  Model& m_;
+  GenParams p_;
+  std::unique_ptr<Sampler> sampler_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> logits_;
+  int64_t pos_ = 0;
+  bool done_ = true, have_logits_ = false;
+  GenStats stats_;
+};
+
+}  // namespace strata

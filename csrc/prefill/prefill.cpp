@@ -1,0 +1,119 @@
+// Prefill plan: one ordered list of buffer specs per (T, src), the only place chunk scratch is sized.
+#include "prefill/prefill.h"
+
+#include "core/error.h"
+#include "core/memory.h"
+
+namespace strata {
+
+const char* moe_layout_name(MoeLayout l) { return l == MoeLayout::Fused ? "fused" : "mmq"; }
+
+Prefill::Prefill(PrefillShape shape) : shape_(std::move(shape)) {
+  const auto& s = shape_;
+  STRATA_CHECK(s.D > 0 && s.HC > 0 && s.E > 0 && s.K > 0 && s.K <= s.E && s.F > 0 && s.n_head > 0 &&
+                   s.n_kv_head > 0 && s.head_dim > 0,
+               ConfigError, "prefill shape out of range: D=", s.D, " HC=", s.HC, " E=", s.E, " K=", s.K,
+               " F=", s.F, " heads=", s.n_head, "/", s.n_kv_head, " head_dim=", s.head_dim);
+}
+
+bool Prefill::fused_supported() const {
+  // The fused path runs every expert type strata computes with; the flag exists because
+  // other backends (and future types) may not.
+  return !shape_.expert_types.empty();
+}
+
+MoeLayout Prefill::fused_layout(int64_t /*T*/, bool has_src) const {
+  return (has_src && fused_supported()) ? MoeLayout::Fused : MoeLayout::MMQ;
+}
+
+PrefillPlan Prefill::layout(int64_t T, bool src) const {
+  STRATA_CHECK(T >= 1, ConfigError, "prefill chunk must be at least 1 token, got ", T);
+  const auto& s = shape_;
+  PrefillPlan p;
+  p.T = T;
+  p.src = src;
+  p.moe = fused_layout(T, src);
+  auto add = [&](const char* name, const char* dtype, std::vector<int64_t> shape, size_t elem_bytes) {
+    size_t n = elem_bytes;
+    for (int64_t d : shape) n *= (size_t)d;
+    p.buffers.push_back(BufferSpec{name, n, dtype, std::move(shape), 0});
+  };
+  const int64_t Hd = s.n_head * s.head_dim, KVd = s.n_kv_head * s.head_dim;
+  add("R", "f32", {T, s.HC, s.D}, 4);
+  add("grs", "f32", {T, s.HC}, 4);
+  if (s.gr_unfused) add("xn", "f32", {T, s.D}, 4);
+  add("attn.q", "f32", {T, s.n_head, s.head_dim}, 4);
+  add("attn.k", "f32", {T, s.n_kv_head, s.head_dim}, 4);
+  add("attn.v", "f32", {T, s.n_kv_head, s.head_dim}, 4);
+  add("attn.out", "f32", {T, Hd}, 4);
+  (void)KVd;
+  add("proj", "f32", {T, s.D}, 4);
+  add("router.logits", "f32", {T, s.E}, 4);
+  add("router.ids", "i32", {T, s.K}, 4);
+  add("router.weights", "f32", {T, s.K}, 4);
+  add("moe.offsets", "i32", {s.E + 1}, 4);
+  add("moe.rows", "i32", {T * s.K}, 4);
+  if (p.moe == MoeLayout::Fused) {
+    // One expert at a time: at most T tokens route to it.
+    add("moe.x", "f32", {T, s.D}, 4);
+    add("moe.gate", "f32", {T, s.F}, 4);
+    add("moe.up", "f32", {T, s.F}, 4);
+    add("moe.down", "f32", {T, s.D}, 4);
+  } else {
+    // All experts in one pass: every (token, k) row gathered as q8_0 blocks.
+    STRATA_CHECK(s.D % 32 == 0, UnsupportedError, "the MMQ layout needs D divisible by 32, got D=", s.D);
+    add("moe.xq", "q8_0", {T * s.K, s.D / 32 * 34}, 1);
+    add("moe.gate", "f32", {T * s.K, s.F}, 4);
+    add("moe.up", "f32", {T * s.K, s.F}, 4);
+    add("moe.down", "f32", {T * s.K, s.D}, 4);
+  }
+  size_t off = 0;
+  for (auto& b : p.buffers) {
+    b.offset = off;
+    off += align_up(b.bytes);
+  }
+  p.total = off;
+  return p;
+}
+
+size_t Prefill::bytes_needed(int64_t T, bool src) const { return layout(T, src).total; }
+
+PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool src) const {
+  const PrefillPlan p = layout(T, src);
+  STRATA_CHECK(region != nullptr && region_bytes >= p.total, MemoryError, "prefill region of ",
+               region_bytes, " bytes is smaller than the ", p.total, " bytes chunk T=", T, " needs");
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(region) % kAlign == 0, ConfigError,
+               "prefill region is not ", kAlign, "-byte aligned");
+  auto* base = static_cast<uint8_t*>(region);
+  PrefillBuffers b;
+  b.T = T;
+  b.moe = p.moe;
+  for (const auto& s : p.buffers) {
+    void* ptr = base + s.offset;
+    const std::string& n = s.name;
+    auto f = static_cast<float*>(ptr);
+    auto i = static_cast<int32_t*>(ptr);
+    if (n == "R") b.R = f;
+    else if (n == "grs") b.grs = f;
+    else if (n == "xn") b.xn = f;
+    else if (n == "attn.q") b.q = f;
+    else if (n == "attn.k") b.k = f;
+    else if (n == "attn.v") b.v = f;
+    else if (n == "attn.out") b.attn = f;
+    else if (n == "proj") b.proj = f;
+    else if (n == "router.logits") b.router = f;
+    else if (n == "router.ids") b.topk_ids = i;
+    else if (n == "router.weights") b.topk_w = f;
+    else if (n == "moe.offsets") b.expert_off = i;
+    else if (n == "moe.rows") b.expert_rows = i;
+    else if (n == "moe.x") b.xg = f;
+    else if (n == "moe.xq") b.xq = static_cast<uint8_t*>(ptr);
+    else if (n == "moe.gate") b.hg = f;
+    else if (n == "moe.up") b.hu = f;
+    else if (n == "moe.down") b.yd = f;
+    else throw Error(str("prefill carve: buffer '", n, "' has no destination"));
+  }
+  return b;
+}
+
+}  // namespace strata

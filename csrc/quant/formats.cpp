@@ -1,0 +1,281 @@
+// The quant traits table and each format's dequantization, mirroring gguf.quants' numpy float32
+// operation order so results are bit-identical to it.
+#include <array>
+#include <bit>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "quant/iq2xs_grid.h"
+#include "quant/quant.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define STRATA_SIMD __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace strata {
+namespace {
+
+// The portable block functions are the reference: they mirror gguf's numpy expressions one
+// float32 operation at a time (the build passes -ffp-contract=off, so none gets fused).
+
+template <class B, int64_t QK, void (*Block)(const B&, float*)>
+inline void blocks(const void* src, float* dst, int64_t n) {
+  const B* b = static_cast<const B*>(src);
+  for (int64_t i = 0; i < n / QK; ++i) Block(b[i], dst + i * QK);
+}
+
+// gguf: (x * d), float32.
+inline void block_q8_0(const BlockQ8_0& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int l = 0; l < 32; ++l) y[l] = static_cast<float>(b.qs[l]) * d;
+}
+
+// ggml's get_scale_min_k4: sub-block j's 6-bit scale and min.
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m.
+inline void block_q4_k(const BlockQ4_K& b, float* y) {
+  const float d = fp16_to_f32(b.d), dmin = fp16_to_f32(b.dmin);
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    scale_min_k4(j, b.scales, sc, m);
+    const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
+    const uint8_t* q = b.qs + (j / 2) * 32;
+    const int shift = (j % 2) * 4;
+    for (int l = 0; l < 32; ++l) y[j * 32 + l] = ds * static_cast<float>((q[l] >> shift) & 0xF) - dm;
+  }
+}
+
+// gguf: (d * scale) rounded to float32, then times q in [-32, 31].
+inline void block_q6_k(const BlockQ6_K& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int h = 0; h < 2; ++h) {    // two halves of 128 elements
+    for (int k = 0; k < 4; ++k) {  // four groups of 32 in a half
+      const uint8_t* ql = b.ql + h * 64 + (k % 2) * 32;
+      const uint8_t* qh = b.qh + h * 32;
+      const int lshift = (k / 2) * 4, hshift = k * 2;
+      for (int s = 0; s < 2; ++s) {  // a scale covers 16 elements
+        const float ds = d * static_cast<float>(b.scales[h * 8 + k * 2 + s]);
+        float* out = y + h * 128 + k * 32 + s * 16;
+        for (int l = 0; l < 16; ++l) {
+          const int i = s * 16 + l;
+          const int q = (((ql[i] >> lshift) & 0xF) | (((qh[i] >> hshift) & 3) << 4)) - 32;
+          out[l] = ds * static_cast<float>(q);
+        }
+      }
+    }
+  }
+}
+
+// ggml's ksigns_iq2xs: 7 sign bits plus an 8th that makes the count of negatives even.
+constexpr std::array<uint8_t, 128> kSignsIq2xs = [] {
+  std::array<uint8_t, 128> t{};
+  for (unsigned k = 0; k < 128; ++k) t[k] = static_cast<uint8_t>(k | ((std::popcount(k) & 1u) << 7));
+  return t;
+}();
+
+constexpr float kPlusMinus[2] = {1.0f, -1.0f};
+
+// gguf: db = d * (0.5 + scale) * 0.25, then (db * grid) * (+-1).
+inline void block_iq2_xs(const BlockIQ2_XS& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int g = 0; g < 16; ++g) {  // 16 groups of 16 elements, one 4-bit scale each
+    const int sc = (b.scales[g / 2] >> ((g % 2) * 4)) & 0xF;
+    const float db = d * (0.5f + static_cast<float>(sc)) * 0.25f;
+    for (int k = 0; k < 2; ++k) {
+      const uint16_t q = b.qs[g * 2 + k];
+      const uint64_t grid = kIq2xsGrid[q & 511];
+      const uint8_t signs = kSignsIq2xs[q >> 9];
+      float* out = y + g * 16 + k * 8;
+      for (int j = 0; j < 8; ++j) {
+        const float v = db * static_cast<float>((grid >> (8 * j)) & 0xFF);
+        out[j] = v * kPlusMinus[(signs >> j) & 1];  // a multiply, as numpy does, and no branch
+      }
+    }
+  }
+}
+
+inline void block_f16(const uint16_t& h, float* y) { *y = fp16_to_f32(h); }
+inline void block_bf16(const uint16_t& h, float* y) { *y = bf16_to_f32(h); }
+
+void row_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void row_f16(const void* src, float* dst, int64_t n) { blocks<uint16_t, 1, block_f16>(src, dst, n); }
+void row_bf16(const void* src, float* dst, int64_t n) { blocks<uint16_t, 1, block_bf16>(src, dst, n); }
+void row_q8_0(const void* src, float* dst, int64_t n) { blocks<BlockQ8_0, 32, block_q8_0>(src, dst, n); }
+void row_q4_k(const void* src, float* dst, int64_t n) { blocks<BlockQ4_K, kQK_K, block_q4_k>(src, dst, n); }
+void row_q6_k(const void* src, float* dst, int64_t n) { blocks<BlockQ6_K, kQK_K, block_q6_k>(src, dst, n); }
+void row_iq2_xs(const void* src, float* dst, int64_t n) {
+  blocks<BlockIQ2_XS, kQK_K, block_iq2_xs>(src, dst, n);
+}
+
+#if defined(__x86_64__)
+// The AVX2 rows compute the same float32 operations in the same order as the block functions
+// above, eight elements at a time; tests check them bit for bit against each other.
+
+// Eight bytes at p widened to eight int32 lanes.
+STRATA_SIMD inline __m256i u8x8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// vcvtph2ps converts every non-NaN half exactly, as fp16_to_f32 does.
+STRATA_SIMD void row_f16_simd(const void* src, float* dst, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) dst[i] = fp16_to_f32(h[i]);
+}
+
+STRATA_SIMD void row_bf16_simd(const void* src, float* dst, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+  }
+  for (; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+}
+
+STRATA_SIMD void row_q8_0_simd(const void* src, float* dst, int64_t n) {
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(src);
+  for (int64_t i = 0; i < n / 32; ++i, dst += 32) {
+    const __m256 d = _mm256_set1_ps(fp16_to_f32(b[i].d));
+    for (int g = 0; g < 4; ++g) {
+      const __m256i q =
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[i].qs + 8 * g)));
+      _mm256_storeu_ps(dst + 8 * g, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+    }
+  }
+}
+
+STRATA_SIMD void row_q4_k_simd(const void* src, float* dst, int64_t n) {
+  const BlockQ4_K* b = static_cast<const BlockQ4_K*>(src);
+  const __m256i low4 = _mm256_set1_epi32(0xF);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_f32(b[i].d), dmin = fp16_to_f32(b[i].dmin);
+    for (int j = 0; j < 8; ++j, dst += 32) {
+      uint8_t sc, m;
+      scale_min_k4(j, b[i].scales, sc, m);
+      const __m256 ds = _mm256_set1_ps(d * static_cast<float>(sc));
+      const __m256 dm = _mm256_set1_ps(dmin * static_cast<float>(m));
+      const __m128i shift = _mm_cvtsi32_si128((j % 2) * 4);
+      const uint8_t* q = b[i].qs + (j / 2) * 32;
+      for (int g = 0; g < 4; ++g) {
+        const __m256i v = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * g), shift), low4);
+        _mm256_storeu_ps(dst + 8 * g, _mm256_sub_ps(_mm256_mul_ps(ds, _mm256_cvtepi32_ps(v)), dm));
+      }
+    }
+  }
+}
+
+STRATA_SIMD void row_q6_k_simd(const void* src, float* dst, int64_t n) {
+  const BlockQ6_K* b = static_cast<const BlockQ6_K*>(src);
+  const __m256i low4 = _mm256_set1_epi32(0xF), low2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+  for (int64_t i = 0; i < n / kQK_K; ++i, dst += kQK_K) {
+    const float d = fp16_to_f32(b[i].d);
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t* ql = b[i].ql + h * 64 + (k % 2) * 32;
+        const uint8_t* qh = b[i].qh + h * 32;
+        const __m128i lshift = _mm_cvtsi32_si128((k / 2) * 4), hshift = _mm_cvtsi32_si128(k * 2);
+        for (int g = 0; g < 4; ++g) {  // 8 elements; a scale covers two of these
+          const __m256 ds = _mm256_set1_ps(d * static_cast<float>(b[i].scales[h * 8 + k * 2 + g / 2]));
+          const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(u8x8(ql + 8 * g), lshift), low4);
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(u8x8(qh + 8 * g), hshift), low2);
+          const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), bias);
+          _mm256_storeu_ps(dst + h * 128 + k * 32 + 8 * g, _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q)));
+        }
+      }
+    }
+  }
+}
+
+STRATA_SIMD void row_iq2_xs_simd(const void* src, float* dst, int64_t n) {
+  const BlockIQ2_XS* b = static_cast<const BlockIQ2_XS*>(src);
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 plus = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = fp16_to_f32(b[i].d);
+    for (int g = 0; g < 16; ++g) {
+      const int sc = (b[i].scales[g / 2] >> ((g % 2) * 4)) & 0xF;
+      const __m256 db = _mm256_set1_ps(d * (0.5f + static_cast<float>(sc)) * 0.25f);
+      for (int k = 0; k < 2; ++k, dst += 8) {
+        const uint16_t q = b[i].qs[g * 2 + k];
+        const __m256i grid =
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kIq2xsGrid[q & 511])));
+        const __m256i s = _mm256_and_si256(_mm256_set1_epi32(kSignsIq2xs[q >> 9]), bit);
+        const __m256 sign = _mm256_blendv_ps(plus, minus, _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, bit)));
+        _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_mul_ps(db, _mm256_cvtepi32_ps(grid)), sign));
+      }
+    }
+  }
+}
+#define SIMD(f) f##_simd
+#else
+#define SIMD(f) f
+#endif
+
+// The one place that knows the formats; order is the order of the "supported" list in errors.
+constexpr QuantTraits kTraits[] = {
+    {QType::F32, "F32", 1, 4, row_f32, row_f32, true},
+    {QType::F16, "F16", 1, 2, row_f16, SIMD(row_f16), false},
+    {QType::BF16, "BF16", 1, 2, row_bf16, SIMD(row_bf16), false},
+    {QType::Q8_0, "Q8_0", 32, sizeof(BlockQ8_0), row_q8_0, SIMD(row_q8_0), false},
+    {QType::Q4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), row_q4_k, SIMD(row_q4_k), false},
+    {QType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), row_q6_k, SIMD(row_q6_k), false},
+    {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs), false},
+};
+#undef SIMD
+
+}  // namespace
+
+const char* ggml_type_name(uint32_t ggml_type) {
+  // ggml's type ids; gaps are ids ggml retired.
+  static constexpr const char* kNames[] = {
+      "F32",    "F16",   "Q4_0",  "Q4_1",   "",      "",      "Q5_0",    "Q5_1",   "Q8_0",    "Q8_1",
+      "Q2_K",   "Q3_K",  "Q4_K",  "Q5_K",   "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
+      "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",    "I16",   "I32",     "I64",    "F64",     "IQ1_M",
+      "BF16",   "",      "",      "",       "TQ1_0", "TQ2_0", "",        "",       "",        "MXFP4"};
+  if (ggml_type < std::size(kNames) && kNames[ggml_type][0] != '\0') return kNames[ggml_type];
+  return "unknown";
+}
+
+const QuantTraits* find_quant(uint32_t ggml_type) {
+  for (const QuantTraits& t : kTraits)
+    if (static_cast<uint32_t>(t.type) == ggml_type) return &t;
+  return nullptr;
+}
+
+const QuantTraits& quant_traits(uint32_t ggml_type, const std::string& what) {
+  if (const QuantTraits* t = find_quant(ggml_type)) return *t;
+  std::string supported;
+  for (const QuantTraits& t : kTraits) supported += str(supported.empty() ? "" : ", ", t.name);
+  throw UnsupportedError(str(what, ": quant type ", ggml_type_name(ggml_type), " (", ggml_type,
+                             ") is not supported by strata; supported: ", supported,
+                             ". Re-quantize the model with one of them."));
+}
+
+size_t row_bytes(QType t, int64_t n) {
+  const QuantTraits& q = quant_traits(t);
+  STRATA_CHECK(n >= 0 && n % q.block_size == 0, ConfigError, "a row of ", n, " elements of ", q.name,
+               " is not a whole number of ", q.block_size, "-element blocks");
+  return static_cast<size_t>(n / q.block_size) * q.type_size;
+}
+
+void dequantize(QType t, const void* src, float* dst, int64_t n) {
+  const QuantTraits& q = quant_traits(t);
+  row_bytes(t, n);  // validates n
+  (best_isa() == Isa::Avx2 ? q.dequant_row_simd : q.dequant_row)(src, dst, n);
+}
+
+}  // namespace strata

@@ -1,0 +1,191 @@
+// CPU matmul of quantized weights with float32 activations: rows are dequantized a tile at a
+// time and multiplied by register-blocked micro-kernels, in the one order quant.h defines.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "quant/quant.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace strata {
+namespace {
+
+// Micro-kernel shape: kMR rows x kNT tokens, each element with its own accumulator. 4 x 3 keeps
+// 12 accumulators and 3 activation vectors in the 16 AVX2 registers.
+constexpr int kMR = 4;
+constexpr int kNT = 3;
+// A tile of dequantized rows should stay in L2 while many tokens sweep it (64 KiB); with one
+// token group it is read once right after it is written, so it should stay in L1 (16 KiB).
+constexpr int64_t kTileFloatsL2 = 16384;
+constexpr int64_t kTileFloatsL1 = 4096;
+
+// y[t*ldy + r] for r < MR, t < NT, over `cols` columns of w (rows ldw apart) and x (ldx apart).
+using TileFn = void (*)(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t cols, float* y,
+                        int64_t ldy);
+
+template <int MR, int NT>
+void tile_scalar(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t cols, float* y,
+                 int64_t ldy) {
+  float a[NT][MR][8] = {};
+  const int64_t c8 = cols / 8 * 8;
+  for (int64_t c = 0; c < c8; c += 8)
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < MR; ++r)
+        for (int j = 0; j < 8; ++j) a[t][r][j] = std::fma(w[r * ldw + c + j], x[t * ldx + c + j], a[t][r][j]);
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < MR; ++r) {
+      const float* l = a[t][r];
+      float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+      for (int64_t c = c8; c < cols; ++c) s = std::fma(w[r * ldw + c], x[t * ldx + c], s);
+      y[t * ldy + r] = s;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+template <int MR, int NT>
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* w, int64_t ldw, const float* x, int64_t ldx,
+                                                   int64_t cols, float* y, int64_t ldy) {
+  __m256 a[NT][MR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < MR; ++r) a[t][r] = _mm256_setzero_ps();
+  const int64_t c8 = cols / 8 * 8;
+  for (int64_t c = 0; c < c8; c += 8) {
+    __m256 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + c);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w + r * ldw + c);
+      for (int t = 0; t < NT; ++t) a[t][r] = _mm256_fmadd_ps(wv, xv[t], a[t][r]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < MR; ++r) {
+      // Lanes j and j+4, then 0+2 and 1+3, then 0+1: the order tile_scalar writes out.
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a[t][r]), _mm256_extractf128_ps(a[t][r], 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      float s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+      for (int64_t c = c8; c < cols; ++c) s = std::fma(w[r * ldw + c], x[t * ldx + c], s);
+      y[t * ldy + r] = s;
+    }
+  }
+}
+#endif
+
+struct Kernels {
+  TileFn tile[kMR][kNT];  // [rows - 1][tokens - 1]
+  bool simd_dequant;
+};
+
+template <template <int, int> class K>
+constexpr Kernels make_kernels(bool simd_dequant) {
+  return Kernels{{{K<1, 1>::fn, K<1, 2>::fn, K<1, 3>::fn},
+                  {K<2, 1>::fn, K<2, 2>::fn, K<2, 3>::fn},
+                  {K<3, 1>::fn, K<3, 2>::fn, K<3, 3>::fn},
+                  {K<4, 1>::fn, K<4, 2>::fn, K<4, 3>::fn}},
+                 simd_dequant};
+}
+static_assert(kMR == 4 && kNT == 3, "make_kernels lists every micro-kernel shape");
+
+template <int MR, int NT>
+struct ScalarK {
+  static constexpr TileFn fn = tile_scalar<MR, NT>;
+};
+constexpr Kernels kScalar = make_kernels<ScalarK>(false);
+#if defined(__x86_64__)
+template <int MR, int NT>
+struct Avx2K {
+  static constexpr TileFn fn = tile_avx2<MR, NT>;
+};
+constexpr Kernels kAvx2 = make_kernels<Avx2K>(true);
+#endif
+
+// Per-thread tile of dequantized rows; grows to the largest tile seen and is then reused, so
+// steady-state calls allocate nothing.
+float* tile_scratch(size_t floats) {
+  thread_local HostBuffer buf;
+  thread_local size_t cap = 0;
+  if (floats > cap) {
+    buf = host_alloc(floats * sizeof(float), "matmul dequantization tile");
+    cap = floats;
+  }
+  return reinterpret_cast<float*>(buf.get());
+}
+
+// Output rows [r0, r1) for all T tokens.
+void rows_range(const Kernels& k, const QuantTraits& q, const uint8_t* W, size_t rbytes, int64_t r0,
+                int64_t r1, int64_t cols, const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy,
+                int64_t tile_rows) {
+  const DequantRowFn dq = k.simd_dequant ? q.dequant_row_simd : q.dequant_row;
+  float* buf = q.rows_are_f32 ? nullptr : tile_scratch(static_cast<size_t>(tile_rows * cols));
+  for (int64_t rb = r0; rb < r1; rb += tile_rows) {
+    const int64_t nr = std::min(tile_rows, r1 - rb);
+    const float* tile;
+    int64_t ldw;
+    if (q.rows_are_f32) {
+      tile = reinterpret_cast<const float*>(W + rb * rbytes);
+      ldw = static_cast<int64_t>(rbytes / sizeof(float));
+    } else {
+      for (int64_t i = 0; i < nr; ++i) dq(W + (rb + i) * rbytes, buf + i * cols, cols);
+      tile = buf;
+      ldw = cols;
+    }
+    // Tokens outer: a few activation rows stay in L1 while the tile streams from L2.
+    for (int64_t t0 = 0; t0 < T; t0 += kNT) {
+      const int64_t nt = std::min<int64_t>(kNT, T - t0);
+      for (int64_t i = 0; i < nr; i += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, nr - i);
+        k.tile[mr - 1][nt - 1](tile + i * ldw, ldw, X + t0 * ldx, ldx, cols, Y + t0 * ldy + rb + i, ldy);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Isa best_isa() {
+#if defined(__x86_64__)
+  static const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return avx2 ? Isa::Avx2 : Isa::Scalar;
+#else
+  return Isa::Scalar;
+#endif
+}
+
+void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
+            int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
+  const QuantTraits& q = quant_traits(t);
+  const size_t rbytes = row_bytes(t, cols);
+  STRATA_CHECK(rows >= 0 && T >= 0, ConfigError, "matmul: negative shape rows=", rows, " T=", T);
+  STRATA_CHECK(ldx >= cols && ldy >= rows, ConfigError, "matmul: leading dimensions ldx=", ldx, " ldy=", ldy,
+               " are smaller than cols=", cols, " rows=", rows);
+  if (rows == 0 || T == 0) return;
+#if defined(__x86_64__)
+  STRATA_CHECK(isa == Isa::Scalar || best_isa() == Isa::Avx2, UnsupportedError,
+               "matmul: this CPU lacks AVX2/FMA/F16C");
+  const Kernels& k = isa == Isa::Avx2 ? kAvx2 : kScalar;
+#else
+  STRATA_CHECK(isa == Isa::Scalar, UnsupportedError, "matmul: AVX2 kernels exist only on x86-64");
+  const Kernels& k = kScalar;
+#endif
+  const int64_t budget = T <= kNT ? kTileFloatsL1 : kTileFloatsL2;
+  const int64_t tile_rows = std::clamp<int64_t>(budget / std::max<int64_t>(cols, 1) / kMR * kMR, kMR, 64);
+  // About four chunks per thread balance uneven finishing without many trips to the pool's lock.
+  const int64_t per = (rows + 4 * pool.size() - 1) / (4 * pool.size());
+  const int64_t grain = std::max<int64_t>(kMR, (per + kMR - 1) / kMR * kMR);
+  const uint8_t* w = static_cast<const uint8_t*>(W);
+  pool.parallel_for(rows, grain, [&](int64_t r0, int64_t r1, int) {
+    rows_range(k, q, w, rbytes, r0, r1, cols, X, ldx, T, Y, ldy, tile_rows);
+  });
+}
+
+void matmul(QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx, int64_t T,
+            float* Y, int64_t ldy, ThreadPool& pool) {
+  matmul(best_isa(), t, W, rows, cols, X, ldx, T, Y, ldy, pool);
+}
+
+}  // namespace strata

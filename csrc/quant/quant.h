@@ -1,0 +1,94 @@
+// Quantized weight formats (ggml block layouts), their traits table, dequantization and the
+// CPU matmul that every backend is checked against.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/thread_pool.h"
+
+namespace strata {
+
+// Values are ggml type ids, as stored in GGUF tensor infos.
+enum class QType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 8, Q4_K = 12, Q6_K = 14, IQ2_XS = 17, BF16 = 30 };
+
+constexpr int64_t kQK_K = 256;  // elements per k-quant / i-quant super-block
+
+// Blocks exactly as ggml lays them out (ggml-common.h); halves are raw IEEE fp16 bits.
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];  // 8 six-bit scales and 8 six-bit mins, packed
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];  // low 4 bits
+  uint8_t qh[kQK_K / 4];  // high 2 bits
+  int8_t scales[kQK_K / 16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+struct BlockIQ2_XS {
+  uint16_t d;
+  uint16_t qs[kQK_K / 8];      // 9-bit grid index | 7-bit sign index, per 8 elements
+  uint8_t scales[kQK_K / 32];  // two 4-bit scales per byte, each for 16 elements
+};
+static_assert(sizeof(BlockIQ2_XS) == 74);
+
+using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
+
+struct QuantTraits {
+  QType type;
+  const char* name;
+  int64_t block_size;  // elements per block
+  size_t type_size;    // bytes per block
+  // n % block_size == 0. Bit-identical to gguf.quants.dequantize (numpy float32 math).
+  DequantRowFn dequant_row;
+  // The same function compiled for AVX2 where the build targets x86-64 (same values, bit for
+  // bit); equal to dequant_row elsewhere. matmul picks it when the CPU has AVX2+FMA+F16C.
+  DequantRowFn dequant_row_simd;
+  // Rows are float32 already, so matmul reads them in place instead of copying.
+  bool rows_are_f32;
+};
+
+// nullptr if strata does not compute with this ggml type.
+const QuantTraits* find_quant(uint32_t ggml_type);
+// As find_quant, but throws UnsupportedError naming `what`, the type and the supported ones.
+const QuantTraits& quant_traits(uint32_t ggml_type, const std::string& what);
+inline const QuantTraits& quant_traits(QType t) { return quant_traits(static_cast<uint32_t>(t), "quant"); }
+// ggml's name for any ggml type id ("IQ3_S"), or "unknown".
+const char* ggml_type_name(uint32_t ggml_type);
+
+// Bytes of one row of n elements; ConfigError if n is not a whole number of blocks.
+size_t row_bytes(QType t, int64_t n);
+
+// Dequantizes a whole tensor of n elements (n % block_size == 0) to float32.
+void dequantize(QType t, const void* src, float* dst, int64_t n);
+
+// Y[t*ldy + r] = sum_c W_r[c] * X[t*ldx + c] for t < T, r < rows. W holds `rows` rows of `cols`
+// elements of type t, row_bytes(t, cols) apart. Threads split the rows only.
+//
+// Every Y element has one fixed accumulation order, whatever T, the thread count, the rows
+// subset or W's offset: w = the row dequantized to float32; eight lanes a[j] = fma(w[c], x[c],
+// a[j]) for c = 8i + j over the first cols/8*8 columns in order; s = ((a0+a4)+(a2+a6)) +
+// ((a1+a5)+(a3+a7)); then s = fma(w[c], x[c], s) over the remaining columns. The AVX2 and the
+// scalar kernels both compute exactly this, so results do not depend on the CPU either.
+void matmul(QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx, int64_t T,
+            float* Y, int64_t ldy, ThreadPool& pool);
+
+// Kernel sets matmul can run; tests use this to check that they agree bit for bit.
+enum class Isa { Scalar, Avx2 };
+Isa best_isa();  // Avx2 when the build is x86-64 and the CPU has AVX2, FMA and F16C
+void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
+            int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
+
+}  // namespace strata

@@ -1,0 +1,238 @@
+"""The `strata` command line: generate, info, layout, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+import click
+
+from strata import _core
+
+GiB = 2**30
+MiB = 2**20
+
+_EXPERT_CACHE_HELP = ("Expert cache: MiB (14900), a size with units (14.5GiB, 900MiB), 'all' (every expert "
+                      "resident) or 'auto'. On the CPU, auto means all.")
+_PREFILL_HELP = "Prompt tokens per chunk: N, or auto[:MAX] for the largest chunk <= MAX (32768) that fits."
+
+
+def _fail(e: Exception) -> None:
+    click.echo(f"strata: error: {e}", err=True)
+    sys.exit(2)
+
+
+def _load(model: str, **kw: Any):
+    from strata.model import Model
+
+    try:
+        return Model(model, **kw)
+    except (_core.Error, FileNotFoundError, ValueError) as e:
+        _fail(e)
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+def _print_stats(stats: dict[str, Any], out=sys.stderr) -> None:
+    c = {k[len("cache_"):]: v for k, v in stats.items() if k.startswith("cache_")}
+    lines = [
+        f"prompt   {stats['prompt_tokens']} tokens in {stats['prompt_ms']:.0f} ms "
+        f"({stats['prompt_tps']:.1f} tok/s), chunk {c.get('chunk')} x {c.get('chunks')}",
+        f"decode   {stats['generated']} tokens in {stats['decode_ms']:.0f} ms ({stats['decode_tps']:.2f} tok/s), "
+        f"stop: {stats['stop_reason']}",
+        f"experts  source {c.get('source')}, cache "
+        + ("all resident" if c.get("all_resident") else
+           f"{c.get('slots')} slots x {_fmt_bytes(c.get('slot_bytes', 0))}"),
+        f"cache    hits {c.get('hits')}, misses {c.get('misses')}, streamed {c.get('bytes_streamed', 0) / GiB:.3f} GiB, "
+        f"evictions {c.get('evictions')}, refills {c.get('refills')}",
+        f"prompt   slots borrowed {c.get('slots_borrowed')} ({c.get('region_bytes', 0) / GiB:.3f} GiB)",
+    ]
+    for line in lines:
+        click.echo(line, file=out)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="strata")
+def main() -> None:
+    """strata: run Mixture-of-Experts GGUF models with experts streamed through a device cache."""
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-p", "--prompt", required=True, help="Prompt text (with --chat: the user message).")
+@click.option("-n", "--max-tokens", default=256, show_default=True, help="Tokens to generate at most.")
+@click.option("--device", default="cpu", show_default=True, help="cpu (or cuda when built with CUDA).")
+@click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
+@click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
+@click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True,
+              help="Where streamed experts live: a host copy or the mapped file.")
+@click.option("--ctx", default=4096, show_default=True, help="KV cache length in tokens.")
+@click.option("-t", "--threads", default=0, help="CPU threads (0: STRATA_THREADS or all cores).")
+@click.option("--temp", "temperature", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--top-k", default=40, show_default=True)
+@click.option("--top-p", default=0.95, show_default=True)
+@click.option("--min-p", default=0.05, show_default=True)
+@click.option("--repeat-penalty", default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Sampling seed (random if unset).")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--stats", is_flag=True, help="Print timings and expert-cache stats to stderr.")
+def generate(model: str, prompt: str, max_tokens: int, device: str, expert_cache: str, prefill: str, source: str,
+             ctx: int, threads: int, temperature: float, top_k: int, top_p: float, min_p: float,
+             repeat_penalty: float, seed: int | None, stop: tuple[str, ...], chat: bool, stats: bool) -> None:
+    """Generate text from MODEL (a GGUF file), streaming it to stdout."""
+    m = _load(model, device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
+              threads=threads)
+    kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+              repetition_penalty=repeat_penalty, seed=seed, stop=list(stop), stream=True)
+    try:
+        it = m.chat([{"role": "user", "content": prompt}], **kw) if chat else m.generate(prompt, **kw)
+        for piece in it:
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+        click.echo()
+    except _core.Error as e:
+        _fail(e)
+    if stats:
+        _print_stats(m.last_stats)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--expert-cache", default=None, help="Also show slots and auto chunks for this cache size.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def info(model: str, expert_cache: str | None, as_json: bool) -> None:
+    """Architecture, shapes, parameters, quant mix and memory of MODEL."""
+    m = _load(model, expert_cache="all", prefill=1, ctx=1, progress=False)
+    s = m.spec
+    g = m._gguf
+    mix: Counter[str] = Counter()
+    mix_bytes: Counter[str] = Counter()
+    for t in g["tensors"]:
+        role = "experts" if "_exps." in t["name"] else "dense"
+        mix[(role, t["type_name"])] += 1
+        mix_bytes[(role, t["type_name"])] += t["nbytes"]
+    out: dict[str, Any] = dict(s)
+    out["file"] = model
+    out["file_bytes"] = g["file_size"]
+    out["bytes_per_expert"] = s["expert_bytes"] // (s["layers"] * s["experts"])
+    out["quant_mix"] = [{"role": r, "type": ty, "tensors": n, "bytes": mix_bytes[(r, ty)]}
+                        for (r, ty), n in sorted(mix.items())]
+    if expert_cache is not None:
+        out["cache"] = _cache_plan(model, expert_cache)
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    rows = [
+        ("architecture", f"{s['arch']} ({s['name']})" if s["name"] else s["arch"]),
+        ("layers / hidden / vocab", f"{s['layers']} / {s['hidden']} / {s['vocab']}"),
+        ("attention", f"{s['heads']} heads, {s['kv_heads']} kv heads, head_dim {s['head_dim']}"),
+        ("experts", f"{s['experts']} per layer, top-{s['top_k']}, ffn {s['expert_ffn']}"),
+        ("parameters", f"{s['params_total'] / 1e9:.3f} B total, {s['params_active'] / 1e9:.3f} B active per token"),
+        ("dense weights", _fmt_bytes(s["dense_bytes"])),
+        ("experts", f"{_fmt_bytes(s['expert_bytes'])} ({out['bytes_per_expert'] / MiB:.2f} MiB per expert, "
+                    f"slot {s['slot_bytes'] / MiB:.2f} MiB)"),
+    ]
+    for q in out["quant_mix"]:
+        rows.append((f"quant {q['role']}", f"{q['type']}: {q['tensors']} tensors, {_fmt_bytes(q['bytes'])}"))
+    if "cache" in out:
+        c = out["cache"]
+        rows.append(("expert cache", f"{c['cache_mib']:.0f} MiB = {c['slots']} slots of {c['slot_bytes']} bytes"))
+        for T, chunk in c["auto_chunks"].items():
+            rows.append((f"auto chunk, {T}-token prompt", str(chunk)))
+    w = max(len(r[0]) for r in rows)
+    for k, v in rows:
+        click.echo(f"{k:<{w}}  {v}")
+
+
+def _cache_plan(model: str, expert_cache: str) -> dict[str, Any]:
+    from strata._options import parse_expert_cache
+    from strata.model import Model
+
+    size = parse_expert_cache(expert_cache)
+    if not isinstance(size, int):
+        raise click.BadParameter("give a size for --expert-cache here", param_hint="--expert-cache")
+    out: dict[str, Any] = {"cache_mib": size / MiB}
+    chunks = {}
+    for T in (2048, 8192, 32768):
+        try:
+            m = Model(model, expert_cache=size, prefill=f"auto:{T}", source="mmap", ctx=T, progress=False)
+            chunks[T] = m.chunk
+            out["slots"] = m.cache["slots"]
+            out["slot_bytes"] = m.cache["slot_bytes"]
+        except _core.MemoryError as e:
+            chunks[T] = f"none fits: {e}"
+    out["auto_chunks"] = chunks
+    return out
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--tokens", default=8192, show_default=True, help="Chunk size T.")
+@click.option("--no-source", is_flag=True, help="Plan for an all-resident cache (no ExpertSource).")
+@click.option("--unfused", is_flag=True, help="Plan with STRATA_GR_UNFUSED=1 (xn carved).")
+@click.option("--expert-cache", default=None, help="Also show how many slots of this cache the chunk borrows.")
+@click.option("--json", "as_json", is_flag=True)
+def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache: str | None,
+           as_json: bool) -> None:
+    """The prompt scratch of one chunk: every carved buffer, bytes_needed and the slots it borrows."""
+    if unfused:
+        os.environ["STRATA_GR_UNFUSED"] = "1"
+    m = _load(model, expert_cache="all", prefill=1, ctx=1, progress=False)
+    lay = m.layout(tokens=tokens, source=not no_source)
+    if as_json:
+        click.echo(json.dumps(lay, indent=2))
+        return
+    click.echo(f"T={lay['tokens']}  layout={lay['kind']}  source={'yes' if lay['source'] else 'no'}  "
+               f"GR={'unfused' if unfused else 'fused'}")
+    click.echo(f"{'buffer':<16} {'dtype':<6} {'shape':<24} {'offset':>14} {'bytes':>14}")
+    for b in lay["buffers"]:
+        shape = "x".join(str(d) for d in b["shape"])
+        click.echo(f"{b['name']:<16} {b['dtype']:<6} {shape:<24} {b['offset']:>14} {b['bytes']:>14}")
+    click.echo(f"bytes_needed {lay['bytes_needed']} ({_fmt_bytes(lay['bytes_needed'])}); slot {lay['slot_bytes']} "
+               f"bytes; the chunk borrows {lay['slots']} slots")
+
+
+@main.command()
+@click.option("-n", "--max-tokens", default=48, show_default=True)
+@click.option("--prompt", default="The expert cache", show_default=True)
+@click.option("--keep", type=click.Path(file_okay=False), default=None, help="Write the model here and keep it.")
+def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
+    """Build a small synthetic Qwen3-MoE GGUF and generate with a cache smaller than its experts."""
+    from strata.model import Model
+    from strata.testing import make_qwen3moe
+
+    d = keep or tempfile.mkdtemp(prefix="strata-demo-")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "demo-qwen3moe.gguf")
+    t0 = time.monotonic()
+    make_qwen3moe(path, layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, experts=16, top_k=4,
+                  expert_ffn=256, vocab=1024, quant={"experts": "Q4_K", "attn": "Q8_0", "embed": "Q8_0",
+                                                     "output": "Q8_0"}, seed=1)
+    click.echo(f"built {path} ({os.path.getsize(path) / MiB:.1f} MiB) in {time.monotonic() - t0:.1f} s")
+    probe = Model(path, expert_cache="all", prefill=1, ctx=1, progress=False)
+    experts = probe.spec["expert_bytes"]
+    slot = probe.spec["slot_bytes"]
+    cache = max(experts * 2 // 5, slot * 24)
+    click.echo(f"experts {experts / MiB:.2f} MiB in {probe.spec['layers'] * probe.spec['experts']} experts; "
+               f"expert cache {cache / MiB:.2f} MiB ({cache // slot} slots)")
+    m = Model(path, expert_cache=f"{cache}b", prefill=16, source="host", ctx=512)
+    click.echo(f"prompt: {prompt!r}")
+    for piece in m.generate(prompt, max_tokens=max_tokens, temperature=0.7, seed=7, stream=True):
+        click.echo(piece, nl=False)
+    click.echo()
+    _print_stats(m.last_stats, out=sys.stdout)
+    if not keep:
+        os.remove(path)
+        os.rmdir(d)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""strata.Model: the Python face of a loaded GGUF (tokenizer, chat, sampling options, generation)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from strata import _core
+from strata._options import parse_expert_cache, parse_prefill
+from strata._progress import ProgressBar
+from strata.chat import DEFAULT_CHAT_TEMPLATE, render_chat
+from strata.tokenizer import StreamDecoder, Tokenizer
+
+
+def inspect(path: str | os.PathLike) -> dict[str, Any]:
+    """Metadata and tensor table of a GGUF file (validated; raises strata.FormatError)."""
+    return _core.read_gguf(os.fspath(path))
+
+
+@dataclass
+class Completion:
+    """The result of a non-streaming generate() or chat()."""
+
+    text: str
+    tokens: list[int]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class Model:
+    """A Mixture-of-Experts GGUF loaded on `device`, experts streamed through the expert cache.
+
+    expert_cache: MiB (14900), a size with units ('14.5GiB', '900MiB'), 'all' (every expert
+    resident, nothing streams) or 'auto' (CPU: all). prefill: tokens per prompt chunk, or
+    'auto[:MAX]' for the largest chunk <= MAX the cache leaves room for. source: 'host' (a
+    copy of the experts in RAM), 'mmap' (read from the file) or 'auto'.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        device: str = "cpu",
+        expert_cache: str | float | None = "auto",
+        prefill: str | int | None = 8192,
+        source: str = "auto",
+        ctx: int = 4096,
+        threads: int = 0,
+        progress: bool = True,
+    ) -> None:
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        self._gguf = _core.read_gguf(self.path)
+        md = self._gguf["metadata"]
+        self.tokenizer = Tokenizer.from_metadata(md)
+        self.chat_template: str | None = md.get("tokenizer.chat_template")
+        cache = parse_expert_cache(expert_cache)
+        if device == "cpu" and cache == "auto":
+            cache = "all"  # the CPU reads experts where they lie: streaming would only copy memory
+        if cache == "auto":
+            raise _core.ConfigError("--expert-cache auto is only defined for a GPU device; give a size or 'all'")
+        mode, chunk = parse_prefill(prefill)
+        if source not in ("auto", "host", "mmap"):
+            raise _core.ConfigError(f"--source must be host, mmap or auto, got '{source}'")
+        self.expert_cache = cache
+        bar = ProgressBar(f"loading experts ({os.path.basename(self.path)})") if progress else None
+        self._m = _core.Model(
+            self.path, device=device, threads=threads, ctx=ctx,
+            cache_bytes=-1 if cache == "all" else int(cache), source=source,
+            prefill=chunk, prefill_auto=(mode == "auto"), progress=bar,
+        )
+        self.spec: dict[str, Any] = self._m.spec()
+        self.device = device
+        self.ctx = ctx
+
+    # ---- tokens ----
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special=skip_special)
+
+    # ---- raw model ----
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits at every position of one prompt: float32 [len(ids), V]."""
+        return self._m.logits(np.asarray(ids, dtype=np.int32))
+
+    def layout(self, tokens: int = 8192, source: bool = True) -> dict[str, Any]:
+        """The prompt scratch plan for a chunk of `tokens`: bytes_needed, kind, buffers, slots."""
+        return self._m.layout(int(tokens), bool(source))
+
+    @property
+    def chunk(self) -> int:
+        """Tokens per prompt chunk, as resolved at load."""
+        return self._m.chunk
+
+    @property
+    def cache(self) -> dict[str, Any]:
+        """Expert cache configuration and live stats."""
+        d = self._m.cache_stats()
+        d["expert_cache"] = self.expert_cache
+        d["chunk"] = self._m.chunk
+        return d
+
+    def reset_stats(self) -> None:
+        self._m.reset_stats()
+
+    # ---- generation ----
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        stream: bool = False,
+        add_special: bool = True,
+    ) -> Completion | Iterator[str]:
+        """Completes `prompt` (text or token ids). stream=True yields text pieces as they decode."""
+        ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt, add_special=add_special)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not s for s in stops):
+            raise _core.ConfigError("stop strings must be non-empty")
+        gen = _core.Generator(self._m)
+        gen.begin(ids, int(max_tokens), float(temperature), int(top_k), float(top_p), float(min_p),
+                  float(repetition_penalty), int(seed if seed is not None else np.random.SeedSequence().entropy % 2**63),
+                  sorted(self.tokenizer.stop_ids))
+        pieces = self._run(gen, stops)
+        if stream:
+            return pieces
+        out = list(pieces)
+        text = "".join(p for p in out if isinstance(p, str))
+        return Completion(text=text, tokens=self._last_tokens, stats=self._stats(gen))
+
+    def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion | Iterator[str]:
+        """Renders `messages` with the model's chat template, then generate()s the reply."""
+        prompt = render_chat(
+            self.chat_template or DEFAULT_CHAT_TEMPLATE, messages, add_generation_prompt=True,
+            bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token,
+        )
+        return self.generate(prompt, add_special=False, **kwargs)
+
+    def _run(self, gen: Any, stops: list[str]) -> Iterator[str]:
+        dec = StreamDecoder(self.tokenizer, skip_special=True)
+        self._last_tokens = []
+        text, emitted = "", 0
+        hold = max((len(s) for s in stops), default=1) - 1
+        while True:
+            tok = gen.next()
+            if tok < 0:
+                text += dec.flush()
+                break
+            self._last_tokens.append(tok)
+            text += dec.feed(tok)
+            hit = min((i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0), default=-1)
+            if hit >= 0:
+                text = text[:hit]
+                gen.finish("stop_string")
+                break
+            safe = len(text) - hold if stops else len(text)
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+        if len(text) > emitted:
+            yield text[emitted:]
+        self._gen_stats = self._stats(gen)
+
+    def _stats(self, gen: Any) -> dict[str, Any]:
+        s = dict(gen.stats())
+        s.update({f"cache_{k}": v for k, v in self.cache.items()})
+        return s
+
+    @property
+    def last_stats(self) -> dict[str, Any]:
+        """Stats of the last finished generation (for stream=True callers)."""
+        return getattr(self, "_gen_stats", {})

@@ -1,0 +1,221 @@
+"""Synthetic Qwen3-MoE GGUF files (random weights, real tokenizer), written tensor by tensor."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from strata.testing import tokenizer as tok
+from strata.testing.quant import QTYPES, block_size, random_blocks, row_bytes
+
+ROLES = ("embed", "attn", "router", "experts", "output", "norm")
+"""Keys of the `quant` dict: which tensors get which type."""
+
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "experts": 8, "top_k": 2,
+             "expert_ffn": 256, "vocab": 512, "ctx": 4096},
+    "small": {"layers": 4, "hidden": 512, "heads": 8, "kv_heads": 2, "head_dim": 64, "experts": 16, "top_k": 4,
+              "expert_ffn": 256, "vocab": 2048, "ctx": 8192},
+    "qwen3-30b-a3b": {"layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "experts": 128,
+                      "top_k": 8, "expert_ffn": 768, "vocab": 151936, "ctx": 40960},
+}
+"""Model shapes for `make_preset`; every preset takes the K-quants (dims are multiples of 256)."""
+
+PRESET_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "F32", "experts": "Q4_K", "output": "Q8_0"}
+"""`make_preset`'s default quant mix, like a Q4_K_M file: Q4_K experts, Q8_0 dense weights."""
+
+Progress = Callable[[int, int], None]
+
+_FILE_TYPES = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+    "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
+    "IQ2_XS": gguf.LlamaFileType.MOSTLY_IQ2_XS,
+}
+_CHUNK_ELEMS = 1 << 23  # elements generated at a time: bounds memory to ~100 MB whatever the tensor
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    shape: tuple[int, ...]  # numpy (row-major) order: the reverse of ggml's ne
+    role: str
+    qtype: str
+    std: float  # of the weights; norms are 1 + N(0, std)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64)) * row_bytes(self.qtype, self.shape[-1])
+
+
+def make_qwen3moe(
+    path: str | os.PathLike[str],
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    experts: int = 8,
+    top_k: int = 2,
+    expert_ffn: int = 32,
+    vocab: int = 512,
+    ctx: int = 4096,
+    rope_theta: float = 1e6,
+    rms_eps: float = 1e-6,
+    quant: dict[str, str] | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a `qwen3moe` GGUF with llama.cpp's tensor names, random weights and a real BPE tokenizer.
+
+    Weights are normal (std 1/sqrt(fan_in), embeddings std 1, norms 1 + N(0, 0.05)), so activations stay
+    O(1) through the layers; quantized tensors are random valid blocks of the same scale
+    (`quant.random_blocks`). `quant` maps roles (ROLES) to types (quant.QTYPES); unnamed roles are F32.
+    Each tensor depends only on `seed` and its name. Written streaming, in bounded memory;
+    `progress(done, total)` is called with tensor-data bytes. Returns the path.
+    """
+    dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+            "experts": experts, "top_k": top_k, "expert_ffn": expert_ffn, "vocab": vocab, "ctx": ctx}
+    if any(v <= 0 for v in dims.values()):
+        raise ValueError(f"model dimensions must be positive: {dims}")
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if top_k > experts:
+        raise ValueError(f"top_k ({top_k}) must not exceed experts ({experts})")
+    types = _resolve_quant(quant)
+    voc = tok.vocab(vocab)
+    tensors = _plan(types, layers, hidden, heads, kv_heads, head_dim, experts, expert_ffn, vocab)
+
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_name(f"strata synthetic qwen3moe L{layers} D{hidden} E{experts}")
+    w.add_block_count(layers)
+    w.add_context_length(ctx)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(3 * hidden)  # dense FFN width, unused by the model; transformers reads it
+    w.add_expert_feed_forward_length(expert_ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(rms_eps)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(top_k)
+    w.add_file_type(_FILE_TYPES[types["experts"]])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(list(voc.tokens))
+    w.add_token_types(list(voc.token_types))
+    w.add_token_merges(list(voc.merges))
+    w.add_bos_token_id(voc.bos_id)
+    w.add_eos_token_id(voc.eos_id)
+    w.add_pad_token_id(voc.pad_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(tok.CHAT_TEMPLATE)
+    for t in tensors:
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=gguf.GGMLQuantizationType[t.qtype])
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0]
+    total, done = sum(t.nbytes for t in tensors), 0
+    for t in tensors:
+        w.write_padding(fout, fout.tell())
+        for chunk in _generate(t, seed):
+            chunk.tofile(fout)
+            done += chunk.nbytes
+            if progress is not None:
+                progress(done, total)
+        w.write_padding(fout, t.nbytes)
+    w.close()
+    return Path(path)
+
+
+def make_preset(
+    name: str,
+    path: str | os.PathLike[str],
+    quant: dict[str, str] | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+    **overrides: int,
+) -> Path:
+    """`make_qwen3moe` with the shapes of PRESETS[name] (any of them overridden, e.g. layers=2) and the
+    PRESET_QUANT mix unless `quant` is given. The 30B preset is ~17 GB; it is written at disk speed."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    dims = {**PRESETS[name], **overrides}
+    return make_qwen3moe(path, **dims, quant=PRESET_QUANT if quant is None else quant, seed=seed,
+                         progress=progress)
+
+
+def _resolve_quant(quant: dict[str, str] | None) -> dict[str, str]:
+    types = dict.fromkeys(ROLES, "F32")
+    for role, qtype in (quant or {}).items():
+        if role not in ROLES:
+            raise ValueError(f"unknown quant role {role!r}; roles: {', '.join(ROLES)}")
+        if qtype not in QTYPES:
+            raise ValueError(f"unsupported quant type {qtype!r} for role {role!r}; supported: {', '.join(QTYPES)}")
+        types[role] = qtype
+    if types["norm"] != "F32":
+        raise ValueError(f"norm weights must be F32 (llama.cpp multiplies by them in F32), got {types['norm']!r}")
+    return types
+
+
+def _plan(types: dict[str, str], layers: int, D: int, H: int, KV: int, hd: int, E: int, F: int,
+          V: int) -> list[_Tensor]:
+    """Every tensor of the file in writing order, checked against its type's block size."""
+
+    def t(name: str, shape: tuple[int, ...], role: str, std: float) -> _Tensor:
+        qtype = types[role]
+        bs = block_size(qtype)
+        if shape[-1] % bs:
+            raise ValueError(
+                f"quant {role}={qtype} needs {name}'s row length {shape[-1]} to be a multiple of {bs}; "
+                f"choose another type or a dimension that is a multiple of {bs}")
+        return _Tensor(name, shape, role, qtype, std)
+
+    norm = 0.05
+    out = [t("token_embd.weight", (V, D), "embed", 1.0)]
+    for i in range(layers):
+        b = f"blk.{i}."
+        out += [
+            t(b + "attn_norm.weight", (D,), "norm", norm),
+            t(b + "attn_q.weight", (H * hd, D), "attn", D**-0.5),
+            t(b + "attn_k.weight", (KV * hd, D), "attn", D**-0.5),
+            t(b + "attn_v.weight", (KV * hd, D), "attn", D**-0.5),
+            t(b + "attn_output.weight", (D, H * hd), "attn", (H * hd) ** -0.5),
+            t(b + "attn_q_norm.weight", (hd,), "norm", norm),
+            t(b + "attn_k_norm.weight", (hd,), "norm", norm),
+            t(b + "ffn_norm.weight", (D,), "norm", norm),
+            t(b + "ffn_gate_inp.weight", (E, D), "router", D**-0.5),
+            t(b + "ffn_gate_exps.weight", (E, F, D), "experts", D**-0.5),
+            t(b + "ffn_up_exps.weight", (E, F, D), "experts", D**-0.5),
+            t(b + "ffn_down_exps.weight", (E, D, F), "experts", F**-0.5),
+        ]
+    out += [t("output_norm.weight", (D,), "norm", norm), t("output.weight", (V, D), "output", D**-0.5)]
+    return out
+
+
+def _generate(t: _Tensor, seed: int) -> Iterator[np.ndarray]:
+    """The tensor's data as uint8 chunks of whole rows, from an rng seeded by (seed, name)."""
+    rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
+    n = t.shape[-1]
+    if t.role == "norm":
+        yield (1.0 + t.std * rng.standard_normal(n, dtype=np.float32)).view(np.uint8)
+        return
+    rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+    step = max(1, _CHUNK_ELEMS // n)
+    for r in range(0, rows, step):
+        yield random_blocks(t.qtype, (min(step, rows - r), n), t.std, rng).reshape(-1)

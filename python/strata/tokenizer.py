@@ -1,0 +1,308 @@
+"""Byte-level BPE tokenizer built from GGUF metadata, splitting text the way llama.cpp does."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as _HFTokenizer
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+TOKEN_NORMAL = 1
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+
+# Split regexes per tokenizer.ggml.pre, from llama.cpp's llm_tokenizer_bpe (src/llama-vocab.cpp), written
+# in the original tokenizer.json form (`(?i:...)`), which llama.cpp only rewrites because std::regex lacks it.
+# Each list is applied in order, every regex splitting the pieces the previous one left.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DEEPSEEK_V3 = (
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    (
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+)
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
+    "default": _DEFAULT,
+    "gpt-2": (_GPT2,),
+    "gpt2": (_GPT2,),
+    "llama3": (_LLAMA3,),
+    "llama-v3": (_LLAMA3,),
+    "llama-bpe": (_LLAMA3,),
+    "qwen2": (_QWEN2,),
+    "deepseek-r1-qwen": (_QWEN2,),
+    "qwen35": (_QWEN35,),
+    "deepseek-v3": _DEEPSEEK_V3,
+}
+# llama.cpp turns on ignore_merges and a default BOS for the llama3 family only.
+_LLAMA3_FAMILY = frozenset({"llama3", "llama-v3", "llama-bpe"})
+
+# Tokens that end a turn besides EOS, by text, as llama.cpp's end-of-generation list has them.
+_STOP_TEXTS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
+)
+
+
+def _core_error(name: str, message: str) -> Exception:
+    """strata's exception `name` from the compiled extension, or ValueError where it is not built."""
+    try:
+        import strata._core as core
+    except ImportError:
+        return ValueError(message)
+    return getattr(core, name)(message)
+
+
+def _unsupported(message: str) -> Exception:
+    return _core_error("UnsupportedError", message)
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that byte-level BPE vocabularies are spelled in."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+class Tokenizer:
+    """Encode and decode text for one GGUF model; build it with `Tokenizer.from_metadata`."""
+
+    def __init__(
+        self,
+        backend: _HFTokenizer,
+        tokens: list[str],
+        token_bytes: list[bytes],
+        special_ids: frozenset[int],
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        pad_id: int | None,
+        add_bos: bool,
+        add_eos: bool,
+        stop_ids: frozenset[int],
+        chat_template: str | None,
+    ) -> None:
+        self.backend = backend
+        self._tokens = tokens
+        self._bytes = token_bytes
+        self.special_ids = special_ids
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self.stop_ids = stop_ids
+        self.chat_template = chat_template
+
+    @classmethod
+    def from_metadata(cls, md: Mapping[str, Any]) -> Tokenizer:
+        """Build from GGUF metadata (key -> Python value), as llama.cpp reads the tokenizer.* keys."""
+        model = md.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise _unsupported(
+                f"tokenizer.ggml.model = {model!r} is not supported; strata reads byte-level BPE "
+                f"vocabularies only (tokenizer.ggml.model = 'gpt2')"
+            )
+        pre = md.get("tokenizer.ggml.pre", "default")
+        if pre not in PRE_TOKENIZER_SPLITS:
+            raise _unsupported(
+                f"tokenizer.ggml.pre = {pre!r} is not supported; supported: {', '.join(PRE_TOKENIZER_SPLITS)}"
+            )
+        tokens = [str(t) for t in _required(md, "tokenizer.ggml.tokens")]
+        merges = [str(m) for m in _required(md, "tokenizer.ggml.merges")]
+        types = [int(t) for t in md.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens))]
+        if len(types) != len(tokens):
+            raise _core_error(
+                "FormatError",
+                f"tokenizer.ggml.token_type has {len(types)} entries but tokenizer.ggml.tokens has {len(tokens)}",
+            )
+
+        spelling = bytes_to_unicode()
+        alphabet = set(spelling.values())
+        decode_byte = {c: b for b, c in spelling.items()}
+        added = {TOKEN_CONTROL, TOKEN_USER_DEFINED}
+        vocab: dict[str, int] = {}
+        token_bytes: list[bytes] = []
+        for i, (tok, kind) in enumerate(zip(tokens, types, strict=False)):
+            if kind in added or not set(tok) <= alphabet:
+                # Added tokens keep their text so they map back to this id when matched in the text; a
+                # normal token outside the byte alphabet is respelled from its UTF-8 bytes, as transformers does.
+                raw = tok.encode("utf-8")
+                vocab["".join(spelling[b] for b in raw) if kind not in added else tok] = i
+            else:
+                raw = bytes(decode_byte[c] for c in tok)
+                vocab[tok] = i
+            token_bytes.append(raw)
+
+        pairs = []
+        for m in merges:
+            cut = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
+            if cut < 0:
+                raise _core_error("FormatError", f"tokenizer.ggml.merges entry {m!r} has no space")
+            pairs.append((m[:cut], m[cut + 1 :]))
+        try:
+            bpe = models.BPE(
+                vocab=vocab, merges=pairs, byte_fallback=False, ignore_merges=pre in _LLAMA3_FAMILY
+            )
+        except Exception as e:
+            raise _core_error(
+                "FormatError", f"tokenizer.ggml.merges does not fit tokenizer.ggml.tokens: {e}"
+            ) from e
+        backend = _HFTokenizer(bpe)
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZER_SPLITS[pre]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+        backend.decoder = decoders.ByteLevel()
+        control = [i for i, k in enumerate(types) if k == TOKEN_CONTROL and tokens[i]]
+        user = [i for i, k in enumerate(types) if k == TOKEN_USER_DEFINED and tokens[i]]
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
+        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
+
+        bos_id = _token_id(md, "tokenizer.ggml.bos_token_id", len(tokens))
+        eos_id = _token_id(md, "tokenizer.ggml.eos_token_id", len(tokens))
+        add_bos = bool(md.get("tokenizer.ggml.add_bos_token", pre in _LLAMA3_FAMILY))
+        add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
+        for flag, key, tid in ((add_bos, "bos", bos_id), (add_eos, "eos", eos_id)):
+            if flag and tid is None:
+                raise _core_error(
+                    "FormatError",
+                    f"tokenizer.ggml.add_{key}_token is true but tokenizer.ggml.{key}_token_id is missing",
+                )
+        stop = {eos_id} if eos_id is not None else set()
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            tid = _token_id(md, key, len(tokens))
+            if tid is not None:
+                stop.add(tid)
+        by_text = {t: i for i, t in enumerate(tokens) if t in _STOP_TEXTS}
+        stop.update(by_text.values())
+        return cls(
+            backend,
+            tokens,
+            token_bytes,
+            frozenset(control),
+            bos_id=bos_id,
+            eos_id=eos_id,
+            pad_id=_token_id(md, "tokenizer.ggml.padding_token_id", len(tokens)),
+            add_bos=add_bos,
+            add_eos=add_eos,
+            stop_ids=frozenset(stop),
+            chat_template=md.get("tokenizer.chat_template"),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def bos_token(self) -> str:
+        """BOS as text, for chat templates; empty when the model has none."""
+        return self._tokens[self.bos_id] if self.bos_id is not None else ""
+
+    @property
+    def eos_token(self) -> str:
+        return self._tokens[self.eos_id] if self.eos_id is not None else ""
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of `text`; special tokens written in the text are matched whole (llama.cpp's
+        parse_special). With `add_special`, BOS/EOS are added as the GGUF's add_bos/add_eos flags say."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos:
+            ids.insert(0, self.bos_id)
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of `ids`; bytes that are not valid UTF-8 become U+FFFD. `skip_special` drops control tokens."""
+        return b"".join(self._piece_bytes(ids, skip_special)).decode("utf-8", errors="replace")
+
+    def token_to_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a control or user-defined token: its UTF-8 text)."""
+        return self._bytes[self._check(token_id)]
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The token as the GGUF vocabulary spells it (byte-level characters, e.g. 'Ġthe')."""
+        return self._tokens[self._check(token_id)]
+
+    def _piece_bytes(self, ids: Iterable[int], skip_special: bool) -> Iterable[bytes]:
+        for i in ids:
+            if not (skip_special and i in self.special_ids):
+                yield self._bytes[self._check(i)]
+
+    def _check(self, token_id: int) -> int:
+        if not 0 <= token_id < len(self._tokens):
+            raise _core_error(
+                "ConfigError", f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1})"
+            )
+        return token_id
+
+
+class StreamDecoder:
+    """Turns token ids fed one at a time into text, holding back a UTF-8 sequence split across tokens.
+
+    The concatenation of every `feed` result and `flush()` equals `Tokenizer.decode` of all the ids.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        """Text completed by this token (maybe empty, while a multibyte character is still open)."""
+        if self._skip_special and token_id in self._tokenizer.special_ids:
+            return ""
+        return self._utf8.decode(self._tokenizer.token_to_bytes(token_id))
+
+    def flush(self) -> str:
+        """Whatever is held back, an unfinished sequence as U+FFFD; the decoder can then be reused."""
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text
+
+
+def _required(md: Mapping[str, Any], key: str) -> Any:
+    if key not in md:
+        raise _core_error("FormatError", f"GGUF metadata has no {key}, which a BPE tokenizer needs")
+    return md[key]
+
+
+def _token_id(md: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
+    if key not in md:
+        return None
+    tid = int(md[key])
+    if not 0 <= tid < n_vocab:
+        raise _core_error("FormatError", f"{key} = {tid} is outside the vocabulary (0..{n_vocab - 1})")
+    return tid

@@ -1,0 +1,262 @@
+// Quant formats and matmul: block layouts, dequantization of hand-made blocks, matmul against a
+// double-precision reference, and bit-exactness across T, threads, row subsets and ISAs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "quant/quant.h"
+
+using namespace strata;
+
+namespace {
+
+const QType kAll[] = {QType::F32,  QType::F16,  QType::BF16,  QType::Q8_0,
+                      QType::Q4_K, QType::Q6_K, QType::IQ2_XS};
+
+// Byte offsets of each block's fp16 fields, which random bytes must not turn into inf/nan.
+std::vector<size_t> half_fields(QType t) {
+  switch (t) {
+    case QType::F16:
+      return {0};
+    case QType::Q8_0:
+      return {0};
+    case QType::Q4_K:
+      return {0, 2};
+    case QType::Q6_K:
+      return {208};
+    case QType::IQ2_XS:
+      return {0};
+    default:
+      return {};
+  }
+}
+
+// Random valid weights: random bytes, float fields finite and of moderate magnitude.
+std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const QuantTraits& q = quant_traits(t);
+  std::vector<uint8_t> w(rows * row_bytes(t, cols));
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (size_t off = 0; off < w.size(); off += q.type_size) {
+    if (t == QType::F32) {
+      const float v = u(rng);
+      std::memcpy(&w[off], &v, 4);
+    } else if (t == QType::BF16) {
+      const uint16_t h = static_cast<uint16_t>(bits_from_f32(u(rng)) >> 16);
+      std::memcpy(&w[off], &h, 2);
+    }
+    for (size_t f : half_fields(t)) {
+      const uint16_t h = f32_to_fp16(u(rng) * 0.05f);
+      std::memcpy(&w[off + f], &h, 2);
+    }
+  }
+  return w;
+}
+
+std::vector<float> dequant(QType t, const void* src, int64_t n) {
+  std::vector<float> y(n);
+  dequantize(t, src, y.data(), n);
+  return y;
+}
+
+// The smallest column count that has whole blocks, and a tail for the 8-lane kernels.
+int64_t test_cols(QType t, int mult) {
+  const int64_t bs = quant_traits(t).block_size;
+  return bs == 1 ? 37 * mult : bs * (bs == 32 ? 3 : 1) * mult;
+}
+
+}  // namespace
+
+TEST(Quant, BlockLayouts) {
+  EXPECT_EQ(quant_traits(QType::Q8_0).type_size, 34u);
+  EXPECT_EQ(quant_traits(QType::Q4_K).type_size, 144u);
+  EXPECT_EQ(quant_traits(QType::Q6_K).type_size, 210u);
+  EXPECT_EQ(quant_traits(QType::IQ2_XS).type_size, 74u);
+  EXPECT_EQ(quant_traits(QType::Q4_K).block_size, 256);
+  EXPECT_EQ(row_bytes(QType::Q4_K, 768), 3u * 144);
+  EXPECT_EQ(row_bytes(QType::F16, 5), 10u);
+  EXPECT_THROW(row_bytes(QType::Q8_0, 33), ConfigError);
+  for (QType t : kAll) EXPECT_EQ(find_quant(static_cast<uint32_t>(t))->type, t);
+  EXPECT_EQ(find_quant(21), nullptr);
+}
+
+TEST(Quant, UnsupportedTypeNamesItAndTheFix) {
+  try {
+    quant_traits(21, "blk.0.ffn_down_exps.weight");
+    FAIL() << "no throw";
+  } catch (const UnsupportedError& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "blk.0.ffn_down_exps.weight: quant type IQ3_S (21) is not supported by strata; "
+        "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS. Re-quantize the model with one of them.");
+  }
+  EXPECT_THROW(quant_traits(99, "x"), UnsupportedError);
+}
+
+TEST(Quant, DequantFloatTypes) {
+  const uint16_t f16[2] = {0x3c00, 0xc500};  // 1, -5
+  EXPECT_EQ(dequant(QType::F16, f16, 2), (std::vector<float>{1.0f, -5.0f}));
+  const uint16_t bf16[2] = {0x3f80, 0xc040};  // 1, -3
+  EXPECT_EQ(dequant(QType::BF16, bf16, 2), (std::vector<float>{1.0f, -3.0f}));
+  const float f32[2] = {0.25f, -7.0f};
+  EXPECT_EQ(dequant(QType::F32, f32, 2), (std::vector<float>{0.25f, -7.0f}));
+}
+
+TEST(Quant, DequantQ8_0) {
+  BlockQ8_0 b;
+  b.d = f32_to_fp16(0.5f);
+  for (int l = 0; l < 32; ++l) b.qs[l] = static_cast<int8_t>(l * 8 - 128);
+  const auto y = dequant(QType::Q8_0, &b, 32);
+  for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], 0.5f * (l * 8 - 128)) << l;
+}
+
+TEST(Quant, DequantQ4_K) {
+  // Pack 6-bit scales and mins the way ggml's make_qkx2_quants stores them.
+  const uint8_t sc[8] = {1, 2, 3, 63, 17, 33, 48, 5}, mn[8] = {0, 1, 62, 4, 40, 7, 18, 63};
+  BlockQ4_K b{};
+  b.d = f32_to_fp16(0.5f);
+  b.dmin = f32_to_fp16(0.25f);
+  for (int j = 0; j < 4; ++j) {
+    b.scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+    b.scales[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+    b.scales[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+  }
+  int q[256];
+  for (int i = 0; i < 256; ++i) q[i] = (i * 7 + 3) % 16;
+  for (int j = 0; j < 8; j += 2)
+    for (int l = 0; l < 32; ++l) b.qs[j / 2 * 32 + l] = q[j * 32 + l] | (q[(j + 1) * 32 + l] << 4);
+  const auto y = dequant(QType::Q4_K, &b, 256);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.5f * sc[i / 32] * q[i] - 0.25f * mn[i / 32]) << i;
+}
+
+TEST(Quant, DequantQ6_K) {
+  BlockQ6_K b{};
+  b.d = f32_to_fp16(0.125f);
+  for (int s = 0; s < 16; ++s) b.scales[s] = static_cast<int8_t>(s * 9 - 70);
+  int q[256];
+  for (int i = 0; i < 256; ++i) q[i] = (i * 13 + 5) % 64;
+  // ggml's layout: per half of 128, element l + 32k takes ql nibble (k / 2) of ql[l + 32 (k % 2)]
+  // and the 2 bits at 2k of qh[l].
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 32; ++l)
+      for (int k = 0; k < 4; ++k) {
+        const int v = q[h * 128 + k * 32 + l];
+        b.ql[h * 64 + (k % 2) * 32 + l] |= (v & 0xF) << ((k / 2) * 4);
+        b.qh[h * 32 + l] |= (v >> 4) << (2 * k);
+      }
+  const auto y = dequant(QType::Q6_K, &b, 256);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.125f * b.scales[i / 16] * (q[i] - 32)) << i;
+}
+
+TEST(Quant, DequantIQ2_XS) {
+  BlockIQ2_XS b{};
+  b.d = f32_to_fp16(2.0f);
+  for (int i = 0; i < 8; ++i) b.scales[i] = static_cast<uint8_t>(i | ((15 - i) << 4));
+  for (int i = 0; i < 32; ++i) b.qs[i] = static_cast<uint16_t>((i % 2) | ((i % 4 == 0 ? 1 : 0) << 9));
+  const auto y = dequant(QType::IQ2_XS, &b, 256);
+  for (int i = 0; i < 256; ++i) {
+    const int g = i / 16, j = i % 8, qi = i / 8;
+    const int sc = g % 2 ? 15 - g / 2 : g / 2;
+    // grid entry 0 is all 0x08; entry 1 is 0x2b then seven 0x08. Sign index 1 is 0b10000001.
+    const float mag = (qi % 2 == 1 && j == 0) ? 43.0f : 8.0f;
+    const bool neg = qi % 4 == 0 && (j == 0 || j == 7);
+    EXPECT_EQ(y[i], 2.0f * (0.5f + sc) * 0.25f * mag * (neg ? -1.0f : 1.0f)) << i;
+  }
+}
+
+TEST(Quant, SimdDequantMatchesPortable) {
+  std::mt19937 rng(7);
+  for (QType t : kAll) {
+    const QuantTraits& q = quant_traits(t);
+    const int64_t n = q.block_size * 37;
+    const auto w = random_weights(t, 1, n, rng);
+    std::vector<float> a(n), b(n);
+    q.dequant_row(w.data(), a.data(), n);
+    q.dequant_row_simd(w.data(), b.data(), n);
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), n * 4), 0) << q.name;
+  }
+}
+
+TEST(Quant, MatmulMatchesDoubleReference) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (QType t : kAll) {
+    const int64_t cols = test_cols(t, 2);
+    for (int64_t rows : {1, 7, 33}) {
+      const auto w = random_weights(t, rows, cols, rng);
+      const auto wf = dequant(t, w.data(), rows * cols);
+      for (int64_t T : {1, 3, 17}) {
+        std::vector<float> x(T * cols), y(T * rows);
+        for (auto& v : x) v = u(rng);
+        for (int threads : {1, 3}) {
+          ThreadPool pool(threads);
+          matmul(t, w.data(), rows, cols, x.data(), cols, T, y.data(), rows, pool);
+          for (int64_t tt = 0; tt < T; ++tt)
+            for (int64_t r = 0; r < rows; ++r) {
+              double ref = 0, mag = 0;
+              for (int64_t c = 0; c < cols; ++c) {
+                ref += static_cast<double>(wf[r * cols + c]) * x[tt * cols + c];
+                mag += std::fabs(static_cast<double>(wf[r * cols + c]) * x[tt * cols + c]);
+              }
+              ASSERT_NEAR(y[tt * rows + r], ref, 1e-5 * mag + 1e-30)
+                  << quant_traits(t).name << " rows=" << rows << " T=" << T << " r=" << r << " t=" << tt;
+            }
+        }
+      }
+    }
+  }
+}
+
+// The invariant the MoE engine relies on: Y[t, r] does not depend on T, the thread count, which
+// rows a call covers, the padding of X/Y or the kernel set.
+TEST(Quant, MatmulIsBitIdenticalAcrossShapesThreadsAndIsa) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<Isa> isas = {Isa::Scalar};
+  if (best_isa() == Isa::Avx2) isas.push_back(Isa::Avx2);
+  for (QType t : kAll) {
+    const int64_t rows = 33, cols = test_cols(t, 3), T = 37;
+    const size_t rb = row_bytes(t, cols);
+    const auto w = random_weights(t, rows, cols, rng);
+    std::vector<float> x(T * cols);
+    for (auto& v : x) v = u(rng);
+    ThreadPool one(1), three(3);
+    std::vector<float> ref(T * rows);
+    matmul(Isa::Scalar, t, w.data(), rows, cols, x.data(), cols, T, ref.data(), rows, one);
+    for (Isa isa : isas) {
+      for (ThreadPool* pool : {&one, &three}) {
+        std::vector<float> y(T * rows);
+        matmul(isa, t, w.data(), rows, cols, x.data(), cols, T, y.data(), rows, *pool);
+        ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << quant_traits(t).name << " T=37";
+        // One token per call, as in decode.
+        for (int64_t tt = 0; tt < T; ++tt) {
+          std::vector<float> y1(rows);
+          matmul(isa, t, w.data(), rows, cols, x.data() + tt * cols, cols, 1, y1.data(), rows, *pool);
+          ASSERT_EQ(std::memcmp(y1.data(), ref.data() + tt * rows, rows * 4), 0)
+              << quant_traits(t).name << " t=" << tt;
+        }
+        // Rows 5..24 of W, through an offset pointer, into a padded Y; 17 tokens from a padded X.
+        const int64_t r0 = 5, nr = 20, T2 = 17, ldx = cols + 3, ldy = nr + 2;
+        std::vector<float> xp(T2 * ldx), yp(T2 * ldy);
+        for (int64_t tt = 0; tt < T2; ++tt) std::memcpy(&xp[tt * ldx], &x[(tt + 2) * cols], cols * 4);
+        matmul(isa, t, w.data() + r0 * rb, nr, cols, xp.data(), ldx, T2, yp.data(), ldy, *pool);
+        for (int64_t tt = 0; tt < T2; ++tt)
+          ASSERT_EQ(std::memcmp(&yp[tt * ldy], &ref[(tt + 2) * rows + r0], nr * 4), 0)
+              << quant_traits(t).name << " subset t=" << tt;
+      }
+    }
+  }
+}
+
+TEST(Quant, MatmulRejectsBadShapes) {
+  ThreadPool pool(1);
+  std::vector<uint8_t> w(34);
+  std::vector<float> x(32), y(1);
+  EXPECT_THROW(matmul(QType::Q8_0, w.data(), 1, 31, x.data(), 32, 1, y.data(), 1, pool), ConfigError);
+  EXPECT_THROW(matmul(QType::Q8_0, w.data(), 1, 32, x.data(), 16, 1, y.data(), 1, pool), ConfigError);
+}

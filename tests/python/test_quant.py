@@ -1,0 +1,98 @@
+"""strata._core quant kernels against the gguf package's numpy reference: dequantization bit for
+bit, matmul within float32 rounding, and the errors a caller sees."""
+
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as G
+from gguf.quants import dequantize as gguf_dequantize
+
+import strata
+from strata import _core
+
+# ggml type -> byte offsets of each block's fp16 fields (kept finite so no inf/nan appears).
+HALF_FIELDS = {G.F16: [0], G.Q8_0: [0], G.Q4_K: [0, 2], G.Q6_K: [208], G.IQ2_XS: [0]}
+TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS]
+
+
+def random_blocks(qtype: G, n_elems: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw bytes of n_elems random, valid elements of qtype, as gguf would read them from a file."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    n_blocks = n_elems // block_size
+    if qtype == G.F32:
+        return rng.uniform(-1, 1, n_elems).astype(np.float32).view(np.uint8)
+    if qtype == G.BF16:
+        f = rng.uniform(-1, 1, n_elems).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    for off in HALF_FIELDS[qtype]:
+        halves = rng.uniform(-0.05, 0.05, n_blocks).astype(np.float16)
+        blocks[:, off : off + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(-1)
+
+
+def test_quant_types_lists_the_supported_set():
+    got = {name: (tid, bs, ts) for tid, name, bs, ts in _core.quant_types()}
+    assert set(got) == {t.name for t in TYPES}
+    for t in TYPES:
+        assert got[t.name] == (int(t), *GGML_QUANT_SIZES[t])
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantize_is_bit_identical_to_gguf(qtype: G):
+    rng = np.random.default_rng(int(qtype))
+    block_size, _ = GGML_QUANT_SIZES[qtype]
+    n = block_size * (97 if block_size > 1 else 4099)
+    raw = random_blocks(qtype, n, rng)
+    ours = _core.dequantize(int(qtype), raw, n)
+    ref = gguf_dequantize(raw, qtype).reshape(-1).astype(np.float32, copy=False)
+    assert ours.dtype == np.float32 and ours.shape == (n,)
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,cols_blocks,T", [(1, 1, 1), (7, 2, 3), (33, 3, 17), (64, 2, 64)])
+def test_matmul_matches_numpy(qtype: G, rows: int, cols_blocks: int, T: int):
+    rng = np.random.default_rng(rows * 1000 + T)
+    block_size, _ = GGML_QUANT_SIZES[qtype]
+    cols = block_size * cols_blocks if block_size > 1 else 37 * cols_blocks
+    raw = random_blocks(qtype, rows * cols, rng)
+    x = rng.uniform(-1, 1, (T, cols)).astype(np.float32)
+    w = gguf_dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    ref = x.astype(np.float64) @ w.T
+    mag = np.abs(x.astype(np.float64)) @ np.abs(w.T)
+    for threads in (1, 2):
+        y = _core.matmul(int(qtype), raw, rows, cols, x, threads=threads)
+        assert y.shape == (T, rows) and y.dtype == np.float32
+        assert np.all(np.abs(y - ref) <= 1e-5 * mag + 1e-30)
+
+
+def test_matmul_rows_do_not_depend_on_token_count():
+    rng = np.random.default_rng(5)
+    rows, cols = 19, 512
+    raw = random_blocks(G.Q4_K, rows * cols, rng)
+    x = rng.uniform(-1, 1, (37, cols)).astype(np.float32)
+    full = _core.matmul(int(G.Q4_K), raw, rows, cols, x, threads=2)
+    for t in (0, 17, 36):
+        one = _core.matmul(int(G.Q4_K), raw, rows, cols, x[t : t + 1], threads=1)
+        assert np.array_equal(one[0].view(np.uint32), full[t].view(np.uint32))
+
+
+def test_unsupported_type_raises():
+    with pytest.raises(
+        strata.UnsupportedError, match=r"IQ3_S \(21\) is not supported by strata; supported: F32"
+    ):
+        _core.dequantize(int(G.IQ3_S), np.zeros(110, np.uint8), 256)
+    with pytest.raises(strata.UnsupportedError, match="Re-quantize"):
+        _core.matmul(int(G.Q4_0), np.zeros(18, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
+
+
+def test_size_mismatches_raise_config_error():
+    with pytest.raises(strata.ConfigError, match="got 33 bytes, expected 34"):
+        _core.dequantize(int(G.Q8_0), np.zeros(33, np.uint8), 32)
+    with pytest.raises(strata.ConfigError, match="not a whole number of 32-element blocks"):
+        _core.dequantize(int(G.Q8_0), np.zeros(34, np.uint8), 31)
+    with pytest.raises(strata.ConfigError, match=r"x must be \(T, 32\)"):
+        _core.matmul(int(G.Q8_0), np.zeros(34, np.uint8), 1, 32, np.zeros((1, 64), np.float32))
+    with pytest.raises(strata.ConfigError, match="matmul weights: got 34 bytes, expected 68"):
+        _core.matmul(int(G.Q8_0), np.zeros(34, np.uint8), 2, 32, np.zeros((1, 32), np.float32))
