@@ -90,6 +90,26 @@ py::dict layout_dict(const Prefill& p, int64_t T, bool src, size_t slot_bytes) {
 }  // namespace
 
 void bind_model(py::module_& m) {
+  // The plan for an arbitrary shape, with no model: exactness tests sweep thousands of shapes.
+  m.def(
+      "prefill_layout",
+      [](py::dict shape, int64_t T, bool src) {
+        PrefillShape s;
+        s.D = shape["D"].cast<int64_t>();
+        s.HC = shape.contains("HC") ? shape["HC"].cast<int64_t>() : 1;
+        s.E = shape["E"].cast<int64_t>();
+        s.K = shape["K"].cast<int64_t>();
+        s.F = shape["F"].cast<int64_t>();
+        s.n_head = shape["heads"].cast<int64_t>();
+        s.n_kv_head = shape["kv_heads"].cast<int64_t>();
+        s.head_dim = shape["head_dim"].cast<int64_t>();
+        s.expert_types = shape.contains("expert_types") ? shape["expert_types"].cast<std::vector<uint32_t>>()
+                                                        : std::vector<uint32_t>{(uint32_t)QType::Q4_K};
+        s.gr_unfused = shape.contains("unfused") && shape["unfused"].cast<bool>();
+        return layout_dict(Prefill(s), T, src, 0);
+      },
+      py::arg("shape"), py::arg("tokens"), py::arg("source") = true);
+
   py::class_<Model>(m, "Model")
       .def(py::init([](const std::string& path, const std::string& device, int threads, int64_t ctx,
                        int64_t cache_bytes, const std::string& source, int64_t prefill, bool prefill_auto,
@@ -124,6 +144,13 @@ void bind_model(py::module_& m) {
              return layout_dict(mo.prefill(), T, src, mo.expert_layout().slot_bytes);
            })
       .def_property_readonly("chunk", &Model::chunk)
+      .def("set_trace", [](Model& mo, bool on) { mo.cache().set_trace(on); })
+      .def("trace",
+           [](Model& mo) {
+             py::list out;
+             for (const auto& ev : mo.cache().trace()) out.append(py::make_tuple(ev.lend, ev.layer, ev.expert, ev.refill));
+             return out;
+           })
       .def("slots_for", &Model::slots_for)
       .def_property_readonly("threads", [](Model& mo) { return mo.backend().threads(); })
       .def("logits", [](Model& mo, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {

@@ -60,7 +60,8 @@ void ExpertCache::evict(int32_t slot) {
   policy_->on_clear(slot);
 }
 
-void ExpertCache::fill(int32_t slot, int64_t layer, int64_t e) {
+void ExpertCache::fill(int32_t slot, int64_t layer, int64_t e, bool refill) {
+  if (trace_on_) trace_.push_back(StreamEvent{stats_.lends, (int32_t)layer, (int32_t)e, refill});
   src_->stream(layer, e, arena_ + (size_t)slot * layout_.slot_bytes, be_);
   stats_.bytes_streamed += layout_.layers[layer].bytes;
   key_[slot] = layer * layout_.E + e;
@@ -90,7 +91,7 @@ ExpertView ExpertCache::acquire(int64_t layer, int64_t e) {
     STRATA_CHECK(s >= 0, MemoryError, "expert cache has no free slot for layer ", layer, " expert ", e,
                  ": all ", n_slots_, " slots are lent or pinned; raise --expert-cache or lower --prefill");
     evict(s);
-    fill(s, layer, e);
+    fill(s, layer, e, false);
   }
   policy_->on_use(s);
   return view(layer, arena_ + (size_t)s * layout_.slot_bytes);
@@ -142,7 +143,7 @@ void ExpertCache::give_back() {
     if (index_[key] >= 0) continue;  // streamed back in already by the chunk
     while (s < lent_begin_ + lent_n_ && key_[s] >= 0) ++s;
     if (s >= lent_begin_ + lent_n_) break;
-    fill(s, key / layout_.E, key % layout_.E);
+    fill(s, key / layout_.E, key % layout_.E, true);
     policy_->on_use(s);
     ++stats_.refills;
   }

@@ -39,6 +39,14 @@ class ExpertCache {
   int32_t free_slots() const;  // slots not lent and not pinned
   const CacheStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CacheStats{}; }
+  // Stream log for tests and --trace: every stream as (lend index, layer, expert, refill?).
+  struct StreamEvent {
+    uint64_t lend;
+    int32_t layer, expert;
+    bool refill;
+  };
+  void set_trace(bool on) { trace_on_ = on; trace_.clear(); }
+  const std::vector<StreamEvent>& trace() const { return trace_; }
 
   // The expert's matrices in device memory, streaming it on a miss.
   ExpertView acquire(int64_t layer, int64_t e);
@@ -54,7 +62,7 @@ class ExpertCache {
  private:
   int32_t slot_of(int64_t layer, int64_t e) const { return index_[layer * layout_.E + e]; }
   void evict(int32_t slot);
-  void fill(int32_t slot, int64_t layer, int64_t e);
+  void fill(int32_t slot, int64_t layer, int64_t e, bool refill);
   ExpertView view(int64_t layer, uint8_t* base) const;
 
   Backend& be_;
@@ -69,7 +77,9 @@ class ExpertCache {
   int32_t lent_begin_ = -1, lent_n_ = 0;
   std::vector<std::pair<uint64_t, int64_t>> evicted_by_lend_;  // (value, key)
   CacheStats stats_;
-  std::vector<const uint8_t*> resident_;  // all-resident mode: expert bases
+  std::vector<const uint8_t*> resident_;
+  bool trace_on_ = false;
+  std::vector<StreamEvent> trace_;  // all-resident mode: expert bases
 };
 
 }  // namespace strata
