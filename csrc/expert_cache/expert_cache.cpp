@@ -23,7 +23,8 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
     }
     return;
   }
-  n_slots_ = (int32_t)std::min<size_t>(cache_bytes / layout.slot_bytes, (size_t)keys);
+  // Slots beyond one per expert still serve: the prompt chunks borrow them.
+  n_slots_ = (int32_t)(cache_bytes / layout.slot_bytes);
   STRATA_CHECK(n_slots_ >= 1, MemoryError, "--expert-cache of ", cache_bytes >> 20,
                " MiB holds no expert: one slot is ", layout.slot_bytes, " bytes; use at least ",
                (layout.slot_bytes + (1 << 20) - 1) >> 20, " MiB");

@@ -37,10 +37,12 @@ def _load(model: str, **kw: Any):
 
 
 def _fmt_bytes(n: float) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
 
 
-def _print_stats(stats: dict[str, Any], out=sys.stderr) -> None:
+def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
     c = {k[len("cache_"):]: v for k, v in stats.items() if k.startswith("cache_")}
     lines = [
         f"prompt   {stats['prompt_tokens']} tokens in {stats['prompt_ms']:.0f} ms "
@@ -50,12 +52,12 @@ def _print_stats(stats: dict[str, Any], out=sys.stderr) -> None:
         f"experts  source {c.get('source')}, cache "
         + ("all resident" if c.get("all_resident") else
            f"{c.get('slots')} slots x {_fmt_bytes(c.get('slot_bytes', 0))}"),
-        f"cache    hits {c.get('hits')}, misses {c.get('misses')}, streamed {c.get('bytes_streamed', 0) / GiB:.3f} GiB, "
+        f"cache    hits {c.get('hits')}, misses {c.get('misses')}, streamed {_fmt_bytes(c.get('bytes_streamed', 0))}, "
         f"evictions {c.get('evictions')}, refills {c.get('refills')}",
-        f"prompt   slots borrowed {c.get('slots_borrowed')} ({c.get('region_bytes', 0) / GiB:.3f} GiB)",
+        f"prompt   slots borrowed {c.get('slots_borrowed')} ({_fmt_bytes(c.get('region_bytes', 0))})",
     ]
     for line in lines:
-        click.echo(line, file=out)
+        click.echo(line, err=err)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -126,7 +128,7 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
     out["quant_mix"] = [{"role": r, "type": ty, "tensors": n, "bytes": mix_bytes[(r, ty)]}
                         for (r, ty), n in sorted(mix.items())]
     if expert_cache is not None:
-        out["cache"] = _cache_plan(model, expert_cache)
+        out["cache"] = _cache_plan(model, expert_cache, s)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -152,21 +154,20 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
         click.echo(f"{k:<{w}}  {v}")
 
 
-def _cache_plan(model: str, expert_cache: str) -> dict[str, Any]:
+def _cache_plan(model: str, expert_cache: str, spec: dict[str, Any]) -> dict[str, Any]:
     from strata._options import parse_expert_cache
     from strata.model import Model
 
     size = parse_expert_cache(expert_cache)
     if not isinstance(size, int):
-        raise click.BadParameter("give a size for --expert-cache here", param_hint="--expert-cache")
-    out: dict[str, Any] = {"cache_mib": size / MiB}
-    chunks = {}
+        _fail(_core.ConfigError("strata info --expert-cache takes a size (e.g. 14900 or 14.5GiB)"))
+    out: dict[str, Any] = {"cache_mib": size / MiB, "slot_bytes": spec["slot_bytes"],
+                           "slots": size // spec["slot_bytes"]}
+    chunks: dict[int, Any] = {}
     for T in (2048, 8192, 32768):
         try:
             m = Model(model, expert_cache=size, prefill=f"auto:{T}", source="mmap", ctx=T, progress=False)
             chunks[T] = m.chunk
-            out["slots"] = m.cache["slots"]
-            out["slot_bytes"] = m.cache["slot_bytes"]
         except _core.MemoryError as e:
             chunks[T] = f"none fits: {e}"
     out["auto_chunks"] = chunks
@@ -228,7 +229,7 @@ def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
     for piece in m.generate(prompt, max_tokens=max_tokens, temperature=0.7, seed=7, stream=True):
         click.echo(piece, nl=False)
     click.echo()
-    _print_stats(m.last_stats, out=sys.stdout)
+    _print_stats(m.last_stats, err=False)
     if not keep:
         os.remove(path)
         os.rmdir(d)

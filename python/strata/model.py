@@ -57,9 +57,6 @@ class Model:
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"model file not found: {self.path}")
         self._gguf = _core.read_gguf(self.path)
-        md = self._gguf["metadata"]
-        self.tokenizer = Tokenizer.from_metadata(md)
-        self.chat_template: str | None = md.get("tokenizer.chat_template")
         cache = parse_expert_cache(expert_cache)
         if device == "cpu" and cache == "auto":
             cache = "all"  # the CPU reads experts where they lie: streaming would only copy memory
@@ -76,6 +73,10 @@ class Model:
             prefill=chunk, prefill_auto=(mode == "auto"), progress=bar,
         )
         self.spec: dict[str, Any] = self._m.spec()
+        # After the native load, so an unknown architecture is reported before the tokenizer.
+        md = self._gguf["metadata"]
+        self.tokenizer = Tokenizer.from_metadata(md)
+        self.chat_template: str | None = md.get("tokenizer.chat_template")
         self.device = device
         self.ctx = ctx
 
@@ -131,10 +132,11 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
             raise _core.ConfigError("stop strings must be non-empty")
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % 2**63)
         gen = _core.Generator(self._m)
         gen.begin(ids, int(max_tokens), float(temperature), int(top_k), float(top_p), float(min_p),
-                  float(repetition_penalty), int(seed if seed is not None else np.random.SeedSequence().entropy % 2**63),
-                  sorted(self.tokenizer.stop_ids))
+                  float(repetition_penalty), int(seed), sorted(self.tokenizer.stop_ids))
         pieces = self._run(gen, stops)
         if stream:
             return pieces

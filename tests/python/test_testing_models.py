@@ -95,7 +95,8 @@ def test_quant_validation(tmp_path, quant, match):
 def test_preset_streams_valid_file(tmp_path, monkeypatch):
     monkeypatch.setattr(synth, "_CHUNK_ELEMS", 5000)  # many chunks per tensor, as for the 30B preset
     seen = []
-    path = make_preset("small", tmp_path / "small.gguf", layers=2, progress=lambda done, total: seen.append((done, total)))
+    path = make_preset("small", tmp_path / "small.gguf", layers=2,
+                       progress=lambda done, total: seen.append((done, total)))
     p = PRESETS["small"]
     D, F, E, V = p["hidden"], p["expert_ffn"], p["experts"], p["vocab"]
     r = gguf.GGUFReader(path)

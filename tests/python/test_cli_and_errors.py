@@ -1,0 +1,151 @@
+"""The CLI end to end, and every bad input ending in one clear error (never a crash)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import strata
+from strata.cli import main
+from strata.testing import make_qwen3moe
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def f16_model(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("cli") / "f16.gguf")
+    make_qwen3moe(path, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, experts=8, top_k=2, expert_ffn=32,
+                  vocab=512, quant={"experts": "F16"}, seed=3)
+    return path
+
+
+def test_generate_stats(f16_model):
+    r = run("generate", f16_model, "-p", "Hello there", "-n", "8", "--temp", "0", "--stats",
+            "--expert-cache", "1MiB", "--prefill", "2", "--source", "mmap")
+    assert r.exit_code == 0, r.output
+    err = r.stderr
+    for word in ("prompt", "decode", "tok/s", "hits", "misses", "streamed", "slots borrowed", "source mmap"):
+        assert word in err, (word, err)
+
+
+def test_generate_chat_and_stop(f16_model):
+    r = run("generate", f16_model, "-p", "hi", "-n", "4", "--chat", "--seed", "1")
+    assert r.exit_code == 0, r.output
+
+
+def test_info_table_and_json(f16_model):
+    r = run("info", f16_model)
+    assert r.exit_code == 0, r.output
+    assert "qwen3moe" in r.output and "active per token" in r.output and "per expert" in r.output
+    r = run("info", f16_model, "--json", "--expert-cache", "2MiB")
+    info = json.loads(r.output)
+    assert info["layers"] == 2 and info["experts"] == 8 and info["top_k"] == 2
+    per_expert = 3 * 64 * 32 * 2  # gate + up + down, F16
+    assert info["bytes_per_expert"] == per_expert
+    assert info["expert_bytes"] == 2 * 8 * per_expert
+    assert info["params_active"] < info["params_total"]
+    assert info["cache"]["slots"] == (2 << 20) // info["slot_bytes"]
+    assert {q["role"] for q in info["quant_mix"]} == {"dense", "experts"}
+
+
+def test_layout_table(f16_model):
+    r = run("layout", f16_model, "--tokens", "64")
+    assert r.exit_code == 0, r.output
+    assert "bytes_needed" in r.output and "grs" in r.output and "fused" in r.output
+    r = run("layout", f16_model, "--tokens", "64", "--no-source", "--unfused", "--json")
+    lay = json.loads(r.output)
+    assert lay["kind"] == "mmq" and any(b["name"] == "xn" for b in lay["buffers"])
+
+
+def test_demo_runs():
+    r = run("demo", "-n", "6")
+    assert r.exit_code == 0, r.output
+    assert "expert cache" in r.output and "misses" in r.output
+
+
+# ---- bad input: each a clear error naming the cause ----
+
+def _copy(src: str, dst, mutate) -> str:
+    data = bytearray(open(src, "rb").read())
+    mutate(data)
+    out = str(dst)
+    open(out, "wb").write(bytes(data))
+    return out
+
+
+def test_bad_magic(f16_model, tmp_path):
+    p = _copy(f16_model, tmp_path / "bad.gguf", lambda d: d.__setitem__(slice(0, 4), b"GGML"))
+    with pytest.raises(strata.FormatError, match="bad.gguf.*magic"):
+        strata.Model(p, progress=False)
+    r = run("info", p)
+    assert r.exit_code == 2 and "magic" in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("frac", [0.01, 0.5, 0.999])
+def test_truncated(f16_model, tmp_path, frac):
+    n = os.path.getsize(f16_model)
+    p = _copy(f16_model, tmp_path / "cut.gguf", lambda d: d.__delitem__(slice(int(n * frac), None)))
+    with pytest.raises(strata.FormatError, match="cut.gguf"):
+        strata.Model(p, progress=False)
+
+
+def test_unknown_architecture(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    p = str(tmp_path / "llama.gguf")
+    w = gguf.GGUFWriter(p, "llama")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(strata.UnsupportedError, match="architecture 'llama'.*qwen3moe"):
+        strata.Model(p, progress=False)
+
+
+def test_unknown_quant_type(f16_model, tmp_path):
+    # Retype one expert tensor F16 -> I16 (same block size): valid GGUF, a type strata cannot compute with.
+    name = b"blk.1.ffn_down_exps.weight"
+
+    def retype(d: bytearray) -> None:
+        i = d.find(name) + len(name)
+        n_dims = struct.unpack_from("<I", d, i)[0]
+        at = i + 4 + 8 * n_dims
+        assert struct.unpack_from("<I", d, at)[0] == 1
+        struct.pack_into("<I", d, at, 25)
+
+    p = _copy(f16_model, tmp_path / "i16.gguf", retype)
+    with pytest.raises(strata.UnsupportedError, match="blk.1.ffn_down_exps.weight.*I16"):
+        strata.Model(p, progress=False)
+
+
+def test_cache_too_small_names_the_fix(f16_model):
+    with pytest.raises(strata.MemoryError, match=r"--expert-cache \d+") as e:
+        strata.Model(f16_model, expert_cache="20KiB", prefill=512, progress=False)
+    mib = int(str(e.value).split("use --expert-cache ")[1].split()[0])
+    strata.Model(f16_model, expert_cache=mib, prefill=512, progress=False)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--expert-cache", "banana"], "--expert-cache 'banana'"),
+    (["--expert-cache", "-5"], "--expert-cache"),
+    (["--prefill", "0"], "--prefill"),
+    (["--prefill", "auto:x"], "--prefill"),
+    (["--ctx", "0"], "ctx"),
+])
+def test_bad_flags(f16_model, args, needle):
+    r = run("generate", f16_model, "-p", "x", "-n", "1", *args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.stderr and "Traceback" not in r.output
+
+
+def test_missing_file():
+    r = run("info", "/nonexistent/model.gguf")
+    assert r.exit_code == 2 and "not found" in r.stderr
