@@ -73,6 +73,7 @@ class Backend {
   virtual void scatter_add(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n,
                            int64_t D, float* out) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
+  virtual void fill(void* p, uint8_t value, size_t bytes) = 0;
   // Blocks until all queued work is done (a no-op on the CPU).
   virtual void sync() = 0;
 };

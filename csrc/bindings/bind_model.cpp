@@ -196,6 +196,7 @@ void bind_model(py::module_& m) {
         d["generated"] = s.generated;
         d["prompt_ms"] = s.prompt_ms;
         d["decode_ms"] = s.decode_ms;
+        d["decode_passes"] = s.decode_passes;
         d["prompt_tps"] = s.prompt_tps();
         d["decode_tps"] = s.decode_tps();
         d["stop_reason"] = s.stop_reason;

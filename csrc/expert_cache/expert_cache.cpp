@@ -28,7 +28,10 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
   STRATA_CHECK(n_slots_ >= 1, MemoryError, "--expert-cache of ", cache_bytes >> 20,
                " MiB holds no expert: one slot is ", layout.slot_bytes, " bytes; use at least ",
                (layout.slot_bytes + (1 << 20) - 1) >> 20, " MiB");
-  arena_ = static_cast<uint8_t*>(be.alloc((size_t)n_slots_ * layout.slot_bytes, "the expert cache"));
+  const size_t pool = (size_t)n_slots_ * layout.slot_bytes;
+  arena_ = static_cast<uint8_t*>(be.alloc(pool + 2 * kAlign, "the expert cache")) + kAlign;
+  be.fill(arena_ - kAlign, kGuard, kAlign);
+  be.fill(arena_ + pool, kGuard, kAlign);
   key_.assign(n_slots_, -1);
   pinned_.assign(n_slots_, 0);
   lent_.assign(n_slots_, 0);
@@ -36,7 +39,7 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
 }
 
 ExpertCache::~ExpertCache() {
-  if (arena_) be_.free(arena_);
+  if (arena_) be_.free(arena_ - kAlign);
 }
 
 int32_t ExpertCache::free_slots() const {
@@ -96,6 +99,16 @@ ExpertView ExpertCache::acquire(int64_t layer, int64_t e) {
   }
   policy_->on_use(s);
   return view(layer, arena_ + (size_t)s * layout_.slot_bytes);
+}
+
+bool ExpertCache::guards_intact() const {
+  if (!arena_) return true;
+  uint8_t g[2 * kAlign];
+  be_.download(g, arena_ - kAlign, kAlign);
+  be_.download(g + kAlign, arena_ + (size_t)n_slots_ * layout_.slot_bytes, kAlign);
+  for (uint8_t b : g)
+    if (b != kGuard) return false;
+  return true;
 }
 
 void ExpertCache::pin(int64_t layer, int64_t e) {

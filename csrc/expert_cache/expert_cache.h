@@ -58,6 +58,9 @@ class ExpertCache {
   std::pair<uint8_t*, size_t> lend(int32_t n);
   // Returns the lent run and refills the most valuable experts it evicted.
   void give_back();
+  // Guard bytes around the slot arena are intact (nothing wrote past the pool).
+  bool guards_intact() const;
+  static constexpr uint8_t kGuard = 0xA5;
 
  private:
   int32_t slot_of(int64_t layer, int64_t e) const { return index_[layer * layout_.E + e]; }
@@ -69,7 +72,7 @@ class ExpertCache {
   const ExpertLayout& layout_;
   const ExpertSource* src_;
   int32_t n_slots_ = 0;
-  uint8_t* arena_ = nullptr;
+  uint8_t* arena_ = nullptr;  // kAlign guard bytes before and after it
   std::vector<int32_t> index_;    // (layer * E + e) -> slot, -1 if absent
   std::vector<int64_t> key_;      // slot -> layer * E + e, -1 if empty
   std::vector<uint8_t> pinned_, lent_;

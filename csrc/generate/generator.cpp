@@ -43,18 +43,25 @@ int32_t Generator::next() {
     finish("max_tokens");
     return -1;
   }
+  // Decode time covers the passes (forward + sample) after the first token, whose logits came
+  // with the prompt; decode tok/s is passes per second, as llama.cpp's eval rate.
   const auto t0 = std::chrono::steady_clock::now();
-  if (!have_logits_) {
+  const bool pass = !have_logits_;
+  if (pass) {
     if (pos_ >= m_.config().ctx) {
       finish("ctx_full");
       return -1;
     }
     m_.forward(&tokens_.back(), 1, pos_ - 1, logits_.data(), false);
-    have_logits_ = true;
   }
   const int32_t tok = sampler_->sample(logits_.data(), m_.spec().V, tokens_);
   have_logits_ = false;
-  stats_.decode_ms += ms_since(t0);
+  if (pass) {
+    stats_.decode_ms += ms_since(t0);
+    ++stats_.decode_passes;
+  } else {
+    stats_.prompt_ms += ms_since(t0);
+  }
   if (std::find(p_.stop_ids.begin(), p_.stop_ids.end(), tok) != p_.stop_ids.end()) {
     finish("stop_token");
     return -1;

@@ -166,16 +166,32 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
       auto [region, bytes] = cache_->lend(slots);
       chunk_stats_.slots_borrowed = std::max<int64_t>(chunk_stats_.slots_borrowed, slots);
       chunk_stats_.region_bytes = std::max<uint64_t>(chunk_stats_.region_bytes, bytes);
+      // The region's tail past bytes_needed is a guard: carve must never reach it.
+      const size_t need = prefill_.bytes_needed(T, true);
+      be_->fill(region + need, ExpertCache::kGuard, bytes - need);
       try {
-        run_chunk(prefill_.carve(region, bytes, T, true), ids + i, T, pos0 + i, lg, all_logits);
+        run_chunk(prefill_.carve(region, need, T, true), ids + i, T, pos0 + i, lg, all_logits);
       } catch (...) {
         cache_->give_back();
         throw;
       }
+      check_guards(region + need, bytes - need, T);
       cache_->give_back();
     }
     chunk_stats_.chunks++;
     chunk_stats_.chunk_tokens = std::max(chunk_stats_.chunk_tokens, T);
+  }
+}
+
+void Model::check_guards(const uint8_t* tail, size_t n, int64_t T) {
+  std::vector<uint8_t> g(n);
+  be_->download(g.data(), tail, n);
+  bool ok = cache_->guards_intact();
+  for (uint8_t b : g) ok = ok && b == ExpertCache::kGuard;
+  if (!ok) {
+    cache_->give_back();
+    throw Error(str("internal error: the prompt chunk of ", T, " tokens wrote outside its planned ",
+                    prefill_.bytes_needed(T, true), " bytes (guard bytes changed); please report it"));
   }
 }
 

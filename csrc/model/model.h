@@ -64,6 +64,7 @@ class Model {
   };
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
                  bool all_logits);
+  void check_guards(const uint8_t* tail, size_t n, int64_t T);
   void moe(const PrefillBuffers& b, int64_t l, int64_t T, const float* x_in);
   const float* norm_weight(const WeightRef& w, const char* what);
   void head(const PrefillBuffers& b, const float* x, int64_t rows, float* logits_host);

@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   const void* resident(const void* host, size_t, const char*) override { return host; }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void fill(void* p, uint8_t value, size_t bytes) override { std::memset(p, value, bytes); }
   void sync() override {}
 
   void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) override {

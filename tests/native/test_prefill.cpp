@@ -1,0 +1,246 @@
+// Prefill: invariant 1 (exact sizing) and 2 (one plan, one choice) at the carve level. Every
+// buffer carve() hands out is written in full inside a region of exactly bytes_needed bytes,
+// fenced by guard bytes; a region one byte short is refused.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "prefill/prefill.h"
+
+using namespace strata;
+
+namespace {
+
+constexpr uint8_t kGuardByte = 0xA5;
+constexpr size_t kGuard = 4096;  // guard bytes on each side (a multiple of kAlign)
+constexpr uint32_t kQ4K = 12;    // ggml type id of Q4_K
+
+PrefillShape make_shape(int64_t D, int64_t HC, int64_t E, int64_t K, int64_t F, int64_t H, int64_t KV, int64_t hd,
+                        bool unfused) {
+  PrefillShape s;
+  s.D = D;
+  s.HC = HC;
+  s.E = E;
+  s.K = K;
+  s.F = F;
+  s.n_head = H;
+  s.n_kv_head = KV;
+  s.head_dim = hd;
+  s.expert_types = {kQ4K, kQ4K, kQ4K};
+  s.gr_unfused = unfused;
+  return s;
+}
+
+// Small enough that T = 65536 stays around 200 MB in the largest layout.
+std::vector<std::pair<std::string, PrefillShape>> shapes() {
+  return {
+      {"qwen-like", make_shape(64, 1, 8, 2, 32, 4, 2, 16, false)},
+      {"qwen-like-unfused", make_shape(64, 1, 8, 2, 32, 4, 2, 16, true)},
+      {"hc4-unfused", make_shape(32, 4, 4, 4, 96, 2, 1, 16, true)},  // K == E, F not a power of two
+      {"hc4-fused-gr", make_shape(96, 4, 5, 1, 32, 6, 3, 18, false)},
+  };
+}
+
+const std::vector<int64_t> kTokens = {1, 2, 3, 17, 255, 256, 257, 4096, 65536};
+
+// A 256-aligned allocation with kGuard guard bytes on each side of a region of exactly `bytes`.
+struct Fenced {
+  explicit Fenced(size_t bytes) : bytes(bytes) {
+    const size_t total = align_up(kGuard + bytes + kGuard);
+    base = static_cast<uint8_t*>(std::aligned_alloc(kAlign, total));
+    if (base) std::memset(base, kGuardByte, total);
+    tail = total - kGuard - bytes;  // >= kGuard
+  }
+  ~Fenced() { std::free(base); }
+  Fenced(const Fenced&) = delete;
+  Fenced& operator=(const Fenced&) = delete;
+  uint8_t* region() const { return base + kGuard; }
+  // The first changed guard byte as an offset from the region start, or 0 with ok = true.
+  bool guards_intact(int64_t* where) const {
+    for (size_t i = 0; i < kGuard; ++i)
+      if (base[i] != kGuardByte) return *where = (int64_t)i - (int64_t)kGuard, false;
+    for (size_t i = 0; i < tail; ++i)
+      if (region()[bytes + i] != kGuardByte) return *where = (int64_t)(bytes + i), false;
+    return true;
+  }
+  size_t bytes;
+  size_t tail = 0;
+  uint8_t* base = nullptr;
+};
+
+// The PrefillBuffers pointer a plan buffer lands in, by name (the names carve() knows).
+const void* pointer_of(const PrefillBuffers& b, const std::string& n) {
+  if (n == "R") return b.R;
+  if (n == "grs") return b.grs;
+  if (n == "xn") return b.xn;
+  if (n == "attn.q") return b.q;
+  if (n == "attn.k") return b.k;
+  if (n == "attn.v") return b.v;
+  if (n == "attn.out") return b.attn;
+  if (n == "proj") return b.proj;
+  if (n == "router.logits") return b.router;
+  if (n == "router.ids") return b.topk_ids;
+  if (n == "router.weights") return b.topk_w;
+  if (n == "moe.offsets") return b.expert_off;
+  if (n == "moe.rows") return b.expert_rows;
+  if (n == "moe.x") return b.xg;
+  if (n == "moe.xq") return b.xq;
+  if (n == "moe.gate") return b.hg;
+  if (n == "moe.up") return b.hu;
+  if (n == "moe.down") return b.yd;
+  ADD_FAILURE() << "plan buffer '" << n << "' has no PrefillBuffers field";
+  return nullptr;
+}
+
+std::vector<const void*> all_pointers(const PrefillBuffers& b) {
+  return {b.R, b.grs, b.xn, b.q, b.k, b.v, b.attn, b.proj, b.router, b.topk_ids, b.topk_w, b.expert_off,
+          b.expert_rows, b.xg, b.xq, b.hg, b.hu, b.yd};
+}
+
+}  // namespace
+
+TEST(Prefill, CarveWritesStayInsideExactRegion) {
+  for (const auto& [name, shape] : shapes()) {
+    const Prefill pf(shape);
+    for (const bool src : {true, false}) {
+      for (const int64_t T : kTokens) {
+        SCOPED_TRACE(name + " src=" + std::to_string(src) + " T=" + std::to_string(T));
+        const PrefillPlan plan = pf.layout(T, src);
+        const size_t need = pf.bytes_needed(T, src);
+        ASSERT_EQ(plan.total, need);
+        ASSERT_EQ(need % kAlign, 0u);
+        // bytes_needed == sum of the aligned buffer sizes == aligned end of the last buffer
+        size_t sum = 0;
+        for (const auto& s : plan.buffers) {
+          EXPECT_EQ(s.offset, sum) << s.name;
+          EXPECT_EQ(s.offset % kAlign, 0u) << s.name;
+          sum += align_up(s.bytes);
+        }
+        ASSERT_EQ(sum, need);
+
+        Fenced mem(need);
+        ASSERT_NE(mem.base, nullptr) << "could not allocate " << need << " bytes";
+        const PrefillBuffers b = pf.carve(mem.region(), need, T, src);
+        EXPECT_EQ(b.T, T);
+        EXPECT_EQ(b.moe, plan.moe);
+
+        // every non-null pointer lies inside the region, 256-aligned
+        const auto* lo = mem.region();
+        const auto* hi = mem.region() + need;
+        for (const void* p : all_pointers(b)) {
+          if (!p) continue;
+          const auto* q = static_cast<const uint8_t*>(p);
+          EXPECT_TRUE(q >= lo && q < hi) << "pointer at offset " << (q - lo) << " outside [0, " << need << ")";
+          EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % kAlign, 0u);
+        }
+        // each plan buffer sits at its offset, and writing it in full stays inside the region
+        size_t non_null = 0;
+        for (const auto& s : plan.buffers) {
+          const void* p = pointer_of(b, s.name);
+          ASSERT_EQ(p, static_cast<const void*>(mem.region() + s.offset)) << s.name;
+          ASSERT_LE(s.offset + s.bytes, need) << s.name;
+          std::memset(mem.region() + s.offset, 0x5A ^ (int)(s.offset / kAlign & 0x7f), s.bytes);
+          ++non_null;
+        }
+        size_t carved = 0;
+        for (const void* p : all_pointers(b)) carved += p != nullptr;
+        EXPECT_EQ(carved, non_null) << "a PrefillBuffers pointer is set that the plan does not size";
+        int64_t where = 0;
+        EXPECT_TRUE(mem.guards_intact(&where)) << "guard byte changed at region offset " << where;
+
+        // the pointers that must be absent are: xn unless unfused; the other layout's MoE buffer
+        EXPECT_EQ(b.xn != nullptr, shape.gr_unfused);
+        EXPECT_NE(b.grs, nullptr);
+        if (b.moe == MoeLayout::Fused) {
+          EXPECT_NE(b.xg, nullptr);
+          EXPECT_EQ(b.xq, nullptr);
+        } else {
+          EXPECT_EQ(b.xg, nullptr);
+          EXPECT_NE(b.xq, nullptr);
+        }
+      }
+    }
+  }
+}
+
+TEST(Prefill, RegionOneByteShortThrows) {
+  for (const auto& [name, shape] : shapes()) {
+    const Prefill pf(shape);
+    for (const bool src : {true, false}) {
+      for (const int64_t T : kTokens) {
+        if (T > 4096) continue;  // the size check happens before any write; large T adds nothing
+        SCOPED_TRACE(name + " src=" + std::to_string(src) + " T=" + std::to_string(T));
+        const size_t need = pf.bytes_needed(T, src);
+        Fenced mem(need);
+        ASSERT_NE(mem.base, nullptr);
+        EXPECT_THROW(pf.carve(mem.region(), need - 1, T, src), MemoryError);
+        EXPECT_THROW(pf.carve(nullptr, need, T, src), MemoryError);
+        EXPECT_NO_THROW(pf.carve(mem.region(), need, T, src));
+        EXPECT_NO_THROW(pf.carve(mem.region(), need + 1, T, src));
+      }
+    }
+  }
+}
+
+TEST(Prefill, MisalignedRegionThrows) {
+  const Prefill pf(shapes()[0].second);
+  const size_t need = pf.bytes_needed(17, true);
+  Fenced mem(need + kAlign);
+  ASSERT_NE(mem.base, nullptr);
+  EXPECT_THROW(pf.carve(mem.region() + 8, need + kAlign - 8, 17, true), ConfigError);
+}
+
+TEST(Prefill, LayoutAndBytesNeededAgree) {
+  for (const auto& [name, shape] : shapes()) {
+    const Prefill pf(shape);
+    size_t prev[2] = {0, 0};
+    for (int64_t T = 1; T <= 1100; ++T) {
+      for (const bool src : {true, false}) {
+        const PrefillPlan p = pf.layout(T, src);
+        ASSERT_EQ(p.total, pf.bytes_needed(T, src)) << name << " T=" << T;
+        ASSERT_EQ(p.T, T);
+        ASSERT_EQ(p.src, src);
+        ASSERT_GE(p.total, prev[src]) << name << " T=" << T << ": bytes_needed shrank";
+        prev[src] = p.total;
+      }
+    }
+  }
+}
+
+TEST(Prefill, FusedOrMmqChosenBySource) {
+  for (const auto& [name, shape] : shapes()) {
+    const Prefill pf(shape);
+    ASSERT_TRUE(pf.fused_supported()) << name;
+    for (const int64_t T : kTokens) {
+      EXPECT_EQ(pf.fused_layout(T, true), MoeLayout::Fused);
+      EXPECT_EQ(pf.fused_layout(T, false), MoeLayout::MMQ);
+      EXPECT_EQ(pf.layout(T, true).moe, MoeLayout::Fused);
+      EXPECT_EQ(pf.layout(T, false).moe, MoeLayout::MMQ);
+    }
+  }
+  EXPECT_STREQ(moe_layout_name(MoeLayout::Fused), "fused");
+  EXPECT_STREQ(moe_layout_name(MoeLayout::MMQ), "mmq");
+  // no expert type the fused path supports: MMQ even with a source
+  PrefillShape s = shapes()[0].second;
+  s.expert_types.clear();
+  const Prefill pf(s);
+  EXPECT_FALSE(pf.fused_supported());
+  EXPECT_EQ(pf.layout(16, true).moe, MoeLayout::MMQ);
+}
+
+TEST(Prefill, RejectsBadShapesAndChunks) {
+  EXPECT_THROW(Prefill(make_shape(0, 1, 8, 2, 32, 4, 2, 16, false)), ConfigError);
+  EXPECT_THROW(Prefill(make_shape(64, 0, 8, 2, 32, 4, 2, 16, false)), ConfigError);
+  EXPECT_THROW(Prefill(make_shape(64, 1, 8, 9, 32, 4, 2, 16, false)), ConfigError);  // K > E
+  EXPECT_THROW(Prefill(make_shape(64, 1, 8, 2, 0, 4, 2, 16, false)), ConfigError);
+  const Prefill pf(shapes()[0].second);
+  EXPECT_THROW(pf.layout(0, true), ConfigError);
+  EXPECT_THROW(pf.bytes_needed(-1, false), ConfigError);
+}

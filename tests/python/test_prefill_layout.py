@@ -1,0 +1,189 @@
+"""Invariant 1 (exact sizing) and 2 (one plan, one choice) of DESIGN.md, over random shapes.
+
+Prefill::layout is the one ordered list of buffer specs that both bytes_needed and carve derive
+from; _core.prefill_layout exposes it for an arbitrary shape with no model, so it is swept here
+over thousands of shapes and chunk sizes (T from 1 to 65536, log-uniform).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import strata
+from strata import _core
+
+ALIGN = 256
+DTYPE_BYTES = {"f32": 4, "i32": 4}
+# ggml type ids of the expert quant types strata computes with (f32, f16, q8_0, q4_k, q6_k, iq2_xs).
+SUPPORTED_TYPES = [0, 1, 8, 12, 14, 17]
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def q8_0_bytes(shape: list[int], D: int) -> int:
+    """q8_0: 34 bytes (fp16 scale + 32 int8) per 32 values. The plan writes the last dimension either
+    in values (== D) or already in bytes per row (== D / 32 * 34); both must give the same bytes."""
+    rows = math.prod(shape[:-1])
+    last = shape[-1]
+    if last == D:
+        return rows * D // 32 * 34
+    assert last == D // 32 * 34, f"q8_0 last dim {last} is neither D={D} values nor {D // 32 * 34} bytes"
+    return rows * last
+
+
+@st.composite
+def shapes(draw):
+    HC = draw(st.sampled_from([1, 4]))
+    D = 32 * draw(st.integers(1, 256))  # 32 .. 8192
+    E = draw(st.integers(1, 256))
+    K = draw(st.integers(1, min(E, 16)))
+    F = 32 * draw(st.integers(1, 256))
+    kv_heads = draw(st.integers(1, 16))
+    heads = kv_heads * draw(st.integers(1, 8))
+    head_dim = 2 * draw(st.integers(8, 128))  # even, 16 .. 256
+    t = draw(st.sampled_from(SUPPORTED_TYPES))
+    return dict(D=D, HC=HC, E=E, K=K, F=F, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                expert_types=[t, t, t], unfused=draw(st.booleans()))
+
+
+@st.composite
+def chunk_tokens(draw):
+    # log-uniform in [1, 65536], plus the alignment edges
+    if draw(st.booleans()):
+        return draw(st.sampled_from([1, 2, 3, 7, 8, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097, 65535, 65536]))
+    x = draw(st.floats(0.0, 16.0, allow_nan=False))
+    return max(1, min(65536, int(round(2.0**x))))
+
+
+def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
+    D, HC, E, K, F = shape["D"], shape["HC"], shape["E"], shape["K"], shape["F"]
+    assert plan["tokens"] == T
+    assert plan["source"] == src
+    # kind: fused iff an ExpertSource streams the experts (every type here supports fused)
+    assert plan["kind"] == ("fused" if src else "mmq"), plan["kind"]
+    bufs = plan["buffers"]
+    names = [b["name"] for b in bufs]
+    assert len(set(names)) == len(names), f"duplicate buffer names {names}"
+
+    total = 0
+    prev_end = 0
+    for b in bufs:
+        off, n = b["offset"], b["bytes"]
+        assert off % ALIGN == 0, f"{b['name']} offset {off} not {ALIGN}-aligned"
+        # carve order == offset order, disjoint, each buffer at the aligned end of the previous one
+        assert off == prev_end, f"{b['name']} at {off}, previous buffer ends (aligned) at {prev_end}"
+        assert n > 0, f"{b['name']} is empty"
+        # bytes == product(shape) * dtype size
+        if b["dtype"] == "q8_0":
+            want = q8_0_bytes(list(b["shape"]), D)
+        else:
+            assert b["dtype"] in DTYPE_BYTES, f"unknown dtype {b['dtype']}"
+            want = math.prod(b["shape"]) * DTYPE_BYTES[b["dtype"]]
+        assert n == want, f"{b['name']}: bytes {n} != shape {b['shape']} x {b['dtype']} = {want}"
+        assert 0 <= off and off + n <= plan["bytes_needed"], f"{b['name']} [{off}, {off + n}) outside the region"
+        prev_end = off + align_up(n)
+        total += align_up(n)
+    # bytes_needed == sum of aligned sizes == end of the last (aligned) buffer: nothing counted and unused
+    assert plan["bytes_needed"] == total
+    assert plan["bytes_needed"] == prev_end
+    assert plan["bytes_needed"] % ALIGN == 0
+
+    by = {b["name"]: b for b in bufs}
+    # grs always carved, T x HC; xn only in the unfused GR mode, T x D
+    assert "grs" in by
+    assert list(by["grs"]["shape"]) == [T, HC]
+    assert ("xn" in by) == bool(shape["unfused"]), names
+    if shape["unfused"]:
+        assert list(by["xn"]["shape"]) == [T, D]
+    assert list(by["R"]["shape"]) == [T, HC, D]
+    assert list(by["router.logits"]["shape"]) == [T, E]
+    assert list(by["router.ids"]["shape"]) == [T, K]
+    assert list(by["moe.offsets"]["shape"]) == [E + 1]
+    assert math.prod(by["moe.rows"]["shape"]) == T * K
+    # the MoE buffers of the layout that was chosen, and only those
+    if plan["kind"] == "fused":
+        assert "moe.x" in by and "moe.xq" not in by
+        rows = T  # one expert at a time: at most T tokens route to it
+    else:
+        assert "moe.xq" in by and "moe.x" not in by
+        assert by["moe.xq"]["bytes"] == T * K * D // 32 * 34
+        rows = T * K
+    assert list(by["moe.gate"]["shape"]) == [rows, F]
+    assert list(by["moe.up"]["shape"]) == [rows, F]
+    assert list(by["moe.down"]["shape"]) == [rows, D]
+    # slots, where a slot size is given (prefill_layout has none: 0)
+    if plan["slot_bytes"]:
+        assert plan["slots"] == -(-plan["bytes_needed"] // plan["slot_bytes"])
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=shapes(), T=chunk_tokens(), src=st.booleans())
+@example(shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12], unfused=False),
+         T=1, src=True)
+@example(shape=dict(D=8192, HC=4, E=256, K=16, F=8192, heads=128, kv_heads=16, head_dim=256, expert_types=[12],
+                    unfused=True), T=65536, src=False)
+def test_plan_exact(shape, T, src):
+    plan = _core.prefill_layout(shape, T, src)
+    check_plan(shape, T, src, plan)
+    # monotone in T: a chunk one token longer never needs less
+    if T < 65536:
+        nxt = _core.prefill_layout(shape, T + 1, src)
+        assert plan["bytes_needed"] <= nxt["bytes_needed"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(shape=shapes(), T=chunk_tokens())
+def test_unfused_and_hc_only_add(shape, T):
+    """The unfused GR mode carves exactly one extra T x D f32 buffer (xn, aligned) and nothing else."""
+    for src in (True, False):
+        fused = _core.prefill_layout({**shape, "unfused": False}, T, src)
+        unf = _core.prefill_layout({**shape, "unfused": True}, T, src)
+        assert unf["bytes_needed"] - fused["bytes_needed"] == align_up(T * shape["D"] * 4)
+        assert [b["name"] for b in unf["buffers"] if b["name"] != "xn"] == [b["name"] for b in fused["buffers"]]
+
+
+def test_layout_kind_needs_supported_types():
+    """With no expert type the fused path supports, even a streamed run uses the MMQ layout (and says so)."""
+    shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32, expert_types=[])
+    assert _core.prefill_layout(shape, 16, True)["kind"] == "mmq"
+    assert _core.prefill_layout(shape, 16, False)["kind"] == "mmq"
+
+
+@pytest.mark.parametrize("bad", [dict(D=0), dict(E=0), dict(K=9), dict(F=0), dict(heads=0), dict(head_dim=0),
+                                 dict(HC=0)])
+def test_shape_out_of_range(bad):
+    shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32, **{})
+    shape.update(bad)
+    with pytest.raises(strata.ConfigError):
+        _core.prefill_layout(shape, 16, True)
+
+
+def test_zero_tokens_rejected():
+    shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32)
+    with pytest.raises(strata.ConfigError):
+        _core.prefill_layout(shape, 0, True)
+
+
+@pytest.mark.parametrize("mix", ["f32", "q4_k"])
+def test_model_layout_matches_shape_plan(make_mix, mix):
+    """m.layout is the same plan as prefill_layout on the model's shape, with slots = ceil(bytes / slot)."""
+    m = strata.Model(make_mix(mix), expert_cache="all", prefill=64, ctx=256, progress=False)
+    s = m.spec
+    shape = dict(D=s["hidden"], HC=1, E=s["experts"], K=s["top_k"], F=s["expert_ffn"], heads=s["heads"],
+                 kv_heads=s["kv_heads"], head_dim=s["head_dim"], unfused=False)
+    for T in (1, 2, 17, 64, 255, 256, 257, 4096):
+        for src in (True, False):
+            got = m.layout(T, src)
+            want = _core.prefill_layout(shape, T, src)
+            check_plan(shape, T, src, got)
+            assert got["bytes_needed"] == want["bytes_needed"]
+            assert got["buffers"] == want["buffers"]
+            assert got["slot_bytes"] == s["slot_bytes"] > 0
+            assert got["slot_bytes"] % ALIGN == 0
+            assert got["slots"] == -(-got["bytes_needed"] // got["slot_bytes"])
