@@ -3,7 +3,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <memory>
+#include <string>
 
 #include "core/error.h"
 
@@ -12,6 +14,14 @@ namespace strata {
 constexpr size_t kAlign = 256;  // every carved buffer and every slot is 256-byte aligned
 
 inline constexpr size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+
+// "14900 MiB", "0.25 MiB": sizes in messages, in the unit --expert-cache takes.
+inline std::string mib_str(uint64_t bytes) {
+  const double mib = bytes / 1048576.0;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, mib >= 10 || mib == (uint64_t)mib ? "%.0f MiB" : "%.2f MiB", mib);
+  return buf;
+}
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }

@@ -25,9 +25,7 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
   }
   // Slots beyond one per expert still serve: the prompt chunks borrow them.
   n_slots_ = (int32_t)(cache_bytes / layout.slot_bytes);
-  STRATA_CHECK(n_slots_ >= 1, MemoryError, "--expert-cache of ", cache_bytes >> 20,
-               " MiB holds no expert: one slot is ", layout.slot_bytes, " bytes; use at least ",
-               (layout.slot_bytes + (1 << 20) - 1) >> 20, " MiB");
+  // Zero slots is allowed here: the caller sizes the cache against its prompt chunk and names the fix.
   const size_t pool = (size_t)n_slots_ * layout.slot_bytes;
   arena_ = static_cast<uint8_t*>(be.alloc(pool + 2 * kAlign, "the expert cache")) + kAlign;
   be.fill(arena_ - kAlign, kGuard, kAlign);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -47,6 +48,23 @@ PrefillShape prefill_shape(const ModelSpec& s) {
 }
 }  // namespace
 
+// The host copy is the default when the experts fit in the memory available now with a margin
+// (a tenth of RAM, at least 2 GiB) for the rest of the process and the system; else mmap.
+static bool host_fits(uint64_t expert_bytes) {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return false;
+  uint64_t total_kb = 0, avail_kb = 0;
+  char key[64];
+  unsigned long long v;
+  while (std::fscanf(f, "%63s %llu kB", key, &v) == 2) {
+    if (!std::strcmp(key, "MemTotal:")) total_kb = v;
+    if (!std::strcmp(key, "MemAvailable:")) avail_kb = v;
+  }
+  std::fclose(f);
+  const uint64_t margin = std::max<uint64_t>(total_kb * 1024 / 10, 2ull << 30);
+  return avail_kb * 1024 > expert_bytes + margin;
+}
+
 static std::shared_ptr<gguf::File> open_file(const std::string& path) { return gguf::File::open(path); }
 
 Model::Model(const std::string& path, const ModelConfig& cfg)
@@ -78,7 +96,7 @@ Model::Model(const std::string& path, const ModelConfig& cfg)
 
   if (!cfg_.all_resident) {
     std::string kind = cfg_.source;
-    if (kind == "auto") kind = "host";
+    if (kind == "auto") kind = host_fits(xlayout_.total_bytes()) ? "host" : "mmap";
     if (kind == "host") src_ = make_host_source(xlayout_, cfg_.progress);
     else if (kind == "mmap") src_ = make_mmap_source(xlayout_);
     else throw ConfigError(str("--source must be host, mmap or auto, got '", cfg_.source, "'"));
@@ -104,7 +122,7 @@ Model::Model(const std::string& path, const ModelConfig& cfg)
   };
   auto too_small = [&](int64_t T, bool working_set) {
     const uint64_t mib = ((uint64_t)needs(T, working_set) * xlayout_.slot_bytes + (1 << 20) - 1) >> 20;
-    return MemoryError(str("--expert-cache ", (cfg_.cache_bytes >> 20), " MiB (", cache_->n_slots(),
+    return MemoryError(str("--expert-cache ", mib_str(cfg_.cache_bytes), " (", cache_->n_slots(),
                            " slots of ", xlayout_.slot_bytes, " bytes) is too small for a prompt chunk of ", T,
                            " tokens, which borrows ", slots_for(T), " slots and needs ", needs(T, working_set),
                            "; use --expert-cache ", mib, " or more, or a smaller --prefill"));

@@ -184,15 +184,22 @@ def _cache_plan(model: str, expert_cache: str, spec: dict[str, Any]) -> dict[str
 def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache: str | None,
            as_json: bool) -> None:
     """The prompt scratch of one chunk: every carved buffer, bytes_needed and the slots it borrows."""
+    saved = os.environ.get("STRATA_GR_UNFUSED")
     if unfused:
         os.environ["STRATA_GR_UNFUSED"] = "1"
-    m = _load(model, expert_cache="all", prefill=1, ctx=1, progress=False)
+    try:
+        m = _load(model, expert_cache="all", prefill=1, ctx=1, progress=False)
+    finally:
+        if saved is None:
+            os.environ.pop("STRATA_GR_UNFUSED", None)
+        else:
+            os.environ["STRATA_GR_UNFUSED"] = saved
     lay = m.layout(tokens=tokens, source=not no_source)
     if as_json:
         click.echo(json.dumps(lay, indent=2))
         return
     click.echo(f"T={lay['tokens']}  layout={lay['kind']}  source={'yes' if lay['source'] else 'no'}  "
-               f"GR={'unfused' if unfused else 'fused'}")
+               f"GR={'unfused' if any(b['name'] == 'xn' for b in lay['buffers']) else 'fused'}")
     click.echo(f"{'buffer':<16} {'dtype':<6} {'shape':<24} {'offset':>14} {'bytes':>14}")
     for b in lay["buffers"]:
         shape = "x".join(str(d) for d in b["shape"])

@@ -96,8 +96,9 @@ def test_resident_mmq_identical_and_close_to_streamed(q4k, prompt, monkeypatch):
         if ref is None:
             ref = out
         else:
-            assert np.array_equal(out, ref), f"MMQ logits (unfused={unfused}, prefill={prefill}) differ by " \
-                                             f"{np.abs(out - ref).max()}"
+            assert np.array_equal(out, ref), (
+                f"MMQ logits (unfused={unfused}, prefill={prefill}) differ by {np.abs(out - ref).max()}"
+            )
     streamed = build(q4k, monkeypatch, False, expert_cache=64, prefill=64, source="host").logits(prompt)
     rel = float(np.abs(ref - streamed).max() / np.abs(streamed).max())
     print(f"MMQ (no source) vs fused (streamed) logits: max|a-b|/max|b| = {rel:.3e}")

@@ -48,8 +48,18 @@ def shapes(draw):
     heads = kv_heads * draw(st.integers(1, 8))
     head_dim = 2 * draw(st.integers(8, 128))  # even, 16 .. 256
     t = draw(st.sampled_from(SUPPORTED_TYPES))
-    return dict(D=D, HC=HC, E=E, K=K, F=F, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                expert_types=[t, t, t], unfused=draw(st.booleans()))
+    return dict(
+        D=D,
+        HC=HC,
+        E=E,
+        K=K,
+        F=F,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        expert_types=[t, t, t],
+        unfused=draw(st.booleans()),
+    )
 
 
 @st.composite
@@ -58,7 +68,7 @@ def chunk_tokens(draw):
     if draw(st.booleans()):
         return draw(st.sampled_from([1, 2, 3, 7, 8, 63, 64, 65, 255, 256, 257, 4095, 4096, 4097, 65535, 65536]))
     x = draw(st.floats(0.0, 16.0, allow_nan=False))
-    return max(1, min(65536, int(round(2.0**x))))
+    return max(1, min(65536, round(2.0**x)))
 
 
 def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
@@ -124,10 +134,18 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=shapes(), T=chunk_tokens(), src=st.booleans())
-@example(shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12], unfused=False),
-         T=1, src=True)
-@example(shape=dict(D=8192, HC=4, E=256, K=16, F=8192, heads=128, kv_heads=16, head_dim=256, expert_types=[12],
-                    unfused=True), T=65536, src=False)
+@example(
+    shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12], unfused=False),
+    T=1,
+    src=True,
+)
+@example(
+    shape=dict(
+        D=8192, HC=4, E=256, K=16, F=8192, heads=128, kv_heads=16, head_dim=256, expert_types=[12], unfused=True
+    ),
+    T=65536,
+    src=False,
+)
 def test_plan_exact(shape, T, src):
     plan = _core.prefill_layout(shape, T, src)
     check_plan(shape, T, src, plan)
@@ -155,8 +173,9 @@ def test_layout_kind_needs_supported_types():
     assert _core.prefill_layout(shape, 16, False)["kind"] == "mmq"
 
 
-@pytest.mark.parametrize("bad", [dict(D=0), dict(E=0), dict(K=9), dict(F=0), dict(heads=0), dict(head_dim=0),
-                                 dict(HC=0)])
+@pytest.mark.parametrize(
+    "bad", [dict(D=0), dict(E=0), dict(K=9), dict(F=0), dict(heads=0), dict(head_dim=0), dict(HC=0)]
+)
 def test_shape_out_of_range(bad):
     shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32, **{})
     shape.update(bad)
@@ -175,8 +194,17 @@ def test_model_layout_matches_shape_plan(make_mix, mix):
     """m.layout is the same plan as prefill_layout on the model's shape, with slots = ceil(bytes / slot)."""
     m = strata.Model(make_mix(mix), expert_cache="all", prefill=64, ctx=256, progress=False)
     s = m.spec
-    shape = dict(D=s["hidden"], HC=1, E=s["experts"], K=s["top_k"], F=s["expert_ffn"], heads=s["heads"],
-                 kv_heads=s["kv_heads"], head_dim=s["head_dim"], unfused=False)
+    shape = dict(
+        D=s["hidden"],
+        HC=1,
+        E=s["experts"],
+        K=s["top_k"],
+        F=s["expert_ffn"],
+        heads=s["heads"],
+        kv_heads=s["kv_heads"],
+        head_dim=s["head_dim"],
+        unfused=False,
+    )
     for T in (1, 2, 17, 64, 255, 256, 257, 4096):
         for src in (True, False):
             got = m.layout(T, src)

@@ -76,19 +76,20 @@ def test_stream_trace_and_stats(q4k, prompt):
     m._m.set_trace(True)  # clears the trace
     out = m.logits(prompt)
     assert np.isfinite(out).all()
-    trace = [(int(i), int(l), int(e), bool(r)) for i, l, e, r in m._m.trace()]
+    trace = [(int(i), int(ly), int(e), bool(r)) for i, ly, e, r in m._m.trace()]
     c = m.cache
     n_chunks = -(-N_PROMPT // PREFILL)
     assert c["chunks"] == n_chunks and c["lends"] == n_chunks and c["chunk_tokens"] == PREFILL
     assert c["slots_lent"] == 0, "the region was not given back"
 
     # the prompt routes every expert of every layer (else the test proves less than it says)
-    routed = {(l, e) for _, l, e, r in trace if not r}
-    assert routed == {(l, e) for l in range(L) for e in range(E)}, f"not routed: {set((l, e) for l in range(L) for e in range(E)) - routed}"
+    routed = {(ly, e) for _, ly, e, r in trace if not r}
+    every = {(ly, e) for ly in range(L) for e in range(E)}
+    assert routed == every, f"(layer, expert) never routed: {sorted(every - routed)}"
 
     # chunk i (1-based) streams under lend index i; its give_back refills under the same index
-    streams = [(i, l, e) for i, l, e, r in trace if not r]
-    refills = [(i, l, e) for i, l, e, r in trace if r]
+    streams = [(i, ly, e) for i, ly, e, r in trace if not r]
+    refills = [(i, ly, e) for i, ly, e, r in trace if r]
     assert all(1 <= i <= n_chunks for i, _, _ in streams + refills)
     # invariant 5: no expert streamed twice for one layer within one chunk
     dup = [k for k, n in Counter(streams).items() if n > 1]
@@ -100,7 +101,7 @@ def test_stream_trace_and_stats(q4k, prompt):
     assert c["refills"] > 0, "lending evicted experts but none was refilled"
     per_layer = layer_expert_bytes(q4k)
     assert max(per_layer.values()) <= slot_bytes
-    assert c["bytes_streamed"] - c0["bytes_streamed"] == sum(per_layer[l] for _, l, _, _ in trace)
+    assert c["bytes_streamed"] - c0["bytes_streamed"] == sum(per_layer[ly] for _, ly, _, _ in trace)
     # everything streamed in and not evicted is still resident, and fits in the slots
     assert 0 <= c["misses"] + c["refills"] - c["evictions"] <= n_slots
     assert c["evictions"] > c0["evictions"]
@@ -153,11 +154,13 @@ def test_too_small_cache_large_chunk_names_a_size_that_works(q4k):
     assert need > probe.spec["layers"] * probe.spec["experts"]
     with pytest.raises(strata.MemoryError) as ei:
         strata.Model(q4k, expert_cache=1, prefill=T, ctx=2 * T, source="host", progress=False)
-    m = strata.Model(q4k, expert_cache=suggested_cache(str(ei.value)), prefill=T, ctx=2 * T, source="host",
-                     progress=False)
+    m = strata.Model(
+        q4k, expert_cache=suggested_cache(str(ei.value)), prefill=T, ctx=2 * T, source="host", progress=False
+    )
     assert m.cache["slots"] >= need and m.chunk == T
     ids = list(range(1, T + 1))
     out = m.logits(ids)
     assert m.cache["slots_borrowed"] == need - 1
-    assert np.array_equal(out, strata.Model(q4k, expert_cache=64, prefill=T, ctx=2 * T, source="host",
-                                            progress=False).logits(ids))
+    assert np.array_equal(
+        out, strata.Model(q4k, expert_cache=64, prefill=T, ctx=2 * T, source="host", progress=False).logits(ids)
+    )

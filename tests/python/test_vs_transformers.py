@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -19,6 +20,12 @@ transformers = pytest.importorskip("transformers")
 TOLERANCE = {mix: 1e-4 for mix in MIXES}
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 1234567890 <|im_start|>user\nhello<|im_end|>"
+
+
+@functools.cache
+def _hf_logits(path: str, ids: tuple[int, ...]) -> np.ndarray:
+    with torch.no_grad():
+        return _hf(path)(torch.tensor([list(ids)])).logits[0].float().numpy()
 
 
 def _hf(path: str):
@@ -48,8 +55,7 @@ def test_logits_match_transformers(make_mix, mix):
     ids = m.tokenize(PROMPT)
     assert len(ids) > 10
     ours = m.logits(ids)
-    with torch.no_grad():
-        ref = _hf(path)(torch.tensor([ids])).logits[0].float().numpy()
+    ref = _hf_logits(path, tuple(ids))
     assert ours.shape == ref.shape
     err = _rel_err(ours, ref)
     print(f"{mix}: max relative logit error {err:.3e}")
@@ -74,3 +80,27 @@ def test_greedy_tokens_match_transformers(make_mix, mix):
             assert nxt in m.tokenizer.stop_ids
         else:
             assert len(out.tokens) == 32
+
+
+# The MMQ layout (no ExpertSource) quantizes each expert's input activations to q8_0: a relative
+# error of up to 1/254 per element of a 32-block, which averages down in the dot products; the
+# logits land around 1e-3 relative (printed), so 1e-2 bounds it with margin while still catching
+# any real error (a wrong expert, weight or token would be O(1)).
+MMQ_TOLERANCE = 1e-2
+
+
+@pytest.mark.parametrize("unfused", [False, True], ids=["gr-fused", "gr-unfused"])
+@pytest.mark.parametrize("layout", ["fused", "mmq"])
+def test_layouts_and_gr_modes_match_transformers(make_mix, monkeypatch, layout, unfused):
+    path = make_mix("q4_k")
+    if unfused:
+        monkeypatch.setenv("STRATA_GR_UNFUSED", "1")
+    streamed = layout == "fused"
+    m = strata.Model(path, expert_cache=_third_of_experts(path) if streamed else "all", prefill=8, progress=False)
+    lay = m.layout(8, source=streamed)
+    assert lay["kind"] == layout
+    assert any(b["name"] == "xn" for b in lay["buffers"]) == unfused
+    ids = m.tokenize(PROMPT)
+    err = _rel_err(m.logits(ids), _hf_logits(path, tuple(ids)))
+    print(f"{layout} {'unfused' if unfused else 'fused'} GR: max relative logit error {err:.3e}")
+    assert err <= (TOLERANCE["q4_k"] if streamed else MMQ_TOLERANCE)
