@@ -139,6 +139,13 @@ void bind_model(py::module_& m) {
       .def("spec", &spec_dict)
       .def("cache_stats", &cache_dict)
       .def("reset_stats", &Model::reset_stats)
+      .def("pin",
+           [](Model& mo, int64_t layer, int64_t e) {
+             STRATA_CHECK(layer >= 0 && layer < mo.spec().L && e >= 0 && e < mo.spec().E, ConfigError,
+                          "pin: layer ", layer, " expert ", e, " out of range (", mo.spec().L, " layers, ",
+                          mo.spec().E, " experts)");
+             mo.cache().pin(layer, e);
+           })
       .def("layout",
            [](const Model& mo, int64_t T, bool src) {
              return layout_dict(mo.prefill(), T, src, mo.expert_layout().slot_bytes);

@@ -110,6 +110,7 @@ bool ExpertCache::guards_intact() const {
 }
 
 void ExpertCache::pin(int64_t layer, int64_t e) {
+  if (!src_) return;  // every expert is resident already
   acquire(layer, e);
   pinned_[slot_of(layer, e)] = 1;
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,12 @@ class Completion:
 
     def __str__(self) -> str:
         return self.text
+
+
+def _tap(pieces: Iterator[str], callback: Callable[[str], None]) -> Iterator[str]:
+    for p in pieces:
+        callback(p)
+        yield p
 
 
 class Model:
@@ -112,6 +118,10 @@ class Model:
     def reset_stats(self) -> None:
         self._m.reset_stats()
 
+    def pin(self, layer: int, expert: int) -> None:
+        """Keeps expert `expert` of `layer` resident: never evicted, never lent over."""
+        self._m.pin(int(layer), int(expert))
+
     # ---- generation ----
     def generate(
         self,
@@ -126,8 +136,13 @@ class Model:
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
         add_special: bool = True,
+        callback: Callable[[str], None] | None = None,
     ) -> Completion | Iterator[str]:
-        """Completes `prompt` (text or token ids). stream=True yields text pieces as they decode."""
+        """Completes `prompt` (text or token ids).
+
+        stream=True returns an iterator of text pieces as they decode; `callback`, if given, is
+        called with each piece either way. Stop strings end the text before they appear.
+        """
         ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt, add_special=add_special)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stops):
@@ -138,6 +153,8 @@ class Model:
         gen.begin(ids, int(max_tokens), float(temperature), int(top_k), float(top_p), float(min_p),
                   float(repetition_penalty), int(seed), sorted(self.tokenizer.stop_ids))
         pieces = self._run(gen, stops)
+        if callback is not None:
+            pieces = _tap(pieces, callback)
         if stream:
             return pieces
         out = list(pieces)

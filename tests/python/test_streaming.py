@@ -164,3 +164,17 @@ def test_too_small_cache_large_chunk_names_a_size_that_works(q4k):
     assert np.array_equal(
         out, strata.Model(q4k, expert_cache=64, prefill=T, ctx=2 * T, source="host", progress=False).logits(ids)
     )
+
+
+def test_pinned_expert_is_never_evicted(make_mix):
+    path = make_mix("q4_k")
+    probe = strata.Model(path, expert_cache="all", progress=False)
+    slot = probe.spec["slot_bytes"]
+    m = strata.Model(path, expert_cache=f"{slot * 12}b", prefill=8, source="mmap", progress=False)
+    m.pin(1, 5)
+    m._m.set_trace(True)
+    ids = m.tokenize("The quick brown fox jumps over the lazy dog, again and again and again.")
+    m.logits(ids)
+    assert (1, 5) not in {(layer, e) for _, layer, e, _ in m._m.trace()}
+    with pytest.raises(strata.ConfigError, match="out of range"):
+        m.pin(9, 0)
