@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "generate/generator.h"
 #include "model/model.h"
+#include "prefill/chunk_plan.h"
 #include "quant/quant.h"
 
 namespace py = pybind11;
@@ -159,6 +160,21 @@ void bind_model(py::module_& m) {
              return out;
            })
       .def("slots_for", &Model::slots_for)
+      .def(
+          "plan_chunk",
+          [](const Model& mo, int64_t cache_bytes, int64_t max_T, bool is_auto) {
+            const size_t slot = mo.expert_layout().slot_bytes;
+            const ChunkPlan c = plan_chunk(mo.prefill(), slot, cache_bytes / (int64_t)slot, cache_bytes, max_T, is_auto);
+            py::dict d;
+            d["chunk"] = c.chunk;
+            d["slots"] = c.slots;
+            d["needs"] = c.needs;
+            d["fits"] = c.fits;
+            d["error"] = c.error;
+            d["cache_slots"] = cache_bytes / (int64_t)slot;
+            return d;
+          },
+          py::arg("cache_bytes"), py::arg("max_tokens"), py::arg("auto") = true)
       .def_property_readonly("threads", [](Model& mo) { return mo.backend().threads(); })
       .def("logits", [](Model& mo, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
         STRATA_CHECK(ids.ndim() == 1 && ids.size() >= 1, ConfigError, "logits() takes a 1-D list of token ids");

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "prefill/chunk_plan.h"
 #include "quant/quant.h"
 
 namespace strata {
@@ -115,31 +116,15 @@ Model::Model(const std::string& path, const ModelConfig& cfg)
     own_region_ = be_->alloc(own_region_bytes_, "the prompt scratch (lower --prefill)");
     return;
   }
-  // A chunk fits when its region leaves room for one layer's expert working set at that chunk
-  // (auto), or at least for the one expert being computed (a fixed --prefill).
-  auto needs = [&](int64_t T, bool working_set) {
-    return slots_for(T) + (working_set ? std::min<int64_t>(s.E, T * s.K) : 1);
-  };
-  auto too_small = [&](int64_t T, bool working_set) {
-    const uint64_t mib = ((uint64_t)needs(T, working_set) * xlayout_.slot_bytes + (1 << 20) - 1) >> 20;
-    return MemoryError(str("--expert-cache ", mib_str(cfg_.cache_bytes), " (", cache_->n_slots(),
-                           " slots of ", xlayout_.slot_bytes, " bytes) is too small for a prompt chunk of ", T,
-                           " tokens, which borrows ", slots_for(T), " slots and needs ", needs(T, working_set),
-                           "; use --expert-cache ", mib, " or more, or a smaller --prefill"));
-  };
-  if (cfg_.prefill_auto) {
-    int64_t T = chunk_;
-    while (T > 256 && needs(T, true) > cache_->n_slots()) T = std::max<int64_t>(256, T / 2);
-    if (needs(T, true) > cache_->n_slots()) throw too_small(T, true);
-    chunk_ = T;
-  } else if (needs(chunk_, false) > cache_->n_slots()) {
-    throw too_small(chunk_, false);
-  }
+  const ChunkPlan plan = plan_chunk(prefill_, xlayout_.slot_bytes, cache_->n_slots(), cfg_.cache_bytes, chunk_,
+                                    cfg_.prefill_auto);
+  if (!plan.fits) throw MemoryError(plan.error);
+  chunk_ = plan.chunk;
 }
 
 int64_t Model::slots_for(int64_t T) const {
   if (cache_->all_resident()) return 0;
-  return (int64_t)((prefill_.bytes_needed(T, true) + xlayout_.slot_bytes - 1) / xlayout_.slot_bytes);
+  return region_slots(prefill_, T, xlayout_.slot_bytes);
 }
 
 Model::~Model() {

@@ -128,7 +128,7 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
     out["quant_mix"] = [{"role": r, "type": ty, "tensors": n, "bytes": mix_bytes[(r, ty)]}
                         for (r, ty), n in sorted(mix.items())]
     if expert_cache is not None:
-        out["cache"] = _cache_plan(model, expert_cache, s)
+        out["cache"] = _cache_plan(m, expert_cache)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -148,29 +148,26 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
         c = out["cache"]
         rows.append(("expert cache", f"{c['cache_mib']:.0f} MiB = {c['slots']} slots of {c['slot_bytes']} bytes"))
         for T, chunk in c["auto_chunks"].items():
-            rows.append((f"auto chunk, {T}-token prompt", str(chunk)))
+            rows.append((f"--prefill auto:{T} takes", str(chunk)))
     w = max(len(r[0]) for r in rows)
     for k, v in rows:
         click.echo(f"{k:<{w}}  {v}")
 
 
-def _cache_plan(model: str, expert_cache: str, spec: dict[str, Any]) -> dict[str, Any]:
+def _cache_plan(m: Any, expert_cache: str) -> dict[str, Any]:
     from strata._options import parse_expert_cache
-    from strata.model import Model
 
-    size = parse_expert_cache(expert_cache)
+    try:
+        size = parse_expert_cache(expert_cache)
+    except _core.Error as e:
+        _fail(e)
     if not isinstance(size, int):
         _fail(_core.ConfigError("strata info --expert-cache takes a size (e.g. 14900 or 14.5GiB)"))
-    out: dict[str, Any] = {"cache_mib": size / MiB, "slot_bytes": spec["slot_bytes"],
-                           "slots": size // spec["slot_bytes"]}
-    chunks: dict[int, Any] = {}
+    slot = m.spec["slot_bytes"]
+    out: dict[str, Any] = {"cache_mib": size / MiB, "slot_bytes": slot, "slots": size // slot, "auto_chunks": {}}
     for T in (2048, 8192, 32768):
-        try:
-            m = Model(model, expert_cache=size, prefill=f"auto:{T}", source="mmap", ctx=T, progress=False)
-            chunks[T] = m.chunk
-        except _core.MemoryError as e:
-            chunks[T] = f"none fits: {e}"
-    out["auto_chunks"] = chunks
+        p = m.plan_chunk(size, T)
+        out["auto_chunks"][T] = p["chunk"] if p["fits"] else f"none fits: {p['error']}"
     return out
 
 

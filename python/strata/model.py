@@ -102,6 +102,17 @@ class Model:
         """The prompt scratch plan for a chunk of `tokens`: bytes_needed, kind, buffers, slots."""
         return self._m.layout(int(tokens), bool(source))
 
+    def plan_chunk(self, expert_cache: str | int, max_tokens: int, auto: bool = True) -> dict[str, Any]:
+        """The chunk --prefill auto:MAX (or a fixed MAX) would take with a cache of `expert_cache`."""
+        size = parse_expert_cache(expert_cache)
+        if not isinstance(size, int):
+            raise _core.ConfigError("plan_chunk takes a cache size, not 'all' or 'auto'")
+        return self._m.plan_chunk(size, int(max_tokens), bool(auto))
+
+    def slots_for(self, tokens: int) -> int:
+        """Slots a prompt chunk of `tokens` borrows from this model's cache (0 when all resident)."""
+        return self._m.slots_for(int(tokens))
+
     @property
     def chunk(self) -> int:
         """Tokens per prompt chunk, as resolved at load."""

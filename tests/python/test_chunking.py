@@ -1,0 +1,57 @@
+"""--prefill auto[:MAX] takes the largest chunk that fits; too small a cache names the fix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import strata
+
+
+@pytest.fixture(scope="module")
+def q4k(make_mix):
+    path = make_mix("q4_k")
+    return path, strata.Model(path, expert_cache="all", ctx=16, progress=False)
+
+
+def _needs(m, T: int) -> int:
+    s = m.spec
+    slots = math.ceil(m.layout(T, source=True)["bytes_needed"] / s["slot_bytes"])
+    return slots + min(s["experts"], T * s["top_k"])
+
+
+@pytest.mark.parametrize("slots", [40, 64, 100, 200, 400, 1000])
+@pytest.mark.parametrize("max_tokens", [256, 1000, 4096])
+def test_auto_takes_the_largest_chunk_that_fits(q4k, slots, max_tokens):
+    path, probe = q4k
+    cache = slots * probe.spec["slot_bytes"]
+    plan = probe.plan_chunk(f"{cache}b", max_tokens)
+    # The candidates auto may take: MAX, MAX/2, ... down to 256.
+    cands, T = [], max_tokens
+    while True:
+        cands.append(T)
+        if T <= 256:
+            break
+        T = max(256, T // 2)
+    fitting = [T for T in cands if _needs(probe, T) <= slots]
+    if not fitting:
+        assert not plan["fits"] and "--expert-cache" in plan["error"]
+        with pytest.raises(strata.MemoryError, match="--expert-cache"):
+            strata.Model(path, expert_cache=f"{cache}b", prefill=f"auto:{max_tokens}", ctx=max_tokens,
+                         source="mmap", progress=False)
+        return
+    assert plan["fits"] and plan["chunk"] == fitting[0]
+    m = strata.Model(path, expert_cache=f"{cache}b", prefill=f"auto:{max_tokens}", ctx=max_tokens,
+                     source="mmap", progress=False)
+    assert m.chunk == fitting[0]
+    assert plan["slots"] == m.slots_for(m.chunk)
+
+
+def test_error_names_a_cache_that_works(q4k):
+    path, probe = q4k
+    plan = probe.plan_chunk("1MiB", 4096)
+    assert not plan["fits"]
+    mib = int(plan["error"].split("use --expert-cache ")[1].split()[0])
+    fixed = probe.plan_chunk(mib, 4096)
+    assert fixed["fits"] and fixed["chunk"] == 256  # the smallest step down is what the message sizes
