@@ -49,7 +49,7 @@ def test_auto_takes_the_largest_chunk_that_fits(q4k, slots, max_tokens):
 
 
 def test_error_names_a_cache_that_works(q4k):
-    path, probe = q4k
+    _, probe = q4k
     plan = probe.plan_chunk("1MiB", 4096)
     assert not plan["fits"]
     mib = int(plan["error"].split("use --expert-cache ")[1].split()[0])
