@@ -206,6 +206,59 @@ def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache
 
 
 @main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--prompt-tokens", default=512, show_default=True, help="Prompt length (random token ids).")
+@click.option("--gen-tokens", default=32, show_default=True, help="Tokens to decode (greedy).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
+@click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
+@click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True)
+@click.option("-t", "--threads", default=0, help="CPU threads (0: STRATA_THREADS or all cores).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random prompt.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
+def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_cache: str, prefill: str,
+          source: str, threads: int, seed: int, json_out: str | None) -> None:
+    """Time one prompt of random tokens and a greedy decode; print a table (and JSON)."""
+    import numpy as np
+
+    t0 = time.monotonic()
+    m = _load(model, device=device, expert_cache=expert_cache, prefill=prefill, source=source,
+              ctx=prompt_tokens + gen_tokens + 1, threads=threads)
+    load_s = time.monotonic() - t0
+    specials = sorted(m.tokenizer.special_ids)
+    hi = specials[0] if specials and specials[0] > 0 else m.spec["vocab"]
+    ids = np.random.default_rng(seed).integers(0, hi, size=prompt_tokens).tolist()
+    m.reset_stats()
+    try:
+        out = m.generate(ids, max_tokens=gen_tokens, temperature=0.0)
+    except _core.Error as e:
+        _fail(e)
+    st = out.stats
+    res = {
+        "model": model, "device": device, "threads": m._m.threads, "load_s": load_s,
+        "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"], "generated": st["generated"],
+        "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"],
+        **{k: v for k, v in st.items() if k.startswith("cache_")},
+    }
+    rows = [
+        ("model", f"{os.path.basename(model)}: {m.spec['arch']}, {m.spec['params_total'] / 1e9:.2f} B total, "
+                  f"{m.spec['params_active'] / 1e9:.2f} B active"),
+        ("device / threads", f"{device} / {res['threads']}"),
+        ("load", f"{load_s:.2f} s"),
+        ("prompt", f"{st['prompt_tokens']} tokens, {st['prompt_tps']:.1f} tok/s (chunk {st['cache_chunk']})"),
+        ("decode", f"{st['generated']} tokens, {st['decode_tps']:.2f} tok/s (stop: {st['stop_reason']})"),
+        ("experts", f"source {st['cache_source']}, hits {st['cache_hits']}, misses {st['cache_misses']}, "
+                    f"streamed {_fmt_bytes(st['cache_bytes_streamed'])}"),
+    ]
+    w = max(len(r[0]) for r in rows)
+    for k, v in rows:
+        click.echo(f"{k:<{w}}  {v}")
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+@main.command()
 @click.option("-n", "--max-tokens", default=48, show_default=True)
 @click.option("--prompt", default="The expert cache", show_default=True)
 @click.option("--keep", type=click.Path(file_okay=False), default=None, help="Write the model here and keep it.")

@@ -149,3 +149,13 @@ def test_bad_flags(f16_model, args, needle):
 def test_missing_file():
     r = run("info", "/nonexistent/model.gguf")
     assert r.exit_code == 2 and "not found" in r.stderr
+
+
+def test_bench_table_and_json(f16_model, tmp_path):
+    out = tmp_path / "b.json"
+    r = run("bench", f16_model, "--prompt-tokens", "20", "--gen-tokens", "4", "--expert-cache", "1MiB",
+            "--prefill", "8", "--json", str(out))
+    assert r.exit_code == 0, r.output
+    assert "prompt" in r.output and "tok/s" in r.output
+    res = json.loads(out.read_text())
+    assert res["prompt_tokens"] == 20 and res["prompt_tps"] > 0 and res["cache_chunks"] == 3
