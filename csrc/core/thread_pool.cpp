@@ -47,19 +47,18 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   }
   cv_start_.notify_all();
   // The caller works too, as thread 0.
-  for (;;) {
-    int64_t b;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      b = next_;
-      next_ += grain;
-    }
-    if (b >= n) break;
-    fn(b, std::min(n, b + grain), 0);
-  }
+  drain(fn, n, grain, 0);
   std::unique_lock<std::mutex> lk(mu_);
   cv_done_.wait(lk, [this] { return active_ == 0; });
   job_ = nullptr;
+}
+
+void ThreadPool::drain(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int64_t grain, int idx) {
+  for (;;) {
+    const int64_t b = next_.fetch_add(grain, std::memory_order_relaxed);
+    if (b >= n) return;
+    fn(b, std::min(n, b + grain), idx);
+  }
 }
 
 void ThreadPool::worker(int idx) {
@@ -76,16 +75,7 @@ void ThreadPool::worker(int idx) {
       n = job_n_;
       grain = job_grain_;
     }
-    for (;;) {
-      int64_t b;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        b = next_;
-        next_ += grain;
-      }
-      if (b >= n) break;
-      (*job)(b, std::min(n, b + grain), idx);
-    }
+    drain(*job, n, grain, idx);
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (--active_ == 0) cv_done_.notify_all();

@@ -2,6 +2,7 @@
 // Work is split by output index only, so every reduction runs on one thread in a
 // fixed order and results do not depend on the thread count.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -30,13 +31,16 @@ class ThreadPool {
 
  private:
   void worker(int idx);
+  // Runs grain-sized pieces of the current job until none is left.
+  void drain(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int64_t grain, int idx);
 
   int n_threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_start_, cv_done_;
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
-  int64_t job_n_ = 0, job_grain_ = 1, next_ = 0;
+  int64_t job_n_ = 0, job_grain_ = 1;
+  std::atomic<int64_t> next_{0};  // the next unclaimed index of the current job
   int generation_ = 0, active_ = 0;
   bool stop_ = false;
 };
