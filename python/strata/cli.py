@@ -282,7 +282,7 @@ def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
     click.echo(f"experts {experts / MiB:.2f} MiB in {probe.spec['layers'] * probe.spec['experts']} experts; "
                f"expert cache {cache / MiB:.2f} MiB ({cache // slot} slots)")
     m = Model(path, expert_cache=f"{cache}b", prefill=16, source="host", ctx=512)
-    click.echo(f"prompt: {prompt!r}")
+    click.echo(f"prompt: {prompt!r} (random weights: expect noise, not prose)")
     for piece in m.generate(prompt, max_tokens=max_tokens, temperature=0.7, seed=7, stream=True):
         click.echo(piece, nl=False)
     click.echo()

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/attention.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
@@ -134,44 +135,7 @@ class CpuBackend final : public Backend {
 
   void attention(const float* q, const float* kc, const float* vc, int64_t T, int64_t pos0, int64_t H,
                  int64_t KV, int64_t hd, float scale, float* out) override {
-    const int64_t group = H / KV;
-    constexpr int64_t kBlock = 128;  // keys per online-softmax block, fixed by absolute position
-    pool_.parallel_for(T * H, 1, [&](int64_t b, int64_t e, int) {
-      float s[kBlock];
-      std::vector<float> acc(hd);
-      for (int64_t th = b; th < e; ++th) {
-        const int64_t t = th / H, h = th % H, kvh = h / group;
-        const float* qh = q + th * hd;
-        const int64_t n_keys = pos0 + t + 1;
-        float m = -INFINITY, l = 0.f;
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j0 = 0; j0 < n_keys; j0 += kBlock) {
-          const int64_t nb = std::min(kBlock, n_keys - j0);
-          float bm = -INFINITY;
-          for (int64_t j = 0; j < nb; ++j) {
-            const float* kr = kc + ((j0 + j) * KV + kvh) * hd;
-            float d = 0.f;
-            for (int64_t i = 0; i < hd; ++i) d += qh[i] * kr[i];
-            s[j] = d * scale;
-            bm = std::max(bm, s[j]);
-          }
-          const float m_new = std::max(m, bm);
-          const float corr = std::exp(m - m_new);
-          l *= corr;
-          for (int64_t i = 0; i < hd; ++i) acc[i] *= corr;
-          for (int64_t j = 0; j < nb; ++j) {
-            const float p = std::exp(s[j] - m_new);
-            l += p;
-            const float* vr = vc + ((j0 + j) * KV + kvh) * hd;
-            for (int64_t i = 0; i < hd; ++i) acc[i] += p * vr[i];
-          }
-          m = m_new;
-        }
-        float* o = out + th * hd;
-        const float inv = 1.0f / l;
-        for (int64_t i = 0; i < hd; ++i) o[i] = acc[i] * inv;
-      }
-    });
+    cpu_attention(q, kc, vc, T, pos0, H, KV, hd, scale, out, pool_);
   }
 
   void add(float* x, const float* y, int64_t n) override {

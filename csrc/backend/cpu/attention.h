@@ -1,0 +1,15 @@
+// CPU attention: causal GQA with a blockwise online softmax, vectorized where the CPU has AVX2.
+#pragma once
+#include <cstdint>
+
+namespace strata {
+
+class ThreadPool;
+
+// out[t, h, :] = softmax(q[t, h] . K[0..pos0+t] * scale) V for T queries at positions pos0..;
+// kc/vc are [ctx, KV, hd]. Each (t, h) is computed the same way whatever T is, so results do not
+// depend on the prompt chunking.
+void cpu_attention(const float* q, const float* kc, const float* vc, int64_t T, int64_t pos0, int64_t H,
+                   int64_t KV, int64_t hd, float scale, float* out, ThreadPool& pool);
+
+}  // namespace strata
