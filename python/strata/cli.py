@@ -70,7 +70,7 @@ def main() -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-p", "--prompt", required=True, help="Prompt text (with --chat: the user message).")
 @click.option("-n", "--max-tokens", default=256, show_default=True, help="Tokens to generate at most.")
-@click.option("--device", default="cpu", show_default=True, help="cpu (or cuda when built with CUDA).")
+@click.option("--device", default="cpu", show_default=True, help="Compute device: cpu (the CUDA backend is not in this release).")
 @click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
 @click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
 @click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True,
@@ -78,10 +78,10 @@ def main() -> None:
 @click.option("--ctx", default=4096, show_default=True, help="KV cache length in tokens.")
 @click.option("-t", "--threads", default=0, help="CPU threads (0: STRATA_THREADS or all cores).")
 @click.option("--temp", "temperature", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=40, show_default=True)
-@click.option("--top-p", default=0.95, show_default=True)
-@click.option("--min-p", default=0.05, show_default=True)
-@click.option("--repeat-penalty", default=1.0, show_default=True)
+@click.option("--top-k", default=40, show_default=True, help="Keep the K most likely tokens (0: off).")
+@click.option("--top-p", default=0.95, show_default=True, help="Nucleus: keep tokens up to this mass (1: off).")
+@click.option("--min-p", default=0.05, show_default=True, help="Drop tokens below this fraction of the best (0: off).")
+@click.option("--repeat-penalty", default=1.0, show_default=True, help="Penalize the last 64 tokens (1: off).")
 @click.option("--seed", type=int, default=None, help="Sampling seed (random if unset).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
@@ -180,7 +180,7 @@ def _cache_plan(m: Any, expert_cache: str) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True)
 def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache: str | None,
            as_json: bool) -> None:
-    """The prompt scratch of one chunk: every carved buffer, bytes_needed and the slots it borrows."""
+    """Show the scratch buffers of one prompt chunk and the slots it borrows."""
     saved = os.environ.get("STRATA_GR_UNFUSED")
     if unfused:
         os.environ["STRATA_GR_UNFUSED"] = "1"
@@ -218,7 +218,7 @@ def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
 def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_cache: str, prefill: str,
           source: str, threads: int, seed: int, json_out: str | None) -> None:
-    """Time one prompt of random tokens and a greedy decode; print a table (and JSON)."""
+    """Time a prompt of random tokens and a greedy decode; print a table."""
     import numpy as np
 
     t0 = time.monotonic()
@@ -263,7 +263,10 @@ def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_c
 @click.option("--prompt", default="The expert cache", show_default=True)
 @click.option("--keep", type=click.Path(file_okay=False), default=None, help="Write the model here and keep it.")
 def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
-    """Build a small synthetic Qwen3-MoE GGUF and generate with a cache smaller than its experts."""
+    """Build a synthetic Qwen3-MoE GGUF and generate with a small expert cache.
+
+    The model has random weights and a real tokenizer; its experts are streamed through a cache
+    smaller than they are, so the stats show hits, misses and bytes streamed."""
     from strata.model import Model
     from strata.testing import make_qwen3moe
 
