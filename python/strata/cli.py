@@ -70,7 +70,8 @@ def main() -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-p", "--prompt", required=True, help="Prompt text (with --chat: the user message).")
 @click.option("-n", "--max-tokens", default=256, show_default=True, help="Tokens to generate at most.")
-@click.option("--device", default="cpu", show_default=True, help="Compute device: cpu (the CUDA backend is not in this release).")
+@click.option("--device", default="cpu", show_default=True,
+              help="Compute device: cpu (the CUDA backend is not in this release).")
 @click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
 @click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
 @click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True,
