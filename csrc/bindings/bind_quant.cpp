@@ -1,4 +1,4 @@
-// Bindings for quant: dequantize, matmul and the list of supported types, on numpy arrays.
+// Bindings for quant: dequantize, matmul, matmul_q8 and the list of supported types, on numpy arrays.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "quant/quant.h"
+#include "quant/quantize.h"
 
 namespace py = pybind11;
 
@@ -76,6 +77,44 @@ void bind_quant(py::module_& m) {
       },
       py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1,
       "Y (T, rows) = x (T, cols) @ W.T for W of `rows` raw rows of ggml type `type`.");
+
+  m.def(
+      "matmul_q8",
+      [](uint32_t type, const Bytes& w, int64_t rows, int64_t cols, const Floats& x, int threads) {
+        const QType t = quant_traits(type, "matmul_q8").type;
+        STRATA_CHECK(rows >= 0, ConfigError, "matmul_q8: rows=", rows, " is negative");
+        check_bytes(w, static_cast<size_t>(rows) * row_bytes(t, cols), "matmul_q8 weights");
+        STRATA_CHECK(x.ndim() == 2 && x.shape(1) == cols, ConfigError, "matmul_q8: x must be (T, ", cols,
+                     "), got ", x.ndim(), " dims with last ", x.ndim() ? x.shape(x.ndim() - 1) : 0);
+        STRATA_CHECK(cols % 32 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of 32");
+        STRATA_CHECK(threads >= 1, ConfigError, "matmul_q8: threads=", threads, " must be at least 1");
+        const int64_t T = x.shape(0), xrb = cols / 32 * 34;
+        py::array_t<float> y({T, rows});
+        {
+          py::gil_scoped_release nogil;
+          std::vector<uint8_t> xq(static_cast<size_t>(T * xrb));
+          for (int64_t i = 0; i < T; ++i) quantize_row_q8_0(x.data() + i * cols, xq.data() + i * xrb, cols);
+          ThreadPool pool(threads);
+          matmul_q8(t, w.data(), rows, cols, xq.data(), xrb, T, y.mutable_data(), rows, pool);
+        }
+        return y;
+      },
+      py::arg("type"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1,
+      "Y (T, rows) = q8_0(x) (T, cols) @ W.T with integer block dot products (strata::matmul_q8); x is "
+      "quantized with quantize_row_q8_0 first.");
+  m.def(
+      "quantize_q8_0",
+      [](const Floats& x) {
+        const int64_t n = x.size();
+        STRATA_CHECK(n % 32 == 0, ConfigError, "quantize_q8_0: ", n, " elements is not a multiple of 32");
+        py::array_t<uint8_t> out(n / 32 * 34);
+        quantize_row_q8_0(x.data(), out.mutable_data(), n);
+        return out;
+      },
+      py::arg("x"), "Raw q8_0 blocks of x (flattened), as quantize_row_q8_0 writes them.");
+  m.def(
+      "has_matmul_q8", [](uint32_t type) { return has_matmul_q8(quant_traits(type, "has_matmul_q8").type); },
+      py::arg("type"), "Whether matmul_q8 has an integer kernel for weights of ggml type `type`.");
 }
 
 }  // namespace strata

@@ -1,11 +1,10 @@
 // The quant traits table and each format's dequantization, mirroring gguf.quants' numpy float32
 // operation order so results are bit-identical to it.
-#include <array>
-#include <bit>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/half.h"
+#include "quant/block_math.h"
 #include "quant/iq2xs_grid.h"
 #include "quant/quant.h"
 
@@ -16,6 +15,8 @@
 
 namespace strata {
 namespace {
+
+using namespace quant_detail;
 
 // The portable block functions are the reference: they mirror gguf's numpy expressions one
 // float32 operation at a time (the build passes -ffp-contract=off, so none gets fused).
@@ -30,17 +31,6 @@ inline void blocks(const void* src, float* dst, int64_t n) {
 inline void block_q8_0(const BlockQ8_0& b, float* y) {
   const float d = fp16_to_f32(b.d);
   for (int l = 0; l < 32; ++l) y[l] = static_cast<float>(b.qs[l]) * d;
-}
-
-// ggml's get_scale_min_k4: sub-block j's 6-bit scale and min.
-inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
 }
 
 // gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m.
@@ -76,13 +66,6 @@ inline void block_q6_k(const BlockQ6_K& b, float* y) {
     }
   }
 }
-
-// ggml's ksigns_iq2xs: 7 sign bits plus an 8th that makes the count of negatives even.
-constexpr std::array<uint8_t, 128> kSignsIq2xs = [] {
-  std::array<uint8_t, 128> t{};
-  for (unsigned k = 0; k < 128; ++k) t[k] = static_cast<uint8_t>(k | ((std::popcount(k) & 1u) << 7));
-  return t;
-}();
 
 constexpr float kPlusMinus[2] = {1.0f, -1.0f};
 
@@ -221,21 +204,28 @@ STRATA_SIMD void row_iq2_xs_simd(const void* src, float* dst, int64_t n) {
   }
 }
 #define SIMD(f) f##_simd
+#define AVX2(f) f##_avx2
 #else
 #define SIMD(f) f
+#define AVX2(f) nullptr
 #endif
 
 // The one place that knows the formats; order is the order of the "supported" list in errors.
 constexpr QuantTraits kTraits[] = {
-    {QType::F32, "F32", 1, 4, row_f32, row_f32, true},
-    {QType::F16, "F16", 1, 2, row_f16, SIMD(row_f16), false},
-    {QType::BF16, "BF16", 1, 2, row_bf16, SIMD(row_bf16), false},
-    {QType::Q8_0, "Q8_0", 32, sizeof(BlockQ8_0), row_q8_0, SIMD(row_q8_0), false},
-    {QType::Q4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), row_q4_k, SIMD(row_q4_k), false},
-    {QType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), row_q6_k, SIMD(row_q6_k), false},
-    {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs), false},
+    {QType::F32, "F32", 1, 4, row_f32, row_f32, true, nullptr, nullptr, nullptr},
+    {QType::F16, "F16", 1, 2, row_f16, SIMD(row_f16), false, AVX2(gemv_f16), nullptr, nullptr},
+    {QType::BF16, "BF16", 1, 2, row_bf16, SIMD(row_bf16), false, AVX2(gemv_bf16), nullptr, nullptr},
+    {QType::Q8_0, "Q8_0", 32, sizeof(BlockQ8_0), row_q8_0, SIMD(row_q8_0), false, AVX2(gemv_q8_0),
+     mmq_q8_0_scalar, AVX2(mmq_q8_0)},
+    {QType::Q4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), row_q4_k, SIMD(row_q4_k), false, AVX2(gemv_q4_k),
+     mmq_q4_k_scalar, AVX2(mmq_q4_k)},
+    {QType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), row_q6_k, SIMD(row_q6_k), false, AVX2(gemv_q6_k),
+     mmq_q6_k_scalar, AVX2(mmq_q6_k)},
+    {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs), false,
+     AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs)},
 };
 #undef SIMD
+#undef AVX2
 
 }  // namespace
 

@@ -45,6 +45,11 @@ struct BlockIQ2_XS {
 static_assert(sizeof(BlockIQ2_XS) == 74);
 
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
+// y[r] = row r of W (rows row_bytes apart) . x, for r < rows: matmul's order for T = 1.
+using GemvFn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const float* x, float* y);
+// matmul_q8 over all `rows` rows of W (row_bytes apart) and T tokens of Xq.
+using MatmulQ8Fn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const uint8_t* Xq,
+                            int64_t xrow_bytes, int64_t T, float* Y, int64_t ldy);
 
 struct QuantTraits {
   QType type;
@@ -58,6 +63,12 @@ struct QuantTraits {
   DequantRowFn dequant_row_simd;
   // Rows are float32 already, so matmul reads them in place instead of copying.
   bool rows_are_f32;
+  // AVX2 decode kernel (T = 1): dequantizes 8 elements at a time into registers and multiplies
+  // them in place, in matmul's order and with dequant_row's values. nullptr: the tile path.
+  GemvFn gemv_simd;
+  // matmul_q8's integer kernels, scalar and AVX2 (equal bit for bit); nullptr where the type has none.
+  MatmulQ8Fn matmul_q8;
+  MatmulQ8Fn matmul_q8_simd;
 };
 
 // nullptr if strata does not compute with this ggml type.
@@ -90,5 +101,25 @@ enum class Isa { Scalar, Avx2 };
 Isa best_isa();  // Avx2 when the build is x86-64 and the CPU has AVX2, FMA and F16C
 void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
             int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
+
+// Integer matmul against q8_0 activations (the MMQ layout; llama.cpp's CPU path): Xq holds T rows
+// of cols/32 q8_0 blocks (34 bytes: fp16 d_x, 32 int8 in [-127, 127], as quantize_row_q8_0 writes
+// them), xrow_bytes apart; Y[t*ldy + r] for t < T, r < rows. Threads split the rows only.
+//
+// Per output element one float accumulator a = 0 runs over the row's 32-element blocks in column
+// order; the integer sums are exact, and each block adds, with d the weight (super-)block's fp16
+// scale, dx = d_x and S(v) = sum of v[i] * x_q[i] over the block (or its 16-element halves):
+//   Q8_0:   a = fma(d * dx, (float)S(w_q), a)
+//   Q4_K:   a = fma(d * dx, (float)(sc * S(q4)), a); a = fma(-(dmin * dx), (float)(m * S(1)), a)
+//   Q6_K:   a = fma(d * dx, (float)(sc_lo * S_lo(q6 - 32) + sc_hi * S_hi(q6 - 32)), a)
+//   IQ2_XS: a = fma((d * dx) * 0.125f, (float)((2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g)), a)
+// (sc, m: the 32-block's 6-bit scale and min; sc_lo/hi: the int8 scales of its halves; g: grid
+// magnitude times sign; s_lo/hi: 4-bit scales). So results do not depend on T, the thread count,
+// the rows subset or the CPU.
+bool has_matmul_q8(QType t);
+void matmul_q8(QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
+               int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
+void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+               int64_t xrow_bytes, int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
 
 }  // namespace strata

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "quant/quant.h"
+#include "quant/quantize.h"
 
 using namespace strata;
 
@@ -259,4 +260,109 @@ TEST(Quant, MatmulRejectsBadShapes) {
   std::vector<float> x(32), y(1);
   EXPECT_THROW(matmul(QType::Q8_0, w.data(), 1, 31, x.data(), 32, 1, y.data(), 1, pool), ConfigError);
   EXPECT_THROW(matmul(QType::Q8_0, w.data(), 1, 32, x.data(), 16, 1, y.data(), 1, pool), ConfigError);
+}
+
+namespace {
+
+const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS};
+
+// T rows of q8_0 blocks of x (cols wide), xrb bytes apart, and their dequantized values.
+std::vector<uint8_t> quantize_x(const std::vector<float>& x, int64_t T, int64_t cols, int64_t xrb,
+                                std::vector<float>* xd) {
+  std::vector<uint8_t> xq(T * xrb);
+  for (int64_t t = 0; t < T; ++t) quantize_row_q8_0(&x[t * cols], &xq[t * xrb], cols);
+  if (xd) {
+    xd->resize(T * cols);
+    for (int64_t t = 0; t < T; ++t) dequantize(QType::Q8_0, &xq[t * xrb], &(*xd)[t * cols], cols);
+  }
+  return xq;
+}
+
+}  // namespace
+
+TEST(QuantQ8, HasKernelsForTheMoeTypes) {
+  for (QType t : kQ8Types) EXPECT_TRUE(has_matmul_q8(t)) << quant_traits(t).name;
+  for (QType t : {QType::F32, QType::F16, QType::BF16}) EXPECT_FALSE(has_matmul_q8(t));
+  ThreadPool pool(1);
+  std::vector<float> w(32), y(1);
+  std::vector<uint8_t> xq(34);
+  EXPECT_THROW(matmul_q8(QType::F32, w.data(), 1, 32, xq.data(), 34, 1, y.data(), 1, pool), UnsupportedError);
+  EXPECT_THROW(matmul_q8(QType::Q8_0, w.data(), 1, 32, xq.data(), 33, 1, y.data(), 1, pool), ConfigError);
+}
+
+// Against float64 over the dequantized weights and dequantized q8_0 activations: only float
+// rounding of the per-block scale products differs.
+TEST(QuantQ8, MatchesDoubleReferenceOfDequantizedOperands) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (QType t : kQ8Types) {
+    for (int64_t cols : {256, 512, 2048}) {
+      for (int64_t rows : {1, 7, 33}) {
+        const auto w = random_weights(t, rows, cols, rng);
+        const auto wf = dequant(t, w.data(), rows * cols);
+        for (int64_t T : {1, 3, 17}) {
+          const int64_t xrb = cols / 32 * 34 + 6;  // padded rows
+          std::vector<float> x(T * cols), xd, y(T * rows);
+          for (auto& v : x) v = u(rng);
+          const auto xq = quantize_x(x, T, cols, xrb, &xd);
+          for (int threads : {1, 3}) {
+            ThreadPool pool(threads);
+            matmul_q8(t, w.data(), rows, cols, xq.data(), xrb, T, y.data(), rows, pool);
+            for (int64_t tt = 0; tt < T; ++tt)
+              for (int64_t r = 0; r < rows; ++r) {
+                double ref = 0, mag = 0;
+                for (int64_t c = 0; c < cols; ++c) {
+                  const double p = static_cast<double>(wf[r * cols + c]) * xd[tt * cols + c];
+                  ref += p;
+                  mag += std::fabs(p);
+                }
+                ASSERT_NEAR(y[tt * rows + r], ref, 2e-6 * mag + 1e-30)
+                    << quant_traits(t).name << " cols=" << cols << " rows=" << rows << " T=" << T << " r=" << r
+                    << " t=" << tt;
+              }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantQ8, IsBitIdenticalAcrossShapesThreadsAndIsa) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<Isa> isas = {Isa::Scalar};
+  if (best_isa() == Isa::Avx2) isas.push_back(Isa::Avx2);
+  for (QType t : kQ8Types) {
+    const int64_t rows = 33, cols = 512, T = 37, xrb = cols / 32 * 34;
+    const size_t rb = row_bytes(t, cols);
+    const auto w = random_weights(t, rows, cols, rng);
+    std::vector<float> x(T * cols);
+    for (auto& v : x) v = u(rng);
+    const auto xq = quantize_x(x, T, cols, xrb, nullptr);
+    ThreadPool one(1), three(3);
+    std::vector<float> ref(T * rows);
+    matmul_q8(Isa::Scalar, t, w.data(), rows, cols, xq.data(), xrb, T, ref.data(), rows, one);
+    for (Isa isa : isas) {
+      for (ThreadPool* pool : {&one, &three}) {
+        const char* name = quant_traits(t).name;
+        std::vector<float> y(T * rows);
+        matmul_q8(isa, t, w.data(), rows, cols, xq.data(), xrb, T, y.data(), rows, *pool);
+        ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << name << " T=37";
+        for (int64_t T1 : {1, 2, 3, 5}) {  // every tile shape, from every offset
+          for (int64_t t0 = 0; t0 + T1 <= T; t0 += 7) {
+            std::vector<float> y1(T1 * rows);
+            matmul_q8(isa, t, w.data(), rows, cols, xq.data() + t0 * xrb, xrb, T1, y1.data(), rows, *pool);
+            ASSERT_EQ(std::memcmp(y1.data(), ref.data() + t0 * rows, T1 * rows * 4), 0)
+                << name << " T=" << T1 << " t0=" << t0;
+          }
+        }
+        // Rows 5..24 through an offset pointer into a padded Y.
+        const int64_t r0 = 5, nr = 20, ldy = nr + 2;
+        std::vector<float> yp(T * ldy);
+        matmul_q8(isa, t, w.data() + r0 * rb, nr, cols, xq.data(), xrb, T, yp.data(), ldy, *pool);
+        for (int64_t tt = 0; tt < T; ++tt)
+          ASSERT_EQ(std::memcmp(&yp[tt * ldy], &ref[tt * rows + r0], nr * 4), 0) << name << " subset t=" << tt;
+      }
+    }
+  }
 }

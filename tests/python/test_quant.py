@@ -96,3 +96,52 @@ def test_size_mismatches_raise_config_error():
         _core.matmul(int(G.Q8_0), np.zeros(34, np.uint8), 1, 32, np.zeros((1, 64), np.float32))
     with pytest.raises(strata.ConfigError, match="matmul weights: got 34 bytes, expected 68"):
         _core.matmul(int(G.Q8_0), np.zeros(34, np.uint8), 2, 32, np.zeros((1, 32), np.float32))
+
+
+Q8_TYPES = [G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS]
+
+
+def q8_0_roundtrip(x: np.ndarray) -> np.ndarray:
+    """x as matmul_q8 sees it: quantized by strata's quantize_row_q8_0, dequantized by gguf."""
+    raw = _core.quantize_q8_0(x)
+    return gguf_dequantize(raw, G.Q8_0).reshape(x.shape).astype(np.float64)
+
+
+def test_has_matmul_q8():
+    assert [_core.has_matmul_q8(int(t)) for t in TYPES] == [t in Q8_TYPES for t in TYPES]
+
+
+@pytest.mark.parametrize("qtype", Q8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,cols,T", [(1, 256, 1), (7, 512, 3), (33, 2048, 17), (64, 256, 64)])
+def test_matmul_q8_matches_float64_of_dequantized_operands(qtype: G, rows: int, cols: int, T: int):
+    rng = np.random.default_rng(rows * 1000 + T + int(qtype))
+    raw = random_blocks(qtype, rows * cols, rng)
+    x = rng.uniform(-1, 1, (T, cols)).astype(np.float32)
+    w = gguf_dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    xd = q8_0_roundtrip(x)
+    ref = xd @ w.T
+    mag = np.abs(xd) @ np.abs(w.T)
+    y1 = _core.matmul_q8(int(qtype), raw, rows, cols, x, threads=1)
+    y3 = _core.matmul_q8(int(qtype), raw, rows, cols, x, threads=3)
+    assert y1.shape == (T, rows) and y1.dtype == np.float32
+    assert np.all(np.abs(y1 - ref) <= 2e-6 * mag + 1e-30)
+    assert np.array_equal(y1.view(np.uint32), y3.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", Q8_TYPES, ids=lambda t: t.name)
+def test_matmul_q8_rows_do_not_depend_on_token_count(qtype: G):
+    rng = np.random.default_rng(9)
+    rows, cols = 19, 512
+    raw = random_blocks(qtype, rows * cols, rng)
+    x = rng.uniform(-1, 1, (37, cols)).astype(np.float32)
+    full = _core.matmul_q8(int(qtype), raw, rows, cols, x, threads=2)
+    for t in (0, 17, 36):
+        one = _core.matmul_q8(int(qtype), raw, rows, cols, x[t : t + 1], threads=1)
+        assert np.array_equal(one[0].view(np.uint32), full[t].view(np.uint32))
+
+
+def test_matmul_q8_errors():
+    with pytest.raises(strata.UnsupportedError, match="no integer kernel for F16"):
+        _core.matmul_q8(int(G.F16), np.zeros(64, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
+    with pytest.raises(strata.ConfigError, match=r"x must be \(T, 32\)"):
+        _core.matmul_q8(int(G.Q8_0), np.zeros(34, np.uint8), 1, 32, np.zeros((1, 64), np.float32))

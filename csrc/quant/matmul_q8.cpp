@@ -1,0 +1,451 @@
+// matmul_q8: quantized weights times q8_0-quantized activations with integer dot products per
+// 32-element block (llama.cpp's CPU path), in the one float order quant.h defines.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "quant/block_math.h"
+#include "quant/iq2xs_grid.h"
+#include "quant/quant.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace strata {
+namespace quant_detail {
+namespace {
+
+constexpr int64_t kQ8Bytes = 34;  // one q8_0 activation block: fp16 d_x, 32 int8
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+
+// ---- Scalar kernels: the definition, one output element at a time. ----
+
+// Calls block(acc, w_row, b, xq_block, dx) for every 32-block b of every (row, token).
+template <class F>
+void for_outputs(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                 int64_t T, float* Y, int64_t ldy, F block) {
+  const uint8_t* w = static_cast<const uint8_t*>(W);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
+        acc = block(acc, w + r * rbytes, b, reinterpret_cast<const int8_t*>(xb + 2), half_at(xb));
+      }
+      Y[t * ldy + r] = acc;
+    }
+}
+
+}  // namespace
+
+void mmq_q8_0_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
+                int32_t s = 0;
+                for (int l = 0; l < 32; ++l) s += blk.qs[l] * x[l];
+                return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+              });
+}
+
+void mmq_q4_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / 8];
+                const int j = static_cast<int>(b % 8);
+                uint8_t sc, m;
+                scale_min_k4(j, blk.scales, sc, m);
+                const uint8_t* q = blk.qs + (j / 2) * 32;
+                int32_t s = 0, sx = 0;
+                for (int l = 0; l < 32; ++l) {
+                  s += ((q[l] >> ((j % 2) * 4)) & 0xF) * x[l];
+                  sx += x[l];
+                }
+                acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(sc * s), acc);
+                return std::fma(-(fp16_to_f32(blk.dmin) * dx), static_cast<float>(m * sx), acc);
+              });
+}
+
+void mmq_q6_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b / 8];
+                const int h = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
+                const uint8_t* ql = blk.ql + h * 64 + (k % 2) * 32;
+                const uint8_t* qh = blk.qh + h * 32;
+                int32_t half[2] = {0, 0};
+                for (int l = 0; l < 32; ++l) {
+                  const int q = (((ql[l] >> ((k / 2) * 4)) & 0xF) | (((qh[l] >> (k * 2)) & 3) << 4)) - 32;
+                  half[l / 16] += q * x[l];
+                }
+                const int32_t s = blk.scales[h * 8 + k * 2] * half[0] + blk.scales[h * 8 + k * 2 + 1] * half[1];
+                return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+              });
+}
+
+void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                       int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockIQ2_XS& blk = reinterpret_cast<const BlockIQ2_XS*>(w)[b / 8];
+                const int j = static_cast<int>(b % 8);
+                int32_t s = 0;
+                for (int hf = 0; hf < 2; ++hf) {  // 16 elements per 4-bit scale
+                  int32_t sh = 0;
+                  for (int k = 0; k < 2; ++k) {
+                    const uint16_t q = blk.qs[j * 4 + hf * 2 + k];
+                    const uint64_t grid = kIq2xsGrid[q & 511];
+                    const uint8_t signs = kSignsIq2xs[q >> 9];
+                    for (int e = 0; e < 8; ++e) {
+                      const int g = static_cast<int>((grid >> (8 * e)) & 0xFF);
+                      sh += ((signs >> e) & 1 ? -g : g) * x[hf * 16 + k * 8 + e];
+                    }
+                  }
+                  s += (2 * ((blk.scales[j] >> (4 * hf)) & 0xF) + 1) * sh;
+                }
+                return std::fma((fp16_to_f32(blk.d) * dx) * 0.125f, static_cast<float>(s), acc);
+              });
+}
+
+#if defined(__x86_64__)
+namespace {
+
+#define STRATA_SIMD __attribute__((target("avx2,fma,f16c")))
+
+// ---- AVX2 kernels: 8 outputs (MR rows x NT tokens, lane i = r * NT + t) at a time. Each output
+// has its own float lane; per block the eight integer sums are formed with maddubs/madd, reduced
+// to one vector by hadd, and then the lane does exactly the scalar kernel's float operations. ----
+
+// Lane i of the result is the sum of v[i]'s eight int32 lanes (exact).
+STRATA_SIMD inline __m256i reduce8(const __m256i* v) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+STRATA_SIMD inline __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
+
+// Per call, each token's block scales and int8 sums, block-major ([b][t], tokens padded to a
+// multiple of 8 with zeros), so a tile loads its NT tokens' values with one instruction.
+struct XInfo {
+  const float* dx;
+  const int32_t* sum;
+  int64_t tpad;
+};
+
+STRATA_SIMD inline float half_f16c(const void* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);  // exact for every non-NaN half, as fp16_to_f32
+}
+
+// Per-thread scratch for XInfo; grows to the largest call and is reused.
+STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb) {
+  thread_local std::vector<float> dx;
+  thread_local std::vector<int32_t> sum;
+  const int64_t tpad = (T + 7) / 8 * 8;
+  dx.assign(static_cast<size_t>(nb * tpad), 0.0f);
+  sum.assign(static_cast<size_t>(nb * tpad), 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
+      dx[b * tpad + t] = half_f16c(xb);
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
+      const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      sum[b * tpad + t] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    }
+  return {dx.data(), sum.data(), tpad};
+}
+
+// Lane i = p[i % NT]: NT consecutive tokens' values, repeated for the MR rows.
+template <int NT>
+STRATA_SIMD inline __m256 token_lanes(const float* p) {
+  if constexpr (NT == 8) return _mm256_loadu_ps(p);
+  if constexpr (NT == 4) return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p));
+  if constexpr (NT == 2) return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(p)));
+  if constexpr (NT == 1) return _mm256_broadcast_ss(p);
+}
+
+// Lane i = f(i / NT): one value per row, repeated for the NT tokens.
+template <int MR, int NT, class F>
+STRATA_SIMD inline __m256 row_lanes_ps(F f) {
+  if constexpr (MR == 1) return _mm256_set1_ps(f(0));
+  alignas(32) float v[8];
+  for (int i = 0; i < 8; ++i) v[i] = f(i / NT);
+  return _mm256_load_ps(v);
+}
+template <int MR, int NT, class F>
+STRATA_SIMD inline __m256i row_lanes_epi32(F f) {
+  if constexpr (MR == 1) return _mm256_set1_epi32(f(0));
+  alignas(32) int32_t v[8];
+  for (int i = 0; i < 8; ++i) v[i] = f(i / NT);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+}
+
+// A type's kernel: kSubs 32-blocks per weight block; Pre holds one row's decoded block header;
+// dot() gives 8 int32 partials summing to the 32-block's integer term (scales that vary inside
+// the weight block applied); update() adds the block to the lane accumulators.
+
+struct KQ8_0 {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = sizeof(BlockQ8_0);
+  struct Pre {
+    float d;
+    const int8_t* qs;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockQ8_0& b = *reinterpret_cast<const BlockQ8_0*>(blk);
+    return {half_f16c(&b.d), b.qs};
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int, __m256i x) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs));
+    return madd1(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)));
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    return _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+  }
+};
+
+struct KQ4_K {
+  static constexpr int kSubs = 8;
+  static constexpr size_t kBytes = sizeof(BlockQ4_K);
+  struct Pre {
+    float d, dmin;
+    uint8_t sc[8], m[8];
+    const uint8_t* qs;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockQ4_K& b = *reinterpret_cast<const BlockQ4_K*>(blk);
+    Pre p;
+    p.d = half_f16c(&b.d);
+    p.dmin = half_f16c(&b.dmin);
+    // ggml's bit trick: the 12 packed bytes to 8 scales then 8 mins (scale_min_k4's values).
+    uint32_t u[4];
+    std::memcpy(u, b.scales, 12);
+    constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t mins_lo = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = mins_lo;
+    u[0] &= k1;
+    std::memcpy(p.sc, u, 8);
+    std::memcpy(p.m, u + 2, 8);
+    p.qs = b.qs;
+    return p;
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs + (j / 2) * 32));
+    const __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0xF));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(v, x), _mm256_set1_epi16(p.sc[j]));
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int j, __m256 dx, __m256i xsum) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    const __m256 dmin = row_lanes_ps<MR, NT>([&](int r) { return p[r].dmin; });
+    const __m256i m = row_lanes_epi32<MR, NT>([&](int r) { return static_cast<int32_t>(p[r].m[j]); });
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+    const __m256 mdx = _mm256_xor_ps(_mm256_mul_ps(dmin, dx), _mm256_set1_ps(-0.0f));
+    return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(m, xsum)), acc);
+  }
+};
+
+struct KQ6_K {
+  static constexpr int kSubs = 8;
+  static constexpr size_t kBytes = sizeof(BlockQ6_K);
+  struct Pre {
+    float d;
+    const BlockQ6_K* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(blk);
+    return {half_f16c(&b->d), b};
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    const int h = j / 4, k = j % 4;
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.b->ql + h * 64 + (k % 2) * 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.b->qh + h * 32));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((k / 2) * 4)), _mm256_set1_epi8(0xF));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k * 2)), _mm256_set1_epi8(3));
+    const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // q6 + 32, in [0, 63]
+    const __m256i p16 =
+        _mm256_sub_epi16(_mm256_maddubs_epi16(u, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
+    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(p.b->scales[h * 8 + k * 2 + 1]),
+                                        _mm_set1_epi16(p.b->scales[h * 8 + k * 2]));
+    return _mm256_madd_epi16(p16, sc);
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    return _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+  }
+};
+
+struct KIQ2_XS {
+  static constexpr int kSubs = 8;
+  static constexpr size_t kBytes = sizeof(BlockIQ2_XS);
+  struct Pre {
+    float d;
+    const BlockIQ2_XS* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockIQ2_XS* b = reinterpret_cast<const BlockIQ2_XS*>(blk);
+    return {half_f16c(&b->d), b};
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    const uint16_t* q = p.b->qs + 4 * j;
+    const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
+                                           kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
+    const __m256i sign = _mm256_set_epi64x(kSignBytesIq2xs[q[3] >> 9], kSignBytesIq2xs[q[2] >> 9],
+                                           kSignBytesIq2xs[q[1] >> 9], kSignBytesIq2xs[q[0] >> 9]);
+    const __m256i p16 = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, sign));
+    const int s = p.b->scales[j];
+    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(2 * (s >> 4) + 1), _mm_set1_epi16(2 * (s & 0xF) + 1));
+    return _mm256_madd_epi16(p16, sc);
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    const __m256 ddx = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_set1_ps(0.125f));
+    return _mm256_fmadd_ps(ddx, _mm256_cvtepi32_ps(isum), acc);
+  }
+};
+
+// out[r * NT + t] = row w[r] . token x[t] over nwb weight blocks; xi covers tokens t0.. of x.
+template <class K, int MR, int NT>
+STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0, int64_t nwb,
+                      float* out) {
+  static_assert(MR * NT == 8);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t wb = 0; wb < nwb; ++wb) {
+    typename K::Pre p[MR];
+    for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+    for (int j = 0; j < K::kSubs; ++j) {
+      const int64_t b = wb * K::kSubs + j;
+      __m256i xv[NT];
+      for (int t = 0; t < NT; ++t)
+        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t] + b * kQ8Bytes + 2));
+      __m256i s[8];
+      for (int r = 0; r < MR; ++r)
+        for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
+      const __m256 dx = token_lanes<NT>(xi.dx + b * xi.tpad + t0);
+      const __m256i xsum = _mm256_castps_si256(
+          token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
+      acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum);
+    }
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+// Rows outer, tokens inner: MR weight rows stay in L1 while every token passes over them.
+template <class K, int MR, int NT>
+void rows_tokens(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                 int64_t T, float* Y, int64_t ldy) {
+  const int64_t nwb = cols / 32 / K::kSubs;
+  const XInfo xi = x_info(Xq, xrb, T, cols / 32);
+  for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, rows - r0);
+    const uint8_t* w[MR];
+    for (int r = 0; r < MR; ++r) w[r] = W + (r0 + std::min<int64_t>(r, mr - 1)) * rbytes;  // pad: repeat
+    for (int64_t t0 = 0; t0 < T; t0 += NT) {
+      const int64_t nt = std::min<int64_t>(NT, T - t0);
+      const uint8_t* x[NT];
+      for (int t = 0; t < NT; ++t) x[t] = Xq + (t0 + std::min<int64_t>(t, nt - 1)) * xrb;
+      alignas(32) float out[8];
+      tile<K, MR, NT>(w, x, xi, t0, nwb, out);
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t r = 0; r < mr; ++r) Y[(t0 + t) * ldy + r0 + r] = out[r * NT + t];
+    }
+  }
+}
+
+template <class K>
+void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb, int64_t T,
+              float* Y, int64_t ldy) {
+  const uint8_t* w = static_cast<const uint8_t*>(W);
+  // Fill the 8 lanes with as few padded tokens as possible.
+  if (T == 1)
+    rows_tokens<K, 8, 1>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else if (T == 2)
+    rows_tokens<K, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else if (T <= 4)
+    rows_tokens<K, 2, 4>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else
+    rows_tokens<K, 1, 8>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+}
+
+#undef STRATA_SIMD
+}  // namespace
+
+void mmq_q8_0_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KQ8_0>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q4_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KQ4_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q6_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KQ6_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KIQ2_XS>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+#endif
+
+}  // namespace quant_detail
+
+using quant_detail::kQ8Bytes;
+
+bool has_matmul_q8(QType t) { return quant_traits(t).matmul_q8 != nullptr; }
+
+void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
+               int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
+  const QuantTraits& q = quant_traits(t);
+  STRATA_CHECK(q.matmul_q8, UnsupportedError, "matmul_q8: no integer kernel for ", q.name,
+               " weights; use matmul (float activations) for this type");
+  const size_t rbytes = row_bytes(t, cols);
+  STRATA_CHECK(cols % 32 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of 32");
+  STRATA_CHECK(rows >= 0 && T >= 0, ConfigError, "matmul_q8: negative shape rows=", rows, " T=", T);
+  STRATA_CHECK(xrow_bytes >= cols / 32 * kQ8Bytes && ldy >= rows, ConfigError,
+               "matmul_q8: xrow_bytes=", xrow_bytes, " or ldy=", ldy, " is smaller than a row (",
+               cols / 32 * kQ8Bytes, " bytes, ", rows, " floats)");
+  if (rows == 0 || T == 0) return;
+  MatmulQ8Fn fn = q.matmul_q8;
+  if (isa == Isa::Avx2) {
+    STRATA_CHECK(best_isa() == Isa::Avx2 && q.matmul_q8_simd, UnsupportedError,
+                 "matmul_q8: this CPU lacks AVX2/FMA/F16C");
+    fn = q.matmul_q8_simd;
+  }
+  // About four chunks per thread, whole 8-row tiles for decode.
+  const int64_t per = (rows + 4 * pool.size() - 1) / (4 * pool.size());
+  const int64_t grain = std::max<int64_t>(8, (per + 7) / 8 * 8);
+  const uint8_t* w = static_cast<const uint8_t*>(W);
+  pool.parallel_for(rows, grain, [&](int64_t r0, int64_t r1, int) {
+    fn(w + r0 * rbytes, rbytes, r1 - r0, cols, Xq, xrow_bytes, T, Y + r0, ldy);
+  });
+}
+
+void matmul_q8(QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes, int64_t T,
+               float* Y, int64_t ldy, ThreadPool& pool) {
+  matmul_q8(best_isa(), t, W, rows, cols, Xq, xrow_bytes, T, Y, ldy, pool);
+}
+
+}  // namespace strata
