@@ -41,12 +41,17 @@ class Backend {
                           int64_t div, int64_t n, float* out) = 0;
   // out[i, :] = x[rows[i] / div, :] (rows of D floats).
   virtual void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) = 0;
-  // The MMQ gather: out row i = q8_0 blocks of x[s, :] * grs[s] * w (s = rows[i] / div), or of
-  // xn[s, :] when grs is null (the unfused GR mode).
+  // The MMQ gather: out row i (out_row_bytes apart) = q8_0 blocks of x[s, :] * grs[s] * w, or of
+  // x[s, :] when grs is null; s = rows ? rows[i] / div : i.
   virtual void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
-                             int64_t div, int64_t n, uint8_t* out) = 0;
-  // out[i, :] = dequantized row i of n rows of D elements of ggml type `type`.
-  virtual void dequant_rows(uint32_t type, const void* src, int64_t D, int64_t n, float* out) = 0;
+                             int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes) = 0;
+  // Integer matmul of weights by q8_0 activations (the MMQ kernels), for types with one.
+  virtual bool has_matmul_q8(uint32_t type) const = 0;
+  virtual void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+                         size_t xrow_bytes, int64_t T, float* Y, int64_t ldy) = 0;
+  // out[i, :] = dequantized row i (src_row_bytes apart) of n rows of D elements of ggml type `type`.
+  virtual void dequant_rows(uint32_t type, const void* src, size_t src_row_bytes, int64_t D, int64_t n,
+                            float* out) = 0;
   // Device-to-device copy.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // Y[t, r] = W[r, :] . X[t, :]; W has `rows` rows of `cols` elements of ggml type `type`.

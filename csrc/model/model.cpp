@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -270,25 +271,35 @@ void Model::moe(const PrefillBuffers& b, int64_t l, int64_t T, const float* x_in
   const bool fused_read = b.xn == nullptr;  // default GR mode: read R * grs * w by row index
   const float* ffn_norm = dense_[l].ffn_norm;
   if (b.moe == MoeLayout::MMQ) {
-    // Every (token, k) row quantized to q8_0 in expert order, then all experts in one pass.
+    // Every (token, k) row quantized to q8_0 in expert order, then all experts in one pass with
+    // the integer kernels; a type without one reads the dequantized rows with the float matmul.
     const int64_t n_rows = T * s.K;
+    const size_t xrb = row_bytes(QType::Q8_0, std::max(s.D, s.F));
     be.quantize_q8_0(fused_read ? b.R : b.xn, fused_read ? b.grs : nullptr, ffn_norm, s.D, b.expert_rows, s.K,
-                     n_rows, b.xq);
-    be.dequant_rows((uint32_t)QType::Q8_0, b.xq, s.D, n_rows, b.yd);
-    for (int64_t e = 0; e < s.E; ++e) {
-      const int64_t o = off[e], n = off[e + 1] - off[e];
-      if (n == 0) continue;
-      const ExpertView v = cache_->acquire(l, e);
-      be.matmul(xl.gate.type, v.gate, s.F, s.D, b.yd + o * s.D, s.D, n, b.hg + o * s.F, s.F);
-      be.matmul(xl.up.type, v.up, s.F, s.D, b.yd + o * s.D, s.D, n, b.hu + o * s.F, s.F);
+                     n_rows, b.xq, xrb);
+    auto experts = [&](auto&& fn) {
+      for (int64_t e = 0; e < s.E; ++e)
+        if (off[e + 1] > off[e]) fn(e, (int64_t)off[e], (int64_t)(off[e + 1] - off[e]));
+    };
+    const bool float_in = !be.has_matmul_q8(xl.gate.type) || !be.has_matmul_q8(xl.up.type);
+    if (float_in) {
+      be.dequant_rows((uint32_t)QType::Q8_0, b.xq, xrb, s.D, n_rows, b.yd);
     }
+    experts([&](int64_t e, int64_t o, int64_t n) {
+      const ExpertView v = cache_->acquire(l, e);
+      for (auto [type, W, out] : {std::tuple{xl.gate.type, v.gate, b.hg}, std::tuple{xl.up.type, v.up, b.hu}}) {
+        if (be.has_matmul_q8(type)) be.matmul_q8(type, W, s.F, s.D, b.xq + o * xrb, xrb, n, out + o * s.F, s.F);
+        else be.matmul(type, W, s.F, s.D, b.yd + o * s.D, s.D, n, out + o * s.F, s.F);
+      }
+    });
     be.swiglu(b.hg, b.hu, n_rows * s.F);
-    for (int64_t e = 0; e < s.E; ++e) {
-      const int64_t o = off[e], n = off[e + 1] - off[e];
-      if (n == 0) continue;
+    const bool q8_down = be.has_matmul_q8(xl.down.type);
+    if (q8_down) be.quantize_q8_0(b.hg, nullptr, nullptr, s.F, nullptr, 1, n_rows, b.xq, xrb);
+    experts([&](int64_t e, int64_t o, int64_t n) {
       const ExpertView v = cache_->acquire(l, e);
-      be.matmul(xl.down.type, v.down, s.D, s.F, b.hg + o * s.F, s.F, n, b.yd + o * s.D, s.D);
-    }
+      if (q8_down) be.matmul_q8(xl.down.type, v.down, s.D, s.F, b.xq + o * xrb, xrb, n, b.yd + o * s.D, s.D);
+      else be.matmul(xl.down.type, v.down, s.D, s.F, b.hg + o * s.F, s.F, n, b.yd + o * s.D, s.D);
+    });
     be.zero(b.proj, (size_t)T * s.D * sizeof(float));
     be.scatter_add(b.yd, b.expert_rows, b.topk_w, s.K, n_rows, s.D, b.proj);
     return;

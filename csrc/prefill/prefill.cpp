@@ -1,6 +1,8 @@
 // Prefill plan: one ordered list of buffer specs per (T, src), the only place chunk scratch is sized.
 #include "prefill/prefill.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/memory.h"
 
@@ -60,9 +62,11 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
     add("moe.up", "f32", {T, s.F}, 4);
     add("moe.down", "f32", {T, s.D}, 4);
   } else {
-    // All experts in one pass: every (token, k) row gathered as q8_0 blocks.
-    STRATA_CHECK(s.D % 32 == 0, UnsupportedError, "the MMQ layout needs D divisible by 32, got D=", s.D);
-    add("moe.xq", "q8_0", {T * s.K, s.D / 32 * 34}, 1);
+    // All experts in one pass: every (token, k) row gathered as q8_0 blocks; the rows are wide
+    // enough to hold the down projection's quantized input (F) after gate/up have read them (D).
+    STRATA_CHECK(s.D % 32 == 0 && s.F % 32 == 0, UnsupportedError,
+                 "the MMQ layout needs D and F divisible by 32, got D=", s.D, " F=", s.F);
+    add("moe.xq", "q8_0", {T * s.K, std::max(s.D, s.F) / 32 * 34}, 1);
     add("moe.gate", "f32", {T * s.K, s.F}, 4);
     add("moe.up", "f32", {T * s.K, s.F}, 4);
     add("moe.down", "f32", {T * s.K, s.D}, 4);

@@ -91,7 +91,8 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
         assert n > 0, f"{b['name']} is empty"
         # bytes == product(shape) * dtype size
         if b["dtype"] == "q8_0":
-            want = q8_0_bytes(list(b["shape"]), D)
+            # q8_0 rows hold the gate/up input (D) and later the down input (F): max(D, F) wide.
+            want = q8_0_bytes(list(b["shape"]), max(D, shape["F"]))
         else:
             assert b["dtype"] in DTYPE_BYTES, f"unknown dtype {b['dtype']}"
             want = math.prod(b["shape"]) * DTYPE_BYTES[b["dtype"]]
@@ -122,7 +123,7 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
         rows = T  # one expert at a time: at most T tokens route to it
     else:
         assert "moe.xq" in by and "moe.x" not in by
-        assert by["moe.xq"]["bytes"] == T * K * D // 32 * 34
+        assert by["moe.xq"]["bytes"] == T * K * max(D, shape["F"]) // 32 * 34
         rows = T * K
     assert list(by["moe.gate"]["shape"]) == [rows, F]
     assert list(by["moe.up"]["shape"]) == [rows, F]

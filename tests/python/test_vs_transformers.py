@@ -82,11 +82,12 @@ def test_greedy_tokens_match_transformers(make_mix, mix):
             assert len(out.tokens) == 32
 
 
-# The MMQ layout (no ExpertSource) quantizes each expert's input activations to q8_0: a relative
-# error of up to 1/254 per element of a 32-block, which averages down in the dot products; the
-# logits land around 1e-3 relative (printed), so 1e-2 bounds it with margin while still catching
-# any real error (a wrong expert, weight or token would be O(1)).
-MMQ_TOLERANCE = 1e-2
+# The MMQ layout (no ExpertSource) quantizes each expert's input activations to q8_0, and again the
+# down projection's input, then runs integer dot products: each quantization adds up to 1/254 of a
+# 32-block's maximum per element, which averages down in the dot products; the logits land around
+# 6e-3 relative (printed). 3e-2 bounds it with margin for other seeds while still catching any real
+# error (a wrong expert, weight, row or token moves logits by O(1)).
+MMQ_TOLERANCE = 3e-2
 
 
 @pytest.mark.parametrize("unfused", [False, True], ids=["gr-fused", "gr-unfused"])

@@ -74,28 +74,38 @@ class CpuBackend final : public Backend {
   }
 
   void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows, int64_t div,
-                     int64_t n, uint8_t* out) override {
-    const size_t rb = row_bytes(QType::Q8_0, D);
+                     int64_t n, uint8_t* out, size_t out_row_bytes) override {
     pool_.parallel_for(n, 4, [&](int64_t b, int64_t e, int) {
-      std::vector<float> tmp(D);
+      std::vector<float> tmp(grs ? D : 0);
       for (int64_t i = b; i < e; ++i) {
-        const int64_t s = rows[i] / div;
+        const int64_t s = rows ? rows[i] / div : i;
         const float* r = x + s * D;
         if (grs) {
           for (int64_t c = 0; c < D; ++c) tmp[c] = (r[c] * grs[s]) * w[c];
-        } else {
-          std::memcpy(tmp.data(), r, D * sizeof(float));
+          r = tmp.data();
         }
-        quantize_row_q8_0(tmp.data(), out + i * rb, D);
+        quantize_row_q8_0(r, out + i * out_row_bytes, D);
       }
     });
   }
 
-  void dequant_rows(uint32_t type, const void* src, int64_t D, int64_t n, float* out) override {
+  bool has_matmul_q8(uint32_t type) const override {
+    const QuantTraits* q = find_quant(type);
+    return q && strata::has_matmul_q8(q->type);
+  }
+
+  void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, size_t xrow_bytes,
+                 int64_t T, float* Y, int64_t ldy) override {
+    strata::matmul_q8(quant_traits(type, "matmul_q8 weight").type, W, rows, cols, Xq, (int64_t)xrow_bytes, T, Y, ldy,
+                      pool_);
+  }
+
+  void dequant_rows(uint32_t type, const void* src, size_t src_row_bytes, int64_t D, int64_t n,
+                    float* out) override {
     const QuantTraits& q = quant_traits(type, "dequant_rows");
-    const size_t rb = row_bytes(q.type, D);
     pool_.parallel_for(n, 4, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) q.dequant_row(static_cast<const uint8_t*>(src) + i * rb, out + i * D, D);
+      for (int64_t i = b; i < e; ++i)
+        q.dequant_row(static_cast<const uint8_t*>(src) + i * src_row_bytes, out + i * D, D);
     });
   }
 
