@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
+#include "core/ggml_types.h"
 #include "gguf/gguf.h"
 
 namespace py = pybind11;
@@ -49,7 +50,7 @@ py::dict read_gguf(const std::string& path) {
     py::dict d;
     d["name"] = to_str(t.name);
     d["type"] = t.type;
-    d["type_name"] = gguf::ggml_type_name(t.type);
+    d["type_name"] = ggml_type_name(t.type);
     d["shape"] = py::cast(t.ne);
     d["offset"] = t.offset;
     d["nbytes"] = t.nbytes;

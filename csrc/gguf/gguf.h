@@ -63,9 +63,6 @@ struct TensorInfo {
   int64_t nelements() const;
 };
 
-// ggml type table, used only to validate files (quant/ has the compute traits).
-const char* ggml_type_name(uint32_t t);  // nullptr for an unknown id
-bool ggml_type_size(uint32_t t, int64_t* block, int64_t* bytes);
 
 class File {
  public:

@@ -7,6 +7,7 @@
 #include "quant/block_math.h"
 #include "quant/iq2xs_grid.h"
 #include "quant/quant.h"
+#include "core/ggml_types.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -229,17 +230,6 @@ constexpr QuantTraits kTraits[] = {
 
 }  // namespace
 
-const char* ggml_type_name(uint32_t ggml_type) {
-  // ggml's type ids; gaps are ids ggml retired.
-  static constexpr const char* kNames[] = {
-      "F32",    "F16",   "Q4_0",  "Q4_1",   "",      "",      "Q5_0",    "Q5_1",   "Q8_0",    "Q8_1",
-      "Q2_K",   "Q3_K",  "Q4_K",  "Q5_K",   "Q6_K",  "Q8_K",  "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
-      "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",    "I16",   "I32",     "I64",    "F64",     "IQ1_M",
-      "BF16",   "",      "",      "",       "TQ1_0", "TQ2_0", "",        "",       "",        "MXFP4"};
-  if (ggml_type < std::size(kNames) && kNames[ggml_type][0] != '\0') return kNames[ggml_type];
-  return "unknown";
-}
-
 const QuantTraits* find_quant(uint32_t ggml_type) {
   for (const QuantTraits& t : kTraits)
     if (static_cast<uint32_t>(t.type) == ggml_type) return &t;
@@ -250,7 +240,8 @@ const QuantTraits& quant_traits(uint32_t ggml_type, const std::string& what) {
   if (const QuantTraits* t = find_quant(ggml_type)) return *t;
   std::string supported;
   for (const QuantTraits& t : kTraits) supported += str(supported.empty() ? "" : ", ", t.name);
-  throw UnsupportedError(str(what, ": quant type ", ggml_type_name(ggml_type), " (", ggml_type,
+  const char* name = ggml_type_name(ggml_type);
+  throw UnsupportedError(str(what, ": quant type ", name ? name : "unknown", " (", ggml_type,
                              ") is not supported by strata; supported: ", supported,
                              ". Re-quantize the model with one of them."));
 }

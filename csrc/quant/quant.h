@@ -76,8 +76,6 @@ const QuantTraits* find_quant(uint32_t ggml_type);
 // As find_quant, but throws UnsupportedError naming `what`, the type and the supported ones.
 const QuantTraits& quant_traits(uint32_t ggml_type, const std::string& what);
 inline const QuantTraits& quant_traits(QType t) { return quant_traits(static_cast<uint32_t>(t), "quant"); }
-// ggml's name for any ggml type id ("IQ3_S"), or "unknown".
-const char* ggml_type_name(uint32_t ggml_type);
 
 // Bytes of one row of n elements; ConfigError if n is not a whole number of blocks.
 size_t row_bytes(QType t, int64_t n);

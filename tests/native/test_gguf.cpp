@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/ggml_types.h"
 #include "gguf/gguf.h"
 
 using namespace strata;
