@@ -115,12 +115,20 @@ Model::Model(const std::string& path, const ModelConfig& cfg)
   if (cache_->all_resident()) {
     own_region_bytes_ = prefill_.bytes_needed(chunk_, false);
     own_region_ = be_->alloc(own_region_bytes_, "the prompt scratch (lower --prefill)");
-    return;
+  } else {
+    const ChunkPlan plan = plan_chunk(prefill_, xlayout_.slot_bytes, cache_->n_slots(), cfg_.cache_bytes, chunk_,
+                                      cfg_.prefill_auto);
+    if (!plan.fits) throw MemoryError(plan.error);
+    chunk_ = plan.chunk;
   }
-  const ChunkPlan plan = plan_chunk(prefill_, xlayout_.slot_bytes, cache_->n_slots(), cfg_.cache_bytes, chunk_,
-                                    cfg_.prefill_auto);
-  if (!plan.fits) throw MemoryError(plan.error);
-  chunk_ = plan.chunk;
+  log(LogLevel::Info, path, ": ", s.arch, " L=", s.L, " D=", s.D, " E=", s.E, " K=", s.K, " F=", s.F, " V=", s.V,
+      "; dense ", mib_str(s.dense_bytes), ", experts ", mib_str(s.expert_bytes), " (slot ", xlayout_.slot_bytes,
+      " bytes)");
+  log(LogLevel::Info, "backend ", be_->name(), " threads=", be_->threads(), " ctx=", cfg_.ctx, " KV ",
+      mib_str(2 * kv_bytes), "; expert cache ",
+      cache_->all_resident() ? std::string("all resident") : str(cache_->n_slots(), " slots"), ", source ",
+      source_kind(), "; prompt chunk ", chunk_, " tokens (", moe_layout_name(prefill_.fused_layout(chunk_, has_source())),
+      " layout", cache_->all_resident() ? "" : str(", borrows ", slots_for(chunk_), " slots").c_str(), ")");
 }
 
 int64_t Model::slots_for(int64_t T) const {
