@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];
       const auto w = weights(t, rows, cols, rng);
-      for (int64_t T : {1, 8, 64}) {
+      for (int64_t T : {1, 8, 32, 64}) {
         std::vector<float> x(T * cols), y(T * rows);
         for (auto& v : x) v = static_cast<float>(rng() % 2000) / 1000.0f - 1.0f;
         const size_t xrb = static_cast<size_t>(cols / 32 * 34);

@@ -138,10 +138,15 @@ STRATA_SIMD inline __m256i reduce8(const __m256i* v) {
 STRATA_SIMD inline __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
 
 // Per call, each token's block scales and int8 sums, block-major ([b][t], tokens padded to a
-// multiple of 8 with zeros), so a tile loads its NT tokens' values with one instruction.
+// multiple of 8 with zeros), so a tile loads its NT tokens' values with one instruction. For the
+// interleaved kernels (T > 4) also each block's two 16-element half sums (int16 pair: low = first
+// half) and xt: the int8 activations regrouped [group of 8 tokens][b][step k][token][4 elements],
+// so one load gives elements 4k..4k+3 of block b for eight tokens.
 struct XInfo {
   const float* dx;
   const int32_t* sum;
+  const int32_t* hsum;
+  const int8_t* xt;
   int64_t tpad;
 };
 
@@ -151,24 +156,39 @@ STRATA_SIMD inline float half_f16c(const void* p) {
   return _cvtsh_ss(h);  // exact for every non-NaN half, as fp16_to_f32
 }
 
+STRATA_SIMD inline int32_t hsum128(__m128i s4) {
+  const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+}
+
 // Per-thread scratch for XInfo; grows to the largest call and is reused.
-STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb) {
+STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, bool interleave = false) {
   thread_local std::vector<float> dx;
-  thread_local std::vector<int32_t> sum;
+  thread_local std::vector<int32_t> sum, hsum;
+  thread_local std::vector<int8_t> xt;
   const int64_t tpad = (T + 7) / 8 * 8;
   dx.assign(static_cast<size_t>(nb * tpad), 0.0f);
   sum.assign(static_cast<size_t>(nb * tpad), 0);
+  if (interleave) {
+    hsum.assign(static_cast<size_t>(nb * tpad), 0);
+    xt.assign(static_cast<size_t>(nb * tpad * 32), 0);
+  }
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
       dx[b * tpad + t] = half_f16c(xb);
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
       const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
-      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-      sum[b * tpad + t] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+      const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
+      sum[b * tpad + t] = hsum128(_mm_add_epi32(lo, hi));
+      if (interleave) {
+        const uint32_t h0 = static_cast<uint16_t>(hsum128(lo)), h1 = static_cast<uint16_t>(hsum128(hi));
+        hsum[b * tpad + t] = static_cast<int32_t>(h0 | (h1 << 16));
+        int8_t* dst = xt.data() + (((t / 8) * nb + b) * 8) * 32 + (t % 8) * 4;
+        for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + 2 + k * 4, 4);
+      }
     }
-  return {dx.data(), sum.data(), tpad};
+  return {dx.data(), sum.data(), hsum.data(), xt.data(), tpad};
 }
 
 // Lane i = p[i % NT]: NT consecutive tokens' values, repeated for the MR rows.
@@ -374,11 +394,224 @@ void rows_tokens(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
   }
 }
 
+// ---- T > 4: token-interleaved kernels. A tile is MR rows x NV groups of 8 tokens; each row's blocks are
+// first unpacked to 32 unsigned bytes per 32-block (scr), then per step k the row's four bytes
+// 4k..4k+3 are broadcast and multiplied (maddubs) with xt's eight tokens' four bytes, so lane t
+// collects token t's block sum with no horizontal reduction. Integer sums are exact, so they equal
+// the scalar kernel's whatever the order; the float update per block is update<1, 8>. ----
+
+STRATA_SIMD inline __m256i bcast4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+STRATA_SIMD inline __m256i xload(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+STRATA_SIMD inline void store32(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+// Two int16 (low, high) as one int32 lane pattern, for madd_epi16 against hsum.
+inline int32_t pair16(int a, int b) {
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a)) |
+                              (static_cast<uint32_t>(static_cast<uint16_t>(b)) << 16));
+}
+
+struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the sign
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
+      store32(scr + b * 32, _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs))));
+    }
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KQ8_0::Pre* p, int, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, __m256i* isum) {
+    for (int i = 0; i < MR * NV; ++i) isum[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      __m256i x[NV];
+      for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i w = bcast4(reinterpret_cast<const uint8_t*>(p[r].qs) + 4 * k), aw = bcast4(a[r] + 4 * k);
+        for (int v = 0; v < NV; ++v)
+          isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], madd1(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w))));
+      }
+    }
+  }
+};
+
+struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int16 (16 * 15 * 128)
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / 8];
+      const int j = static_cast<int>(b % 8);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + (j / 2) * 32));
+      store32(scr + b * 32, _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0xF)));
+    }
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, __m256i* isum) {
+    __m256i s16[MR * NV];
+    for (int i = 0; i < MR * NV; ++i) s16[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      __m256i x[NV];
+      for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i aw = bcast4(a[r] + 4 * k);
+        for (int v = 0; v < NV; ++v) s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_madd_epi16(s16[r * NV + v], _mm256_set1_epi16(p[r].sc[j]));
+  }
+};
+
+struct IlQ6_K {  // scr = q6 + 32 in [0, 63]; two steps per int16 (4 * 63 * 128); -32 * sc * half sums after
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w) + b / 8;
+      const int h = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
+      const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + h * 64 + (k % 2) * 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + h * 32));
+      const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((k / 2) * 4)), _mm256_set1_epi8(0xF));
+      const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k * 2)), _mm256_set1_epi8(3));
+      store32(scr + b * 32, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+    }
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i* hs, __m256i* isum) {
+    const int h = j / 4, k = j % 4;
+    for (int r = 0; r < MR; ++r) {
+      const int8_t* sc = p[r].b->scales + h * 8 + k * 2;
+      const __m256i c = _mm256_set1_epi32(pair16(32 * sc[0], 32 * sc[1]));
+      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+    }
+    for (int hf = 0; hf < 2; ++hf)
+      for (int kk = 0; kk < 4; kk += 2) {
+        const int s0 = hf * 4 + kk;
+        __m256i x0[NV], x1[NV];
+        for (int v = 0; v < NV; ++v) x0[v] = xload(xv[v] + s0 * 32), x1[v] = xload(xv[v] + (s0 + 1) * 32);
+        for (int r = 0; r < MR; ++r) {
+          const __m256i a0 = bcast4(a[r] + 4 * s0), a1 = bcast4(a[r] + 4 * (s0 + 1));
+          const __m256i sc = _mm256_set1_epi16(p[r].b->scales[h * 8 + k * 2 + hf]);
+          for (int v = 0; v < NV; ++v) {
+            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x0[v]), _mm256_maddubs_epi16(a1, x1[v]));
+            isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(s16, sc));
+          }
+        }
+      }
+  }
+};
+
+struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * half sums after
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockIQ2_XS* blk = reinterpret_cast<const BlockIQ2_XS*>(w) + b / 8;
+      const uint16_t* q = blk->qs + 4 * (b % 8);
+      const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
+                                             kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
+      const __m256i sign = _mm256_set_epi64x(kSignBytesIq2xs[q[3] >> 9], kSignBytesIq2xs[q[2] >> 9],
+                                             kSignBytesIq2xs[q[1] >> 9], kSignBytesIq2xs[q[0] >> 9]);
+      store32(scr + b * 32, _mm256_add_epi8(_mm256_sign_epi8(grid, sign), _mm256_set1_epi8(43)));
+    }
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KIQ2_XS::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i* hs, __m256i* isum) {
+    int sc[MR][2];
+    for (int r = 0; r < MR; ++r) {
+      const int s = p[r].b->scales[j];
+      sc[r][0] = 2 * (s & 0xF) + 1;
+      sc[r][1] = 2 * (s >> 4) + 1;
+      const __m256i c = _mm256_set1_epi32(pair16(43 * sc[r][0], 43 * sc[r][1]));
+      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+    }
+    for (int hf = 0; hf < 2; ++hf)
+      for (int k = 0; k < 4; ++k) {
+        __m256i x[NV];
+        for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + (hf * 4 + k) * 32);
+        for (int r = 0; r < MR; ++r) {
+          const __m256i aw = bcast4(a[r] + 4 * (hf * 4 + k)), scv = _mm256_set1_epi16(sc[r][hf]);
+          for (int v = 0; v < NV; ++v)
+            isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
+        }
+      }
+  }
+};
+
+// out[(r * NV + v) * 8 + t] = row r . token 8(g + v) + t over nwb weight blocks.
+template <class K, class IL, int MR, int NV>
+STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi, int64_t g,
+                         int64_t nwb, float* out) {
+  const int64_t nb = nwb * K::kSubs;
+  __m256 acc[MR * NV];
+  for (int i = 0; i < MR * NV; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t wb = 0; wb < nwb; ++wb) {
+    typename K::Pre p[MR];
+    for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+    for (int j = 0; j < K::kSubs; ++j) {
+      const int64_t b = wb * K::kSubs + j;
+      const uint8_t* a[MR];
+      for (int r = 0; r < MR; ++r) a[r] = scr + r * cols + b * 32;
+      const int8_t* xv[NV];
+      __m256i hs[NV];
+      for (int v = 0; v < NV; ++v) {
+        xv[v] = xi.xt + ((g + v) * nb + b) * 256;
+        hs[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.hsum + b * xi.tpad + (g + v) * 8));
+      }
+      __m256i isum[MR * NV];
+      IL::template dots<MR, NV>(p, j, a, xv, hs, isum);
+      for (int v = 0; v < NV; ++v) {
+        const __m256 dx = _mm256_loadu_ps(xi.dx + b * xi.tpad + (g + v) * 8);
+        const __m256i xsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
+        for (int r = 0; r < MR; ++r)
+          acc[r * NV + v] = K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx, xsum);
+      }
+    }
+  }
+  for (int i = 0; i < MR * NV; ++i) _mm256_storeu_ps(out + i * 8, acc[i]);
+}
+
+template <class K, class IL, int MR, int NV>
+void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                 int64_t T, float* Y, int64_t ldy) {
+  const int64_t nb = cols / 32, nwb = nb / K::kSubs;
+  const XInfo xi = x_info(Xq, xrb, T, nb, true);
+  thread_local std::vector<uint8_t> scr;
+  scr.resize(static_cast<size_t>(MR * cols));
+  for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, rows - r0);
+    const uint8_t* w[MR];
+    for (int r = 0; r < MR; ++r) {
+      w[r] = W + (r0 + std::min<int64_t>(r, mr - 1)) * rbytes;  // pad: repeat
+      IL::unpack(w[r], nb, scr.data() + r * cols);
+    }
+    for (int64_t g = 0; g * 8 < T;) {
+      const int nv = T - g * 8 > 8 ? NV : 1;  // a last group of at most 8 tokens takes one vector
+      alignas(32) float out[MR * NV * 8];
+      if (nv == NV)
+        tile_il<K, IL, MR, NV>(w, scr.data(), cols, xi, g, nwb, out);
+      else
+        tile_il<K, IL, MR, 1>(w, scr.data(), cols, xi, g, nwb, out);
+      for (int v = 0; v < nv; ++v, ++g) {
+        const int64_t nt = std::min<int64_t>(8, T - g * 8);
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t r = 0; r < mr; ++r) Y[(g * 8 + t) * ldy + r0 + r] = out[(r * nv + v) * 8 + t];
+      }
+    }
+  }
+}
+
+template <class K>
+struct Il;
+template <> struct Il<KQ8_0> { using type = IlQ8_0; };
+template <> struct Il<KQ4_K> { using type = IlQ4_K; };
+template <> struct Il<KQ6_K> { using type = IlQ6_K; };
+template <> struct Il<KIQ2_XS> { using type = IlIQ2_XS; };
+
 template <class K>
 void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb, int64_t T,
               float* Y, int64_t ldy) {
   const uint8_t* w = static_cast<const uint8_t*>(W);
-  // Fill the 8 lanes with as few padded tokens as possible.
+  // T <= 4: fill the 8 lanes with as few padded tokens as possible; else 4 rows x 16 tokens.
   if (T == 1)
     rows_tokens<K, 8, 1>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else if (T == 2)
@@ -386,7 +619,7 @@ void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const ui
   else if (T <= 4)
     rows_tokens<K, 2, 4>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else
-    rows_tokens<K, 1, 8>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_groups<K, typename Il<K>::type, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }
 
 #undef STRATA_SIMD

@@ -348,7 +348,7 @@ TEST(QuantQ8, IsBitIdenticalAcrossShapesThreadsAndIsa) {
         std::vector<float> y(T * rows);
         matmul_q8(isa, t, w.data(), rows, cols, xq.data(), xrb, T, y.data(), rows, *pool);
         ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << name << " T=37";
-        for (int64_t T1 : {1, 2, 3, 5}) {  // every tile shape, from every offset
+        for (int64_t T1 : {1, 2, 3, 5, 8, 12, 16, 20}) {  // every tile shape and token tail, from every offset
           for (int64_t t0 = 0; t0 + T1 <= T; t0 += 7) {
             std::vector<float> y1(T1 * rows);
             matmul_q8(isa, t, w.data(), rows, cols, xq.data() + t0 * xrb, xrb, T1, y1.data(), rows, *pool);
