@@ -261,7 +261,8 @@ def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_c
 
 @main.command()
 @click.option("-n", "--max-tokens", default=48, show_default=True)
-@click.option("--prompt", default="The expert cache", show_default=True)
+@click.option("--prompt", default="Experts stream into a cache of slots; the prompt borrows some of them.",
+              show_default=True)
 @click.option("--keep", type=click.Path(file_okay=False), default=None, help="Write the model here and keep it.")
 def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
     """Build a synthetic Qwen3-MoE GGUF and generate with a small expert cache.
@@ -285,7 +286,9 @@ def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
     cache = max(experts * 2 // 5, slot * 24)
     click.echo(f"experts {experts / MiB:.2f} MiB in {probe.spec['layers'] * probe.spec['experts']} experts; "
                f"expert cache {cache / MiB:.2f} MiB ({cache // slot} slots)")
-    m = Model(path, expert_cache=f"{cache}b", prefill=16, source="host", ctx=512)
+    # Chunks of 8 tokens: every chunk after the first lends slots that hold experts, so the stats
+    # show evictions by the lend and the refills when the chunk gives its slots back.
+    m = Model(path, expert_cache=f"{cache}b", prefill=8, source="host", ctx=512)
     click.echo(f"prompt: {prompt!r} (random weights: expect noise, not prose)")
     for piece in m.generate(prompt, max_tokens=max_tokens, temperature=0.7, seed=7, stream=True):
         click.echo(piece, nl=False)
