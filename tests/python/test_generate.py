@@ -1,0 +1,125 @@
+"""Generation: sampler options, seeds, stop tokens and strings, max tokens, streaming, chat."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import strata
+
+
+@pytest.fixture(scope="module")
+def model(make_mix) -> strata.Model:
+    return strata.Model(make_mix("f32"), progress=False)
+
+
+PROMPT = "The expert cache holds"
+
+
+def test_greedy_is_argmax_of_logits(model):
+    ids = model.tokenize(PROMPT)
+    out = model.generate(ids, max_tokens=6, temperature=0)
+    seq = list(ids)
+    for tok in out.tokens:
+        assert tok == int(np.argmax(model.logits(seq)[-1]))
+        seq.append(tok)
+
+
+def test_seed_reproducible_and_varied(model):
+    kw = dict(max_tokens=12, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+    a = model.generate(PROMPT, seed=1, **kw).tokens
+    b = model.generate(PROMPT, seed=1, **kw).tokens
+    assert a == b
+    others = {tuple(model.generate(PROMPT, seed=s, **kw).tokens) for s in range(2, 6)}
+    assert len(others | {tuple(a)}) > 1
+
+
+def test_top_k_1_and_tiny_min_p_mass_are_greedy(model):
+    greedy = model.generate(PROMPT, max_tokens=8, temperature=0).tokens
+    assert model.generate(PROMPT, max_tokens=8, temperature=1.0, top_k=1, seed=3).tokens == greedy
+    kw = dict(max_tokens=8, temperature=1.0, top_k=0)
+    assert model.generate(PROMPT, top_p=1e-6, min_p=0, seed=4, **kw).tokens == greedy
+    assert model.generate(PROMPT, top_p=1.0, min_p=0.999, seed=5, **kw).tokens == greedy
+
+
+def test_top_k_limits_the_candidates(model):
+    ids = model.tokenize(PROMPT)
+    top3 = set(np.argsort(-model.logits(ids)[-1])[:3].tolist())
+    firsts = {model.generate(ids, max_tokens=1, temperature=5.0, top_k=3, top_p=1.0, min_p=0, seed=s).tokens[0]
+              for s in range(40)}
+    assert firsts <= top3 and len(firsts) > 1
+
+
+def test_repetition_penalty_matches_llama_cpp_rule(model):
+    ids = model.tokenize(PROMPT)
+    first = model.generate(ids, max_tokens=1, temperature=0).tokens[0]
+    rep = ids + [first] * 4  # the prompt repeats the greedy token
+    lg = model.logits(rep)[-1].astype(np.float64)
+    for t in set(rep[-64:]):  # positive logits divided, negative multiplied (llama.cpp's penalty)
+        lg[t] = lg[t] / 50.0 if lg[t] > 0 else lg[t] * 50.0
+    pen = model.generate(rep, max_tokens=1, temperature=0, repetition_penalty=50.0).tokens[0]
+    assert pen == int(np.argmax(lg))
+    assert pen != first
+
+
+def test_max_tokens_and_stats(model):
+    out = model.generate(PROMPT, max_tokens=5, temperature=0)
+    s = out.stats
+    assert len(out.tokens) == s["generated"] <= 5
+    if s["stop_reason"] == "max_tokens":
+        assert s["generated"] == 5 and s["decode_passes"] == 4
+    assert s["prompt_tokens"] == len(model.tokenize(PROMPT)) and s["prompt_ms"] > 0
+    assert model.generate(PROMPT, max_tokens=0).tokens == []
+
+
+def test_stop_token_ends_generation(model):
+    ids = model.tokenize(PROMPT)
+    greedy = model.generate(ids, max_tokens=4, temperature=0).tokens
+    # Make the second greedy token a stop token by asking for it through the tokenizer's stop ids.
+    model.tokenizer.stop_ids = frozenset(model.tokenizer.stop_ids | {greedy[1]})
+    try:
+        out = model.generate(ids, max_tokens=4, temperature=0)
+    finally:
+        model.tokenizer.stop_ids = frozenset(model.tokenizer.stop_ids - {greedy[1]})
+    assert out.tokens == greedy[:1] and out.stats["stop_reason"] == "stop_token"
+
+
+def test_stop_strings_cut_text_streamed_or_not(model):
+    full = model.generate(PROMPT, max_tokens=24, temperature=0).text
+    assert len(full) > 6
+    stop = full[3:6]
+    cut = full[: full.find(stop)]
+    assert model.generate(PROMPT, max_tokens=24, temperature=0, stop=[stop, "\x00never"]).text == cut
+    pieces = list(model.generate(PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True))
+    assert "".join(pieces) == cut
+    assert model.last_stats["stop_reason"] == "stop_string"
+
+
+def test_stream_concatenates_to_text_and_callback_sees_pieces(model):
+    full = model.generate(PROMPT, max_tokens=16, temperature=0).text
+    seen: list[str] = []
+    pieces = list(model.generate(PROMPT, max_tokens=16, temperature=0, stream=True, callback=seen.append))
+    assert "".join(pieces) == full and seen == pieces
+
+
+def test_chat_renders_the_template(model):
+    msgs = [{"role": "user", "content": "hi"}]
+    out = model.chat(msgs, max_tokens=3, temperature=0)
+    want = model.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special=False)
+    assert out.tokens == model.generate(want, max_tokens=3, temperature=0).tokens
+
+
+def test_bad_sampling_values(model):
+    with pytest.raises(strata.ConfigError, match="top_p"):
+        model.generate(PROMPT, max_tokens=1, top_p=0.0)
+    with pytest.raises(strata.ConfigError, match="min_p"):
+        model.generate(PROMPT, max_tokens=1, min_p=1.5)
+    with pytest.raises(strata.ConfigError, match="stop strings"):
+        model.generate(PROMPT, max_tokens=1, stop=[""])
+
+
+def test_inspect(make_mix):
+    info = strata.inspect(make_mix("f32"))
+    assert info["metadata"]["general.architecture"] == "qwen3moe"
+    names = {t["name"] for t in info["tensors"]}
+    assert "blk.0.ffn_gate_exps.weight" in names and "token_embd.weight" in names
