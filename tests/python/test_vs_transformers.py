@@ -105,3 +105,22 @@ def test_layouts_and_gr_modes_match_transformers(make_mix, monkeypatch, layout, 
     err = _rel_err(m.logits(ids), _hf_logits(path, tuple(ids)))
     print(f"{layout} {'unfused' if unfused else 'fused'} GR: max relative logit error {err:.3e}")
     assert err <= (TOLERANCE["q4_k"] if streamed else MMQ_TOLERANCE)
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_mmq_layout_close_to_transformers_but_for_router_near_ties(make_mix, mix):
+    """Every mix with no ExpertSource (the MMQ layout, q8_0 activations into the experts).
+
+    q8_0 noise can flip a near-tie in the router (K-th vs K+1-th expert) for a token; that token's
+    logits then move by O(0.1) (seen: 2 of 46 positions on the q6_k mix). The exact (fused) path is
+    held to 1e-4 everywhere above; here all but a few positions must be within MMQ_TOLERANCE.
+    """
+    path = make_mix(mix)
+    m = strata.Model(path, expert_cache="all", progress=False)
+    ids = m.tokenize(PROMPT)
+    ref = _hf_logits(path, tuple(ids))
+    per_pos = np.abs(m.logits(ids) - ref).max(axis=1) / np.abs(ref).max()
+    off = int((per_pos > MMQ_TOLERANCE).sum())
+    print(f"MMQ {mix}: median {np.median(per_pos):.2e}, max {per_pos.max():.2e}, {off} positions over")
+    assert np.median(per_pos) <= MMQ_TOLERANCE / 3
+    assert off <= max(1, len(ids) // 10)
