@@ -204,6 +204,19 @@ def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache
         click.echo(f"{b['name']:<16} {b['dtype']:<6} {shape:<24} {b['offset']:>14} {b['bytes']:>14}")
     click.echo(f"bytes_needed {lay['bytes_needed']} ({_fmt_bytes(lay['bytes_needed'])}); slot {lay['slot_bytes']} "
                f"bytes; the chunk borrows {lay['slots']} slots")
+    if expert_cache is not None:
+        from strata._options import parse_expert_cache
+
+        try:
+            size = parse_expert_cache(expert_cache)
+        except _core.Error as e:
+            _fail(e)
+        if not isinstance(size, int):
+            _fail(_core.ConfigError("strata layout --expert-cache takes a size (e.g. 14900 or 14.5GiB)"))
+        n = size // lay["slot_bytes"]
+        left = n - lay["slots"]
+        click.echo(f"--expert-cache {expert_cache}: {n} slots; the chunk borrows {lay['slots']}, "
+                   + (f"leaving {left} for experts" if left > 0 else "more than the cache has"))
 
 
 @main.command()

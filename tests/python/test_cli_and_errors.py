@@ -63,6 +63,8 @@ def test_layout_table(f16_model):
     r = run("layout", f16_model, "--tokens", "64", "--no-source", "--unfused", "--json")
     lay = json.loads(r.output)
     assert lay["kind"] == "mmq" and any(b["name"] == "xn" for b in lay["buffers"])
+    r = run("layout", f16_model, "--tokens", "64", "--expert-cache", "2MiB")
+    assert r.exit_code == 0 and "slots; the chunk borrows" in r.output
 
 
 def test_demo_runs():
