@@ -214,7 +214,6 @@ void Model::run_chunk(const PrefillBuffers& b, const int32_t* ids_host, int64_t 
   const int64_t D = s.D, Hd = s.n_head * s.head_dim, KVd = s.n_kv_head * s.head_dim;
   // Token ids live in the router-ids buffer until the first router overwrites them.
   be.upload(b.topk_ids, ids_host, (size_t)T * sizeof(int32_t));
-  STRATA_CHECK(s.K >= 1, Error, "K");
   be.embed(s.token_embd.type(), s.token_embd.data(), D, b.topk_ids, T, b.R);
   // GR read: with STRATA_GR_UNFUSED the normalized input is materialized in xn; by default the
   // consumer stages it in its own input buffer (proj is free at both read points).
