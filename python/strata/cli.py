@@ -68,7 +68,10 @@ def main() -> None:
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("-p", "--prompt", required=True, help="Prompt text (with --chat: the user message).")
+@click.option("-p", "--prompt", default=None, help="Prompt text (with --chat: the user message).")
+@click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read the prompt from this file ('-' for stdin).")
+@click.option("--system", default=None, help="With --chat: a system message before the user's.")
 @click.option("-n", "--max-tokens", default=256, show_default=True, help="Tokens to generate at most.")
 @click.option("--device", default="cpu", show_default=True,
               help="Compute device: cpu (the CUDA backend is not in this release).")
@@ -87,16 +90,25 @@ def main() -> None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--stats", is_flag=True, help="Print timings and expert-cache stats to stderr.")
-def generate(model: str, prompt: str, max_tokens: int, device: str, expert_cache: str, prefill: str, source: str,
-             ctx: int, threads: int, temperature: float, top_k: int, top_p: float, min_p: float,
-             repeat_penalty: float, seed: int | None, stop: tuple[str, ...], chat: bool, stats: bool) -> None:
+def generate(model: str, prompt: str | None, prompt_file: Any, system: str | None, max_tokens: int, device: str,
+             expert_cache: str, prefill: str, source: str, ctx: int, threads: int, temperature: float, top_k: int,
+             top_p: float, min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], chat: bool,
+             stats: bool) -> None:
     """Generate text from MODEL (a GGUF file), streaming it to stdout."""
+    if (prompt is None) == (prompt_file is None):
+        _fail(_core.ConfigError("give the prompt with exactly one of -p/--prompt TEXT and -f/--file PATH"))
+    if prompt_file is not None:
+        prompt = prompt_file.read()
+    if system is not None and not chat:
+        _fail(_core.ConfigError("--system needs --chat (it is a chat message)"))
     m = _load(model, device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
               threads=threads)
     kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
               repetition_penalty=repeat_penalty, seed=seed, stop=list(stop), stream=True)
     try:
-        it = m.chat([{"role": "user", "content": prompt}], **kw) if chat else m.generate(prompt, **kw)
+        msgs = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": "user", "content": prompt}]
+        it = m.chat(msgs, **kw) if chat else m.generate(prompt, **kw)
         for piece in it:
             click.echo(piece, nl=False)
             sys.stdout.flush()

@@ -36,9 +36,17 @@ def test_generate_stats(f16_model):
         assert word in err, (word, err)
 
 
-def test_generate_chat_and_stop(f16_model):
-    r = run("generate", f16_model, "-p", "hi", "-n", "4", "--chat", "--seed", "1")
+def test_generate_chat_and_stop(f16_model, tmp_path):
+    r = run("generate", f16_model, "-p", "hi", "-n", "4", "--chat", "--seed", "1", "--system", "Be brief.")
     assert r.exit_code == 0, r.output
+    (tmp_path / "p.txt").write_text("Once upon a time")
+    a = run("generate", f16_model, "-f", str(tmp_path / "p.txt"), "-n", "4", "--temp", "0")
+    b = run("generate", f16_model, "-p", "Once upon a time", "-n", "4", "--temp", "0")
+    assert a.exit_code == 0 and a.output == b.output
+    r = run("generate", f16_model, "-n", "4")
+    assert r.exit_code == 2 and "exactly one of" in r.stderr
+    r = run("generate", f16_model, "-p", "x", "--system", "s")
+    assert r.exit_code == 2 and "--system needs --chat" in r.stderr
 
 
 def test_info_table_and_json(f16_model):
