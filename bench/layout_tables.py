@@ -58,7 +58,7 @@ def show(t: dict, tokens: list[int], auto_max: int) -> None:
           + f"{'auto:' + str(auto_max):>12}")
     for r in t["auto"]:
         print(f"{r['cache_mib']:>10} {r['slots']:>7}" + "".join(f"{r[f'slots_borrowed_T{T}']:>16}" for T in tokens)
-              + f"{str(r[f'auto_{auto_max}'] or 'none fits'):>12}")
+              + f"{r[f'auto_{auto_max}'] or 'none fits'!s:>12}")
 
 
 def main() -> int:
