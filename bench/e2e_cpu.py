@@ -231,7 +231,6 @@ def timed_generate(m: Any, ids: list[int], max_tokens: int) -> dict[str, Any]:
     c = m.generate(ids, max_tokens=max_tokens, temperature=0.0)
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     s = dict(c.stats)
-    gen = int(s.get("generated", len(c.tokens)))
     # The engine times decode passes only (the first token comes with the prompt's logits).
     forwards = int(s["decode_passes"])
     s["decode_forwards"] = forwards
