@@ -1,0 +1,44 @@
+"""Refactorings keep the numbers: logits byte-identical to the fingerprints saved from release 0.1.
+
+The fused layout (streamed experts, float32 from exactly dequantized weights) must not move by a
+bit on any test mix. The MMQ layout must not move either where its weights have an integer kernel
+(q8_0 activations by design); for float experts (F32, F16) release 0.1 quantized activations by
+mistake, so those fingerprints must now differ (issue: float experts stay float).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import reference_logits as ref
+from strata.testing import make_qwen3moe
+
+SAVED = json.load(open(os.path.join(os.path.dirname(__file__), "data", "logits_v0.1.json")))
+
+
+@pytest.fixture(scope="module")
+def v01_mix(tmp_path_factory):
+    d = tmp_path_factory.mktemp("v01")
+    made: dict[str, str] = {}
+
+    def get(mix: str) -> str:
+        if mix not in made:
+            shape, quant = ref.MIXES[mix]
+            made[mix] = str(d / f"{mix}.gguf")
+            make_qwen3moe(made[mix], **shape, quant=quant, seed=ref.SEED)
+        return made[mix]
+
+    return get
+
+
+@pytest.mark.parametrize("mix", list(ref.MIXES))
+@pytest.mark.parametrize("config", list(ref.CONFIGS))
+def test_logits_match_release_0_1(v01_mix, mix, config):
+    got = ref.fingerprint(ref.compute(v01_mix(mix), config))
+    if config == "mmq" and mix in ("f32", "f16"):
+        assert got != SAVED[f"{mix}/{config}"], "float experts must no longer be quantized to q8_0"
+    else:
+        assert got == SAVED[f"{mix}/{config}"]
