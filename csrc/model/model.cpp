@@ -288,19 +288,19 @@ void Model::moe(const PrefillBuffers& b, int64_t l, int64_t T, const float* x_in
       for (int64_t e = 0; e < s.E; ++e)
         if (off[e + 1] > off[e]) fn(e, (int64_t)off[e], (int64_t)(off[e + 1] - off[e]));
     };
-    const bool float_in = !be.has_matmul_q8(xl.gate.type) || !be.has_matmul_q8(xl.up.type);
+    const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
     if (float_in) {
       be.dequant_rows((uint32_t)QType::Q8_0, b.xq, xrb, s.D, n_rows, b.yd);
     }
     experts([&](int64_t e, int64_t o, int64_t n) {
       const ExpertView v = cache_->acquire(l, e);
       for (auto [type, W, out] : {std::tuple{xl.gate.type, v.gate, b.hg}, std::tuple{xl.up.type, v.up, b.hu}}) {
-        if (be.has_matmul_q8(type)) be.matmul_q8(type, W, s.F, s.D, b.xq + o * xrb, xrb, n, out + o * s.F, s.F);
+        if (uses_matmul_q8(type)) be.matmul_q8(type, W, s.F, s.D, b.xq + o * xrb, xrb, n, out + o * s.F, s.F);
         else be.matmul(type, W, s.F, s.D, b.yd + o * s.D, s.D, n, out + o * s.F, s.F);
       }
     });
     be.swiglu(b.hg, b.hu, n_rows * s.F);
-    const bool q8_down = be.has_matmul_q8(xl.down.type);
+    const bool q8_down = uses_matmul_q8(xl.down.type);
     if (q8_down) be.quantize_q8_0(b.hg, nullptr, nullptr, s.F, nullptr, 1, n_rows, b.xq, xrb);
     experts([&](int64_t e, int64_t o, int64_t n) {
       const ExpertView v = cache_->acquire(l, e);

@@ -649,6 +649,11 @@ using quant_detail::kQ8Bytes;
 
 bool has_matmul_q8(QType t) { return quant_traits(t).matmul_q8 != nullptr; }
 
+bool uses_matmul_q8(uint32_t ggml_type) {
+  const QuantTraits* q = find_quant(ggml_type);
+  return q && q->matmul_q8 != nullptr;
+}
+
 void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
                int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
   const QuantTraits& q = quant_traits(t);

@@ -115,6 +115,12 @@ void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const f
 // magnitude times sign; s_lo/hi: 4-bit scales). So results do not depend on T, the thread count,
 // the rows subset or the CPU.
 bool has_matmul_q8(QType t);
+
+// The kernel choice for a weight type, tried in this order by the MoE block: the integer kernel
+// against q8_0 activations where the type has one (quantized weights: llama.cpp's path), else the
+// float matmul on float activations (F32/F16/BF16 weights stay exact: their activations are never
+// quantized). An unknown type is neither.
+bool uses_matmul_q8(uint32_t ggml_type);
 void matmul_q8(QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
                int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
 void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,

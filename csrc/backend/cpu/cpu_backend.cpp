@@ -1,6 +1,7 @@
 // CPU backend: the reference implementation of every op; its "device memory" is host memory
 // and its link is memcpy, so the expert cache and prefill mechanics run without a GPU.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -23,15 +24,39 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
   const char* name() const override { return "cpu"; }
+  std::string describe() const override { return str("cpu, ", pool_.size(), " threads"); }
   int threads() const override { return pool_.size(); }
 
-  void* alloc(size_t bytes, const char* what) override { return host_alloc(bytes, what).release(); }
-  void free(void* p) override { std::free(p); }
+  // Device and pinned memory are both aligned host memory; the count makes leaks testable.
+  void* alloc(size_t bytes, const char* what) override {
+    void* p = host_alloc(bytes, what).release();
+    ++live_;
+    return p;
+  }
+  void free(void* p) override {
+    if (!p) return;
+    std::free(p);
+    --live_;
+  }
+  void* alloc_pinned(size_t bytes, const char* what) override { return alloc(bytes, what); }
+  void free_pinned(void* p) override { free(p); }
+  size_t live_allocations() const override { return live_.load(); }
+
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  // One thread of control: a queued copy is done by the time the call returns, and every event
+  // is complete when recorded.
+  void upload_async(void* dst, const void* src, size_t bytes, Stream) override { std::memcpy(dst, src, bytes); }
   const void* resident(const void* host, size_t, const char*) override { return host; }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
   void fill(void* p, uint8_t value, size_t bytes) override { std::memset(p, value, bytes); }
+
+  EventId event_create() override { return ++next_event_; }
+  void event_destroy(EventId) override {}
+  void record(EventId, Stream) override {}
+  void wait(Stream, EventId) override {}
+  bool query(EventId) override { return true; }
+  void event_sync(EventId) override {}
   void sync() override {}
 
   void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) override {
@@ -87,11 +112,6 @@ class CpuBackend final : public Backend {
         quantize_row_q8_0(r, out + i * out_row_bytes, D);
       }
     });
-  }
-
-  bool has_matmul_q8(uint32_t type) const override {
-    const QuantTraits* q = find_quant(type);
-    return q && strata::has_matmul_q8(q->type);
   }
 
   void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, size_t xrow_bytes,
@@ -213,6 +233,8 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool pool_;
+  std::atomic<size_t> live_{0};
+  EventId next_event_ = 0;
 };
 
 }  // namespace
