@@ -10,6 +10,7 @@
 namespace strata {
 
 class ThreadPool;
+class DeviceBuffer;
 
 struct RopeParams {
   int64_t n_dims = 0;  // rotated dims per head (== head_dim for qwen3moe)
@@ -49,8 +50,9 @@ class Backend {
   // Queued on `s` after the work already there; `src` (host) must stay unchanged until an event
   // recorded after it on `s` has completed. CPU: copies at once.
   virtual void upload_async(void* dst, const void* src, size_t bytes, Stream s) = 0;
-  // A dense weight the device reads: CPU uses the host bytes in place, a GPU copies them.
-  virtual const void* resident(const void* host, size_t bytes, const char* what) = 0;
+  // A weight the device reads for the model's life: the CPU borrows the host bytes in place (they
+  // must outlive the buffer), a GPU copies them into memory the returned buffer owns.
+  virtual DeviceBuffer resident(const void* host, size_t bytes, const char* what) = 0;
 
   // ---- streams and events ----
   virtual EventId event_create() = 0;
@@ -125,6 +127,13 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(Backend& be, size_t bytes, const char* what) : be_(&be), p_(be.alloc(bytes, what)), n_(bytes) {}
+  // A view of memory someone else owns (the CPU's resident weights): never freed.
+  static DeviceBuffer borrow(const void* p, size_t bytes) {
+    DeviceBuffer b;
+    b.p_ = const_cast<void*>(p);
+    b.n_ = bytes;
+    return b;
+  }
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
@@ -140,7 +149,7 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void reset() {
-    if (p_) be_->free(p_);
+    if (p_ && be_) be_->free(p_);
     p_ = nullptr;
     n_ = 0;
   }

@@ -6,6 +6,7 @@
 
 #include "bindings/bind.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "generate/generator.h"
 #include "model/model.h"
 #include "prefill/chunk_plan.h"
@@ -91,6 +92,7 @@ py::dict layout_dict(const Prefill& p, int64_t T, bool src, size_t slot_bytes) {
 }  // namespace
 
 void bind_model(py::module_& m) {
+  m.def("set_log_level", [](const std::string& name) { set_log_level(parse_log_level(name)); }, py::arg("level"));
   // The plan for an arbitrary shape, with no model: exactness tests sweep thousands of shapes.
   m.def(
       "prefill_layout",
@@ -105,8 +107,9 @@ void bind_model(py::module_& m) {
         s.n_kv_head = shape["kv_heads"].cast<int64_t>();
         s.head_dim = shape["head_dim"].cast<int64_t>();
         s.expert_types = shape.contains("expert_types") ? shape["expert_types"].cast<std::vector<uint32_t>>()
-                                                        : std::vector<uint32_t>{(uint32_t)QType::Q4_K};
+                                                        : std::vector<uint32_t>(3, (uint32_t)QType::Q4_K);
         s.gr_unfused = shape.contains("unfused") && shape["unfused"].cast<bool>();
+        set_expert_kernels(s, uses_matmul_q8);
         return layout_dict(Prefill(s), T, src, 0);
       },
       py::arg("shape"), py::arg("tokens"), py::arg("source") = true);
@@ -114,7 +117,7 @@ void bind_model(py::module_& m) {
   py::class_<Model>(m, "Model")
       .def(py::init([](const std::string& path, const std::string& device, int threads, int64_t ctx,
                        int64_t cache_bytes, const std::string& source, int64_t prefill, bool prefill_auto,
-                       py::object progress) {
+                       bool gr_unfused, py::object progress) {
              ModelConfig cfg;
              cfg.device = device;
              cfg.threads = threads;
@@ -124,6 +127,7 @@ void bind_model(py::module_& m) {
              cfg.source = source;
              cfg.prefill = prefill;
              cfg.prefill_auto = prefill_auto;
+             cfg.gr_unfused = gr_unfused;
              if (!progress.is_none()) {
                cfg.progress = [progress](uint64_t done, uint64_t total) {
                  py::gil_scoped_acquire g;
@@ -135,7 +139,7 @@ void bind_model(py::module_& m) {
            }),
            py::arg("path"), py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("ctx") = 4096,
            py::arg("cache_bytes") = -1, py::arg("source") = "auto", py::arg("prefill") = 8192,
-           py::arg("prefill_auto") = false,
+           py::arg("prefill_auto") = false, py::arg("gr_unfused") = false,
            py::arg("progress") = py::none())
       .def("spec", &spec_dict)
       .def("cache_stats", &cache_dict)

@@ -1,8 +1,9 @@
-// Logging to stderr with a level from STRATA_LOG (error, warn, info, debug); the only global state.
+// Logging to stderr at a process-wide level (error, warn, info, debug): the only global state.
+// The level is set at the edge (strata reads STRATA_LOG in Python); nothing here reads the environment.
 #pragma once
+#include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "core/error.h"
 
@@ -10,16 +11,18 @@ namespace strata {
 
 enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3 };
 
-inline LogLevel log_level() {
-  static const LogLevel lvl = [] {
-    const char* e = std::getenv("STRATA_LOG");
-    if (!e) return LogLevel::Warn;
-    if (!std::strcmp(e, "error")) return LogLevel::Error;
-    if (!std::strcmp(e, "info")) return LogLevel::Info;
-    if (!std::strcmp(e, "debug")) return LogLevel::Debug;
-    return LogLevel::Warn;
-  }();
-  return lvl;
+inline std::atomic<int>& log_level_slot() {
+  static std::atomic<int> level{static_cast<int>(LogLevel::Warn)};
+  return level;
+}
+inline LogLevel log_level() { return static_cast<LogLevel>(log_level_slot().load(std::memory_order_relaxed)); }
+inline void set_log_level(LogLevel l) { log_level_slot().store(static_cast<int>(l)); }
+// "error" | "warn" | "info" | "debug"; ConfigError naming the accepted values otherwise.
+inline LogLevel parse_log_level(const std::string& name) {
+  static const char* names[] = {"error", "warn", "info", "debug"};
+  for (int i = 0; i < 4; ++i)
+    if (name == names[i]) return static_cast<LogLevel>(i);
+  throw ConfigError(str("log level '", name, "' is not one of error, warn, info, debug (STRATA_LOG)"));
 }
 
 template <class... A>

@@ -20,10 +20,6 @@ ThreadPool::~ThreadPool() {
 }
 
 int ThreadPool::default_threads() {
-  if (const char* e = std::getenv("STRATA_THREADS")) {
-    const int n = std::atoi(e);
-    if (n > 0) return n;
-  }
   const unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : (int)hc;
 }

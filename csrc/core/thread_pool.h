@@ -26,7 +26,7 @@ class ThreadPool {
   void parallel_for(int64_t n, int64_t grain,
                     const std::function<void(int64_t, int64_t, int)>& fn);
 
-  // Threads to use when the caller passes 0: STRATA_THREADS, else the physical cores.
+  // Threads to use when the caller passes 0: every core the process may run on.
   static int default_threads();
 
  private:

@@ -1,9 +1,9 @@
-// ExpertCache: slots, index, policy, lend/give_back and stats.
+// ExpertCache: slots, index, policy, the two-phase prepare/wait, lend/give_back and stats.
 #include "expert_cache/expert_cache.h"
 
 #include <algorithm>
+#include <cstring>
 
-#include "backend/backend.h"
 #include "core/error.h"
 
 namespace strata {
@@ -13,13 +13,12 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
   const int64_t keys = layout.L * layout.E;
   index_.assign(keys, -1);
   if (!src_) {
-    // Every expert resident: the device reads each layer's expert tensors in place.
+    // Every expert resident: the device reads each layer's expert tensors where they were loaded.
+    const char* what = "resident experts (--expert-cache all)";
     for (int64_t l = 0; l < layout.L; ++l) {
       const auto& ll = layout.layers[l];
-      const char* what = "resident experts (--expert-cache all)";
-      resident_.push_back(static_cast<const uint8_t*>(be.resident(ll.gate.host, ll.gate.bytes * layout.E, what)));
-      resident_.push_back(static_cast<const uint8_t*>(be.resident(ll.up.host, ll.up.bytes * layout.E, what)));
-      resident_.push_back(static_cast<const uint8_t*>(be.resident(ll.down.host, ll.down.bytes * layout.E, what)));
+      for (const ExpertTensor* t : {&ll.gate, &ll.up, &ll.down})
+        resident_.push_back(be.resident(t->host, t->bytes * layout.E, what));
     }
     return;
   }
@@ -27,17 +26,26 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
   n_slots_ = (int32_t)(cache_bytes / layout.slot_bytes);
   // Zero slots is allowed here: the caller sizes the cache against its prompt chunk and names the fix.
   const size_t pool = (size_t)n_slots_ * layout.slot_bytes;
-  arena_ = static_cast<uint8_t*>(be.alloc(pool + 2 * kAlign, "the expert cache")) + kAlign;
+  arena_buf_ = DeviceBuffer(be, pool + 2 * kAlign, "the expert cache");
+  arena_ = arena_buf_.as<uint8_t>() + kAlign;
   be.fill(arena_ - kAlign, kGuard, kAlign);
   be.fill(arena_ + pool, kGuard, kAlign);
+  table_dev_ = DeviceBuffer(be, keys * sizeof(int32_t), "the expert slot table");
+  table_host_ = PinnedBuffer(be, keys * sizeof(int32_t), "the expert slot table");
+  std::fill_n(reinterpret_cast<int32_t*>(table_host_.get()), keys, -1);
+  be.upload(table_dev_.get(), table_host_.get(), keys * sizeof(int32_t));
+  table_dirty_.assign(layout.L, 0);
   key_.assign(n_slots_, -1);
   pinned_.assign(n_slots_, 0);
   lent_.assign(n_slots_, 0);
+  held_.assign(n_slots_, 0);
+  landing_.assign(n_slots_, 0);
+  evictable_.assign(n_slots_, 0);
+  for (int32_t s = 0; s < n_slots_; ++s) {
+    ready_.emplace_back(be);
+    last_use_.emplace_back(be);
+  }
   policy_ = std::make_unique<LruPolicy>(n_slots_);
-}
-
-ExpertCache::~ExpertCache() {
-  if (arena_) be_.free(arena_ - kAlign);
 }
 
 int32_t ExpertCache::free_slots() const {
@@ -46,16 +54,22 @@ int32_t ExpertCache::free_slots() const {
   return n;
 }
 
-ExpertView ExpertCache::view(int64_t layer, uint8_t* base) const {
+ExpertView ExpertCache::view(int64_t layer, const uint8_t* base) const {
   const auto& ll = layout_.layers[layer];
   return ExpertView{base + ll.gate_off, base + ll.up_off, base + ll.down_off};
 }
 
 bool ExpertCache::resident(int64_t layer, int64_t e) const { return !src_ || slot_of(layer, e) >= 0; }
 
+void ExpertCache::set_index(int64_t key, int32_t slot) {
+  index_[key] = slot;
+  reinterpret_cast<int32_t*>(table_host_.get())[key] = slot;
+  table_dirty_[key / layout_.E] = 1;
+}
+
 void ExpertCache::evict(int32_t slot) {
   if (key_[slot] >= 0) {
-    index_[key_[slot]] = -1;
+    set_index(key_[slot], -1);
     key_[slot] = -1;
     ++stats_.evictions;
   }
@@ -64,39 +78,86 @@ void ExpertCache::evict(int32_t slot) {
 
 void ExpertCache::fill(int32_t slot, int64_t layer, int64_t e, bool refill) {
   if (trace_on_) trace_.push_back(StreamEvent{stats_.lends, (int32_t)layer, (int32_t)e, refill});
-  src_->stream(layer, e, arena_ + (size_t)slot * layout_.slot_bytes, be_);
+  // The copy overwrites the slot only after the compute work that last read it.
+  be_.wait(Stream::Copy, last_use_[slot].id());
+  ExpertCopy c[3];
+  const int n = src_->copies(layer, e, c);
+  for (int i = 0; i < n; ++i) be_.upload_async(slot_ptr(slot) + c[i].dst_off, c[i].src, c[i].bytes, Stream::Copy);
+  ready_[slot].record(Stream::Copy);
+  landing_[slot] = 1;
   stats_.bytes_streamed += layout_.layers[layer].bytes;
   key_[slot] = layer * layout_.E + e;
-  index_[key_[slot]] = slot;
+  set_index(key_[slot], slot);
 }
 
-ExpertView ExpertCache::acquire(int64_t layer, int64_t e) {
+int32_t ExpertCache::find_victim() const {
+  // An empty slot before evicting anything.
+  for (int32_t s = 0; s < n_slots_; ++s)
+    if (usable(s) && key_[s] < 0) return s;
+  for (int32_t s = 0; s < n_slots_; ++s) evictable_[s] = usable(s);
+  return policy_->victim(evictable_);
+}
+
+int64_t ExpertCache::prepare(int64_t layer, const int32_t* experts, int64_t n) {
+  STRATA_CHECK(layer >= 0 && layer < layout_.L, Error, "prepare: layer ", layer, " out of range");
+  if (!src_) {
+    stats_.hits += (uint64_t)n;
+    return n;
+  }
+  int64_t done = 0;
+  for (; done < n; ++done) {
+    const int64_t e = experts[done];
+    STRATA_CHECK(e >= 0 && e < layout_.E, Error, "prepare: expert ", e, " out of range");
+    int32_t s = slot_of(layer, e);
+    if (s >= 0) {
+      if (held_[s]) continue;  // named twice in one batch
+      ++stats_.hits;
+    } else {
+      s = find_victim();
+      if (s < 0) break;
+      ++stats_.misses;
+      evict(s);
+      fill(s, layer, e, false);
+    }
+    held_[s] = 1;
+    held_list_.push_back(s);
+    policy_->on_use(s);
+  }
+  STRATA_CHECK(done > 0 || n == 0, MemoryError, "expert cache has no free slot for layer ", layer, " expert ",
+               experts[0], ": all ", n_slots_, " slots are lent or pinned; raise --expert-cache or lower --prefill");
+  if (table_dirty_[layer]) {
+    // The compute stream's kernels of this layer read the current row.
+    const size_t row = (size_t)layer * layout_.E;
+    be_.upload_async(table_dev_.as<int32_t>() + row, reinterpret_cast<int32_t*>(table_host_.get()) + row,
+                     layout_.E * sizeof(int32_t), Stream::Compute);
+    table_dirty_[layer] = 0;
+  }
+  return done;
+}
+
+ExpertView ExpertCache::wait(int64_t layer, int64_t e) {
   if (!src_) {
     const auto& ll = layout_.layers[layer];
-    ++stats_.hits;
-    return ExpertView{resident_[layer * 3] + (size_t)e * ll.gate.bytes,
-                      resident_[layer * 3 + 1] + (size_t)e * ll.up.bytes,
-                      resident_[layer * 3 + 2] + (size_t)e * ll.down.bytes};
+    return ExpertView{resident_[layer * 3].as<uint8_t>() + (size_t)e * ll.gate.bytes,
+                      resident_[layer * 3 + 1].as<uint8_t>() + (size_t)e * ll.up.bytes,
+                      resident_[layer * 3 + 2].as<uint8_t>() + (size_t)e * ll.down.bytes};
   }
-  int32_t s = slot_of(layer, e);
-  if (s >= 0) {
-    ++stats_.hits;
-  } else {
-    ++stats_.misses;
-    std::vector<uint8_t> evictable(n_slots_);
-    for (int32_t i = 0; i < n_slots_; ++i) evictable[i] = !(pinned_[i] || lent_[i]);
-    // Prefer an empty slot before evicting anything.
-    s = -1;
-    for (int32_t i = 0; i < n_slots_ && s < 0; ++i)
-      if (evictable[i] && key_[i] < 0) s = i;
-    if (s < 0) s = policy_->victim(evictable);
-    STRATA_CHECK(s >= 0, MemoryError, "expert cache has no free slot for layer ", layer, " expert ", e,
-                 ": all ", n_slots_, " slots are lent or pinned; raise --expert-cache or lower --prefill");
-    evict(s);
-    fill(s, layer, e, false);
+  const int32_t s = slot_of(layer, e);
+  STRATA_CHECK(s >= 0 && held_[s], Error, "internal error: expert ", e, " of layer ", layer,
+               " was not prepared before use");
+  if (landing_[s]) {
+    be_.wait(Stream::Compute, ready_[s].id());
+    landing_[s] = 0;
   }
-  policy_->on_use(s);
-  return view(layer, arena_ + (size_t)s * layout_.slot_bytes);
+  return view(layer, slot_ptr(s));
+}
+
+void ExpertCache::release(int64_t /*layer*/) {
+  for (int32_t s : held_list_) {
+    last_use_[s].record(Stream::Compute);
+    held_[s] = 0;
+  }
+  held_list_.clear();
 }
 
 bool ExpertCache::guards_intact() const {
@@ -111,13 +172,16 @@ bool ExpertCache::guards_intact() const {
 
 void ExpertCache::pin(int64_t layer, int64_t e) {
   if (!src_) return;  // every expert is resident already
-  acquire(layer, e);
+  const int32_t id = (int32_t)e;
+  prepare(layer, &id, 1);
+  release(layer);
   pinned_[slot_of(layer, e)] = 1;
 }
 
 std::pair<uint8_t*, size_t> ExpertCache::lend(int32_t n) {
   STRATA_CHECK(src_ != nullptr, Error, "lend: an all-resident expert cache has no slots to lend");
   STRATA_CHECK(lent_n_ == 0, Error, "lend: slots are already lent; give them back first");
+  STRATA_CHECK(held_list_.empty(), Error, "lend: experts are prepared and not released");
   STRATA_CHECK(n >= 1 && n <= n_slots_, MemoryError, "the prompt chunk needs ", n, " slots but the cache has ",
                n_slots_);
   // The run whose residents are least valuable; runs over pinned slots are not candidates.
@@ -137,18 +201,24 @@ std::pair<uint8_t*, size_t> ExpertCache::lend(int32_t n) {
   for (int32_t s = best; s < best + n; ++s) {
     if (key_[s] >= 0) evicted_by_lend_.emplace_back(policy_->value(s), key_[s]);
     evict(s);
+    // The prompt's kernels write here only after copies still landing in the slot.
+    if (landing_[s]) be_.wait(Stream::Compute, ready_[s].id());
+    landing_[s] = 0;
     lent_[s] = 1;
   }
   lent_begin_ = best;
   lent_n_ = n;
   ++stats_.lends;
   stats_.slots_lent = n;
-  return {arena_ + (size_t)best * layout_.slot_bytes, (size_t)n * layout_.slot_bytes};
+  return {slot_ptr(best), (size_t)n * layout_.slot_bytes};
 }
 
 void ExpertCache::give_back() {
   if (lent_n_ == 0) return;
-  for (int32_t s = lent_begin_; s < lent_begin_ + lent_n_; ++s) lent_[s] = 0;
+  for (int32_t s = lent_begin_; s < lent_begin_ + lent_n_; ++s) {
+    lent_[s] = 0;
+    last_use_[s].record(Stream::Compute);  // the chunk's last read of its scratch
+  }
   // Refill the most valuable of the evicted experts into the returned slots.
   std::sort(evicted_by_lend_.begin(), evicted_by_lend_.end(), std::greater<>());
   int32_t s = lent_begin_;

@@ -1,5 +1,11 @@
-// ExpertCache: a fixed pool of device slots holding routed experts, streamed in on a miss,
-// evicted by a policy, and lent to the prompt path as one contiguous region per chunk.
+// ExpertCache: a fixed pool of device slots holding routed experts, filled from an ExpertSource on
+// a miss, evicted by a policy, and lent to the prompt path as one contiguous region per chunk.
+//
+// Experts are resolved a layer at a time, in two phases: prepare(layer, experts) finds hits,
+// gives misses slots and queues their copies on the copy stream (one ready event per slot); then
+// wait(layer, e) makes the compute stream wait for that expert's copy only, so resident experts
+// are computed while misses are in flight. release(layer) records each prepared slot's last use
+// on the compute stream; a slot is refilled only after its last use.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -7,12 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "expert_cache/expert_source.h"
 #include "expert_cache/policy.h"
 
 namespace strata {
-
-class Backend;
 
 struct ExpertView {
   const uint8_t* gate = nullptr;
@@ -29,7 +34,6 @@ class ExpertCache {
  public:
   // With `src` null every expert is resident (--expert-cache all): nothing streams, no slots.
   ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSource* src, size_t cache_bytes);
-  ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
@@ -39,24 +43,45 @@ class ExpertCache {
   int32_t free_slots() const;  // slots not lent and not pinned
   const CacheStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CacheStats{}; }
-  // Stream log for tests and --trace: every stream as (lend index, layer, expert, refill?).
+  // Stream log for tests: every fill as (lend index, layer, expert, refill?).
   struct StreamEvent {
     uint64_t lend;
     int32_t layer, expert;
     bool refill;
   };
-  void set_trace(bool on) { trace_on_ = on; trace_.clear(); }
+  void set_trace(bool on) {
+    trace_on_ = on;
+    trace_.clear();
+  }
   const std::vector<StreamEvent>& trace() const { return trace_; }
 
-  // The expert's matrices in device memory, streaming it on a miss.
-  ExpertView acquire(int64_t layer, int64_t e);
+  // Phase 1: resolves experts[0..n) of `layer` (each at most once): hits keep their slots; each miss
+  // takes an empty slot, else the policy's victim among slots that are not pinned, lent or held by
+  // this layer, and its copy is queued on the copy stream after the victim's last use. Returns how
+  // many experts from the front now have slots: all of them unless usable slots run out; then the
+  // caller computes those, calls release(layer) and prepares the rest. Throws MemoryError when not
+  // even the first expert finds a slot.
+  int64_t prepare(int64_t layer, const int32_t* experts, int64_t n);
+  // Phase 2: the compute stream waits for expert e's copy (when it was a miss); its matrices.
+  ExpertView wait(int64_t layer, int64_t e);
+  // Work reading the prepared experts is queued: records their slots' last use on the compute stream
+  // and lets the next prepare evict them.
+  void release(int64_t layer);
+
   bool resident(int64_t layer, int64_t e) const;
   // Pinned experts are never evicted nor lent over.
   void pin(int64_t layer, int64_t e);
+  // (layer * E + e) -> slot index or -1, in device memory, kept current by prepare: kernels find
+  // expert weights without the host. Null for an all-resident cache.
+  const int32_t* slot_table() const { return table_dev_.as<int32_t>(); }
+  // The host's copy of the slot table, for tests: (layer * E + e) -> slot or -1.
+  const std::vector<int32_t>& slot_index() const { return index_; }
 
-  // Lends a contiguous run of n slots to the prompt path (evicting the least valuable run).
+  // Lends a contiguous run of n slots to the prompt path (evicting the least valuable run); the
+  // compute stream waits for copies still landing in it.
   std::pair<uint8_t*, size_t> lend(int32_t n);
-  // Returns the lent run and refills the most valuable experts it evicted.
+  // Returns the lent run (its last use is the compute work queued so far) and refills the most
+  // valuable experts it evicted.
   void give_back();
   // Guard bytes around the slot arena are intact (nothing wrote past the pool).
   bool guards_intact() const;
@@ -64,25 +89,36 @@ class ExpertCache {
 
  private:
   int32_t slot_of(int64_t layer, int64_t e) const { return index_[layer * layout_.E + e]; }
+  uint8_t* slot_ptr(int32_t s) const { return arena_ + (size_t)s * layout_.slot_bytes; }
+  bool usable(int32_t s) const { return !(pinned_[s] || lent_[s] || held_[s]); }
+  int32_t find_victim() const;
   void evict(int32_t slot);
   void fill(int32_t slot, int64_t layer, int64_t e, bool refill);
-  ExpertView view(int64_t layer, uint8_t* base) const;
+  void set_index(int64_t key, int32_t slot);
+  ExpertView view(int64_t layer, const uint8_t* base) const;
 
   Backend& be_;
   const ExpertLayout& layout_;
   const ExpertSource* src_;
   int32_t n_slots_ = 0;
-  uint8_t* arena_ = nullptr;  // kAlign guard bytes before and after it
-  std::vector<int32_t> index_;    // (layer * E + e) -> slot, -1 if absent
-  std::vector<int64_t> key_;      // slot -> layer * E + e, -1 if empty
-  std::vector<uint8_t> pinned_, lent_;
+  DeviceBuffer arena_buf_;    // the slots, with kAlign guard bytes before and after
+  uint8_t* arena_ = nullptr;  // the first slot
+  DeviceBuffer table_dev_;    // the slot table in device memory
+  PinnedBuffer table_host_;   // its staging copy (upload source)
+  std::vector<int32_t> index_;  // (layer * E + e) -> slot, -1 if absent
+  std::vector<int64_t> key_;    // slot -> layer * E + e, -1 if empty
+  std::vector<uint8_t> pinned_, lent_, held_, landing_;  // held: prepared, not released; landing: copy queued
+  std::vector<Event> ready_, last_use_;                  // per slot: copy landed; compute done reading
+  std::vector<int32_t> held_list_;
+  mutable std::vector<uint8_t> evictable_;  // find_victim's scratch
+  std::vector<uint8_t> table_dirty_;  // per layer: the device row is stale
   std::unique_ptr<EvictionPolicy> policy_;
   int32_t lent_begin_ = -1, lent_n_ = 0;
   std::vector<std::pair<uint64_t, int64_t>> evicted_by_lend_;  // (value, key)
   CacheStats stats_;
-  std::vector<const uint8_t*> resident_;
+  std::vector<DeviceBuffer> resident_;  // all-resident mode: expert tensors, 3 per layer
   bool trace_on_ = false;
-  std::vector<StreamEvent> trace_;  // all-resident mode: expert bases
+  std::vector<StreamEvent> trace_;
 };
 
 }  // namespace strata

@@ -34,40 +34,45 @@ size_t ExpertLayout::total_bytes() const {
 
 namespace {
 
-void copy_expert(const ExpertLayerLayout& l, int64_t e, uint8_t* dst,
-                 const std::function<void(void*, const void*, size_t)>& copy) {
-  copy(dst + l.gate_off, l.gate.host + (size_t)e * l.gate.bytes, l.gate.bytes);
-  copy(dst + l.up_off, l.up.host + (size_t)e * l.up.bytes, l.up.bytes);
-  copy(dst + l.down_off, l.down.host + (size_t)e * l.down.bytes, l.down.bytes);
+// The three matrices of expert e where the GGUF keeps them.
+int file_copies(const ExpertLayerLayout& l, int64_t e, ExpertCopy out[3]) {
+  out[0] = {l.gate_off, l.gate.host + (size_t)e * l.gate.bytes, l.gate.bytes};
+  out[1] = {l.up_off, l.up.host + (size_t)e * l.up.bytes, l.up.bytes};
+  out[2] = {l.down_off, l.down.host + (size_t)e * l.down.bytes, l.down.bytes};
+  return 3;
 }
 
 class HostSource final : public ExpertSource {
  public:
-  HostSource(const ExpertLayout& layout, const Progress& progress) : layout_(layout) {
+  HostSource(const ExpertLayout& layout, Backend& be, const Progress& progress) : layout_(layout) {
     const size_t total = layout.total_bytes();
-    buf_ = host_alloc(total, "the host copy of the experts (--source host); use --source mmap to read "
-                             "them from the file instead");
+    buf_ = PinnedBuffer(be, total,
+                        "the host copy of the experts (--source host); use --source mmap to read them from the "
+                        "file instead");
     size_t off = 0;
     for (int64_t l = 0; l < layout.L; ++l) {
       layer_off_.push_back(off);
       const auto& ll = layout.layers[l];
       for (int64_t e = 0; e < layout.E; ++e) {
-        copy_expert(ll, e, buf_.get() + off + (size_t)e * ll.bytes,
-                    [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); });
+        ExpertCopy c[3];
+        file_copies(ll, e, c);
+        uint8_t* dst = buf_.get() + off + (size_t)e * ll.bytes;
+        for (const ExpertCopy& p : c) std::memcpy(dst + p.dst_off, p.src, p.bytes);
       }
       off += ll.bytes * (size_t)layout.E;
       if (progress) progress(off, total);
     }
   }
   SourceKind kind() const override { return SourceKind::Host; }
-  void stream(int64_t layer, int64_t e, uint8_t* slot, Backend& be) const override {
+  int copies(int64_t layer, int64_t e, ExpertCopy out[3]) const override {
     const auto& ll = layout_.layers[layer];
-    be.upload(slot, buf_.get() + layer_off_[layer] + (size_t)e * ll.bytes, ll.bytes);
+    out[0] = {0, buf_.get() + layer_off_[layer] + (size_t)e * ll.bytes, ll.bytes};
+    return 1;
   }
 
  private:
   const ExpertLayout& layout_;
-  HostBuffer buf_;
+  PinnedBuffer buf_;
   std::vector<size_t> layer_off_;
 };
 
@@ -75,8 +80,8 @@ class MmapSource final : public ExpertSource {
  public:
   explicit MmapSource(const ExpertLayout& layout) : layout_(layout) {}
   SourceKind kind() const override { return SourceKind::Mmap; }
-  void stream(int64_t layer, int64_t e, uint8_t* slot, Backend& be) const override {
-    copy_expert(layout_.layers[layer], e, slot, [&](void* d, const void* s, size_t n) { be.upload(d, s, n); });
+  int copies(int64_t layer, int64_t e, ExpertCopy out[3]) const override {
+    return file_copies(layout_.layers[layer], e, out);
   }
 
  private:
@@ -85,8 +90,8 @@ class MmapSource final : public ExpertSource {
 
 }  // namespace
 
-std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, const Progress& progress) {
-  return std::make_unique<HostSource>(layout, progress);
+std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be, const Progress& progress) {
+  return std::make_unique<HostSource>(layout, be, progress);
 }
 std::unique_ptr<ExpertSource> make_mmap_source(const ExpertLayout& layout) {
   return std::make_unique<MmapSource>(layout);

@@ -1,5 +1,6 @@
-// ExpertSource: where routed experts live off the device (a host copy or the mapped file),
-// and the per-layer slot layout of an expert (gate | up | down).
+// ExpertSource: where routed experts live off the device (a host copy or the mapped file), and the
+// per-layer slot layout of an expert (gate | up | down). A source hands out host bytes; the cache
+// queues their copies to the device.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -31,7 +32,7 @@ struct ExpertLayerLayout {
 struct ExpertLayout {
   int64_t L = 0, E = 0;
   std::vector<ExpertLayerLayout> layers;
-  size_t slot_bytes = 0;  // the largest expert of the model, aligned to 256 B
+  size_t slot_bytes = 0;       // the largest expert of the model, aligned to 256 B
   size_t total_bytes() const;  // every expert of every layer, packed as in slots
   static ExpertLayout make(int64_t E, std::vector<ExpertLayerLayout> layers);
 };
@@ -42,17 +43,25 @@ const char* source_kind_name(SourceKind k);
 // Progress for long loads: (done_bytes, total_bytes).
 using Progress = std::function<void(uint64_t, uint64_t)>;
 
+// One host -> device copy of (part of) an expert into its slot.
+struct ExpertCopy {
+  size_t dst_off = 0;  // offset inside the slot
+  const uint8_t* src = nullptr;
+  size_t bytes = 0;
+};
+
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
   virtual SourceKind kind() const = 0;
-  // Streams expert (layer, e) into a device slot laid out as the layer's ExpertLayerLayout.
-  virtual void stream(int64_t layer, int64_t e, uint8_t* slot, Backend& be) const = 0;
+  // The copies that fill a slot (laid out as the layer's ExpertLayerLayout) with expert (layer, e);
+  // their sources stay valid and unchanged while the source lives. Returns how many (1 to 3).
+  virtual int copies(int64_t layer, int64_t e, ExpertCopy out[3]) const = 0;
 };
 
-// Every expert copied once into one host buffer, each expert contiguous, so a stream is one copy.
-std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, const Progress& progress);
-// Experts read straight from the mapped GGUF (three copies per expert).
+// Every expert copied once into one pinned host buffer, each expert contiguous: one copy each.
+std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be, const Progress& progress);
+// Experts read straight from the mapped GGUF: three copies each.
 std::unique_ptr<ExpertSource> make_mmap_source(const ExpertLayout& layout);
 
 }  // namespace strata

@@ -1,5 +1,6 @@
 // Model: a loaded GGUF on a backend: dense weights resident, experts behind the ExpertCache,
 // KV cache and decode scratch allocated once, prompt scratch borrowed from the cache per chunk.
+// The architecture's forward pass (model/arch.h) runs each chunk; this file owns memory and chunking.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,21 +11,24 @@
 #include "expert_cache/expert_cache.h"
 #include "expert_cache/expert_source.h"
 #include "gguf/gguf.h"
-#include "model/spec.h"
+#include "model/arch.h"
+#include "model/kv_cache.h"
+#include "model/plan.h"
 #include "prefill/prefill.h"
 
 namespace strata {
 
 struct ModelConfig {
   std::string device = "cpu";
-  int threads = 0;            // 0: STRATA_THREADS or every core
-  int64_t ctx = 4096;         // KV cache length in tokens
-  bool all_resident = false;  // --expert-cache all
-  size_t cache_bytes = 0;     // --expert-cache in bytes when not all_resident
+  int threads = 0;              // CPU threads; 0: every core
+  int64_t ctx = 4096;           // KV cache length in tokens
+  bool all_resident = false;    // --expert-cache all
+  size_t cache_bytes = 0;       // --expert-cache in bytes when not all_resident
   std::string source = "auto";  // host | mmap | auto
-  int64_t prefill = 8192;     // tokens per prompt chunk; with prefill_auto, the largest tried
-  bool prefill_auto = false;  // --prefill auto[:MAX]: the largest chunk <= prefill that fits
-  Progress progress;          // long loads report here
+  int64_t prefill = 8192;       // tokens per prompt chunk; with prefill_auto, the largest tried
+  bool prefill_auto = false;    // --prefill auto[:MAX]: the largest chunk <= prefill that fits
+  bool gr_unfused = false;      // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
+  Progress progress;            // long loads report here
 };
 
 struct ChunkStats {
@@ -32,16 +36,24 @@ struct ChunkStats {
   uint64_t region_bytes = 0;
 };
 
+// The backend a config asks for: ConfigError / UnsupportedError naming why it is not available.
+std::shared_ptr<Backend> make_backend(const std::string& device, int threads);
+
 class Model {
  public:
-  Model(const std::string& path, const ModelConfig& cfg);
-  ~Model();
+  // Loads the model of an opened file on `be` (made from cfg.device when null). A load that throws
+  // leaves nothing allocated on the backend.
+  Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shared_ptr<Backend> be = nullptr);
+  Model(const std::string& path, const ModelConfig& cfg) : Model(gguf::File::open(path), cfg) {}
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
-  const ModelSpec& spec() const { return spec_; }
+  const ModelSpec& spec() const { return plan_.spec; }
   const ModelConfig& config() const { return cfg_; }
-  const gguf::File& file() const { return *file_; }
-  const Prefill& prefill() const { return prefill_; }
-  const ExpertLayout& expert_layout() const { return xlayout_; }
+  const gguf::File& file() const { return *plan_.file; }
+  const ModelPlan& plan() const { return plan_; }
+  const Prefill& prefill() const { return plan_.prefill; }
+  const ExpertLayout& expert_layout() const { return plan_.experts; }
   ExpertCache& cache() { return *cache_; }
   // Tokens per prompt chunk, as resolved at load (auto picks it from the cache size).
   int64_t chunk() const { return chunk_; }
@@ -52,42 +64,33 @@ class Model {
   Backend& backend() { return *be_; }
   const ChunkStats& chunk_stats() const { return chunk_stats_; }
   void reset_stats();
+  // Which generation's tokens the KV cache holds (opaque; null: none). A generation that finds
+  // another owner recomputes its own before going on.
+  const void* kv_owner() const { return kv_owner_; }
+  void set_kv_owner(const void* owner) { kv_owner_ = owner; }
 
   // Runs ids[0..n) at positions pos0.. through the model, chunked by cfg.prefill, filling the KV
   // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
-  // the last position's.
+  // the last position's (none when logits is null).
   void forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits);
 
  private:
-  struct DenseLayer {
-    const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
-  };
-  void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
-                 bool all_logits);
+  void run_borrowed(const int32_t* ids, int64_t T, int64_t pos0, float* logits, bool all_logits);
   void check_guards(const uint8_t* tail, size_t n, int64_t T);
-  void moe(const PrefillBuffers& b, int64_t l, int64_t T, const float* x_in);
-  const float* norm_weight(const WeightRef& w, const char* what);
-  void head(const PrefillBuffers& b, const float* x, int64_t rows, float* logits_host);
 
+  // Declared in destruction order reversed: the backend outlives everything allocated on it.
   ModelConfig cfg_;
-  std::shared_ptr<gguf::File> file_;
-  ModelSpec spec_;
-  std::unique_ptr<Backend> be_;
-  Prefill prefill_;
-  ExpertLayout xlayout_;
+  std::shared_ptr<Backend> be_;
+  ModelPlan plan_;
   std::unique_ptr<ExpertSource> src_;
   std::unique_ptr<ExpertCache> cache_;
-  std::vector<DenseLayer> dense_;
-  const float* output_norm_ = nullptr;
-  std::vector<std::vector<float>> owned_norms_;  // non-F32 norm weights converted at load
-  float* kc_ = nullptr;     // [L, ctx, KV, hd]
-  float* vc_ = nullptr;
-  void* decode_region_ = nullptr;  // layout(1, src), allocated once
-  void* own_region_ = nullptr;     // all-resident cache: the chunk region has no slots to borrow
-  size_t own_region_bytes_ = 0;
-  float* logits_dev_ = nullptr;    // kHeadRows x V
+  std::unique_ptr<KVCache> kv_;
+  DeviceBuffer decode_region_;  // layout(1, src), allocated once
+  DeviceBuffer own_region_;     // all-resident cache: the chunk region has no slots to borrow
+  std::unique_ptr<ForwardPass> forward_;
   ChunkStats chunk_stats_;
   int64_t chunk_ = 0;
+  const void* kv_owner_ = nullptr;
 };
 
 }  // namespace strata

@@ -1,7 +1,11 @@
-// Qwen3-MoE (GGUF arch "qwen3moe"): hyperparameters and tensors from metadata.
-// The forward pass itself is shared MoE machinery in model.cpp; qwen3moe is
-// pre-norm GQA with per-head q/k RMSNorm, NEOX RoPE, softmax -> top-K -> renormalize.
+// Qwen3-MoE (GGUF arch "qwen3moe"): hyperparameters and tensors from metadata, and its forward
+// pass: pre-norm GQA with per-head q/k RMSNorm and NEOX RoPE, softmax -> top-K -> renormalize
+// routing over SwiGLU experts, all written with the shared blocks of model/blocks.h.
+#include <vector>
+
 #include "core/error.h"
+#include "model/arch.h"
+#include "model/blocks.h"
 #include "model/spec.h"
 #include "quant/quant.h"
 
@@ -79,5 +83,105 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
   }
   return s;
 }
+
+namespace {
+
+class Qwen3MoeForward final : public ForwardPass {
+ public:
+  explicit Qwen3MoeForward(const ForwardContext& ctx) : ctx_(ctx) {
+    Backend& be = ctx.be;
+    const ModelSpec& s = ctx.spec;
+    for (const auto& l : s.layers) {
+      Layer ly;
+      ly.attn.q = dense(l.q, "attn_q");
+      ly.attn.k = dense(l.k, "attn_k");
+      ly.attn.v = dense(l.v, "attn_v");
+      ly.attn.o = dense(l.o, "attn_output");
+      ly.attn.q_norm = norm(l.q_norm, "attn_q_norm");
+      ly.attn.k_norm = norm(l.k_norm, "attn_k_norm");
+      ly.attn_norm = norm(l.attn_norm, "attn_norm");
+      ly.ffn_norm = norm(l.ffn_norm, "ffn_norm");
+      ly.router = dense(l.router, "ffn_gate_inp");
+      layers_.push_back(ly);
+    }
+    token_embd_ = be.resident(s.token_embd.data(), s.token_embd.t->nbytes, "token_embd");
+    output_norm_ = norm(s.output_norm, "output_norm");
+    // A tied head reads the embedding table itself.
+    output_ = s.output.t == s.token_embd.t
+                  ? DenseMatrix{s.output.type(), token_embd_.get(), s.V, s.D}
+                  : dense(s.output, "output");
+    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps, RopeParams{s.head_dim, s.rope_base, true}};
+    logits_dev_ = DeviceBuffer(be, (size_t)kHeadRows * s.V * sizeof(float), "the logits");
+  }
+
+  void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
+                 bool all_logits) override {
+    const ModelSpec& s = ctx_.spec;
+    Backend& be = ctx_.be;
+    const int64_t D = s.D;
+    // Token ids live in the router-ids buffer until the first router overwrites them.
+    be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
+    be.embed(s.token_embd.type(), token_embd_.get(), D, b.topk_ids, T, b.R);
+    // The GR read stages its rows in proj when the plan has no xn: proj is free at both read points.
+    for (int64_t l = 0; l < s.L; ++l) {
+      const Layer& ly = layers_[l];
+      const float* x = gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
+      attention_block(ctx_, b, l, ly.attn, shape_, x, T, pos0);
+      be.add(b.R, b.proj, T * D);
+      x = gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
+      softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
+      moe_block(ctx_, b, l, T, ly.ffn_norm);
+      be.add(b.R, b.proj, T * D);
+    }
+    if (!logits) return;
+    be.rms_scale(b.R, T, D, s.rms_eps, b.grs);
+    const int64_t first = all_logits ? 0 : T - 1;
+    float* x = b.xn ? b.xn : b.proj;
+    be.apply_norm(b.R + first * D, b.grs + first, output_norm_, D, nullptr, 1, T - first, x);
+    head_block(be, output_, x, T - first, logits_dev_.as<float>(), logits);
+  }
+
+ private:
+  struct Layer {
+    AttentionWeights attn;
+    const float *attn_norm = nullptr, *ffn_norm = nullptr;
+    DenseMatrix router;
+  };
+
+  DenseMatrix dense(const WeightRef& w, const char* what) {
+    owned_.push_back(ctx_.be.resident(w.data(), w.t->nbytes, what));
+    return DenseMatrix{w.type(), owned_.back().get(), w.t->ne.size() > 1 ? w.t->ne[1] : 1, w.t->ne[0]};
+  }
+  // Norm weights are read as float32: other types are converted once at load.
+  const float* norm(const WeightRef& w, const char* what) {
+    const int64_t n = w.t->nelements();
+    const void* host = w.data();
+    if (w.type() != (uint32_t)QType::F32) {
+      converted_.emplace_back(n);
+      dequantize(quant_traits(w.type(), what).type, w.data(), converted_.back().data(), n);
+      host = converted_.back().data();
+    }
+    owned_.push_back(ctx_.be.resident(host, n * sizeof(float), what));
+    return owned_.back().as<float>();
+  }
+
+  ForwardContext ctx_;
+  std::vector<std::vector<float>> converted_;  // before owned_: borrowed buffers may point into it
+  std::vector<DeviceBuffer> owned_;
+  std::vector<Layer> layers_;
+  DeviceBuffer token_embd_;
+  const float* output_norm_ = nullptr;
+  DenseMatrix output_;
+  AttentionShape shape_;
+  DeviceBuffer logits_dev_;
+};
+
+std::unique_ptr<ForwardPass> make_qwen3moe(const ForwardContext& ctx) {
+  return std::make_unique<Qwen3MoeForward>(ctx);
+}
+
+}  // namespace
+
+extern const Architecture kQwen3Moe{"qwen3moe", read_qwen3moe, make_qwen3moe};
 
 }  // namespace strata

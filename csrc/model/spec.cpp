@@ -2,20 +2,12 @@
 #include "model/spec.h"
 
 #include "core/error.h"
+#include "model/arch.h"
 
 namespace strata {
 
-ModelSpec read_qwen3moe(const gguf::File& f);
-
 ModelSpec read_spec(const gguf::File& f) {
-  const std::string arch = f.get_string("general.architecture");
-  ModelSpec s;
-  if (arch == "qwen3moe") {
-    s = read_qwen3moe(f);
-  } else {
-    throw UnsupportedError(str(f.path(), ": architecture '", arch,
-                               "' is not supported; strata runs: qwen3moe. Use llama.cpp for this model."));
-  }
+  ModelSpec s = find_architecture(f.get_string("general.architecture"), f.path()).read_spec(f);
   for (const auto& l : s.layers)
     for (const WeightRef* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) {
       s.expert_bytes += w->t->nbytes;

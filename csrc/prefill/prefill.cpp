@@ -10,6 +10,16 @@ namespace strata {
 
 const char* moe_layout_name(MoeLayout l) { return l == MoeLayout::Fused ? "fused" : "mmq"; }
 
+void set_expert_kernels(PrefillShape& s, bool (*uses_q8)(uint32_t ggml_type)) {
+  STRATA_CHECK(s.expert_types.size() % 3 == 0, ConfigError, "expert_types holds (gate, up, down) per layer, got ",
+               s.expert_types.size(), " types");
+  s.q8_gate_up = s.float_gate_up = s.q8_down = false;
+  for (size_t i = 0; i + 2 < s.expert_types.size(); i += 3) {
+    for (size_t j = i; j < i + 2; ++j) (uses_q8(s.expert_types[j]) ? s.q8_gate_up : s.float_gate_up) = true;
+    s.q8_down = s.q8_down || uses_q8(s.expert_types[i + 2]);
+  }
+}
+
 Prefill::Prefill(PrefillShape shape) : shape_(std::move(shape)) {
   const auto& s = shape_;
   STRATA_CHECK(s.D > 0 && s.HC > 0 && s.E > 0 && s.K > 0 && s.K <= s.E && s.F > 0 && s.n_head > 0 &&
@@ -62,11 +72,16 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
     add("moe.up", "f32", {T, s.F}, 4);
     add("moe.down", "f32", {T, s.D}, 4);
   } else {
-    // All experts in one pass: every (token, k) row gathered as q8_0 blocks; the rows are wide
-    // enough to hold the down projection's quantized input (F) after gate/up have read them (D).
-    STRATA_CHECK(s.D % 32 == 0 && s.F % 32 == 0, UnsupportedError,
-                 "the MMQ layout needs D and F divisible by 32, got D=", s.D, " F=", s.F);
-    add("moe.xq", "q8_0", {T * s.K, std::max(s.D, s.F) / 32 * 34}, 1);
+    // All experts in one pass: every (token, k) row gathered, as q8_0 blocks for integer kernels
+    // (rows wide enough to hold the down projection's requantized input, F, after gate/up have
+    // read theirs, D), as floats for float weights, which are never quantized.
+    if (s.q8_gate_up || s.q8_down) {
+      STRATA_CHECK(s.D % 32 == 0 && s.F % 32 == 0, UnsupportedError,
+                   "the MMQ layout needs D and F divisible by 32, got D=", s.D, " F=", s.F);
+      const int64_t width = std::max(s.q8_gate_up ? s.D : 0, s.q8_down ? s.F : 0);
+      add("moe.xq", "q8_0", {T * s.K, width / 32 * 34}, 1);
+    }
+    if (s.float_gate_up) add("moe.x", "f32", {T * s.K, s.D}, 4);
     add("moe.gate", "f32", {T * s.K, s.F}, 4);
     add("moe.up", "f32", {T * s.K, s.F}, 4);
     add("moe.down", "f32", {T * s.K, s.D}, 4);
@@ -111,7 +126,7 @@ PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool
     else if (n == "moe.offsets") b.expert_off = i;
     else if (n == "moe.rows") b.expert_rows = i;
     else if (n == "moe.x") b.xg = f;
-    else if (n == "moe.xq") b.xq = static_cast<uint8_t*>(ptr);
+    else if (n == "moe.xq") b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
     else if (n == "moe.gate") b.hg = f;
     else if (n == "moe.up") b.hu = f;
     else if (n == "moe.down") b.yd = f;

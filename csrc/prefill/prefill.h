@@ -14,9 +14,16 @@ struct PrefillShape {
   int64_t E = 0, K = 0;   // routed experts, experts per token
   int64_t F = 0;          // routed expert FFN width
   int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
-  std::vector<uint32_t> expert_types;  // ggml types of gate/up/down experts
+  std::vector<uint32_t> expert_types;  // ggml types of gate/up/down experts, 3 per layer
   bool gr_unfused = false;             // STRATA_GR_UNFUSED=1: carve xn and normalize into it
+  // How the MMQ layout feeds the experts, from the kernel choice per weight type (set_expert_kernels):
+  // some layer's gate/up use the integer kernel (q8_0 input rows) / the float matmul (f32 input
+  // rows); some layer's down uses the integer kernel (its input requantized into the q8_0 rows).
+  bool q8_gate_up = true, float_gate_up = false, q8_down = true;
 };
+
+// Fills the MMQ flags of `s` from its expert_types and the kernel predicate (uses_matmul_q8).
+void set_expert_kernels(PrefillShape& s, bool (*uses_q8)(uint32_t ggml_type));
 
 enum class MoeLayout { Fused, MMQ };
 const char* moe_layout_name(MoeLayout l);
@@ -54,8 +61,10 @@ struct PrefillBuffers {
   float* topk_w = nullptr;         // T x K
   int32_t* expert_off = nullptr;   // E + 1 prefix offsets into expert_rows
   int32_t* expert_rows = nullptr;  // T x K entries (t * K + k), grouped by expert
-  float* xg = nullptr;       // T x D gathered expert input (fused) ; MMQ: unused
-  uint8_t* xq = nullptr;     // MMQ: T*K x D q8_0 gathered activations
+  float* xg = nullptr;       // fused: T x D one expert's gathered input; MMQ: T*K x D float input rows
+                             // (only for float gate/up weights)
+  uint8_t* xq = nullptr;     // MMQ: T*K rows of q8_0 gathered activations (only for integer kernels)
+  size_t xq_row_bytes = 0;   // the stride of xq's rows
   float* hg = nullptr;       // rows x F gate, then silu(gate) * up
   float* hu = nullptr;       // rows x F up
   float* yd = nullptr;       // rows x D expert down output

@@ -73,10 +73,13 @@ class Model:
             raise _core.ConfigError(f"--source must be host, mmap or auto, got '{source}'")
         self.expert_cache = cache
         bar = ProgressBar(f"loading experts ({os.path.basename(self.path)})") if progress else None
+        if not threads:
+            threads = int(os.environ.get("STRATA_THREADS", "0") or 0)
+        unfused = os.environ.get("STRATA_GR_UNFUSED", "") not in ("", "0")
         self._m = _core.Model(
             self.path, device=device, threads=threads, ctx=ctx,
             cache_bytes=-1 if cache == "all" else int(cache), source=source,
-            prefill=chunk, prefill_auto=(mode == "auto"), progress=bar,
+            prefill=chunk, prefill_auto=(mode == "auto"), gr_unfused=unfused, progress=bar,
         )
         self.spec: dict[str, Any] = self._m.spec()
         # After the native load, so an unknown architecture is reported before the tokenizer.

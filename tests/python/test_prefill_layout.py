@@ -19,7 +19,8 @@ from strata import _core
 ALIGN = 256
 DTYPE_BYTES = {"f32": 4, "i32": 4}
 # ggml type ids of the expert quant types strata computes with (f32, f16, q8_0, q4_k, q6_k, iq2_xs).
-SUPPORTED_TYPES = [0, 1, 8, 12, 14, 17]
+SUPPORTED_TYPES = [0, 1, 8, 12, 14, 17, 30]
+Q8_TYPES = {8, 12, 14, 17}  # weight types with an integer kernel (uses_matmul_q8)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -47,7 +48,8 @@ def shapes(draw):
     kv_heads = draw(st.integers(1, 16))
     heads = kv_heads * draw(st.integers(1, 8))
     head_dim = 2 * draw(st.integers(8, 128))  # even, 16 .. 256
-    t = draw(st.sampled_from(SUPPORTED_TYPES))
+    # (gate, up, down) per layer, drawn independently: a mix of integer and float kernels
+    types = [draw(st.sampled_from(SUPPORTED_TYPES)) for _ in range(3 * draw(st.integers(1, 2)))]
     return dict(
         D=D,
         HC=HC,
@@ -57,7 +59,7 @@ def shapes(draw):
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        expert_types=[t, t, t],
+        expert_types=types,
         unfused=draw(st.booleans()),
     )
 
@@ -91,8 +93,9 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
         assert n > 0, f"{b['name']} is empty"
         # bytes == product(shape) * dtype size
         if b["dtype"] == "q8_0":
-            # q8_0 rows hold the gate/up input (D) and later the down input (F): max(D, F) wide.
-            want = q8_0_bytes(list(b["shape"]), max(D, shape["F"]))
+            # q8_0 rows hold the gate/up input (D) and later the down input (F): max(D, F) wide
+            # (only the widths of the matrices that use the integer kernel).
+            want = math.prod(b["shape"])
         else:
             assert b["dtype"] in DTYPE_BYTES, f"unknown dtype {b['dtype']}"
             want = math.prod(b["shape"]) * DTYPE_BYTES[b["dtype"]]
@@ -122,8 +125,18 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
         assert "moe.x" in by and "moe.xq" not in by
         rows = T  # one expert at a time: at most T tokens route to it
     else:
-        assert "moe.xq" in by and "moe.x" not in by
-        assert by["moe.xq"]["bytes"] == T * K * max(D, shape["F"]) // 32 * 34
+        # Weights with an integer kernel read q8_0 rows; float weights read float rows (never quantized).
+        types = shape["expert_types"]
+        q8_gu = any(t in Q8_TYPES for i, t in enumerate(types) if i % 3 != 2)
+        float_gu = any(t not in Q8_TYPES for i, t in enumerate(types) if i % 3 != 2)
+        q8_down = any(t in Q8_TYPES for i, t in enumerate(types) if i % 3 == 2)
+        assert ("moe.xq" in by) == (q8_gu or q8_down), names
+        assert ("moe.x" in by) == float_gu, names
+        if q8_gu or q8_down:
+            width = max(D if q8_gu else 0, F if q8_down else 0)
+            assert by["moe.xq"]["bytes"] == T * K * width // 32 * 34
+        if float_gu:
+            assert list(by["moe.x"]["shape"]) == [T * K, D]
         rows = T * K
     assert list(by["moe.gate"]["shape"]) == [rows, F]
     assert list(by["moe.up"]["shape"]) == [rows, F]
@@ -136,13 +149,13 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=shapes(), T=chunk_tokens(), src=st.booleans())
 @example(
-    shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12], unfused=False),
+    shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12, 12, 12], unfused=False),
     T=1,
     src=True,
 )
 @example(
     shape=dict(
-        D=8192, HC=4, E=256, K=16, F=8192, heads=128, kv_heads=16, head_dim=256, expert_types=[12], unfused=True
+        D=8192, HC=4, E=256, K=16, F=8192, heads=128, kv_heads=16, head_dim=256, expert_types=[12, 12, 12], unfused=True
     ),
     T=65536,
     src=False,
@@ -193,8 +206,11 @@ def test_zero_tokens_rejected():
 @pytest.mark.parametrize("mix", ["f32", "q4_k"])
 def test_model_layout_matches_shape_plan(make_mix, mix):
     """m.layout is the same plan as prefill_layout on the model's shape, with slots = ceil(bytes / slot)."""
-    m = strata.Model(make_mix(mix), expert_cache="all", prefill=64, ctx=256, progress=False)
+    path = make_mix(mix)
+    m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False)
     s = m.spec
+    by_name = {t["name"]: t["type"] for t in strata.inspect(path)["tensors"]}
+    types = [by_name[f"blk.{i}.ffn_{w}_exps.weight"] for i in range(s["layers"]) for w in ("gate", "up", "down")]
     shape = dict(
         D=s["hidden"],
         HC=1,
@@ -204,6 +220,7 @@ def test_model_layout_matches_shape_plan(make_mix, mix):
         heads=s["heads"],
         kv_heads=s["kv_heads"],
         head_dim=s["head_dim"],
+        expert_types=types,
         unfused=False,
     )
     for T in (1, 2, 17, 64, 255, 256, 257, 4096):

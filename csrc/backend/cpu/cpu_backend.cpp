@@ -47,7 +47,9 @@ class CpuBackend final : public Backend {
   // One thread of control: a queued copy is done by the time the call returns, and every event
   // is complete when recorded.
   void upload_async(void* dst, const void* src, size_t bytes, Stream) override { std::memcpy(dst, src, bytes); }
-  const void* resident(const void* host, size_t, const char*) override { return host; }
+  DeviceBuffer resident(const void* host, size_t bytes, const char*) override {
+    return DeviceBuffer::borrow(host, bytes);
+  }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
   void fill(void* p, uint8_t value, size_t bytes) override { std::memset(p, value, bytes); }
 

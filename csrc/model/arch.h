@@ -1,0 +1,46 @@
+// Architectures: each one is a spec reader (GGUF metadata -> ModelSpec) and a forward pass over a
+// prompt chunk, registered by name in model/registry.cpp. Adding one is a new file and one line there.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "expert_cache/expert_cache.h"
+#include "model/spec.h"
+#include "prefill/prefill.h"
+
+namespace strata {
+
+class KVCache;
+
+// What a forward pass runs on; all owned by the Model, which outlives the pass.
+struct ForwardContext {
+  Backend& be;
+  const ModelSpec& spec;
+  const ExpertLayout& experts;
+  ExpertCache& cache;
+  KVCache& kv;
+};
+
+class ForwardPass {
+ public:
+  virtual ~ForwardPass() = default;
+  // Runs T tokens `ids` (host memory) at positions pos0.. through every layer on the scratch `b`,
+  // appending to the KV cache. With `logits` (host memory) set, writes the logits of every
+  // position (all_logits) or of the last one.
+  virtual void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
+                         bool all_logits) = 0;
+};
+
+struct Architecture {
+  const char* name;  // general.architecture
+  ModelSpec (*read_spec)(const gguf::File& f);
+  // The forward pass; it makes its dense weights resident on ctx.be.
+  std::unique_ptr<ForwardPass> (*make_forward)(const ForwardContext& ctx);
+};
+
+// The registered architecture of `name`; UnsupportedError naming the file and the ones strata runs.
+const Architecture& find_architecture(const std::string& name, const std::string& path);
+
+}  // namespace strata

@@ -1,0 +1,59 @@
+// The building blocks every architecture's forward pass is written with: the GR read, GQA
+// attention over the KV cache, the softmax router, the MoE block over the expert cache and the
+// output head. Each runs on the compute stream of ctx.be over a chunk's carved buffers.
+#pragma once
+#include <cstdint>
+
+#include "model/arch.h"
+
+namespace strata {
+
+// A dense weight matrix as the device reads it.
+struct DenseMatrix {
+  uint32_t type = 0;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
+// The GR read of the T x D residual b.R for a consumer with norm weight w: grs = the RMS scale of
+// each row; the normalized rows R * grs * w are returned where the consumer reads them: xn when the
+// plan carves it (gr_unfused), else staged in `stage` (a buffer free at this point of the layer).
+const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps, const float* w,
+                     float* stage);
+
+struct AttentionWeights {
+  DenseMatrix q, k, v, o;
+  const float* q_norm = nullptr;  // per-head RMSNorm weights (may be null)
+  const float* k_norm = nullptr;
+};
+
+struct AttentionShape {
+  int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
+  float eps = 1e-6f;
+  RopeParams rope;
+};
+
+// Pre-norm GQA attention of layer `l`: q/k/v projections of x, per-head norm and RoPE, the KV cache
+// appended at pos0, causal attention; the output projection lands in b.proj.
+void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
+                     const AttentionShape& a, const float* x, int64_t T, int64_t pos0);
+
+// Router: logits of x against the router matrix, softmax, top-K (ties to the lower id), weights
+// renormalized when norm; then the (token, k) rows grouped by expert (b.expert_off, b.expert_rows).
+void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x, int64_t T,
+                    int64_t K, bool norm);
+
+// The routed experts of layer `l` over the rows the router grouped, through the expert cache; the
+// weighted sum of each token's experts lands in b.proj. Experts are resolved once per layer per chunk;
+// per-(token, k) outputs are added in a fixed order (ascending expert, then token), so the result does
+// not depend on which experts were resident. `ffn_norm` is the GR read's weight (the fused read
+// gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
+void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T, const float* ffn_norm);
+
+// Output head over `rows` normalized rows x: logits to host memory, kHeadRows rows at a time
+// through the device buffer `logits_dev` (kHeadRows x V).
+constexpr int64_t kHeadRows = 16;
+void head_block(Backend& be, const DenseMatrix& output, const float* x, int64_t rows, float* logits_dev,
+                float* logits_host);
+
+}  // namespace strata

@@ -1,0 +1,52 @@
+// ModelPlan: spec, expert layout and prefill plan from the header.
+#include "model/plan.h"
+
+#include "quant/quant.h"
+
+namespace strata {
+
+namespace {
+ExpertTensor expert_tensor(const WeightRef& w, int64_t E) {
+  ExpertTensor t;
+  t.type = w.type();
+  t.cols = w.t->ne[0];
+  t.rows = w.t->ne[1];
+  t.bytes = w.t->nbytes / (size_t)E;
+  t.host = w.data();
+  return t;
+}
+}  // namespace
+
+PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused) {
+  PrefillShape p;
+  p.D = s.D;
+  p.HC = 1;
+  p.E = s.E;
+  p.K = s.K;
+  p.F = s.F;
+  p.n_head = s.n_head;
+  p.n_kv_head = s.n_kv_head;
+  p.head_dim = s.head_dim;
+  for (const auto& l : s.layers)
+    for (const WeightRef* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) p.expert_types.push_back(w->type());
+  p.gr_unfused = gr_unfused;
+  set_expert_kernels(p, uses_matmul_q8);
+  return p;
+}
+
+ModelPlan ModelPlan::read(std::shared_ptr<gguf::File> file, bool gr_unfused) {
+  ModelSpec spec = read_spec(*file);
+  std::vector<ExpertLayerLayout> layers;
+  for (const auto& l : spec.layers) {
+    ExpertLayerLayout ll;
+    ll.gate = expert_tensor(l.gate_exps, spec.E);
+    ll.up = expert_tensor(l.up_exps, spec.E);
+    ll.down = expert_tensor(l.down_exps, spec.E);
+    layers.push_back(ll);
+  }
+  ExpertLayout experts = ExpertLayout::make(spec.E, std::move(layers));
+  Prefill prefill(prefill_shape(spec, gr_unfused));
+  return ModelPlan{std::move(file), std::move(spec), std::move(experts), std::move(prefill)};
+}
+
+}  // namespace strata

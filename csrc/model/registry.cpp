@@ -1,0 +1,23 @@
+// The architectures strata runs: one line each.
+#include "core/error.h"
+#include "model/arch.h"
+
+namespace strata {
+
+extern const Architecture kQwen3Moe;
+
+namespace {
+const Architecture* const kArchitectures[] = {&kQwen3Moe};
+}  // namespace
+
+const Architecture& find_architecture(const std::string& name, const std::string& path) {
+  std::string known;
+  for (const Architecture* a : kArchitectures) {
+    if (name == a->name) return *a;
+    known += str(known.empty() ? "" : ", ", a->name);
+  }
+  throw UnsupportedError(
+      str(path, ": architecture '", name, "' is not supported; strata runs: ", known, ". Use llama.cpp for this model."));
+}
+
+}  // namespace strata
