@@ -83,6 +83,8 @@ class ExpertCache {
   // Returns the lent run (its last use is the compute work queued so far) and refills the most
   // valuable experts it evicted.
   void give_back();
+  // The first slot's address (tests locate slots by it).
+  const uint8_t* wait_base_for_tests() const { return arena_; }
   // Guard bytes around the slot arena are intact (nothing wrote past the pool).
   bool guards_intact() const;
   static constexpr uint8_t kGuard = 0xA5;

@@ -114,6 +114,21 @@ def test_stream_trace_and_stats(q4k, prompt):
     assert np.array_equal(out, load(q4k, 64).logits(prompt))
 
 
+
+def test_mmq_layout_resolves_each_expert_once_per_layer_per_chunk(make_mix, prompt):
+    """With no source (the MMQ layout) the cache sees one lookup per routed expert per layer per chunk,
+    as many as a streamed run (fused layout) of the same float model, whose routing is identical."""
+    f32 = make_mix("f32")
+    mmq = load(f32, "all")
+    assert mmq.layout(PREFILL, False)["kind"] == "mmq"
+    streamed = load(f32, 64)
+    for m in (mmq, streamed):
+        m.reset_stats()
+    assert np.array_equal(mmq.logits(prompt), streamed.logits(prompt))
+    lookups = streamed.cache["hits"] + streamed.cache["misses"]
+    assert mmq.cache["hits"] == lookups and mmq.cache["misses"] == 0
+
+
 def test_decode_reuses_cached_experts(q4k, prompt):
     """After a prompt, a cache that holds every expert streams nothing more for the same tokens."""
     m = load(q4k, 64)
