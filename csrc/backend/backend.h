@@ -18,6 +18,12 @@ struct RopeParams {
   bool neox = true;  // rotate pairs (i, i + n_dims/2) as llama.cpp's NEOX mode
 };
 
+// Element type of the KV cache: f16 on a GPU by default (half the memory and bandwidth), f32 for
+// checking against the CPU, which keeps f32.
+enum class KvType { F32 = 0, F16 = 1 };
+inline size_t kv_elem_bytes(KvType t) { return t == KvType::F32 ? 4 : 2; }
+inline const char* kv_type_name(KvType t) { return t == KvType::F32 ? "f32" : "f16"; }
+
 // The two queues of work: ops run in order on Compute; expert copies run on Copy, ordered
 // against Compute only through events.
 enum class Stream { Compute = 0, Copy = 1 };
@@ -97,9 +103,14 @@ class Backend {
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
   virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
                               int64_t pos0, const RopeParams& rope) = 0;
+  // Whether the backend keeps a KV cache of this element type.
+  virtual bool supports_kv(KvType t) const = 0;
+  // cache rows [pos0, pos0 + T) (rows of `width` elements of type t) = src (T x width floats),
+  // rounded to nearest for f16.
+  virtual void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) = 0;
   // Causal GQA attention of T queries at positions pos0.. against the layer's cached keys/values
-  // [0, pos0 + T). kc/vc are [ctx, KV, hd] float.
-  virtual void attention(const float* q, const float* kc, const float* vc, int64_t T, int64_t pos0,
+  // [0, pos0 + T). kc/vc are [ctx, KV, hd] of type t.
+  virtual void attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
                          int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, float* out) = 0;
   // x[i] += y[i]
   virtual void add(float* x, const float* y, int64_t n) = 0;

@@ -34,12 +34,11 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
   matmul(be, w.v, x, T, b.v);
   be.head_norm_rope(b.q, T, a.n_head, a.head_dim, w.q_norm, a.eps, pos0, a.rope);
   be.head_norm_rope(b.k, T, a.n_kv_head, a.head_dim, w.k_norm, a.eps, pos0, a.rope);
-  float* kl = ctx.kv.k(l);
-  float* vl = ctx.kv.v(l);
-  be.copy(kl + pos0 * KVd, b.k, (size_t)T * KVd * sizeof(float));
-  be.copy(vl + pos0 * KVd, b.v, (size_t)T * KVd * sizeof(float));
+  const KvType kt = ctx.kv.type();
+  be.kv_store(ctx.kv.k(l), kt, pos0, T, KVd, b.k);
+  be.kv_store(ctx.kv.v(l), kt, pos0, T, KVd, b.v);
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
-  be.attention(b.q, kl, vl, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, b.attn);
+  be.attention(b.q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, b.attn);
   matmul(be, w.o, b.attn, T, b.proj);
 }
 

@@ -8,19 +8,26 @@ namespace strata {
 
 class KVCache {
  public:
-  // L layers of [ctx, width] floats for keys and for values.
-  KVCache(Backend& be, int64_t L, int64_t ctx, int64_t width)
-      : ctx_(ctx),
+  // L layers of [ctx, width] elements of `type` for keys and for values.
+  KVCache(Backend& be, KvType type, int64_t L, int64_t ctx, int64_t width)
+      : type_(type),
+        ctx_(ctx),
         width_(width),
-        k_(be, bytes(L, ctx, width), "the KV cache (lower --ctx)"),
-        v_(be, bytes(L, ctx, width), "the KV cache (lower --ctx)") {}
-  static size_t bytes(int64_t L, int64_t ctx, int64_t width) { return (size_t)L * ctx * width * sizeof(float); }
+        k_(be, bytes(type, L, ctx, width) / 2, "the KV cache (lower --ctx)"),
+        v_(be, bytes(type, L, ctx, width) / 2, "the KV cache (lower --ctx)") {}
+  // Keys and values together.
+  static size_t bytes(KvType t, int64_t L, int64_t ctx, int64_t width) {
+    return 2 * (size_t)L * ctx * width * kv_elem_bytes(t);
+  }
+  KvType type() const { return type_; }
   int64_t ctx() const { return ctx_; }
-  float* k(int64_t layer) const { return k_.as<float>() + (size_t)layer * ctx_ * width_; }
-  float* v(int64_t layer) const { return v_.as<float>() + (size_t)layer * ctx_ * width_; }
+  void* k(int64_t layer) const { return k_.as<uint8_t>() + layer_bytes() * layer; }
+  void* v(int64_t layer) const { return v_.as<uint8_t>() + layer_bytes() * layer; }
   size_t total_bytes() const { return k_.size() + v_.size(); }
 
  private:
+  size_t layer_bytes() const { return (size_t)ctx_ * width_ * kv_elem_bytes(type_); }
+  KvType type_;
   int64_t ctx_, width_;
   DeviceBuffer k_, v_;
 };

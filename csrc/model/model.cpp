@@ -60,7 +60,13 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
   }
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes);
 
-  kv_ = std::make_unique<KVCache>(*be_, s.L, cfg_.ctx, s.n_kv_head * s.head_dim);
+  KvType kv = be_->supports_kv(KvType::F16) ? KvType::F16 : KvType::F32;
+  if (cfg_.kv_type == "f32") kv = KvType::F32;
+  else if (cfg_.kv_type == "f16") kv = KvType::F16;
+  else STRATA_CHECK(cfg_.kv_type == "auto", ConfigError, "--kv-type must be f32, f16 or auto, got '", cfg_.kv_type, "'");
+  STRATA_CHECK(be_->supports_kv(kv), UnsupportedError, "the ", be_->name(), " backend has no ", kv_type_name(kv),
+               " KV cache; use --kv-type f32");
+  kv_ = std::make_unique<KVCache>(*be_, kv, s.L, cfg_.ctx, s.n_kv_head * s.head_dim);
   decode_region_ = DeviceBuffer(*be_, pf.bytes_needed(1, has_source()), "the decode scratch");
 
   chunk_ = std::min(cfg_.prefill, cfg_.ctx);

@@ -28,6 +28,7 @@ struct ModelConfig {
   int64_t prefill = 8192;       // tokens per prompt chunk; with prefill_auto, the largest tried
   bool prefill_auto = false;    // --prefill auto[:MAX]: the largest chunk <= prefill that fits
   bool gr_unfused = false;      // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
+  std::string kv_type = "auto";  // f32 | f16 | auto (f16 where the backend keeps it, else f32)
   Progress progress;            // long loads report here
 };
 

@@ -456,10 +456,41 @@ TEST_P(Op, Attention) {
     std::fill(kc.begin() + (c.pos0 + c.T) * KV * hd, kc.end(), NAN);
     std::fill(vc.begin() + (c.pos0 + c.T) * KV * hd, vc.end(), NAN);
     Dev<float> dq(be(), q, "q"), dk(be(), kc, "kc"), dv(be(), vc, "vc"), out(be(), c.T * H * hd, "attn out");
-    be().attention(dq.p(), dk.p(), dv.p(), c.T, c.pos0, H, KV, hd, scale, out.p());
+    be().attention(dq.p(), dk.p(), dv.p(), KvType::F32, c.T, c.pos0, H, KV, hd, scale, out.p());
     const auto want = ref::attention(q, kc, vc, c.T, c.pos0, H, KV, hd, scale);
     expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), 2e-6,  // measured 1.7e-7
                str("attention T=", c.T, " pos0=", c.pos0));
+  }
+}
+
+// kv_store writes exactly its rows; an f16 cache (where the backend keeps one) holds the rounded
+// values, and attention over it matches the reference on those rounded keys and values.
+TEST_P(Op, KvStoreAndAttentionPerKvType) {
+  std::mt19937 rng(15);
+  const int64_t H = 4, KV = 2, hd = 40, width = KV * hd, ctx = 70, pos0 = 37, T = 9;
+  const auto src = randf(rng, T * width, -1.5f, 1.5f);
+  for (KvType t : {KvType::F32, KvType::F16}) {
+    if (!be().supports_kv(t)) continue;
+    const size_t eb = kv_elem_bytes(t);
+    Dev<uint8_t> cache(be(), (size_t)ctx * width * eb, "kv cache");
+    Dev<float> dsrc(be(), src, "src");
+    be().kv_store(cache.p(), t, pos0, T, width, dsrc.p());
+    const auto got = cache.get();
+    std::vector<float> rounded(T * width);
+    for (int64_t i = 0; i < T * width; ++i) {
+      rounded[i] = t == KvType::F32 ? src[i] : fp16_to_f32(f32_to_fp16(src[i]));
+      float v;
+      if (t == KvType::F32) std::memcpy(&v, &got[(pos0 * width + i) * 4], 4);
+      else {
+        uint16_t h;
+        std::memcpy(&h, &got[(pos0 * width + i) * 2], 2);
+        v = fp16_to_f32(h);
+      }
+      ASSERT_EQ(v, rounded[i]) << kv_type_name(t) << " element " << i;
+    }
+    for (size_t i = 0; i < (size_t)pos0 * width * eb; ++i) ASSERT_EQ(got[i], kPoison) << "kv_store wrote before pos0";
+    for (size_t i = (size_t)(pos0 + T) * width * eb; i < got.size(); ++i)
+      ASSERT_EQ(got[i], kPoison) << "kv_store wrote past its rows";
   }
 }
 

@@ -75,10 +75,12 @@ class TraceBackend final : public Backend {
   FWD(head_norm_rope,
       (float* a, int64_t b, int64_t c, int64_t d, const float* e, float f, int64_t g, const RopeParams& h),
       (a, b, c, d, e, f, g, h))
+  bool supports_kv(KvType t) const override { return cpu_->supports_kv(t); }
+  FWD(kv_store, (void* a, KvType b, int64_t c, int64_t d, int64_t e, const float* f), (a, b, c, d, e, f))
   FWD(attention,
-      (const float* a, const float* b, const float* c, int64_t d, int64_t e, int64_t f, int64_t g, int64_t h, float i,
-       float* j),
-      (a, b, c, d, e, f, g, h, i, j))
+      (const float* a, const void* b, const void* c, KvType t, int64_t d, int64_t e, int64_t f, int64_t g, int64_t h,
+       float i, float* j),
+      (a, b, c, t, d, e, f, g, h, i, j))
   FWD(add, (float* a, const float* b, int64_t c), (a, b, c))
   FWD(router_topk, (const float* a, int64_t b, int64_t c, int64_t d, bool e, int32_t* f, float* g),
       (a, b, c, d, e, f, g))

@@ -140,6 +140,8 @@ class CpuBackend final : public Backend {
 
   void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
                       const RopeParams& rope) override {
+    STRATA_CHECK(rope.neox && rope.n_dims % 2 == 0 && rope.n_dims <= hd, UnsupportedError,
+                 "head_norm_rope: only NEOX rotation of an even number of dims <= head_dim is implemented");
     const int64_t half = rope.n_dims / 2;
     std::vector<float> inv_freq(half);
     for (int64_t i = 0; i < half; ++i)
@@ -165,9 +167,16 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void attention(const float* q, const float* kc, const float* vc, int64_t T, int64_t pos0, int64_t H,
+  bool supports_kv(KvType t) const override { return t == KvType::F32; }
+  void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) override {
+    STRATA_CHECK(t == KvType::F32, UnsupportedError, "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    std::memcpy(static_cast<float*>(cache) + pos0 * width, src, (size_t)T * width * sizeof(float));
+  }
+  void attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0, int64_t H,
                  int64_t KV, int64_t hd, float scale, float* out) override {
-    cpu_attention(q, kc, vc, T, pos0, H, KV, hd, scale, out, pool_);
+    STRATA_CHECK(t == KvType::F32, UnsupportedError, "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale, out,
+                  pool_);
   }
 
   void add(float* x, const float* y, int64_t n) override {
