@@ -188,7 +188,7 @@ void bind_model(py::module_& m) {
         float* o = out.mutable_data();
         {
           py::gil_scoped_release nogil;
-          mo.forward(p, n, 0, o, true);
+          prompt_logits(mo, p, n, o);
         }
         return out;
       });
@@ -215,7 +215,7 @@ void bind_model(py::module_& m) {
              py::gil_scoped_release nogil;
              return g.next();
            })
-      .def("finish", [](Generator& g, const std::string& reason) { g.finish(reason == "stop_string" ? "stop_string" : "caller"); })
+      .def("finish", &Generator::finish, py::arg("reason"))
       .def("stats", [](const Generator& g) {
         const GenStats& s = g.stats();
         py::dict d;
@@ -224,6 +224,7 @@ void bind_model(py::module_& m) {
         d["prompt_ms"] = s.prompt_ms;
         d["decode_ms"] = s.decode_ms;
         d["decode_passes"] = s.decode_passes;
+        d["recomputed"] = s.recomputed;
         d["prompt_tps"] = s.prompt_tps();
         d["decode_tps"] = s.decode_tps();
         d["stop_reason"] = s.stop_reason;

@@ -88,6 +88,7 @@ class Model:
         self.chat_template: str | None = md.get("tokenizer.chat_template")
         self.device = device
         self.ctx = ctx
+        self._last_stats: dict[str, Any] = {}
 
     # ---- tokens ----
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -155,7 +156,8 @@ class Model:
         """Completes `prompt` (text or token ids).
 
         stream=True returns an iterator of text pieces as they decode; `callback`, if given, is
-        called with each piece either way. Stop strings end the text before they appear.
+        called with each piece either way. Stop strings end the text before they appear. Each call
+        owns its state: iterators of several calls on one Model may be consumed interleaved.
         """
         ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt, add_special=add_special)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -166,14 +168,15 @@ class Model:
         gen = _core.Generator(self._m)
         gen.begin(ids, int(max_tokens), float(temperature), int(top_k), float(top_p), float(min_p),
                   float(repetition_penalty), int(seed), sorted(self.tokenizer.stop_ids))
-        pieces = self._run(gen, stops)
+        tokens: list[int] = []
+        stats: dict[str, Any] = {}
+        pieces = self._run(gen, stops, tokens, stats)
         if callback is not None:
             pieces = _tap(pieces, callback)
         if stream:
             return pieces
-        out = list(pieces)
-        text = "".join(p for p in out if isinstance(p, str))
-        return Completion(text=text, tokens=self._last_tokens, stats=self._stats(gen))
+        text = "".join(pieces)
+        return Completion(text=text, tokens=tokens, stats=stats)
 
     def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion | Iterator[str]:
         """Renders `messages` with the model's chat template, then generate()s the reply."""
@@ -183,9 +186,11 @@ class Model:
         )
         return self.generate(prompt, add_special=False, **kwargs)
 
-    def _run(self, gen: Any, stops: list[str]) -> Iterator[str]:
+    def _run(self, gen: _core.Generator, stops: list[str], tokens: list[int],
+             stats: dict[str, Any]) -> Iterator[str]:
+        """Decodes `gen` into text pieces, appending its tokens to `tokens` and, at the end, its
+        stats to `stats` (both the caller's, one pair per generate() call)."""
         dec = StreamDecoder(self.tokenizer, skip_special=True)
-        self._last_tokens = []
         text, emitted = "", 0
         hold = max((len(s) for s in stops), default=1) - 1
         while True:
@@ -193,7 +198,7 @@ class Model:
             if tok < 0:
                 text += dec.flush()
                 break
-            self._last_tokens.append(tok)
+            tokens.append(tok)
             text += dec.feed(tok)
             hit = min((i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0), default=-1)
             if hit >= 0:
@@ -206,14 +211,11 @@ class Model:
                 emitted = safe
         if len(text) > emitted:
             yield text[emitted:]
-        self._gen_stats = self._stats(gen)
-
-    def _stats(self, gen: Any) -> dict[str, Any]:
-        s = dict(gen.stats())
-        s.update({f"cache_{k}": v for k, v in self.cache.items()})
-        return s
+        stats.update(gen.stats())
+        stats.update({f"cache_{k}": v for k, v in self.cache.items()})
+        self._last_stats = stats
 
     @property
     def last_stats(self) -> dict[str, Any]:
-        """Stats of the last finished generation (for stream=True callers)."""
-        return getattr(self, "_gen_stats", {})
+        """Stats of the last generation that finished (for stream=True callers)."""
+        return self._last_stats
