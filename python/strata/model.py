@@ -10,15 +10,13 @@ from typing import Any
 import numpy as np
 
 from strata import _core
-from strata._options import parse_expert_cache, parse_prefill
+from strata._options import gr_unfused_from_env, parse_expert_cache, parse_prefill, threads_from_env
 from strata._progress import ProgressBar
 from strata.chat import DEFAULT_CHAT_TEMPLATE, render_chat
+from strata.info import ModelInfo, _open
 from strata.tokenizer import StreamDecoder, Tokenizer
 
-
-def inspect(path: str | os.PathLike) -> dict[str, Any]:
-    """Metadata and tensor table of a GGUF file (validated; raises strata.FormatError)."""
-    return _core.read_gguf(os.fspath(path))
+Backend = _core.Backend
 
 
 @dataclass
@@ -45,7 +43,10 @@ class Model:
     expert_cache: MiB (14900), a size with units ('14.5GiB', '900MiB'), 'all' (every expert
     resident, nothing streams) or 'auto' (CPU: all). prefill: tokens per prompt chunk, or
     'auto[:MAX]' for the largest chunk <= MAX the cache leaves room for. source: 'host' (a
-    copy of the experts in RAM), 'mmap' (read from the file) or 'auto'.
+    copy of the experts in RAM), 'mmap' (read from the file) or 'auto'. threads: CPU threads
+    (0: STRATA_THREADS, else every core). gr_unfused: carve the normalized input xn, a debug/A-B
+    switch with byte-identical logits (None: from STRATA_GR_UNFUSED). backend: run on this
+    strata.Backend instead of one made from device and threads.
     """
 
     def __init__(
@@ -58,11 +59,13 @@ class Model:
         ctx: int = 4096,
         threads: int = 0,
         progress: bool = True,
+        gr_unfused: bool | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise FileNotFoundError(f"model file not found: {self.path}")
-        self._gguf = _core.read_gguf(self.path)
+        file = _open(self.path)  # mapped and validated once; the native model shares it
+        if backend is not None:
+            device = backend.name
         cache = parse_expert_cache(expert_cache)
         if device == "cpu" and cache == "auto":
             cache = "all"  # the CPU reads experts where they lie: streaming would only copy memory
@@ -71,19 +74,19 @@ class Model:
         mode, chunk = parse_prefill(prefill)
         if source not in ("auto", "host", "mmap"):
             raise _core.ConfigError(f"--source must be host, mmap or auto, got '{source}'")
+        threads = threads_from_env(threads)
+        self.backend: Backend = backend if backend is not None else Backend(device, threads)
         self.expert_cache = cache
         bar = ProgressBar(f"loading experts ({os.path.basename(self.path)})") if progress else None
-        if not threads:
-            threads = int(os.environ.get("STRATA_THREADS", "0") or 0)
-        unfused = os.environ.get("STRATA_GR_UNFUSED", "") not in ("", "0")
         self._m = _core.Model(
-            self.path, device=device, threads=threads, ctx=ctx,
-            cache_bytes=-1 if cache == "all" else int(cache), source=source,
-            prefill=chunk, prefill_auto=(mode == "auto"), gr_unfused=unfused, progress=bar,
+            file, self.backend, device=device, threads=threads, ctx=ctx, all_resident=(cache == "all"),
+            cache_bytes=0 if cache == "all" else int(cache), source=source, prefill=chunk,
+            prefill_auto=(mode == "auto"), gr_unfused=gr_unfused_from_env(gr_unfused), progress=bar,
         )
-        self.spec: dict[str, Any] = self._m.spec()
+        self.info = ModelInfo._of(file, self._m.plan)
+        self.spec: dict[str, Any] = self.info.spec
         # After the native load, so an unknown architecture is reported before the tokenizer.
-        md = self._gguf["metadata"]
+        md = self.info.metadata
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat_template: str | None = md.get("tokenizer.chat_template")
         self.device = device
@@ -100,22 +103,27 @@ class Model:
     # ---- raw model ----
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of one prompt: float32 [len(ids), V]."""
-        return self._m.logits(np.asarray(ids, dtype=np.int32))
+        arr = np.asarray(ids, dtype=np.int32)
+        if arr.ndim != 1 or arr.size < 1:
+            raise _core.ConfigError("logits() takes a 1-D list of token ids")
+        return self._m.logits(arr)
 
     def layout(self, tokens: int = 8192, source: bool = True) -> dict[str, Any]:
         """The prompt scratch plan for a chunk of `tokens`: bytes_needed, kind, buffers, slots."""
-        return self._m.layout(int(tokens), bool(source))
+        return self.info.layout(tokens, source)
 
-    def plan_chunk(self, expert_cache: str | int, max_tokens: int, auto: bool = True) -> dict[str, Any]:
+    def plan_chunk(self, expert_cache: str | float, max_tokens: int, auto: bool = True) -> dict[str, Any]:
         """The chunk --prefill auto:MAX (or a fixed MAX) would take with a cache of `expert_cache`."""
-        size = parse_expert_cache(expert_cache)
-        if not isinstance(size, int):
-            raise _core.ConfigError("plan_chunk takes a cache size, not 'all' or 'auto'")
-        return self._m.plan_chunk(size, int(max_tokens), bool(auto))
+        return self.info.plan_chunk(expert_cache, max_tokens, auto)
 
     def slots_for(self, tokens: int) -> int:
         """Slots a prompt chunk of `tokens` borrows from this model's cache (0 when all resident)."""
         return self._m.slots_for(int(tokens))
+
+    @property
+    def threads(self) -> int:
+        """CPU threads the backend runs on."""
+        return self.backend.threads
 
     @property
     def chunk(self) -> int:
@@ -135,6 +143,9 @@ class Model:
 
     def pin(self, layer: int, expert: int) -> None:
         """Keeps expert `expert` of `layer` resident: never evicted, never lent over."""
+        L, E = self.spec["layers"], self.spec["experts"]
+        if not (0 <= layer < L and 0 <= expert < E):
+            raise _core.ConfigError(f"pin: layer {layer} expert {expert} out of range ({L} layers, {E} experts)")
         self._m.pin(int(layer), int(expert))
 
     # ---- generation ----

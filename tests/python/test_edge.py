@@ -1,0 +1,84 @@
+"""The Python edge: the environment read at the edge only, and the header read without a load."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+import strata
+from strata.cli import main
+
+
+@pytest.fixture(scope="module")
+def f16(make_mix) -> str:
+    return make_mix("f16")
+
+
+def has_xn(layout: dict) -> bool:
+    return any(b["name"] == "xn" for b in layout["buffers"])
+
+
+def test_model_info_is_the_loaded_models_plan(f16):
+    info = strata.ModelInfo(f16)
+    m = strata.Model(f16, expert_cache="all", prefill=64, ctx=128, progress=False)
+    assert info.spec == m.spec == m.info.spec
+    assert info.path == m.info.path == f16
+    for T, src in ((1, True), (17, True), (64, False), (300, True)):
+        assert info.layout(T, src) == m.layout(T, src)
+    assert info.plan_chunk("2MiB", 512) == m.plan_chunk("2MiB", 512)
+    assert info.cache_slots("2MiB") == (2 << 20) // info.slot_bytes
+    assert {t["name"] for t in info.tensors} == {t["name"] for t in strata.inspect(f16)["tensors"]}
+    assert info.metadata["general.architecture"] == "qwen3moe"
+    with pytest.raises(strata.ConfigError, match="not a size"):
+        info.cache_slots("all")
+    with pytest.raises(FileNotFoundError):
+        strata.ModelInfo(f16 + ".missing")
+
+
+def test_info_and_layout_load_nothing(f16, monkeypatch):
+    """`strata info` and `strata layout` read the header: no Model, so no backend, no weight, no copy."""
+    def no_load(*args, **kwargs):
+        raise AssertionError("a Model was constructed")
+
+    monkeypatch.setattr(strata, "Model", no_load)
+    monkeypatch.setattr(strata, "Backend", no_load)
+    for args in (["info", f16, "--expert-cache", "2MiB"], ["layout", f16, "--tokens", "64", "--expert-cache", "2MiB"],
+                 ["layout", f16, "--no-source", "--unfused"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, (args, r.output, r.exception)
+
+
+def test_gr_unfused_is_a_parameter(f16, monkeypatch):
+    monkeypatch.delenv("STRATA_GR_UNFUSED", raising=False)
+    assert not has_xn(strata.ModelInfo(f16).layout(16))
+    assert has_xn(strata.ModelInfo(f16, gr_unfused=True).layout(16))
+    m = strata.Model(f16, gr_unfused=True, prefill=16, progress=False)
+    assert m.info.gr_unfused and has_xn(m.layout(16))
+
+
+def test_gr_unfused_from_the_environment(f16, monkeypatch):
+    """STRATA_GR_UNFUSED still works through strata.Model, strata.ModelInfo and the CLI; an explicit
+    gr_unfused= wins over it."""
+    monkeypatch.setenv("STRATA_GR_UNFUSED", "1")
+    assert has_xn(strata.Model(f16, prefill=16, progress=False).layout(16))
+    assert has_xn(strata.ModelInfo(f16).layout(16))
+    assert not has_xn(strata.ModelInfo(f16, gr_unfused=False).layout(16))
+    r = CliRunner().invoke(main, ["layout", f16, "--tokens", "16"])
+    assert r.exit_code == 0 and "GR=unfused" in r.output
+    monkeypatch.setenv("STRATA_GR_UNFUSED", "0")
+    r = CliRunner().invoke(main, ["layout", f16, "--tokens", "16"])
+    assert r.exit_code == 0 and "GR=fused" in r.output
+    r = CliRunner().invoke(main, ["layout", f16, "--tokens", "16", "--unfused"])
+    assert r.exit_code == 0 and "GR=unfused" in r.output
+
+
+def test_threads(f16, monkeypatch):
+    monkeypatch.setenv("STRATA_THREADS", "1")
+    assert strata.Model(f16, progress=False).threads == 1
+    assert strata.Model(f16, threads=2, progress=False).threads == 2
+    monkeypatch.setenv("STRATA_THREADS", "many")
+    with pytest.raises(strata.ConfigError, match="STRATA_THREADS"):
+        strata.Model(f16, progress=False)
+    monkeypatch.delenv("STRATA_THREADS")
+    m = strata.Model(f16, progress=False)
+    assert m.threads >= 1 and m.backend.describe()
