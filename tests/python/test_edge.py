@@ -1,6 +1,9 @@
-"""The Python edge: the environment read at the edge only, and the header read without a load."""
+"""The Python edge: the environment read at the edge only, the header read without a load, and
+loads (failed or not) that give back all they allocated."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 from click.testing import CliRunner
@@ -82,3 +85,39 @@ def test_threads(f16, monkeypatch):
     monkeypatch.delenv("STRATA_THREADS")
     m = strata.Model(f16, progress=False)
     assert m.threads >= 1 and m.backend.describe()
+
+
+# ---- a load gives back everything it allocated on the backend, also when it fails ----
+
+@pytest.mark.parametrize("source", ["host", "mmap"])
+def test_failed_load_leaks_nothing(f16, source):
+    be = strata.Backend("cpu", 1)
+    base = be.live_allocations()
+    # A 3-slot cache is too small for a 4096-token chunk: the load fails at the chunk plan, after the
+    # source, the cache's slots, the KV cache and the decode scratch were allocated.
+    slot = strata.ModelInfo(f16).slot_bytes
+    with pytest.raises(strata.MemoryError, match="--expert-cache"):
+        strata.Model(f16, expert_cache=f"{3 * slot}b", prefill=4096, ctx=4096, source=source, backend=be,
+                     progress=False)
+    assert be.live_allocations() == base
+    # the same configuration with a chunk that fits loads, allocates, and gives it all back when dropped
+    m = strata.Model(f16, expert_cache=f"{3 * slot}b", prefill=1, ctx=4096, source=source, backend=be,
+                     progress=False)
+    assert m.backend is be and be.live_allocations() > base
+    m.generate("hello", max_tokens=2, temperature=0)
+    del m
+    gc.collect()
+    assert be.live_allocations() == base
+
+
+def test_dropped_stream_and_model_leak_nothing(f16):
+    be = strata.Backend("cpu", 1)
+    base = be.live_allocations()
+    m = strata.Model(f16, expert_cache="all", backend=be, progress=False)
+    it = m.generate("hello", max_tokens=8, stream=True)
+    next(it)
+    del m  # the suspended iterator keeps the model alive, then goes with it
+    assert be.live_allocations() > base
+    del it
+    gc.collect()
+    assert be.live_allocations() == base
