@@ -1,4 +1,5 @@
-// Bindings for Backend, ModelPlan, Model (its cache stats and prefill layout) and the Generator: type conversion only; checks and arithmetic live in C++ proper or in strata/*.py.
+// Bindings for Backend, ModelPlan, Model (its cache stats and prefill layout), GenParams and the
+// Generator: type conversion only; checks and arithmetic live in C++ proper or in strata/*.py.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -211,20 +212,26 @@ void bind_model(py::module_& m) {
         return out;
       });
 
+  py::class_<SamplerParams>(m, "SamplerParams")
+      .def(py::init<>())
+      .def_readwrite("temperature", &SamplerParams::temperature)
+      .def_readwrite("top_k", &SamplerParams::top_k)
+      .def_readwrite("top_p", &SamplerParams::top_p)
+      .def_readwrite("min_p", &SamplerParams::min_p)
+      .def_readwrite("repetition_penalty", &SamplerParams::repetition_penalty)
+      .def_readwrite("penalty_last_n", &SamplerParams::penalty_last_n)
+      .def_readwrite("seed", &SamplerParams::seed);
+
+  py::class_<GenParams>(m, "GenParams")
+      .def(py::init<>())
+      .def_readwrite("max_tokens", &GenParams::max_tokens)
+      .def_readwrite("sampler", &GenParams::sampler)
+      .def_readwrite("stop_ids", &GenParams::stop_ids);
+
   py::class_<Generator>(m, "Generator")
       .def(py::init<Model&>(), py::keep_alive<1, 2>())
       .def("begin",
-           [](Generator& g, std::vector<int32_t> prompt, int64_t max_tokens, float temperature, int32_t top_k,
-              float top_p, float min_p, float repetition_penalty, uint64_t seed, std::vector<int32_t> stop_ids) {
-             GenParams p;
-             p.max_tokens = max_tokens;
-             p.sampler.temperature = temperature;
-             p.sampler.top_k = top_k;
-             p.sampler.top_p = top_p;
-             p.sampler.min_p = min_p;
-             p.sampler.repetition_penalty = repetition_penalty;
-             p.sampler.seed = seed;
-             p.stop_ids = std::move(stop_ids);
+           [](Generator& g, const std::vector<int32_t>& prompt, const GenParams& p) {
              py::gil_scoped_release nogil;
              g.begin(prompt, p);
            })

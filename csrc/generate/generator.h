@@ -13,6 +13,7 @@
 
 namespace strata {
 
+// The defaults here and in SamplerParams are the only ones: the Python API and the CLI read them.
 struct GenParams {
   int64_t max_tokens = 256;
   SamplerParams sampler;

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 import strata
+from strata import GENERATE_DEFAULTS as DEFAULTS
 
 GiB = 2**30
 MiB = 2**20
@@ -77,7 +78,8 @@ def main() -> None:
 @click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
               help="Read the prompt from this file ('-' for stdin).")
 @click.option("--system", default=None, help="With --chat: a system message before the user's.")
-@click.option("-n", "--max-tokens", default=256, show_default=True, help="Tokens to generate at most.")
+@click.option("-n", "--max-tokens", default=DEFAULTS["max_tokens"], show_default=True,
+              help="Tokens to generate at most.")
 @click.option("--device", default="cpu", show_default=True,
               help="Compute device: cpu (the CUDA backend is not in this release).")
 @click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
@@ -86,11 +88,15 @@ def main() -> None:
               help="Where streamed experts live: a host copy or the mapped file.")
 @click.option("--ctx", default=4096, show_default=True, help="KV cache length in tokens.")
 @click.option("-t", "--threads", default=0, help="CPU threads (0: STRATA_THREADS or all cores).")
-@click.option("--temp", "temperature", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=40, show_default=True, help="Keep the K most likely tokens (0: off).")
-@click.option("--top-p", default=0.95, show_default=True, help="Nucleus: keep tokens up to this mass (1: off).")
-@click.option("--min-p", default=0.05, show_default=True, help="Drop tokens below this fraction of the best (0: off).")
-@click.option("--repeat-penalty", default=1.0, show_default=True, help="Penalize the last 64 tokens (1: off).")
+@click.option("--temp", "temperature", default=DEFAULTS["temperature"], show_default=True,
+              help="Temperature; 0 is greedy.")
+@click.option("--top-k", default=DEFAULTS["top_k"], show_default=True, help="Keep the K most likely tokens (0: off).")
+@click.option("--top-p", default=DEFAULTS["top_p"], show_default=True,
+              help="Nucleus: keep tokens up to this mass (1: off).")
+@click.option("--min-p", default=DEFAULTS["min_p"], show_default=True,
+              help="Drop tokens below this fraction of the best (0: off).")
+@click.option("--repeat-penalty", default=DEFAULTS["repetition_penalty"], show_default=True,
+              help=f"Penalize the last {DEFAULTS['penalty_last_n']} tokens (1: off).")
 @click.option("--seed", type=int, default=None, help="Sampling seed (random if unset).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")

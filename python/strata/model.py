@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,30 @@ from strata.info import ModelInfo, _open
 from strata.tokenizer import StreamDecoder, Tokenizer
 
 Backend = _core.Backend
+
+
+def _f32(x: float) -> float:
+    """The shortest decimal that a float32 reads back as itself (0.8f -> 0.8, not 0.800000011920929)."""
+    return float(str(np.float32(x)))
+
+
+def _native_defaults() -> Mapping[str, Any]:
+    p = _core.GenParams()
+    s = p.sampler
+    return MappingProxyType({
+        "max_tokens": p.max_tokens,
+        "temperature": _f32(s.temperature),
+        "top_k": s.top_k,
+        "top_p": _f32(s.top_p),
+        "min_p": _f32(s.min_p),
+        "repetition_penalty": _f32(s.repetition_penalty),
+        "penalty_last_n": s.penalty_last_n,
+    })
+
+
+# The native sampler's defaults, the only ones: Model.generate and the CLI take theirs from here.
+GENERATE_DEFAULTS: Mapping[str, Any] = _native_defaults()
+_D = GENERATE_DEFAULTS
 
 
 @dataclass
@@ -152,12 +177,12 @@ class Model:
     def generate(
         self,
         prompt: str | Sequence[int],
-        max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repetition_penalty: float = 1.0,
+        max_tokens: int = _D["max_tokens"],
+        temperature: float = _D["temperature"],
+        top_k: int = _D["top_k"],
+        top_p: float = _D["top_p"],
+        min_p: float = _D["min_p"],
+        repetition_penalty: float = _D["repetition_penalty"],
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
@@ -176,9 +201,17 @@ class Model:
             raise _core.ConfigError("stop strings must be non-empty")
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % 2**63)
+        p = _core.GenParams()
+        p.max_tokens = int(max_tokens)
+        p.sampler.temperature = float(temperature)
+        p.sampler.top_k = int(top_k)
+        p.sampler.top_p = float(top_p)
+        p.sampler.min_p = float(min_p)
+        p.sampler.repetition_penalty = float(repetition_penalty)
+        p.sampler.seed = int(seed)
+        p.stop_ids = sorted(self.tokenizer.stop_ids)
         gen = _core.Generator(self._m)
-        gen.begin(ids, int(max_tokens), float(temperature), int(top_k), float(top_p), float(min_p),
-                  float(repetition_penalty), int(seed), sorted(self.tokenizer.stop_ids))
+        gen.begin(ids, p)
         tokens: list[int] = []
         stats: dict[str, Any] = {}
         pieces = self._run(gen, stops, tokens, stats)

@@ -1,14 +1,16 @@
-"""The Python edge: the environment read at the edge only, the header read without a load, and
-loads (failed or not) that give back all they allocated."""
+"""The Python edge: the environment read at the edge only, the header read without a load,
+sampling defaults in one place, and loads (failed or not) that give back all they allocated."""
 
 from __future__ import annotations
 
 import gc
+import inspect
 
 import pytest
 from click.testing import CliRunner
 
 import strata
+from strata.cli import generate as generate_command
 from strata.cli import main
 
 
@@ -85,6 +87,16 @@ def test_threads(f16, monkeypatch):
     monkeypatch.delenv("STRATA_THREADS")
     m = strata.Model(f16, progress=False)
     assert m.threads >= 1 and m.backend.describe()
+
+
+def test_sampling_defaults_in_one_place():
+    d = strata.GENERATE_DEFAULTS
+    assert d["max_tokens"] == 256 and d["temperature"] == 0.8 and d["top_k"] == 40
+    sig = inspect.signature(strata.Model.generate).parameters
+    cli = {p.name: p.default for p in generate_command.params}
+    for name in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty"):
+        assert sig[name].default == d[name], name
+        assert cli["repeat_penalty" if name == "repetition_penalty" else name] == d[name], name
 
 
 # ---- a load gives back everything it allocated on the backend, also when it fails ----
