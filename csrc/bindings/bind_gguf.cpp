@@ -74,9 +74,11 @@ void bind_gguf(py::module_& m) {
       .def_property_readonly("alignment", &gguf::File::alignment)
       .def_property_readonly("data_offset", &gguf::File::data_offset)
       .def_property_readonly("file_size", &gguf::File::file_size)
-      .def_property_readonly("metadata", &metadata_dict, "key -> int/float/bool/str/list (a new dict each read)")
-      .def_property_readonly("tensors", &tensor_list,
-                             "name, type, type_name, shape in ggml order, absolute offset, nbytes per tensor");
+      .def_property_readonly("metadata", &metadata_dict,
+                             "key -> int/float/bool/str/list (a new dict each read)")
+      .def_property_readonly(
+          "tensors", &tensor_list,
+          "name, type, type_name, shape in ggml order, absolute offset, nbytes per tensor");
 }
 
 }  // namespace strata

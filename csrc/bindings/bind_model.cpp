@@ -129,12 +129,18 @@ PrefillShape shape_of(const py::dict& shape) {
 }  // namespace
 
 void bind_model(py::module_& m) {
-  m.def("set_log_level", [](const std::string& name) { set_log_level(parse_log_level(name)); }, py::arg("level"));
+  m.def(
+      "set_log_level", [](const std::string& name) { set_log_level(parse_log_level(name)); },
+      py::arg("level"));
   // The plan for an arbitrary shape, with no model: exactness tests sweep thousands of shapes.
   m.def(
-      "prefill_layout", [](const py::dict& shape, int64_t T, bool src) { return plan_dict(Prefill(shape_of(shape)).layout(T, src)); },
+      "prefill_layout",
+      [](const py::dict& shape, int64_t T, bool src) {
+        return plan_dict(Prefill(shape_of(shape)).layout(T, src));
+      },
       py::arg("shape"), py::arg("tokens"), py::arg("source") = true,
-      "Prefill::layout(T, src) of a shape dict: D, HC, E, K, F, heads, kv_heads, head_dim, expert_types, unfused.");
+      "Prefill::layout(T, src) of a shape dict: D, HC, E, K, F, heads, kv_heads, head_dim, expert_types, "
+      "unfused.");
 
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend", "A compute device and its memory.")
       .def(py::init(&make_backend), py::arg("device") = "cpu", py::arg("threads") = 0)
@@ -150,22 +156,26 @@ void bind_model(py::module_& m) {
       .def_property_readonly("slot_bytes", [](const ModelPlan& p) { return p.experts.slot_bytes; })
       .def_property_readonly("gr_unfused", [](const ModelPlan& p) { return p.prefill.shape().gr_unfused; })
       .def(
-          "layout", [](const ModelPlan& p, int64_t T, bool src) { return plan_dict(p.prefill.layout(T, src)); },
+          "layout",
+          [](const ModelPlan& p, int64_t T, bool src) { return plan_dict(p.prefill.layout(T, src)); },
           py::arg("tokens"), py::arg("source") = true)
       .def(
-          "region_slots", [](const ModelPlan& p, int64_t T) { return region_slots(p.prefill, T, p.experts.slot_bytes); },
+          "region_slots",
+          [](const ModelPlan& p, int64_t T) { return region_slots(p.prefill, T, p.experts.slot_bytes); },
           py::arg("tokens"))
       .def(
           "plan_chunk",
           [](const ModelPlan& p, int64_t n_slots, size_t cache_bytes, int64_t max_T, bool is_auto) {
-            return chunk_dict(plan_chunk(p.prefill, p.experts.slot_bytes, n_slots, cache_bytes, max_T, is_auto));
+            return chunk_dict(
+                plan_chunk(p.prefill, p.experts.slot_bytes, n_slots, cache_bytes, max_T, is_auto));
           },
           py::arg("n_slots"), py::arg("cache_bytes"), py::arg("max_tokens"), py::arg("auto") = true);
 
   py::class_<Model>(m, "Model")
-      .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend, const std::string& device,
-                       int threads, int64_t ctx, bool all_resident, size_t cache_bytes, const std::string& source,
-                       int64_t prefill, bool prefill_auto, bool gr_unfused, py::object progress) {
+      .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend,
+                       const std::string& device, int threads, int64_t ctx, bool all_resident,
+                       size_t cache_bytes, const std::string& source, int64_t prefill, bool prefill_auto,
+                       bool gr_unfused, py::object progress) {
              ModelConfig cfg;
              cfg.device = device;
              cfg.threads = threads;
@@ -198,19 +208,21 @@ void bind_model(py::module_& m) {
       .def("trace",
            [](Model& mo) {
              py::list out;
-             for (const auto& ev : mo.cache().trace()) out.append(py::make_tuple(ev.lend, ev.layer, ev.expert, ev.refill));
+             for (const auto& ev : mo.cache().trace())
+               out.append(py::make_tuple(ev.lend, ev.layer, ev.expert, ev.refill));
              return out;
            })
       .def("slots_for", &Model::slots_for)
-      .def("logits", [](Model& mo, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids) {
-        const int64_t n = ids.size();
-        py::array_t<float> out({n, mo.spec().V});
-        const int32_t* p = ids.data();
-        float* o = out.mutable_data();
-        py::gil_scoped_release nogil;
-        prompt_logits(mo, p, n, o);
-        return out;
-      });
+      .def("logits",
+           [](Model& mo, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids) {
+             const int64_t n = ids.size();
+             py::array_t<float> out({n, mo.spec().V});
+             const int32_t* p = ids.data();
+             float* o = out.mutable_data();
+             py::gil_scoped_release nogil;
+             prompt_logits(mo, p, n, o);
+             return out;
+           });
 
   py::class_<SamplerParams>(m, "SamplerParams")
       .def(py::init<>())

@@ -22,9 +22,9 @@ struct GenParams {
 
 struct GenStats {
   int64_t prompt_tokens = 0, generated = 0, decode_passes = 0;
-  int64_t recomputed = 0;  // tokens run again because another generation had taken the KV cache
+  int64_t recomputed = 0;               // tokens run again: another generation had the KV cache
   double prompt_ms = 0, decode_ms = 0;  // prompt_ms: the prompt and the first token's sampling
-  std::string stop_reason;  // "stop_token", "max_tokens", "ctx_full", "stop_string", "caller"
+  std::string stop_reason;              // "stop_token", "max_tokens", "ctx_full", "stop_string", "caller"
   double prompt_tps() const { return prompt_ms > 0 ? prompt_tokens * 1000.0 / prompt_ms : 0; }
   double decode_tps() const { return decode_ms > 0 ? decode_passes * 1000.0 / decode_ms : 0; }
 };
