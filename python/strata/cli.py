@@ -182,8 +182,8 @@ def _cache_plan(m: strata.ModelInfo, expert_cache: str) -> dict[str, Any]:
         plans = {T: m.plan_chunk(expert_cache, T) for T in (2048, 8192, 32768)}
     except strata.Error as e:
         _fail(e)
-    p = plans[2048]
-    return {"cache_mib": p["cache_bytes"] / MiB, "slot_bytes": m.slot_bytes, "slots": p["cache_slots"],
+    cache = plans[2048]
+    return {"cache_mib": cache["cache_bytes"] / MiB, "slot_bytes": m.slot_bytes, "slots": cache["cache_slots"],
             "auto_chunks": {T: p["chunk"] if p["fits"] else f"none fits: {p['error']}" for T, p in plans.items()}}
 
 

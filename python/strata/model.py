@@ -17,6 +17,8 @@ from strata.chat import DEFAULT_CHAT_TEMPLATE, render_chat
 from strata.info import ModelInfo, _open
 from strata.tokenizer import StreamDecoder, Tokenizer
 
+# strata.Backend(device, threads): a compute device and its memory (describe(), threads,
+# live_allocations()); strata.Model makes one unless given one.
 Backend = _core.Backend
 
 
