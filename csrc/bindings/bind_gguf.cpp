@@ -1,4 +1,4 @@
-// Bindings for gguf: read_gguf(path) -> dict of header, metadata and tensor table.
+// Bindings for gguf: GGUFFile, its header, metadata and tensor table as Python values.
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
@@ -41,12 +41,15 @@ py::object to_py(const gguf::Value& v) {
   return out;
 }
 
-py::dict read_gguf(const std::string& path) {
-  const auto f = gguf::File::open(path);
+py::dict metadata_dict(const gguf::File& f) {
   py::dict md;
-  for (const auto& [key, value] : f->metadata()) md[to_str(key)] = to_py(value);
+  for (const auto& [key, value] : f.metadata()) md[to_str(key)] = to_py(value);
+  return md;
+}
+
+py::list tensor_list(const gguf::File& f) {
   py::list tensors;
-  for (const auto& t : f->tensors()) {
+  for (const auto& t : f.tensors()) {
     py::dict d;
     d["name"] = to_str(t.name);
     d["type"] = t.type;
@@ -56,23 +59,26 @@ py::dict read_gguf(const std::string& path) {
     d["nbytes"] = t.nbytes;
     tensors.append(d);
   }
-  py::dict out;
-  out["path"] = f->path();
-  out["version"] = f->version();
-  out["alignment"] = f->alignment();
-  out["data_offset"] = f->data_offset();
-  out["file_size"] = f->file_size();
-  out["metadata"] = md;
-  out["tensors"] = tensors;
-  return out;
+  return tensors;
 }
 
 }  // namespace
 
 void bind_gguf(py::module_& m) {
-  m.def("read_gguf", &read_gguf, py::arg("path"),
-        "Validate a GGUF file and return its header, metadata (key -> int/float/bool/str/list) and tensor "
-        "table (name, type, type_name, shape in ggml order, absolute offset, nbytes). Raises FormatError.");
+  // Shared with the Models built on it: the file is mapped and its header validated once per load.
+  py::class_<gguf::File, std::shared_ptr<gguf::File>>(
+      m, "GGUFFile", "A mapped, validated GGUF file: header, metadata and tensor table.")
+      .def(py::init(&gguf::File::open), py::arg("path"), "Maps and validates `path`; raises FormatError.")
+      .def_property_readonly("path", &gguf::File::path)
+      .def_property_readonly("version", &gguf::File::version)
+      .def_property_readonly("alignment", &gguf::File::alignment)
+      .def_property_readonly("data_offset", &gguf::File::data_offset)
+      .def_property_readonly("file_size", &gguf::File::file_size)
+      .def_property_readonly("metadata", &metadata_dict,
+                             "key -> int/float/bool/str/list (a new dict each read)")
+      .def_property_readonly(
+          "tensors", &tensor_list,
+          "name, type, type_name, shape in ggml order, absolute offset, nbytes per tensor");
 }
 
 }  // namespace strata

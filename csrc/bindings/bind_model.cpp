@@ -1,11 +1,11 @@
-// Bindings for Model, the expert cache stats, the prefill layout and the Generator.
+// Bindings for Backend, ModelPlan, Model (its cache stats and prefill layout), GenParams and the
+// Generator: type conversion only; checks and arithmetic live in C++ proper or in strata/*.py.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
-#include "core/error.h"
 #include "core/log.h"
 #include "generate/generator.h"
 #include "model/model.h"
@@ -18,8 +18,8 @@ namespace strata {
 
 namespace {
 
-py::dict spec_dict(const Model& m) {
-  const ModelSpec& s = m.spec();
+py::dict spec_dict(const ModelPlan& p) {
+  const ModelSpec& s = p.spec;
   py::dict d;
   d["arch"] = s.arch;
   d["name"] = s.name;
@@ -39,7 +39,7 @@ py::dict spec_dict(const Model& m) {
   d["expert_bytes"] = s.expert_bytes;
   d["params_total"] = s.params_total;
   d["params_active"] = s.params_active;
-  d["slot_bytes"] = m.expert_layout().slot_bytes;
+  d["slot_bytes"] = p.experts.slot_bytes;
   return d;
 }
 
@@ -66,15 +66,12 @@ py::dict cache_dict(Model& m) {
   return d;
 }
 
-py::dict layout_dict(const Prefill& p, int64_t T, bool src, size_t slot_bytes) {
-  const PrefillPlan plan = p.layout(T, src);
+py::dict plan_dict(const PrefillPlan& plan) {
   py::dict d;
-  d["tokens"] = T;
-  d["source"] = src;
+  d["tokens"] = plan.T;
+  d["source"] = plan.src;
   d["kind"] = moe_layout_name(plan.moe);
   d["bytes_needed"] = plan.total;
-  d["slot_bytes"] = slot_bytes;
-  d["slots"] = slot_bytes ? (plan.total + slot_bytes - 1) / slot_bytes : 0;
   py::list bufs;
   for (const auto& b : plan.buffers) {
     py::dict e;
@@ -89,41 +86,102 @@ py::dict layout_dict(const Prefill& p, int64_t T, bool src, size_t slot_bytes) {
   return d;
 }
 
+py::dict chunk_dict(const ChunkPlan& c) {
+  py::dict d;
+  d["chunk"] = c.chunk;
+  d["slots"] = c.slots;
+  d["needs"] = c.needs;
+  d["fits"] = c.fits;
+  d["error"] = c.error;
+  return d;
+}
+
+py::dict stats_dict(const GenStats& s) {
+  py::dict d;
+  d["prompt_tokens"] = s.prompt_tokens;
+  d["generated"] = s.generated;
+  d["prompt_ms"] = s.prompt_ms;
+  d["decode_ms"] = s.decode_ms;
+  d["decode_passes"] = s.decode_passes;
+  d["recomputed"] = s.recomputed;
+  d["prompt_tps"] = s.prompt_tps();
+  d["decode_tps"] = s.decode_tps();
+  d["stop_reason"] = s.stop_reason;
+  return d;
+}
+
+PrefillShape shape_of(const py::dict& shape) {
+  PrefillShape s;
+  s.D = shape["D"].cast<int64_t>();
+  s.HC = shape["HC"].cast<int64_t>();
+  s.E = shape["E"].cast<int64_t>();
+  s.K = shape["K"].cast<int64_t>();
+  s.F = shape["F"].cast<int64_t>();
+  s.n_head = shape["heads"].cast<int64_t>();
+  s.n_kv_head = shape["kv_heads"].cast<int64_t>();
+  s.head_dim = shape["head_dim"].cast<int64_t>();
+  s.expert_types = shape["expert_types"].cast<std::vector<uint32_t>>();
+  s.gr_unfused = shape["unfused"].cast<bool>();
+  set_expert_kernels(s, uses_matmul_q8);
+  return s;
+}
+
 }  // namespace
 
 void bind_model(py::module_& m) {
-  m.def("set_log_level", [](const std::string& name) { set_log_level(parse_log_level(name)); }, py::arg("level"));
+  m.def(
+      "set_log_level", [](const std::string& name) { set_log_level(parse_log_level(name)); },
+      py::arg("level"));
   // The plan for an arbitrary shape, with no model: exactness tests sweep thousands of shapes.
   m.def(
       "prefill_layout",
-      [](py::dict shape, int64_t T, bool src) {
-        PrefillShape s;
-        s.D = shape["D"].cast<int64_t>();
-        s.HC = shape.contains("HC") ? shape["HC"].cast<int64_t>() : 1;
-        s.E = shape["E"].cast<int64_t>();
-        s.K = shape["K"].cast<int64_t>();
-        s.F = shape["F"].cast<int64_t>();
-        s.n_head = shape["heads"].cast<int64_t>();
-        s.n_kv_head = shape["kv_heads"].cast<int64_t>();
-        s.head_dim = shape["head_dim"].cast<int64_t>();
-        s.expert_types = shape.contains("expert_types") ? shape["expert_types"].cast<std::vector<uint32_t>>()
-                                                        : std::vector<uint32_t>(3, (uint32_t)QType::Q4_K);
-        s.gr_unfused = shape.contains("unfused") && shape["unfused"].cast<bool>();
-        set_expert_kernels(s, uses_matmul_q8);
-        return layout_dict(Prefill(s), T, src, 0);
+      [](const py::dict& shape, int64_t T, bool src) {
+        return plan_dict(Prefill(shape_of(shape)).layout(T, src));
       },
-      py::arg("shape"), py::arg("tokens"), py::arg("source") = true);
+      py::arg("shape"), py::arg("tokens"), py::arg("source") = true,
+      "Prefill::layout(T, src) of a shape dict: D, HC, E, K, F, heads, kv_heads, head_dim, expert_types, "
+      "unfused.");
+
+  py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend", "A compute device and its memory.")
+      .def(py::init(&make_backend), py::arg("device") = "cpu", py::arg("threads") = 0)
+      .def_property_readonly("name", &Backend::name)
+      .def_property_readonly("threads", &Backend::threads)
+      .def("describe", &Backend::describe)
+      .def("live_allocations", &Backend::live_allocations);
+
+  py::class_<ModelPlan>(m, "ModelPlan", "What a GGUF header tells: spec, expert slots, prompt-chunk plan.")
+      .def(py::init(&ModelPlan::read), py::arg("file"), py::arg("gr_unfused") = false)
+      .def_readonly("file", &ModelPlan::file)
+      .def_property_readonly("spec", &spec_dict)
+      .def_property_readonly("slot_bytes", [](const ModelPlan& p) { return p.experts.slot_bytes; })
+      .def_property_readonly("gr_unfused", [](const ModelPlan& p) { return p.prefill.shape().gr_unfused; })
+      .def(
+          "layout",
+          [](const ModelPlan& p, int64_t T, bool src) { return plan_dict(p.prefill.layout(T, src)); },
+          py::arg("tokens"), py::arg("source") = true)
+      .def(
+          "region_slots",
+          [](const ModelPlan& p, int64_t T) { return region_slots(p.prefill, T, p.experts.slot_bytes); },
+          py::arg("tokens"))
+      .def(
+          "plan_chunk",
+          [](const ModelPlan& p, int64_t n_slots, size_t cache_bytes, int64_t max_T, bool is_auto) {
+            return chunk_dict(
+                plan_chunk(p.prefill, p.experts.slot_bytes, n_slots, cache_bytes, max_T, is_auto));
+          },
+          py::arg("n_slots"), py::arg("cache_bytes"), py::arg("max_tokens"), py::arg("auto") = true);
 
   py::class_<Model>(m, "Model")
-      .def(py::init([](const std::string& path, const std::string& device, int threads, int64_t ctx,
-                       int64_t cache_bytes, const std::string& source, int64_t prefill, bool prefill_auto,
+      .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend,
+                       const std::string& device, int threads, int64_t ctx, bool all_resident,
+                       size_t cache_bytes, const std::string& source, int64_t prefill, bool prefill_auto,
                        bool gr_unfused, py::object progress) {
              ModelConfig cfg;
              cfg.device = device;
              cfg.threads = threads;
              cfg.ctx = ctx;
-             cfg.all_resident = cache_bytes < 0;
-             cfg.cache_bytes = cache_bytes < 0 ? 0 : (size_t)cache_bytes;
+             cfg.all_resident = all_resident;
+             cfg.cache_bytes = cache_bytes;
              cfg.source = source;
              cfg.prefill = prefill;
              cfg.prefill_auto = prefill_auto;
@@ -135,78 +193,57 @@ void bind_model(py::module_& m) {
                };
              }
              py::gil_scoped_release nogil;
-             return std::make_unique<Model>(path, cfg);
+             return std::make_unique<Model>(std::move(file), cfg, std::move(backend));
            }),
-           py::arg("path"), py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("ctx") = 4096,
-           py::arg("cache_bytes") = -1, py::arg("source") = "auto", py::arg("prefill") = 8192,
-           py::arg("prefill_auto") = false, py::arg("gr_unfused") = false,
-           py::arg("progress") = py::none())
-      .def("spec", &spec_dict)
+           py::arg("file"), py::arg("backend") = nullptr, py::arg("device") = "cpu", py::arg("threads") = 0,
+           py::arg("ctx") = 4096, py::arg("all_resident") = true, py::arg("cache_bytes") = 0,
+           py::arg("source") = "auto", py::arg("prefill") = 8192, py::arg("prefill_auto") = false,
+           py::arg("gr_unfused") = false, py::arg("progress") = py::none())
+      .def_property_readonly("plan", &Model::plan, py::return_value_policy::reference_internal)
       .def("cache_stats", &cache_dict)
       .def("reset_stats", &Model::reset_stats)
-      .def("pin",
-           [](Model& mo, int64_t layer, int64_t e) {
-             STRATA_CHECK(layer >= 0 && layer < mo.spec().L && e >= 0 && e < mo.spec().E, ConfigError,
-                          "pin: layer ", layer, " expert ", e, " out of range (", mo.spec().L, " layers, ",
-                          mo.spec().E, " experts)");
-             mo.cache().pin(layer, e);
-           })
-      .def("layout",
-           [](const Model& mo, int64_t T, bool src) {
-             return layout_dict(mo.prefill(), T, src, mo.expert_layout().slot_bytes);
-           })
+      .def("pin", [](Model& mo, int64_t layer, int64_t e) { mo.cache().pin(layer, e); })
       .def_property_readonly("chunk", &Model::chunk)
       .def("set_trace", [](Model& mo, bool on) { mo.cache().set_trace(on); })
       .def("trace",
            [](Model& mo) {
              py::list out;
-             for (const auto& ev : mo.cache().trace()) out.append(py::make_tuple(ev.lend, ev.layer, ev.expert, ev.refill));
+             for (const auto& ev : mo.cache().trace())
+               out.append(py::make_tuple(ev.lend, ev.layer, ev.expert, ev.refill));
              return out;
            })
       .def("slots_for", &Model::slots_for)
-      .def(
-          "plan_chunk",
-          [](const Model& mo, int64_t cache_bytes, int64_t max_T, bool is_auto) {
-            const size_t slot = mo.expert_layout().slot_bytes;
-            const ChunkPlan c = plan_chunk(mo.prefill(), slot, cache_bytes / (int64_t)slot, cache_bytes, max_T, is_auto);
-            py::dict d;
-            d["chunk"] = c.chunk;
-            d["slots"] = c.slots;
-            d["needs"] = c.needs;
-            d["fits"] = c.fits;
-            d["error"] = c.error;
-            d["cache_slots"] = cache_bytes / (int64_t)slot;
-            return d;
-          },
-          py::arg("cache_bytes"), py::arg("max_tokens"), py::arg("auto") = true)
-      .def_property_readonly("threads", [](Model& mo) { return mo.backend().threads(); })
-      .def("logits", [](Model& mo, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
-        STRATA_CHECK(ids.ndim() == 1 && ids.size() >= 1, ConfigError, "logits() takes a 1-D list of token ids");
-        const int64_t n = ids.size(), V = mo.spec().V;
-        py::array_t<float> out({n, V});
-        const int32_t* p = ids.data();
-        float* o = out.mutable_data();
-        {
-          py::gil_scoped_release nogil;
-          mo.forward(p, n, 0, o, true);
-        }
-        return out;
-      });
+      .def("logits",
+           [](Model& mo, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids) {
+             const int64_t n = ids.size();
+             py::array_t<float> out({n, mo.spec().V});
+             const int32_t* p = ids.data();
+             float* o = out.mutable_data();
+             py::gil_scoped_release nogil;
+             prompt_logits(mo, p, n, o);
+             return out;
+           });
+
+  py::class_<SamplerParams>(m, "SamplerParams")
+      .def(py::init<>())
+      .def_readwrite("temperature", &SamplerParams::temperature)
+      .def_readwrite("top_k", &SamplerParams::top_k)
+      .def_readwrite("top_p", &SamplerParams::top_p)
+      .def_readwrite("min_p", &SamplerParams::min_p)
+      .def_readwrite("repetition_penalty", &SamplerParams::repetition_penalty)
+      .def_readwrite("penalty_last_n", &SamplerParams::penalty_last_n)
+      .def_readwrite("seed", &SamplerParams::seed);
+
+  py::class_<GenParams>(m, "GenParams")
+      .def(py::init<>())
+      .def_readwrite("max_tokens", &GenParams::max_tokens)
+      .def_readwrite("sampler", &GenParams::sampler)
+      .def_readwrite("stop_ids", &GenParams::stop_ids);
 
   py::class_<Generator>(m, "Generator")
       .def(py::init<Model&>(), py::keep_alive<1, 2>())
       .def("begin",
-           [](Generator& g, std::vector<int32_t> prompt, int64_t max_tokens, float temperature, int32_t top_k,
-              float top_p, float min_p, float repetition_penalty, uint64_t seed, std::vector<int32_t> stop_ids) {
-             GenParams p;
-             p.max_tokens = max_tokens;
-             p.sampler.temperature = temperature;
-             p.sampler.top_k = top_k;
-             p.sampler.top_p = top_p;
-             p.sampler.min_p = min_p;
-             p.sampler.repetition_penalty = repetition_penalty;
-             p.sampler.seed = seed;
-             p.stop_ids = std::move(stop_ids);
+           [](Generator& g, const std::vector<int32_t>& prompt, const GenParams& p) {
              py::gil_scoped_release nogil;
              g.begin(prompt, p);
            })
@@ -215,20 +252,8 @@ void bind_model(py::module_& m) {
              py::gil_scoped_release nogil;
              return g.next();
            })
-      .def("finish", [](Generator& g, const std::string& reason) { g.finish(reason == "stop_string" ? "stop_string" : "caller"); })
-      .def("stats", [](const Generator& g) {
-        const GenStats& s = g.stats();
-        py::dict d;
-        d["prompt_tokens"] = s.prompt_tokens;
-        d["generated"] = s.generated;
-        d["prompt_ms"] = s.prompt_ms;
-        d["decode_ms"] = s.decode_ms;
-        d["decode_passes"] = s.decode_passes;
-        d["prompt_tps"] = s.prompt_tps();
-        d["decode_tps"] = s.decode_tps();
-        d["stop_reason"] = s.stop_reason;
-        return d;
-      });
+      .def("finish", &Generator::finish, py::arg("reason"))
+      .def("stats", [](const Generator& g) { return stats_dict(g.stats()); });
 }
 
 }  // namespace strata

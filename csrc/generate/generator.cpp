@@ -24,17 +24,35 @@ void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p) {
   tokens_ = prompt;
   logits_.resize(m_.spec().V);
   const auto t0 = std::chrono::steady_clock::now();
+  m_.set_kv_owner(nullptr);  // until the prompt is all in: a throwing pass leaves the cache to no one
   m_.forward(prompt.data(), (int64_t)prompt.size(), 0, logits_.data(), false);
   stats_.prompt_ms = ms_since(t0);
   stats_.prompt_tokens = (int64_t)prompt.size();
   pos_ = (int64_t)prompt.size();
   have_logits_ = true;
   done_ = false;
+  m_.set_kv_owner(this);
 }
 
-void Generator::finish(const char* reason) {
+Generator::~Generator() {
+  // A later object at this address must not take the cache for its own.
+  if (m_.kv_owner() == this) m_.set_kv_owner(nullptr);
+}
+
+void Generator::finish(const std::string& reason) {
   if (!done_) stats_.stop_reason = reason;
   done_ = true;
+}
+
+void Generator::reclaim_kv() {
+  if (m_.kv_owner() == this) return;
+  // Every token but the last, which the coming pass feeds itself. Logits do not depend on how the
+  // tokens are chunked (DESIGN.md, invariant 4), so this is the cache an uninterrupted run has.
+  const int64_t n = pos_ - 1;
+  m_.set_kv_owner(nullptr);
+  m_.forward(tokens_.data(), n, 0, nullptr, false);
+  m_.set_kv_owner(this);
+  stats_.recomputed += n;
 }
 
 int32_t Generator::next() {
@@ -43,15 +61,16 @@ int32_t Generator::next() {
     finish("max_tokens");
     return -1;
   }
+  const bool pass = !have_logits_;
+  if (pass && pos_ >= m_.config().ctx) {
+    finish("ctx_full");
+    return -1;
+  }
+  if (pass) reclaim_kv();
   // Decode time covers the passes (forward + sample) after the first token, whose logits came
   // with the prompt; decode tok/s is passes per second, as llama.cpp's eval rate.
   const auto t0 = std::chrono::steady_clock::now();
-  const bool pass = !have_logits_;
   if (pass) {
-    if (pos_ >= m_.config().ctx) {
-      finish("ctx_full");
-      return -1;
-    }
     m_.forward(&tokens_.back(), 1, pos_ - 1, logits_.data(), false);
   }
   const int32_t tok = sampler_->sample(logits_.data(), m_.spec().V, tokens_);
@@ -70,6 +89,11 @@ int32_t Generator::next() {
   ++pos_;
   ++stats_.generated;
   return tok;
+}
+
+void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out) {
+  m.set_kv_owner(nullptr);
+  m.forward(ids, n, 0, out, true);
 }
 
 }  // namespace strata

@@ -1,5 +1,7 @@
 // Generator: chunked prefill of the prompt, then a decode loop one token at a time, with the
 // sampler, stop tokens, max tokens and timings. Stop strings are matched by the caller on text.
+// Each Generator owns its tokens; several may run interleaved on one Model, taking turns with the
+// KV cache (the one whose tokens it does not hold recomputes them before its next pass).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 namespace strata {
 
+// The defaults here and in SamplerParams are the only ones: the Python API and the CLI read them.
 struct GenParams {
   int64_t max_tokens = 256;
   SamplerParams sampler;
@@ -19,8 +22,9 @@ struct GenParams {
 
 struct GenStats {
   int64_t prompt_tokens = 0, generated = 0, decode_passes = 0;
+  int64_t recomputed = 0;               // tokens run again: another generation had the KV cache
   double prompt_ms = 0, decode_ms = 0;  // prompt_ms: the prompt and the first token's sampling
-  std::string stop_reason;  // "stop_token", "max_tokens", "ctx_full", "caller"
+  std::string stop_reason;              // "stop_token", "max_tokens", "ctx_full", "stop_string", "caller"
   double prompt_tps() const { return prompt_ms > 0 ? prompt_tokens * 1000.0 / prompt_ms : 0; }
   double decode_tps() const { return decode_ms > 0 ? decode_passes * 1000.0 / decode_ms : 0; }
 };
@@ -28,15 +32,22 @@ struct GenStats {
 class Generator {
  public:
   explicit Generator(Model& m) : m_(m) {}
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
   // Runs the prompt through the model (chunked); the next call to next() samples the first token.
   void begin(const std::vector<int32_t>& prompt, const GenParams& p);
   // The next token, or -1 when generation has ended (stats().stop_reason says why).
   int32_t next();
-  // The caller ends generation (a stop string matched).
-  void finish(const char* reason);
+  // The caller ends generation (e.g. "stop_string" when a stop string matched).
+  void finish(const std::string& reason);
   const GenStats& stats() const { return stats_; }
 
  private:
+  // Puts this generation's tokens back into the KV cache when another one has taken it.
+  void reclaim_kv();
+
   Model& m_;
   GenParams p_;
   std::unique_ptr<Sampler> sampler_;
@@ -46,5 +57,9 @@ class Generator {
   bool done_ = true, have_logits_ = false;
   GenStats stats_;
 };
+
+// Logits at every position of ids[0..n) (n x V floats into `out`), from position 0. The KV cache
+// then holds these tokens, which belong to no generation.
+void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out);
 
 }  // namespace strata

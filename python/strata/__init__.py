@@ -1,21 +1,24 @@
 """strata: run Mixture-of-Experts LLMs from GGUF with experts streamed into a device cache."""
 
-import os as _os
-
 from strata import _core
 from strata._core import ConfigError, Error, FormatError, MemoryError, UnsupportedError
-from strata.model import Completion, Model, inspect
+from strata._options import log_level_from_env as _log_level_from_env
+from strata.info import ModelInfo, inspect
+from strata.model import GENERATE_DEFAULTS, Backend, Completion, Model
 
 __version__ = "0.1.0"
-_core.set_log_level(_os.environ.get("STRATA_LOG", "warn"))
+_core.set_log_level(_log_level_from_env())
 __all__ = [
-           "Completion",
-           "ConfigError",
-           "Error",
-           "FormatError",
-           "MemoryError",
-           "Model",
-           "UnsupportedError",
-           "__version__",
-           "inspect",
+    "GENERATE_DEFAULTS",
+    "Backend",
+    "Completion",
+    "ConfigError",
+    "Error",
+    "FormatError",
+    "MemoryError",
+    "Model",
+    "ModelInfo",
+    "UnsupportedError",
+    "__version__",
+    "inspect",
 ]

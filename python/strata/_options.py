@@ -1,7 +1,9 @@
-"""Parsing of the user-facing size and chunk options (--expert-cache, --prefill)."""
+"""The edge: the user-facing size and chunk options (--expert-cache, --prefill) and the only reads
+of the environment (STRATA_THREADS, STRATA_GR_UNFUSED, STRATA_LOG); nothing below this reads it."""
 
 from __future__ import annotations
 
+import os
 import re
 
 from strata._core import ConfigError
@@ -50,3 +52,27 @@ def parse_prefill(value: str | int | None) -> tuple[str, int]:
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--prefill '{value}' must be a token count >= 1 ('8192') or 'auto[:MAX]'")
     return ("fixed", int(text))
+
+
+def threads_from_env(threads: int) -> int:
+    """`threads`, or when 0 STRATA_THREADS, or 0 (every core)."""
+    if threads:
+        return int(threads)
+    text = os.environ.get("STRATA_THREADS", "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ConfigError(f"STRATA_THREADS='{text}' must be a thread count (0: every core)")
+    return int(text)
+
+
+def gr_unfused_from_env(gr_unfused: bool | None) -> bool:
+    """`gr_unfused`, or when None whether STRATA_GR_UNFUSED is set to anything but '' or '0'."""
+    if gr_unfused is not None:
+        return bool(gr_unfused)
+    return os.environ.get("STRATA_GR_UNFUSED", "") not in ("", "0")
+
+
+def log_level_from_env() -> str:
+    """STRATA_LOG: error, warn (the default), info or debug."""
+    return os.environ.get("STRATA_LOG", "warn")

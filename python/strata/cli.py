@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from strata import _core
+import strata
+from strata import GENERATE_DEFAULTS as DEFAULTS
 
 GiB = 2**30
 MiB = 2**20
@@ -27,12 +28,17 @@ def _fail(e: Exception) -> None:
     sys.exit(2)
 
 
-def _load(model: str, **kw: Any):
-    from strata.model import Model
-
+def _load(model: str, **kw: Any) -> strata.Model:
     try:
-        return Model(model, **kw)
-    except (_core.Error, FileNotFoundError, ValueError) as e:
+        return strata.Model(model, **kw)
+    except (strata.Error, FileNotFoundError, ValueError) as e:
+        _fail(e)
+
+
+def _info(model: str, **kw: Any) -> strata.ModelInfo:
+    try:
+        return strata.ModelInfo(model, **kw)
+    except (strata.Error, FileNotFoundError, ValueError) as e:
         _fail(e)
 
 
@@ -72,7 +78,8 @@ def main() -> None:
 @click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
               help="Read the prompt from this file ('-' for stdin).")
 @click.option("--system", default=None, help="With --chat: a system message before the user's.")
-@click.option("-n", "--max-tokens", default=256, show_default=True, help="Tokens to generate at most.")
+@click.option("-n", "--max-tokens", default=DEFAULTS["max_tokens"], show_default=True,
+              help="Tokens to generate at most.")
 @click.option("--device", default="cpu", show_default=True,
               help="Compute device: cpu (the CUDA backend is not in this release).")
 @click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
@@ -81,11 +88,15 @@ def main() -> None:
               help="Where streamed experts live: a host copy or the mapped file.")
 @click.option("--ctx", default=4096, show_default=True, help="KV cache length in tokens.")
 @click.option("-t", "--threads", default=0, help="CPU threads (0: STRATA_THREADS or all cores).")
-@click.option("--temp", "temperature", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=40, show_default=True, help="Keep the K most likely tokens (0: off).")
-@click.option("--top-p", default=0.95, show_default=True, help="Nucleus: keep tokens up to this mass (1: off).")
-@click.option("--min-p", default=0.05, show_default=True, help="Drop tokens below this fraction of the best (0: off).")
-@click.option("--repeat-penalty", default=1.0, show_default=True, help="Penalize the last 64 tokens (1: off).")
+@click.option("--temp", "temperature", default=DEFAULTS["temperature"], show_default=True,
+              help="Temperature; 0 is greedy.")
+@click.option("--top-k", default=DEFAULTS["top_k"], show_default=True, help="Keep the K most likely tokens (0: off).")
+@click.option("--top-p", default=DEFAULTS["top_p"], show_default=True,
+              help="Nucleus: keep tokens up to this mass (1: off).")
+@click.option("--min-p", default=DEFAULTS["min_p"], show_default=True,
+              help="Drop tokens below this fraction of the best (0: off).")
+@click.option("--repeat-penalty", default=DEFAULTS["repetition_penalty"], show_default=True,
+              help=f"Penalize the last {DEFAULTS['penalty_last_n']} tokens (1: off).")
 @click.option("--seed", type=int, default=None, help="Sampling seed (random if unset).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
@@ -96,11 +107,11 @@ def generate(model: str, prompt: str | None, prompt_file: Any, system: str | Non
              stats: bool) -> None:
     """Generate text from MODEL (a GGUF file), streaming it to stdout."""
     if (prompt is None) == (prompt_file is None):
-        _fail(_core.ConfigError("give the prompt with exactly one of -p/--prompt TEXT and -f/--file PATH"))
+        _fail(strata.ConfigError("give the prompt with exactly one of -p/--prompt TEXT and -f/--file PATH"))
     if prompt_file is not None:
         prompt = prompt_file.read()
     if system is not None and not chat:
-        _fail(_core.ConfigError("--system needs --chat (it is a chat message)"))
+        _fail(strata.ConfigError("--system needs --chat (it is a chat message)"))
     m = _load(model, device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
               threads=threads)
     kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -113,7 +124,7 @@ def generate(model: str, prompt: str | None, prompt_file: Any, system: str | Non
             click.echo(piece, nl=False)
             sys.stdout.flush()
         click.echo()
-    except _core.Error as e:
+    except strata.Error as e:
         _fail(e)
     if stats:
         _print_stats(m.last_stats)
@@ -125,18 +136,17 @@ def generate(model: str, prompt: str | None, prompt_file: Any, system: str | Non
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def info(model: str, expert_cache: str | None, as_json: bool) -> None:
     """Architecture, shapes, parameters, quant mix and memory of MODEL."""
-    m = _load(model, expert_cache="all", prefill=1, ctx=1, progress=False)
+    m = _info(model)
     s = m.spec
-    g = m._gguf
     mix: Counter[str] = Counter()
     mix_bytes: Counter[str] = Counter()
-    for t in g["tensors"]:
+    for t in m.tensors:
         role = "experts" if "_exps." in t["name"] else "dense"
         mix[(role, t["type_name"])] += 1
         mix_bytes[(role, t["type_name"])] += t["nbytes"]
     out: dict[str, Any] = dict(s)
     out["file"] = model
-    out["file_bytes"] = g["file_size"]
+    out["file_bytes"] = m.file_size
     out["bytes_per_expert"] = s["expert_bytes"] // (s["layers"] * s["experts"])
     out["quant_mix"] = [{"role": r, "type": ty, "tensors": n, "bytes": mix_bytes[(r, ty)]}
                         for (r, ty), n in sorted(mix.items())]
@@ -167,44 +177,31 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
         click.echo(f"{k:<{w}}  {v}")
 
 
-def _cache_plan(m: Any, expert_cache: str) -> dict[str, Any]:
-    from strata._options import parse_expert_cache
-
+def _cache_plan(m: strata.ModelInfo, expert_cache: str) -> dict[str, Any]:
     try:
-        size = parse_expert_cache(expert_cache)
-    except _core.Error as e:
+        plans = {T: m.plan_chunk(expert_cache, T) for T in (2048, 8192, 32768)}
+    except strata.Error as e:
         _fail(e)
-    if not isinstance(size, int):
-        _fail(_core.ConfigError("strata info --expert-cache takes a size (e.g. 14900 or 14.5GiB)"))
-    slot = m.spec["slot_bytes"]
-    out: dict[str, Any] = {"cache_mib": size / MiB, "slot_bytes": slot, "slots": size // slot, "auto_chunks": {}}
-    for T in (2048, 8192, 32768):
-        p = m.plan_chunk(size, T)
-        out["auto_chunks"][T] = p["chunk"] if p["fits"] else f"none fits: {p['error']}"
-    return out
+    cache = plans[2048]
+    return {"cache_mib": cache["cache_bytes"] / MiB, "slot_bytes": m.slot_bytes, "slots": cache["cache_slots"],
+            "auto_chunks": {T: p["chunk"] if p["fits"] else f"none fits: {p['error']}" for T, p in plans.items()}}
 
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--tokens", default=8192, show_default=True, help="Chunk size T.")
 @click.option("--no-source", is_flag=True, help="Plan for an all-resident cache (no ExpertSource).")
-@click.option("--unfused", is_flag=True, help="Plan with STRATA_GR_UNFUSED=1 (xn carved).")
+@click.option("--unfused", is_flag=True, help="Plan with the GR read unfused (xn carved), as STRATA_GR_UNFUSED=1.")
 @click.option("--expert-cache", default=None, help="Also show how many slots of this cache the chunk borrows.")
 @click.option("--json", "as_json", is_flag=True)
 def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache: str | None,
            as_json: bool) -> None:
     """Show the scratch buffers of one prompt chunk and the slots it borrows."""
-    saved = os.environ.get("STRATA_GR_UNFUSED")
-    if unfused:
-        os.environ["STRATA_GR_UNFUSED"] = "1"
+    m = _info(model, gr_unfused=True if unfused else None)
     try:
-        m = _load(model, expert_cache="all", prefill=1, ctx=1, progress=False)
-    finally:
-        if saved is None:
-            os.environ.pop("STRATA_GR_UNFUSED", None)
-        else:
-            os.environ["STRATA_GR_UNFUSED"] = saved
-    lay = m.layout(tokens=tokens, source=not no_source)
+        lay = m.layout(tokens=tokens, source=not no_source)
+    except strata.Error as e:
+        _fail(e)
     if as_json:
         click.echo(json.dumps(lay, indent=2))
         return
@@ -217,15 +214,10 @@ def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache
     click.echo(f"bytes_needed {lay['bytes_needed']} ({_fmt_bytes(lay['bytes_needed'])}); slot {lay['slot_bytes']} "
                f"bytes; the chunk borrows {lay['slots']} slots")
     if expert_cache is not None:
-        from strata._options import parse_expert_cache
-
         try:
-            size = parse_expert_cache(expert_cache)
-        except _core.Error as e:
+            n = m.cache_slots(expert_cache)
+        except strata.Error as e:
             _fail(e)
-        if not isinstance(size, int):
-            _fail(_core.ConfigError("strata layout --expert-cache takes a size (e.g. 14900 or 14.5GiB)"))
-        n = size // lay["slot_bytes"]
         left = n - lay["slots"]
         click.echo(f"--expert-cache {expert_cache}: {n} slots; the chunk borrows {lay['slots']}, "
                    + (f"leaving {left} for experts" if left > 0 else "more than the cache has"))
@@ -257,11 +249,11 @@ def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_c
     m.reset_stats()
     try:
         out = m.generate(ids, max_tokens=gen_tokens, temperature=0.0)
-    except _core.Error as e:
+    except strata.Error as e:
         _fail(e)
     st = out.stats
     res = {
-        "model": model, "device": device, "threads": m._m.threads, "load_s": load_s,
+        "model": model, "device": device, "threads": m.threads, "load_s": load_s,
         "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"], "generated": st["generated"],
         "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"],
         **{k: v for k, v in st.items() if k.startswith("cache_")},
@@ -294,7 +286,6 @@ def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
 
     The model has random weights and a real tokenizer; its experts are streamed through a cache
     smaller than they are, so the stats show hits, misses and bytes streamed."""
-    from strata.model import Model
     from strata.testing import make_qwen3moe
 
     d = keep or tempfile.mkdtemp(prefix="strata-demo-")
@@ -305,15 +296,15 @@ def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
                   expert_ffn=256, vocab=1024, quant={"experts": "Q4_K", "attn": "Q8_0", "embed": "Q8_0",
                                                      "output": "Q8_0"}, seed=1)
     click.echo(f"built {path} ({os.path.getsize(path) / MiB:.1f} MiB) in {time.monotonic() - t0:.1f} s")
-    probe = Model(path, expert_cache="all", prefill=1, ctx=1, progress=False)
+    probe = strata.ModelInfo(path)
     experts = probe.spec["expert_bytes"]
-    slot = probe.spec["slot_bytes"]
+    slot = probe.slot_bytes
     cache = max(experts * 2 // 5, slot * 24)
     click.echo(f"experts {experts / MiB:.2f} MiB in {probe.spec['layers'] * probe.spec['experts']} experts; "
                f"expert cache {cache / MiB:.2f} MiB ({cache // slot} slots)")
     # Chunks of 8 tokens: every chunk after the first lends slots that hold experts, so the stats
     # show evictions by the lend and the refills when the chunk gives its slots back.
-    m = Model(path, expert_cache=f"{cache}b", prefill=8, source="host", ctx=512)
+    m = strata.Model(path, expert_cache=f"{cache}b", prefill=8, source="host", ctx=512)
     click.echo(f"prompt: {prompt!r} (random weights: expect noise, not prose)")
     for piece in m.generate(prompt, max_tokens=max_tokens, temperature=0.7, seed=7, stream=True):
         click.echo(piece, nl=False)

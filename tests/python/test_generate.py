@@ -123,3 +123,40 @@ def test_inspect(make_mix):
     assert info["metadata"]["general.architecture"] == "qwen3moe"
     names = {t["name"] for t in info["tensors"]}
     assert "blk.0.ffn_gate_exps.weight" in names and "token_embd.weight" in names
+
+
+def test_interleaved_streams_each_yield_what_they_yield_alone(model):
+    """Each generate() call owns its tokens: two stream=True iterators on one Model, consumed in
+    turns (with a logits() call between them), each yield exactly what they yield alone."""
+    kw = dict(max_tokens=12, temperature=0, stream=True)
+    prompts = [PROMPT, "Slots are lent to the prompt"]
+    alone = ["".join(model.generate(p, **kw)) for p in prompts]
+    assert alone[0] != alone[1]  # else a mix-up of the two could pass unseen
+    its = [model.generate(p, **kw) for p in prompts]  # both prompts run before either decodes
+    got = ["", ""]
+    live = [True, True]
+    turn = 0
+    while any(live):
+        for i in (0, 1):
+            if live[i]:
+                piece = next(its[i], None)
+                if piece is None:
+                    live[i] = False
+                else:
+                    got[i] += piece
+        turn += 1
+        if turn == 3:
+            model.logits(model.tokenize("something else entirely"))
+    assert got == alone
+
+
+def test_interleaved_completions_keep_their_own_tokens_and_stats(model):
+    kw = dict(max_tokens=6, temperature=0)
+    a_alone = model.generate(PROMPT, **kw)
+    it = model.generate("Slots are lent to the prompt", stream=True, **kw)
+    first = next(it)
+    a = model.generate(PROMPT, **kw)  # runs whole while `it` is suspended
+    rest = "".join(it)
+    assert a.tokens == a_alone.tokens and a.text == a_alone.text
+    assert a.stats["generated"] == len(a.tokens)
+    assert first + rest == model.generate("Slots are lent to the prompt", **kw).text

@@ -1,11 +1,11 @@
-"""strata._core.read_gguf agrees with the reference gguf package on a file it wrote, and rejects a cut one."""
+"""strata.inspect (the native GGUF reader) agrees with the reference gguf package on a file it wrote,
+and rejects a cut one."""
 
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
-from strata._core import read_gguf
 
 import strata
 
@@ -48,7 +48,7 @@ def model(tmp_path: Path) -> Path:
 
 
 def test_matches_reference_reader(model: Path) -> None:
-    ours = read_gguf(str(model))
+    ours = strata.inspect(str(model))
     ref = gguf.GGUFReader(str(model))
 
     assert ours["path"] == str(model)
@@ -86,13 +86,13 @@ def test_truncated_copy_raises_format_error(model: Path, tmp_path: Path) -> None
         cut_path = tmp_path / f"cut_{cut}.gguf"
         cut_path.write_bytes(raw[:cut])
         with pytest.raises(strata.FormatError, match=f"cut_{cut}.gguf"):
-            read_gguf(str(cut_path))
+            strata.inspect(str(cut_path))
 
 
 def test_open_errors(tmp_path: Path) -> None:
     with pytest.raises(strata.Error, match="missing.gguf: cannot open"):
-        read_gguf(str(tmp_path / "missing.gguf"))
+        strata.inspect(str(tmp_path / "missing.gguf"))
     not_gguf = tmp_path / "notes.txt"
     not_gguf.write_text("hello world, this is not a model file")
     with pytest.raises(strata.FormatError, match="bad magic"):
-        read_gguf(str(not_gguf))
+        strata.inspect(str(not_gguf))

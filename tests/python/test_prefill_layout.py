@@ -23,6 +23,12 @@ SUPPORTED_TYPES = [0, 1, 8, 12, 14, 17, 30]
 Q8_TYPES = {8, 12, 14, 17}  # weight types with an integer kernel (uses_matmul_q8)
 
 
+def prefill_layout(shape: dict, T: int, src: bool) -> dict:
+    """_core.prefill_layout with the shape's optional keys filled: one stream, Q4_K experts, GR fused."""
+    full = {"HC": 1, "expert_types": [12, 12, 12], "unfused": False, **shape}
+    return _core.prefill_layout(full, T, src)
+
+
 def align_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
@@ -141,8 +147,8 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
     assert list(by["moe.gate"]["shape"]) == [rows, F]
     assert list(by["moe.up"]["shape"]) == [rows, F]
     assert list(by["moe.down"]["shape"]) == [rows, D]
-    # slots, where a slot size is given (prefill_layout has none: 0)
-    if plan["slot_bytes"]:
+    # slots, where a slot size is given (a model's layout; prefill_layout has none)
+    if plan.get("slot_bytes"):
         assert plan["slots"] == -(-plan["bytes_needed"] // plan["slot_bytes"])
 
 
@@ -161,11 +167,11 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
     src=False,
 )
 def test_plan_exact(shape, T, src):
-    plan = _core.prefill_layout(shape, T, src)
+    plan = prefill_layout(shape, T, src)
     check_plan(shape, T, src, plan)
     # monotone in T: a chunk one token longer never needs less
     if T < 65536:
-        nxt = _core.prefill_layout(shape, T + 1, src)
+        nxt = prefill_layout(shape, T + 1, src)
         assert plan["bytes_needed"] <= nxt["bytes_needed"]
 
 
@@ -174,8 +180,8 @@ def test_plan_exact(shape, T, src):
 def test_unfused_and_hc_only_add(shape, T):
     """The unfused GR mode carves exactly one extra T x D f32 buffer (xn, aligned) and nothing else."""
     for src in (True, False):
-        fused = _core.prefill_layout({**shape, "unfused": False}, T, src)
-        unf = _core.prefill_layout({**shape, "unfused": True}, T, src)
+        fused = prefill_layout({**shape, "unfused": False}, T, src)
+        unf = prefill_layout({**shape, "unfused": True}, T, src)
         assert unf["bytes_needed"] - fused["bytes_needed"] == align_up(T * shape["D"] * 4)
         assert [b["name"] for b in unf["buffers"] if b["name"] != "xn"] == [b["name"] for b in fused["buffers"]]
 
@@ -183,8 +189,8 @@ def test_unfused_and_hc_only_add(shape, T):
 def test_layout_kind_needs_supported_types():
     """With no expert type the fused path supports, even a streamed run uses the MMQ layout (and says so)."""
     shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32, expert_types=[])
-    assert _core.prefill_layout(shape, 16, True)["kind"] == "mmq"
-    assert _core.prefill_layout(shape, 16, False)["kind"] == "mmq"
+    assert prefill_layout(shape, 16, True)["kind"] == "mmq"
+    assert prefill_layout(shape, 16, False)["kind"] == "mmq"
 
 
 @pytest.mark.parametrize(
@@ -194,13 +200,13 @@ def test_shape_out_of_range(bad):
     shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32, **{})
     shape.update(bad)
     with pytest.raises(strata.ConfigError):
-        _core.prefill_layout(shape, 16, True)
+        prefill_layout(shape, 16, True)
 
 
 def test_zero_tokens_rejected():
     shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32)
     with pytest.raises(strata.ConfigError):
-        _core.prefill_layout(shape, 0, True)
+        prefill_layout(shape, 0, True)
 
 
 @pytest.mark.parametrize("mix", ["f32", "q4_k"])
@@ -226,7 +232,7 @@ def test_model_layout_matches_shape_plan(make_mix, mix):
     for T in (1, 2, 17, 64, 255, 256, 257, 4096):
         for src in (True, False):
             got = m.layout(T, src)
-            want = _core.prefill_layout(shape, T, src)
+            want = prefill_layout(shape, T, src)
             check_plan(shape, T, src, got)
             assert got["bytes_needed"] == want["bytes_needed"]
             assert got["buffers"] == want["buffers"]

@@ -92,12 +92,11 @@ MMQ_TOLERANCE = 3e-2
 
 @pytest.mark.parametrize("unfused", [False, True], ids=["gr-fused", "gr-unfused"])
 @pytest.mark.parametrize("layout", ["fused", "mmq"])
-def test_layouts_and_gr_modes_match_transformers(make_mix, monkeypatch, layout, unfused):
+def test_layouts_and_gr_modes_match_transformers(make_mix, layout, unfused):
     path = make_mix("q4_k")
-    if unfused:
-        monkeypatch.setenv("STRATA_GR_UNFUSED", "1")
     streamed = layout == "fused"
-    m = strata.Model(path, expert_cache=_third_of_experts(path) if streamed else "all", prefill=8, progress=False)
+    m = strata.Model(path, expert_cache=_third_of_experts(path) if streamed else "all", prefill=8, progress=False,
+                     gr_unfused=unfused)
     lay = m.layout(8, source=streamed)
     assert lay["kind"] == layout
     assert any(b["name"] == "xn" for b in lay["buffers"]) == unfused
