@@ -48,6 +48,14 @@ class Backend {
   virtual void free_pinned(void* p) = 0;
   // Device (and pinned) allocations alive now: a failed load must bring this back to its start.
   virtual size_t live_allocations() const = 0;
+  // Device memory free and in total now (CPU: available and total RAM).
+  virtual void memory_info(size_t* free_bytes, size_t* total_bytes) const = 0;
+  // True where device memory is host memory (the CPU): nothing to pin, register or stage.
+  virtual bool host_is_device() const = 0;
+  // Page-locks existing host memory, read-only, so the copy engine reads it at full speed (a read-only
+  // file mapping). False, with nothing changed, where the backend or the system cannot.
+  virtual bool register_host(const void* p, size_t bytes) = 0;
+  virtual void unregister_host(const void* p) = 0;
 
   // ---- the link ----
   // Synchronous: returns when the bytes have arrived.

@@ -49,6 +49,8 @@ py::dict cache_dict(Model& m) {
   const ChunkStats& ch = m.chunk_stats();
   py::dict d;
   d["all_resident"] = c.all_resident();
+  d["source_kind"] = m.source_describe();
+  d["cache_bytes"] = m.config().all_resident ? 0 : m.config().cache_bytes;
   d["source"] = m.source_kind();
   d["slot_bytes"] = c.slot_bytes();
   d["slots"] = c.n_slots();
@@ -174,14 +176,16 @@ void bind_model(py::module_& m) {
   py::class_<Model>(m, "Model")
       .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend,
                        const std::string& device, int threads, int64_t ctx, bool all_resident,
-                       size_t cache_bytes, const std::string& source, int64_t prefill, bool prefill_auto,
-                       bool gr_unfused, py::object progress) {
+                       size_t cache_bytes, bool cache_auto, const std::string& source, int64_t prefill,
+                       bool prefill_auto, bool gr_unfused, const std::string& kv_type, py::object progress) {
              ModelConfig cfg;
              cfg.device = device;
              cfg.threads = threads;
              cfg.ctx = ctx;
              cfg.all_resident = all_resident;
              cfg.cache_bytes = cache_bytes;
+             cfg.cache_auto = cache_auto;
+             cfg.kv_type = kv_type;
              cfg.source = source;
              cfg.prefill = prefill;
              cfg.prefill_auto = prefill_auto;
@@ -197,8 +201,9 @@ void bind_model(py::module_& m) {
            }),
            py::arg("file"), py::arg("backend") = nullptr, py::arg("device") = "cpu", py::arg("threads") = 0,
            py::arg("ctx") = 4096, py::arg("all_resident") = true, py::arg("cache_bytes") = 0,
-           py::arg("source") = "auto", py::arg("prefill") = 8192, py::arg("prefill_auto") = false,
-           py::arg("gr_unfused") = false, py::arg("progress") = py::none())
+           py::arg("cache_auto") = false, py::arg("source") = "auto", py::arg("prefill") = 8192,
+           py::arg("prefill_auto") = false, py::arg("gr_unfused") = false, py::arg("kv_type") = "auto",
+           py::arg("progress") = py::none())
       .def_property_readonly("plan", &Model::plan, py::return_value_policy::reference_internal)
       .def("cache_stats", &cache_dict)
       .def("reset_stats", &Model::reset_stats)

@@ -46,6 +46,11 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
     last_use_.emplace_back(be);
   }
   policy_ = std::make_unique<LruPolicy>(n_slots_);
+  if (!src_->page_locked() && !be.host_is_device()) {
+    for (int i = 0; i < kStages; ++i)
+      stages_.push_back(Stage{PinnedBuffer(be, layout.slot_bytes, "the expert staging buffers (--source mmap)"),
+                              Event(be)});
+  }
 }
 
 int32_t ExpertCache::free_slots() const {
@@ -82,7 +87,15 @@ void ExpertCache::fill(int32_t slot, int64_t layer, int64_t e, bool refill) {
   be_.wait(Stream::Copy, last_use_[slot].id());
   ExpertCopy c[3];
   const int n = src_->copies(layer, e, c);
-  for (int i = 0; i < n; ++i) be_.upload_async(slot_ptr(slot) + c[i].dst_off, c[i].src, c[i].bytes, Stream::Copy);
+  if (stages_.empty()) {
+    for (int i = 0; i < n; ++i) be_.upload_async(slot_ptr(slot) + c[i].dst_off, c[i].src, c[i].bytes, Stream::Copy);
+  } else {
+    Stage& st = stages_[next_stage_++ % stages_.size()];
+    st.done.sync();  // the copy that last read this buffer
+    for (int i = 0; i < n; ++i) std::memcpy(st.buf.get() + c[i].dst_off, c[i].src, c[i].bytes);
+    be_.upload_async(slot_ptr(slot), st.buf.get(), layout_.layers[layer].bytes, Stream::Copy);
+    st.done.record(Stream::Copy);
+  }
   ready_[slot].record(Stream::Copy);
   landing_[slot] = 1;
   stats_.bytes_streamed += layout_.layers[layer].bytes;

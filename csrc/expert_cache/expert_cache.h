@@ -88,6 +88,7 @@ class ExpertCache {
   // Guard bytes around the slot arena are intact (nothing wrote past the pool).
   bool guards_intact() const;
   static constexpr uint8_t kGuard = 0xA5;
+  static constexpr int kStages = 4;  // staging buffers in flight for an mmap source on a GPU
 
  private:
   int32_t slot_of(int64_t layer, int64_t e) const { return index_[layer * layout_.E + e]; }
@@ -114,6 +115,14 @@ class ExpertCache {
   std::vector<int32_t> held_list_;
   mutable std::vector<uint8_t> evictable_;  // find_victim's scratch
   std::vector<uint8_t> table_dirty_;  // per layer: the device row is stale
+  // Pinned staging for a source the copy engine cannot read directly (mmap on a GPU): each fill
+  // copies the expert into the next buffer, once the copy that last read that buffer is done.
+  struct Stage {
+    PinnedBuffer buf;
+    Event done;
+  };
+  std::vector<Stage> stages_;
+  size_t next_stage_ = 0;
   std::unique_ptr<EvictionPolicy> policy_;
   int32_t lent_begin_ = -1, lent_n_ = 0;
   std::vector<std::pair<uint64_t, int64_t>> evicted_by_lend_;  // (value, key)

@@ -80,8 +80,9 @@ def main() -> None:
 @click.option("--system", default=None, help="With --chat: a system message before the user's.")
 @click.option("-n", "--max-tokens", default=DEFAULTS["max_tokens"], show_default=True,
               help="Tokens to generate at most.")
-@click.option("--device", default="cpu", show_default=True,
-              help="Compute device: cpu (the CUDA backend is not in this release).")
+@click.option("--device", default="auto", show_default=True,
+              help="Compute device: auto (cuda when strata was built with it and a GPU is present, else cpu), "
+                   "cuda or cpu.")
 @click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
 @click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
 @click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True,
@@ -227,7 +228,7 @@ def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--prompt-tokens", default=512, show_default=True, help="Prompt length (random token ids).")
 @click.option("--gen-tokens", default=32, show_default=True, help="Tokens to decode (greedy).")
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="auto", show_default=True, help="Compute device: auto, cuda or cpu.")
 @click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
 @click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
 @click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True)

@@ -79,7 +79,7 @@ class Model:
     def __init__(
         self,
         path: str | os.PathLike,
-        device: str = "cpu",
+        device: str = "auto",
         expert_cache: str | float | None = "auto",
         prefill: str | int | None = 8192,
         source: str = "auto",
@@ -88,16 +88,13 @@ class Model:
         progress: bool = True,
         gr_unfused: bool | None = None,
         backend: Backend | None = None,
+        kv_type: str = "auto",
     ) -> None:
         self.path = os.fspath(path)
         file = _open(self.path)  # mapped and validated once; the native model shares it
         if backend is not None:
             device = backend.name
         cache = parse_expert_cache(expert_cache)
-        if device == "cpu" and cache == "auto":
-            cache = "all"  # the CPU reads experts where they lie: streaming would only copy memory
-        if cache == "auto":
-            raise _core.ConfigError("--expert-cache auto is only defined for a GPU device; give a size or 'all'")
         mode, chunk = parse_prefill(prefill)
         if source not in ("auto", "host", "mmap"):
             raise _core.ConfigError(f"--source must be host, mmap or auto, got '{source}'")
@@ -106,17 +103,21 @@ class Model:
         self.expert_cache = cache
         bar = ProgressBar(f"loading experts ({os.path.basename(self.path)})") if progress else None
         self._m = _core.Model(
-            file, self.backend, device=device, threads=threads, ctx=ctx, all_resident=(cache == "all"),
-            cache_bytes=0 if cache == "all" else int(cache), source=source, prefill=chunk,
+            file, self.backend, device=self.backend.name, threads=threads, ctx=ctx, all_resident=(cache == "all"),
+            cache_bytes=0 if cache in ("all", "auto") else int(cache), cache_auto=(cache == "auto"),
+            kv_type=kv_type, source=source, prefill=chunk,
             prefill_auto=(mode == "auto"), gr_unfused=gr_unfused_from_env(gr_unfused), progress=bar,
         )
+        if cache == "auto":  # as resolved at load
+            c = self._m.cache_stats()
+            self.expert_cache = "all" if c["all_resident"] else int(c["cache_bytes"])
         self.info = ModelInfo._of(file, self._m.plan)
         self.spec: dict[str, Any] = self.info.spec
         # After the native load, so an unknown architecture is reported before the tokenizer.
         md = self.info.metadata
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat_template: str | None = md.get("tokenizer.chat_template")
-        self.device = device
+        self.device = self.backend.name  # "cpu" or "cuda", as resolved from "auto"
         self.ctx = ctx
         self._last_stats: dict[str, Any] = {}
 

@@ -36,6 +36,10 @@ class TraceBackend final : public Backend {
   void* alloc_pinned(size_t b, const char* w) override { return cpu_->alloc_pinned(b, w); }
   void free_pinned(void* p) override { cpu_->free_pinned(p); }
   size_t live_allocations() const override { return cpu_->live_allocations(); }
+  void memory_info(size_t* f, size_t* t) const override { cpu_->memory_info(f, t); }
+  bool host_is_device() const override { return true; }
+  bool register_host(const void*, size_t) override { return false; }
+  void unregister_host(const void*) override {}
   void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
   void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
   void upload_async(void* d, const void* s, size_t n, Stream st) override {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -18,6 +19,20 @@
 
 namespace strata {
 namespace {
+
+// MemAvailable and MemTotal from /proc/meminfo (0 where it cannot be read).
+void host_memory(size_t* avail, size_t* total) {
+  *avail = *total = 0;
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return;
+  char key[64];
+  unsigned long long v;
+  while (std::fscanf(f, "%63s %llu kB", key, &v) == 2) {
+    if (!std::strcmp(key, "MemTotal:")) *total = (size_t)v * 1024;
+    if (!std::strcmp(key, "MemAvailable:")) *avail = (size_t)v * 1024;
+  }
+  std::fclose(f);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -41,6 +56,11 @@ class CpuBackend final : public Backend {
   void* alloc_pinned(size_t bytes, const char* what) override { return alloc(bytes, what); }
   void free_pinned(void* p) override { free(p); }
   size_t live_allocations() const override { return live_.load(); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const override { host_memory(free_bytes, total_bytes); }
+  bool host_is_device() const override { return true; }
+  // The CPU reads host memory where it is: there is nothing to register.
+  bool register_host(const void*, size_t) override { return false; }
+  void unregister_host(const void*) override {}
 
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
