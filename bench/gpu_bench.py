@@ -73,7 +73,8 @@ def main() -> None:
     ]
     print(f"\n{os.path.basename(path)}: {info.spec['params_total'] / 1e9:.1f} B params, "
           f"experts {info.spec['expert_bytes'] / 2**30:.2f} GiB; {rows[0]['device']}")
-    hdr = f"{'config':<30} {'prompt tok/s':>12} {'decode tok/s':>12} {'hit rate':>9} {'GB streamed':>11} {'link GB/s':>9}"
+    hdr = (f"{'config':<30} {'prompt tok/s':>12} {'decode tok/s':>12} {'hit rate':>9} {'GB streamed':>11} "
+           f"{'link GB/s':>9}")
     print(hdr)
     for r in rows:
         print(f"{r['config']:<30} {r['prompt_tps']:>12.1f} {r['decode_tps']:>12.2f} {r['hit_rate']:>9.3f} "

@@ -13,7 +13,6 @@ with the CPU's MMQ layout, not with transformers.
 from __future__ import annotations
 
 import itertools
-import os
 
 import numpy as np
 import pytest
