@@ -31,7 +31,7 @@ inline void blocks(const void* src, float* dst, int64_t n) {
 // gguf: (x * d), float32.
 inline void block_q8_0(const BlockQ8_0& b, float* y) {
   const float d = fp16_to_f32(b.d);
-  for (int l = 0; l < 32; ++l) y[l] = static_cast<float>(b.qs[l]) * d;
+  for (int l = 0; l < kQK8_0; ++l) y[l] = static_cast<float>(b.qs[l]) * d;
 }
 
 // gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m.
@@ -39,31 +39,19 @@ inline void block_q4_k(const BlockQ4_K& b, float* y) {
   const float d = fp16_to_f32(b.d), dmin = fp16_to_f32(b.dmin);
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, m;
-    scale_min_k4(j, b.scales, sc, m);
+    q4_k_scale_min(b.scales, j, sc, m);
     const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
-    const uint8_t* q = b.qs + (j / 2) * 32;
-    const int shift = (j % 2) * 4;
-    for (int l = 0; l < 32; ++l) y[j * 32 + l] = ds * static_cast<float>((q[l] >> shift) & 0xF) - dm;
+    for (int l = 0; l < 32; ++l) y[j * 32 + l] = ds * static_cast<float>(q4_k_q(b, j, l)) - dm;
   }
 }
 
 // gguf: (d * scale) rounded to float32, then times q in [-32, 31].
 inline void block_q6_k(const BlockQ6_K& b, float* y) {
   const float d = fp16_to_f32(b.d);
-  for (int h = 0; h < 2; ++h) {    // two halves of 128 elements
-    for (int k = 0; k < 4; ++k) {  // four groups of 32 in a half
-      const uint8_t* ql = b.ql + h * 64 + (k % 2) * 32;
-      const uint8_t* qh = b.qh + h * 32;
-      const int lshift = (k / 2) * 4, hshift = k * 2;
-      for (int s = 0; s < 2; ++s) {  // a scale covers 16 elements
-        const float ds = d * static_cast<float>(b.scales[h * 8 + k * 2 + s]);
-        float* out = y + h * 128 + k * 32 + s * 16;
-        for (int l = 0; l < 16; ++l) {
-          const int i = s * 16 + l;
-          const int q = (((ql[i] >> lshift) & 0xF) | (((qh[i] >> hshift) & 3) << 4)) - 32;
-          out[l] = ds * static_cast<float>(q);
-        }
-      }
+  for (int p = 0; p < 8; ++p) {
+    for (int s = 0; s < 2; ++s) {  // a scale covers 16 elements
+      const float ds = d * static_cast<float>(b.scales[q6_k_group(p).scale + s]);
+      for (int l = s * 16; l < s * 16 + 16; ++l) y[p * 32 + l] = ds * static_cast<float>(q6_k_q(b, p, l));
     }
   }
 }
@@ -73,17 +61,16 @@ constexpr float kPlusMinus[2] = {1.0f, -1.0f};
 // gguf: db = d * (0.5 + scale) * 0.25, then (db * grid) * (+-1).
 inline void block_iq2_xs(const BlockIQ2_XS& b, float* y) {
   const float d = fp16_to_f32(b.d);
-  for (int g = 0; g < 16; ++g) {  // 16 groups of 16 elements, one 4-bit scale each
-    const int sc = (b.scales[g / 2] >> ((g % 2) * 4)) & 0xF;
-    const float db = d * (0.5f + static_cast<float>(sc)) * 0.25f;
+  for (int g = 0; g < 16; ++g) {
+    const float db = iq2_xs_group_scale(d, iq2_xs_scale(b, g));
     for (int k = 0; k < 2; ++k) {
       const uint16_t q = b.qs[g * 2 + k];
-      const uint64_t grid = kIq2xsGrid[q & 511];
-      const uint8_t signs = kSignsIq2xs[q >> 9];
+      const uint64_t grid = kIq2xsGrid[iq2_xs_grid_index(q)];
+      const uint8_t signs = kIq2xsSigns[iq2_xs_sign_index(q)];
       float* out = y + g * 16 + k * 8;
-      for (int j = 0; j < 8; ++j) {
-        const float v = db * static_cast<float>((grid >> (8 * j)) & 0xFF);
-        out[j] = v * kPlusMinus[(signs >> j) & 1];  // a multiply, as numpy does, and no branch
+      for (int e = 0; e < 8; ++e) {  // a multiply by +-1, as numpy does, and no branch
+        const float v = db * static_cast<float>(iq2_xs_grid_value(grid, e));
+        out[e] = v * kPlusMinus[iq2_xs_negative(signs, e)];
       }
     }
   }
@@ -95,7 +82,7 @@ inline void block_bf16(const uint16_t& h, float* y) { *y = bf16_to_f32(h); }
 void row_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 void row_f16(const void* src, float* dst, int64_t n) { blocks<uint16_t, 1, block_f16>(src, dst, n); }
 void row_bf16(const void* src, float* dst, int64_t n) { blocks<uint16_t, 1, block_bf16>(src, dst, n); }
-void row_q8_0(const void* src, float* dst, int64_t n) { blocks<BlockQ8_0, 32, block_q8_0>(src, dst, n); }
+void row_q8_0(const void* src, float* dst, int64_t n) { blocks<BlockQ8_0, kQK8_0, block_q8_0>(src, dst, n); }
 void row_q4_k(const void* src, float* dst, int64_t n) { blocks<BlockQ4_K, kQK_K, block_q4_k>(src, dst, n); }
 void row_q6_k(const void* src, float* dst, int64_t n) { blocks<BlockQ6_K, kQK_K, block_q6_k>(src, dst, n); }
 void row_iq2_xs(const void* src, float* dst, int64_t n) {
@@ -149,7 +136,7 @@ STRATA_SIMD void row_q4_k_simd(const void* src, float* dst, int64_t n) {
     const float d = fp16_to_f32(b[i].d), dmin = fp16_to_f32(b[i].dmin);
     for (int j = 0; j < 8; ++j, dst += 32) {
       uint8_t sc, m;
-      scale_min_k4(j, b[i].scales, sc, m);
+      q4_k_scale_min(b[i].scales, j, sc, m);
       const __m256 ds = _mm256_set1_ps(d * static_cast<float>(sc));
       const __m256 dm = _mm256_set1_ps(dmin * static_cast<float>(m));
       const __m128i shift = _mm_cvtsi32_si128((j % 2) * 4);
@@ -197,7 +184,7 @@ STRATA_SIMD void row_iq2_xs_simd(const void* src, float* dst, int64_t n) {
         const uint16_t q = b[i].qs[g * 2 + k];
         const __m256i grid =
             _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kIq2xsGrid[q & 511])));
-        const __m256i s = _mm256_and_si256(_mm256_set1_epi32(kSignsIq2xs[q >> 9]), bit);
+        const __m256i s = _mm256_and_si256(_mm256_set1_epi32(kIq2xsSigns[q >> 9]), bit);
         const __m256 sign = _mm256_blendv_ps(plus, minus, _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, bit)));
         _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_mul_ps(db, _mm256_cvtepi32_ps(grid)), sign));
       }

@@ -270,7 +270,7 @@ struct DecQ4_K {
   STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int j) {
     const BlockQ4_K& b = reinterpret_cast<const BlockQ4_K*>(row)[blk];
     uint8_t sc, m;
-    scale_min_k4(j, b.scales, sc, m);
+    q4_k_scale_min(b.scales, j, sc, m);
     return {_mm256_set1_ps(h2f(b.d) * static_cast<float>(sc)),
             _mm256_set1_ps(h2f(b.dmin) * static_cast<float>(m)), b.qs + (j / 2) * 32,
             _mm_cvtsi32_si128((j % 2) * 4)};
@@ -324,7 +324,7 @@ struct DecIQ2_XS {
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     const uint16_t q = s.qs[k];
     const __m256i grid = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kIq2xsGrid[q & 511])));
-    const __m256i sb = _mm256_and_si256(_mm256_set1_epi32(kSignsIq2xs[q >> 9]), bit);
+    const __m256i sb = _mm256_and_si256(_mm256_set1_epi32(kIq2xsSigns[q >> 9]), bit);
     const __m256 sign = _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(-1.0f),
                                          _mm256_castsi256_ps(_mm256_cmpeq_epi32(sb, bit)));
     return _mm256_mul_ps(_mm256_mul_ps(s.db, _mm256_cvtepi32_ps(grid)), sign);

@@ -53,7 +53,7 @@ void mmq_q8_0_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
                 const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
                 int32_t s = 0;
-                for (int l = 0; l < 32; ++l) s += blk.qs[l] * x[l];
+                for (int l = 0; l < kQK8_0; ++l) s += blk.qs[l] * x[l];
                 return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
               });
 }
@@ -65,11 +65,10 @@ void mmq_q4_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
                 const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / 8];
                 const int j = static_cast<int>(b % 8);
                 uint8_t sc, m;
-                scale_min_k4(j, blk.scales, sc, m);
-                const uint8_t* q = blk.qs + (j / 2) * 32;
+                q4_k_scale_min(blk.scales, j, sc, m);
                 int32_t s = 0, sx = 0;
                 for (int l = 0; l < 32; ++l) {
-                  s += ((q[l] >> ((j % 2) * 4)) & 0xF) * x[l];
+                  s += q4_k_q(blk, j, l) * x[l];
                   sx += x[l];
                 }
                 acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(sc * s), acc);
@@ -82,16 +81,12 @@ void mmq_q6_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
                 const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b / 8];
-                const int h = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
-                const uint8_t* ql = blk.ql + h * 64 + (k % 2) * 32;
-                const uint8_t* qh = blk.qh + h * 32;
+                const int p = static_cast<int>(b % 8);
                 int32_t half[2] = {0, 0};
-                for (int l = 0; l < 32; ++l) {
-                  const int q = (((ql[l] >> ((k / 2) * 4)) & 0xF) | (((qh[l] >> (k * 2)) & 3) << 4)) - 32;
-                  half[l / 16] += q * x[l];
-                }
-                const int32_t s = blk.scales[h * 8 + k * 2] * half[0] + blk.scales[h * 8 + k * 2 + 1] * half[1];
-                return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+                for (int l = 0; l < 32; ++l) half[l / 16] += q6_k_q(blk, p, l) * x[l];
+                const int8_t* sc = blk.scales + q6_k_group(p).scale;
+                return std::fma(fp16_to_f32(blk.d) * dx,
+                                static_cast<float>(sc[0] * half[0] + sc[1] * half[1]), acc);
               });
 }
 
@@ -100,22 +95,22 @@ void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
                 const BlockIQ2_XS& blk = reinterpret_cast<const BlockIQ2_XS*>(w)[b / 8];
-                const int j = static_cast<int>(b % 8);
                 int32_t s = 0;
-                for (int hf = 0; hf < 2; ++hf) {  // 16 elements per 4-bit scale
-                  int32_t sh = 0;
+                for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element groups
+                  const int g = 2 * static_cast<int>(b % 8) + h;
+                  int32_t sg = 0;
                   for (int k = 0; k < 2; ++k) {
-                    const uint16_t q = blk.qs[j * 4 + hf * 2 + k];
-                    const uint64_t grid = kIq2xsGrid[q & 511];
-                    const uint8_t signs = kSignsIq2xs[q >> 9];
+                    const uint16_t q = blk.qs[2 * g + k];
+                    const uint64_t grid = kIq2xsGrid[iq2_xs_grid_index(q)];
+                    const uint8_t signs = kIq2xsSigns[iq2_xs_sign_index(q)];
                     for (int e = 0; e < 8; ++e) {
-                      const int g = static_cast<int>((grid >> (8 * e)) & 0xFF);
-                      sh += ((signs >> e) & 1 ? -g : g) * x[hf * 16 + k * 8 + e];
+                      const int v = iq2_xs_grid_value(grid, e);
+                      sg += (iq2_xs_negative(signs, e) ? -v : v) * x[h * 16 + k * 8 + e];
                     }
                   }
-                  s += (2 * ((blk.scales[j] >> (4 * hf)) & 0xF) + 1) * sh;
+                  s += iq2_xs_scale_odd(blk, g) * sg;
                 }
-                return std::fma((fp16_to_f32(blk.d) * dx) * 0.125f, static_cast<float>(s), acc);
+                return std::fma((fp16_to_f32(blk.d) * dx) * kIq2xsOddScaleUnit, static_cast<float>(s), acc);
               });
 }
 
