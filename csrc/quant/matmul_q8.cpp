@@ -8,12 +8,9 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "quant/block_math.h"
-#include "quant/iq2xs_grid.h"
+#include "quant/formats.h"
 #include "quant/quant.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "quant/simd.h"
 
 namespace strata {
 namespace quant_detail {
@@ -117,8 +114,6 @@ void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
 #if defined(__x86_64__)
 namespace {
 
-#define STRATA_SIMD __attribute__((target("avx2,fma,f16c")))
-
 // ---- AVX2 kernels: 8 outputs (MR rows x NT tokens, lane i = r * NT + t) at a time. Each output
 // has its own float lane; per block the eight integer sums are formed with maddubs/madd, reduced
 // to one vector by hadd, and then the lane does exactly the scalar kernel's float operations. ----
@@ -145,17 +140,6 @@ struct XInfo {
   int64_t tpad;
 };
 
-STRATA_SIMD inline float half_f16c(const void* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);  // exact for every non-NaN half, as fp16_to_f32
-}
-
-STRATA_SIMD inline int32_t hsum128(__m128i s4) {
-  const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-}
-
 // Per-thread scratch for XInfo; grows to the largest call and is reused.
 STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, bool interleave = false) {
   thread_local std::vector<float> dx;
@@ -171,13 +155,13 @@ STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, 
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
-      dx[b * tpad + t] = half_f16c(xb);
+      dx[b * tpad + t] = h2f_at(xb);
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
       const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
       const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
-      sum[b * tpad + t] = hsum128(_mm_add_epi32(lo, hi));
+      sum[b * tpad + t] = hsum_epi32(_mm_add_epi32(lo, hi));
       if (interleave) {
-        const uint32_t h0 = static_cast<uint16_t>(hsum128(lo)), h1 = static_cast<uint16_t>(hsum128(hi));
+        const uint32_t h0 = static_cast<uint16_t>(hsum_epi32(lo)), h1 = static_cast<uint16_t>(hsum_epi32(hi));
         hsum[b * tpad + t] = static_cast<int32_t>(h0 | (h1 << 16));
         int8_t* dst = xt.data() + (((t / 8) * nb + b) * 8) * 32 + (t % 8) * 4;
         for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + 2 + k * 4, 4);
@@ -224,7 +208,7 @@ struct KQ8_0 {
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ8_0& b = *reinterpret_cast<const BlockQ8_0*>(blk);
-    return {half_f16c(&b.d), b.qs};
+    return {h2f(b.d), b.qs};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int, __m256i x) {
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs));
@@ -248,8 +232,8 @@ struct KQ4_K {
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ4_K& b = *reinterpret_cast<const BlockQ4_K*>(blk);
     Pre p;
-    p.d = half_f16c(&b.d);
-    p.dmin = half_f16c(&b.dmin);
+    p.d = h2f(b.d);
+    p.dmin = h2f(b.dmin);
     // ggml's bit trick: the 12 packed bytes to 8 scales then 8 mins (scale_min_k4's values).
     uint32_t u[4];
     std::memcpy(u, b.scales, 12);
@@ -289,7 +273,7 @@ struct KQ6_K {
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(blk);
-    return {half_f16c(&b->d), b};
+    return {h2f(b->d), b};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const int h = j / 4, k = j % 4;
@@ -320,14 +304,14 @@ struct KIQ2_XS {
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockIQ2_XS* b = reinterpret_cast<const BlockIQ2_XS*>(blk);
-    return {half_f16c(&b->d), b};
+    return {h2f(b->d), b};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const uint16_t* q = p.b->qs + 4 * j;
     const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
                                            kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
-    const __m256i sign = _mm256_set_epi64x(kSignBytesIq2xs[q[3] >> 9], kSignBytesIq2xs[q[2] >> 9],
-                                           kSignBytesIq2xs[q[1] >> 9], kSignBytesIq2xs[q[0] >> 9]);
+    const __m256i sign = _mm256_set_epi64x(kIq2xsSignBytes[q[3] >> 9], kIq2xsSignBytes[q[2] >> 9],
+                                           kIq2xsSignBytes[q[1] >> 9], kIq2xsSignBytes[q[0] >> 9]);
     const __m256i p16 = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, sign));
     const int s = p.b->scales[j];
     const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(2 * (s >> 4) + 1), _mm_set1_epi16(2 * (s & 0xF) + 1));
@@ -503,8 +487,8 @@ struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * hal
       const uint16_t* q = blk->qs + 4 * (b % 8);
       const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
                                              kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
-      const __m256i sign = _mm256_set_epi64x(kSignBytesIq2xs[q[3] >> 9], kSignBytesIq2xs[q[2] >> 9],
-                                             kSignBytesIq2xs[q[1] >> 9], kSignBytesIq2xs[q[0] >> 9]);
+      const __m256i sign = _mm256_set_epi64x(kIq2xsSignBytes[q[3] >> 9], kIq2xsSignBytes[q[2] >> 9],
+                                             kIq2xsSignBytes[q[1] >> 9], kIq2xsSignBytes[q[0] >> 9]);
       store32(scr + b * 32, _mm256_add_epi8(_mm256_sign_epi8(grid, sign), _mm256_set1_epi8(43)));
     }
   }
@@ -617,7 +601,6 @@ void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const ui
     rows_groups<K, typename Il<K>::type, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }
 
-#undef STRATA_SIMD
 }  // namespace
 
 void mmq_q8_0_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
