@@ -195,6 +195,37 @@ STRATA_SIMD inline __m256i row_lanes_epi32(F f) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
 }
 
+// ---- Each format's 32-block j of a weight block as 32 bytes (byte l: element l), from the layout
+// in formats.h; the K (T <= 4) and Il (T > 4) kernels below multiply them. ----
+
+// q in [0, 15].
+STRATA_SIMD inline __m256i q4_k_bytes(const BlockQ4_K& b, int j) {
+  const Q4_KSub s = q4_k_sub(j);
+  return _mm256_and_si256(_mm256_srli_epi16(load256(b.qs + s.qs), s.shift), _mm256_set1_epi8(kQ4_KMask));
+}
+
+// q + kQ6_KBias, in [0, 63].
+STRATA_SIMD inline __m256i q6_k_bytes(const BlockQ6_K& b, int j) {
+  const Q6_KGroup g = q6_k_group(j);
+  const __m256i lo =
+      _mm256_and_si256(_mm256_srli_epi16(load256(b.ql + g.ql), g.ql_shift), _mm256_set1_epi8(kQ6_KLowMask));
+  const __m256i hi =
+      _mm256_and_si256(_mm256_srli_epi16(load256(b.qh + g.qh), g.qh_shift), _mm256_set1_epi8(kQ6_KHighMask));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+// Grid magnitudes in [0, kIq2xsGridMax], and their signs as +1 / -1 bytes.
+STRATA_SIMD inline __m256i iq2_xs_grid_bytes(const BlockIQ2_XS& b, int j) {
+  const uint16_t* q = b.qs + 4 * j;
+  const auto e = [&](int k) { return static_cast<long long>(kIq2xsGrid[iq2_xs_grid_index(q[k])]); };
+  return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+}
+STRATA_SIMD inline __m256i iq2_xs_sign_bytes(const BlockIQ2_XS& b, int j) {
+  const uint16_t* q = b.qs + 4 * j;
+  const auto e = [&](int k) { return static_cast<long long>(kIq2xsSignBytes[iq2_xs_sign_index(q[k])]); };
+  return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+}
+
 // A type's kernel: kSubs 32-blocks per weight block; Pre holds one row's decoded block header;
 // dot() gives 8 int32 partials summing to the 32-block's integer term (scales that vary inside
 // the weight block applied); update() adds the block to the lane accumulators.
@@ -211,7 +242,7 @@ struct KQ8_0 {
     return {h2f(b.d), b.qs};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int, __m256i x) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs));
+    const __m256i w = load256(p.qs);
     return madd1(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)));
   }
   template <int MR, int NT>
@@ -227,31 +258,19 @@ struct KQ4_K {
   struct Pre {
     float d, dmin;
     uint8_t sc[8], m[8];
-    const uint8_t* qs;
+    const BlockQ4_K* b;
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
-    const BlockQ4_K& b = *reinterpret_cast<const BlockQ4_K*>(blk);
+    const BlockQ4_K* b = reinterpret_cast<const BlockQ4_K*>(blk);
     Pre p;
-    p.d = h2f(b.d);
-    p.dmin = h2f(b.dmin);
-    // ggml's bit trick: the 12 packed bytes to 8 scales then 8 mins (scale_min_k4's values).
-    uint32_t u[4];
-    std::memcpy(u, b.scales, 12);
-    constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t mins_lo = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = mins_lo;
-    u[0] &= k1;
-    std::memcpy(p.sc, u, 8);
-    std::memcpy(p.m, u + 2, 8);
-    p.qs = b.qs;
+    p.d = h2f(b->d);
+    p.dmin = h2f(b->dmin);
+    q4_k_scales_mins(b->scales, p.sc, p.m);
+    p.b = b;
     return p;
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs + (j / 2) * 32));
-    const __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0xF));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(v, x), _mm256_set1_epi16(p.sc[j]));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q4_k_bytes(*p.b, j), x), _mm256_set1_epi16(p.sc[j]));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int j, __m256 dx, __m256i xsum) {
@@ -276,17 +295,11 @@ struct KQ6_K {
     return {h2f(b->d), b};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    const int h = j / 4, k = j % 4;
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.b->ql + h * 64 + (k % 2) * 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.b->qh + h * 32));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((k / 2) * 4)), _mm256_set1_epi8(0xF));
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k * 2)), _mm256_set1_epi8(3));
-    const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // q6 + 32, in [0, 63]
-    const __m256i p16 =
-        _mm256_sub_epi16(_mm256_maddubs_epi16(u, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(p.b->scales[h * 8 + k * 2 + 1]),
-                                        _mm_set1_epi16(p.b->scales[h * 8 + k * 2]));
-    return _mm256_madd_epi16(p16, sc);
+    // (q + bias) . x - bias . x, each within int16.
+    const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q6_k_bytes(*p.b, j), x),
+                                         _mm256_maddubs_epi16(_mm256_set1_epi8(kQ6_KBias), x));
+    const int8_t* sc = p.b->scales + q6_k_group(j).scale;
+    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
@@ -307,20 +320,16 @@ struct KIQ2_XS {
     return {h2f(b->d), b};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    const uint16_t* q = p.b->qs + 4 * j;
-    const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
-                                           kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
-    const __m256i sign = _mm256_set_epi64x(kIq2xsSignBytes[q[3] >> 9], kIq2xsSignBytes[q[2] >> 9],
-                                           kIq2xsSignBytes[q[1] >> 9], kIq2xsSignBytes[q[0] >> 9]);
-    const __m256i p16 = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, sign));
-    const int s = p.b->scales[j];
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(2 * (s >> 4) + 1), _mm_set1_epi16(2 * (s & 0xF) + 1));
+    const __m256i p16 =
+        _mm256_maddubs_epi16(iq2_xs_grid_bytes(*p.b, j), _mm256_sign_epi8(x, iq2_xs_sign_bytes(*p.b, j)));
+    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(iq2_xs_scale_odd(*p.b, 2 * j + 1)),
+                                        _mm_set1_epi16(iq2_xs_scale_odd(*p.b, 2 * j)));
     return _mm256_madd_epi16(p16, sc);
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
     const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
-    const __m256 ddx = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_set1_ps(0.125f));
+    const __m256 ddx = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_set1_ps(kIq2xsOddScaleUnit));
     return _mm256_fmadd_ps(ddx, _mm256_cvtepi32_ps(isum), acc);
   }
 };
@@ -394,10 +403,8 @@ inline int32_t pair16(int a, int b) {
 
 struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the sign
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
-      store32(scr + b * 32, _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs))));
-    }
+    const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w);
+    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, _mm256_abs_epi8(load256(blk[b].qs)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ8_0::Pre* p, int, const uint8_t* const* a, const int8_t* const* xv,
@@ -417,12 +424,8 @@ struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the s
 
 struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int16 (16 * 15 * 128)
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / 8];
-      const int j = static_cast<int>(b % 8);
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + (j / 2) * 32));
-      store32(scr + b * 32, _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0xF)));
-    }
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w);
+    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, q4_k_bytes(blk[b / 8], static_cast<int>(b % 8)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
@@ -442,25 +445,19 @@ struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int
   }
 };
 
-struct IlQ6_K {  // scr = q6 + 32 in [0, 63]; two steps per int16 (4 * 63 * 128); -32 * sc * half sums after
+// scr = q + kQ6_KBias in [0, 63]; two steps per int16 (4 * 63 * 128); minus bias * scale * half sums after.
+struct IlQ6_K {
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w) + b / 8;
-      const int h = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
-      const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + h * 64 + (k % 2) * 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + h * 32));
-      const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((k / 2) * 4)), _mm256_set1_epi8(0xF));
-      const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k * 2)), _mm256_set1_epi8(3));
-      store32(scr + b * 32, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
-    }
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w);
+    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, q6_k_bytes(blk[b / 8], static_cast<int>(b % 8)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
                                const __m256i* hs, __m256i* isum) {
-    const int h = j / 4, k = j % 4;
+    const int scale = q6_k_group(j).scale;  // halves: scales[scale], scales[scale + 1]
     for (int r = 0; r < MR; ++r) {
-      const int8_t* sc = p[r].b->scales + h * 8 + k * 2;
-      const __m256i c = _mm256_set1_epi32(pair16(32 * sc[0], 32 * sc[1]));
+      const int8_t* sc = p[r].b->scales + scale;
+      const __m256i c = _mm256_set1_epi32(pair16(kQ6_KBias * sc[0], kQ6_KBias * sc[1]));
       for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
     for (int hf = 0; hf < 2; ++hf)
@@ -470,7 +467,7 @@ struct IlQ6_K {  // scr = q6 + 32 in [0, 63]; two steps per int16 (4 * 63 * 128)
         for (int v = 0; v < NV; ++v) x0[v] = xload(xv[v] + s0 * 32), x1[v] = xload(xv[v] + (s0 + 1) * 32);
         for (int r = 0; r < MR; ++r) {
           const __m256i a0 = bcast4(a[r] + 4 * s0), a1 = bcast4(a[r] + 4 * (s0 + 1));
-          const __m256i sc = _mm256_set1_epi16(p[r].b->scales[h * 8 + k * 2 + hf]);
+          const __m256i sc = _mm256_set1_epi16(p[r].b->scales[scale + hf]);
           for (int v = 0; v < NV; ++v) {
             const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x0[v]), _mm256_maddubs_epi16(a1, x1[v]));
             isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(s16, sc));
@@ -480,16 +477,15 @@ struct IlQ6_K {  // scr = q6 + 32 in [0, 63]; two steps per int16 (4 * 63 * 128)
   }
 };
 
-struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * half sums after
+// scr = signed grid value + kIq2xsGridMax in [0, 86]; minus max * scale * half sums after.
+struct IlIQ2_XS {
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockIQ2_XS* blk = reinterpret_cast<const BlockIQ2_XS*>(w);
     for (int64_t b = 0; b < nb; ++b) {
-      const BlockIQ2_XS* blk = reinterpret_cast<const BlockIQ2_XS*>(w) + b / 8;
-      const uint16_t* q = blk->qs + 4 * (b % 8);
-      const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
-                                             kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
-      const __m256i sign = _mm256_set_epi64x(kIq2xsSignBytes[q[3] >> 9], kIq2xsSignBytes[q[2] >> 9],
-                                             kIq2xsSignBytes[q[1] >> 9], kIq2xsSignBytes[q[0] >> 9]);
-      store32(scr + b * 32, _mm256_add_epi8(_mm256_sign_epi8(grid, sign), _mm256_set1_epi8(43)));
+      const BlockIQ2_XS& wb = blk[b / 8];
+      const int j = static_cast<int>(b % 8);
+      const __m256i v = _mm256_sign_epi8(iq2_xs_grid_bytes(wb, j), iq2_xs_sign_bytes(wb, j));
+      store32(scr + b * 32, _mm256_add_epi8(v, _mm256_set1_epi8(kIq2xsGridMax)));
     }
   }
   template <int MR, int NV>
@@ -497,10 +493,9 @@ struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * hal
                                const __m256i* hs, __m256i* isum) {
     int sc[MR][2];
     for (int r = 0; r < MR; ++r) {
-      const int s = p[r].b->scales[j];
-      sc[r][0] = 2 * (s & 0xF) + 1;
-      sc[r][1] = 2 * (s >> 4) + 1;
-      const __m256i c = _mm256_set1_epi32(pair16(43 * sc[r][0], 43 * sc[r][1]));
+      sc[r][0] = iq2_xs_scale_odd(*p[r].b, 2 * j);
+      sc[r][1] = iq2_xs_scale_odd(*p[r].b, 2 * j + 1);
+      const __m256i c = _mm256_set1_epi32(pair16(kIq2xsGridMax * sc[r][0], kIq2xsGridMax * sc[r][1]));
       for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
     for (int hf = 0; hf < 2; ++hf)
