@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "quant/formats.h"
 
 namespace strata {
 
@@ -66,7 +67,7 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
     // enough to hold the down projection's quantized input (F) after gate/up have read them (D).
     STRATA_CHECK(s.D % 32 == 0 && s.F % 32 == 0, UnsupportedError,
                  "the MMQ layout needs D and F divisible by 32, got D=", s.D, " F=", s.F);
-    add("moe.xq", "q8_0", {T * s.K, std::max(s.D, s.F) / 32 * 34}, 1);
+    add("moe.xq", "q8_0", {T * s.K, std::max(s.D, s.F) / kQK8_0 * kQ8_0Bytes}, 1);
     add("moe.gate", "f32", {T * s.K, s.F}, 4);
     add("moe.up", "f32", {T * s.K, s.F}, 4);
     add("moe.down", "f32", {T * s.K, s.D}, 4);

@@ -2,6 +2,7 @@
 // 32-element block (llama.cpp's CPU path), in the one float order quant.h defines.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -16,11 +17,15 @@ namespace strata {
 namespace quant_detail {
 namespace {
 
-constexpr int64_t kQ8Bytes = 34;  // one q8_0 activation block: fp16 d_x, 32 int8
+// Activations are BlockQ8_0 blocks, kQ8_0Bytes apart; a row may start at any byte, so kernels
+// read a block's fields at their offsets instead of through a BlockQ8_0 reference.
+constexpr size_t kXd = offsetof(BlockQ8_0, d), kXqs = offsetof(BlockQ8_0, qs);
+// 32-blocks (one activation block each) per weight super-block.
+constexpr int kBlocksK = kQK_K / kQK8_0;
 
-inline float half_at(const uint8_t* p) {
+inline float x_d(const uint8_t* xb) {
   uint16_t h;
-  std::memcpy(&h, p, 2);
+  std::memcpy(&h, xb + kXd, 2);
   return fp16_to_f32(h);
 }
 
@@ -34,9 +39,9 @@ void for_outputs(const void* W, size_t rbytes, int64_t rows, int64_t cols, const
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < T; ++t) {
       float acc = 0.0f;
-      for (int64_t b = 0; b < cols / 32; ++b) {
-        const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
-        acc = block(acc, w + r * rbytes, b, reinterpret_cast<const int8_t*>(xb + 2), half_at(xb));
+      for (int64_t b = 0; b < cols / kQK8_0; ++b) {
+        const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
+        acc = block(acc, w + r * rbytes, b, reinterpret_cast<const int8_t*>(xb + kXqs), x_d(xb));
       }
       Y[t * ldy + r] = acc;
     }
@@ -59,12 +64,12 @@ void mmq_q4_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
                      int64_t T, float* Y, int64_t ldy) {
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
-                const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / 8];
-                const int j = static_cast<int>(b % 8);
+                const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
                 uint8_t sc, m;
                 q4_k_scale_min(blk.scales, j, sc, m);
                 int32_t s = 0, sx = 0;
-                for (int l = 0; l < 32; ++l) {
+                for (int l = 0; l < kQK8_0; ++l) {
                   s += q4_k_q(blk, j, l) * x[l];
                   sx += x[l];
                 }
@@ -77,10 +82,10 @@ void mmq_q6_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
                      int64_t T, float* Y, int64_t ldy) {
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
-                const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b / 8];
-                const int p = static_cast<int>(b % 8);
+                const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b / kBlocksK];
+                const int p = static_cast<int>(b % kBlocksK);
                 int32_t half[2] = {0, 0};
-                for (int l = 0; l < 32; ++l) half[l / 16] += q6_k_q(blk, p, l) * x[l];
+                for (int l = 0; l < kQK8_0; ++l) half[l / 16] += q6_k_q(blk, p, l) * x[l];
                 const int8_t* sc = blk.scales + q6_k_group(p).scale;
                 return std::fma(fp16_to_f32(blk.d) * dx,
                                 static_cast<float>(sc[0] * half[0] + sc[1] * half[1]), acc);
@@ -91,10 +96,10 @@ void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
                        int64_t T, float* Y, int64_t ldy) {
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
-                const BlockIQ2_XS& blk = reinterpret_cast<const BlockIQ2_XS*>(w)[b / 8];
+                const BlockIQ2_XS& blk = reinterpret_cast<const BlockIQ2_XS*>(w)[b / kBlocksK];
                 int32_t s = 0;
                 for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element groups
-                  const int g = 2 * static_cast<int>(b % 8) + h;
+                  const int g = 2 * static_cast<int>(b % kBlocksK) + h;
                   int32_t sg = 0;
                   for (int k = 0; k < 2; ++k) {
                     const uint16_t q = blk.qs[2 * g + k];
@@ -154,9 +159,9 @@ STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, 
   }
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
-      dx[b * tpad + t] = h2f_at(xb);
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
+      const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
+      dx[b * tpad + t] = h2f_at(xb + kXd);
+      const __m256i x = load256(xb + kXqs);
       const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
       const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
       sum[b * tpad + t] = hsum_epi32(_mm_add_epi32(lo, hi));
@@ -164,7 +169,7 @@ STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, 
         const uint32_t h0 = static_cast<uint16_t>(hsum_epi32(lo)), h1 = static_cast<uint16_t>(hsum_epi32(hi));
         hsum[b * tpad + t] = static_cast<int32_t>(h0 | (h1 << 16));
         int8_t* dst = xt.data() + (((t / 8) * nb + b) * 8) * 32 + (t % 8) * 4;
-        for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + 2 + k * 4, 4);
+        for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + kXqs + k * 4, 4);
       }
     }
   return {dx.data(), sum.data(), hsum.data(), xt.data(), tpad};
@@ -253,7 +258,7 @@ struct KQ8_0 {
 };
 
 struct KQ4_K {
-  static constexpr int kSubs = 8;
+  static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockQ4_K);
   struct Pre {
     float d, dmin;
@@ -284,7 +289,7 @@ struct KQ4_K {
 };
 
 struct KQ6_K {
-  static constexpr int kSubs = 8;
+  static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockQ6_K);
   struct Pre {
     float d;
@@ -309,7 +314,7 @@ struct KQ6_K {
 };
 
 struct KIQ2_XS {
-  static constexpr int kSubs = 8;
+  static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockIQ2_XS);
   struct Pre {
     float d;
@@ -346,8 +351,7 @@ STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XI
     for (int j = 0; j < K::kSubs; ++j) {
       const int64_t b = wb * K::kSubs + j;
       __m256i xv[NT];
-      for (int t = 0; t < NT; ++t)
-        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t] + b * kQ8Bytes + 2));
+      for (int t = 0; t < NT; ++t) xv[t] = load256(x[t] + b * kQ8_0Bytes + kXqs);
       __m256i s[8];
       for (int r = 0; r < MR; ++r)
         for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
@@ -364,8 +368,8 @@ STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XI
 template <class K, int MR, int NT>
 void rows_tokens(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                  int64_t T, float* Y, int64_t ldy) {
-  const int64_t nwb = cols / 32 / K::kSubs;
-  const XInfo xi = x_info(Xq, xrb, T, cols / 32);
+  const int64_t nwb = cols / kQK8_0 / K::kSubs;
+  const XInfo xi = x_info(Xq, xrb, T, cols / kQK8_0);
   for (int64_t r0 = 0; r0 < rows; r0 += MR) {
     const int64_t mr = std::min<int64_t>(MR, rows - r0);
     const uint8_t* w[MR];
@@ -425,7 +429,8 @@ struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the s
 struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int16 (16 * 15 * 128)
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
     const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w);
-    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, q4_k_bytes(blk[b / 8], static_cast<int>(b % 8)));
+    for (int64_t b = 0; b < nb; ++b)
+      store32(scr + b * 32, q4_k_bytes(blk[b / kBlocksK], static_cast<int>(b % kBlocksK)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
@@ -449,7 +454,8 @@ struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int
 struct IlQ6_K {
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
     const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w);
-    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, q6_k_bytes(blk[b / 8], static_cast<int>(b % 8)));
+    for (int64_t b = 0; b < nb; ++b)
+      store32(scr + b * 32, q6_k_bytes(blk[b / kBlocksK], static_cast<int>(b % kBlocksK)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
@@ -482,8 +488,8 @@ struct IlIQ2_XS {
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
     const BlockIQ2_XS* blk = reinterpret_cast<const BlockIQ2_XS*>(w);
     for (int64_t b = 0; b < nb; ++b) {
-      const BlockIQ2_XS& wb = blk[b / 8];
-      const int j = static_cast<int>(b % 8);
+      const BlockIQ2_XS& wb = blk[b / kBlocksK];
+      const int j = static_cast<int>(b % kBlocksK);
       const __m256i v = _mm256_sign_epi8(iq2_xs_grid_bytes(wb, j), iq2_xs_sign_bytes(wb, j));
       store32(scr + b * 32, _mm256_add_epi8(v, _mm256_set1_epi8(kIq2xsGridMax)));
     }
@@ -547,7 +553,7 @@ STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t co
 template <class K, class IL, int MR, int NV>
 void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                  int64_t T, float* Y, int64_t ldy) {
-  const int64_t nb = cols / 32, nwb = nb / K::kSubs;
+  const int64_t nb = cols / kQK8_0, nwb = nb / K::kSubs;
   const XInfo xi = x_info(Xq, xrb, T, nb, true);
   thread_local std::vector<uint8_t> scr;
   scr.resize(static_cast<size_t>(MR * cols));
@@ -618,8 +624,6 @@ void mmq_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
 
 }  // namespace quant_detail
 
-using quant_detail::kQ8Bytes;
-
 bool has_matmul_q8(QType t) { return quant_traits(t).matmul_q8 != nullptr; }
 
 bool uses_matmul_q8(uint32_t ggml_type) {
@@ -633,11 +637,11 @@ void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, cons
   STRATA_CHECK(q.matmul_q8, UnsupportedError, "matmul_q8: no integer kernel for ", q.name,
                " weights; use matmul (float activations) for this type");
   const size_t rbytes = row_bytes(t, cols);
-  STRATA_CHECK(cols % 32 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of 32");
+  STRATA_CHECK(cols % kQK8_0 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of ", kQK8_0);
   STRATA_CHECK(rows >= 0 && T >= 0, ConfigError, "matmul_q8: negative shape rows=", rows, " T=", T);
-  STRATA_CHECK(xrow_bytes >= cols / 32 * kQ8Bytes && ldy >= rows, ConfigError,
+  STRATA_CHECK(xrow_bytes >= cols / kQK8_0 * kQ8_0Bytes && ldy >= rows, ConfigError,
                "matmul_q8: xrow_bytes=", xrow_bytes, " or ldy=", ldy, " is smaller than a row (",
-               cols / 32 * kQ8Bytes, " bytes, ", rows, " floats)");
+               cols / kQK8_0 * kQ8_0Bytes, " bytes, ", rows, " floats)");
   if (rows == 0 || T == 0) return;
   MatmulQ8Fn fn = q.matmul_q8;
   if (isa == Isa::Avx2) {

@@ -70,8 +70,8 @@ void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const f
             int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
 
 // Integer matmul against q8_0 activations (the MMQ layout; llama.cpp's CPU path): Xq holds T rows
-// of cols/32 q8_0 blocks (34 bytes: fp16 d_x, 32 int8 in [-127, 127], as quantize_row_q8_0 writes
-// them), xrow_bytes apart; Y[t*ldy + r] for t < T, r < rows. Threads split the rows only.
+// of cols/32 q8_0 blocks (BlockQ8_0: fp16 d_x, 32 int8 in [-127, 127], as quantize_row_q8_0 writes
+// them, kQ8_0Bytes apart), xrow_bytes apart; Y[t*ldy + r] for t < T, r < rows. Threads split the rows only.
 //
 // Per output element one float accumulator a = 0 runs over the row's 32-element blocks in column
 // order; the integer sums are exact, and each block adds, with d the weight (super-)block's fp16
