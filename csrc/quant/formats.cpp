@@ -7,8 +7,8 @@
 #include "core/error.h"
 #include "core/ggml_types.h"
 #include "core/half.h"
-#include "quant/block_math.h"
 #include "quant/decode_avx2.h"
+#include "quant/kernels.h"
 #include "quant/quant.h"
 
 namespace strata {

@@ -5,10 +5,9 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/half.h"
 #include "core/memory.h"
-#include "quant/block_math.h"
 #include "quant/decode_avx2.h"
+#include "quant/kernels.h"
 #include "quant/quant.h"
 #include "quant/simd.h"
 

@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "core/half.h"
-#include "quant/block_math.h"
 #include "quant/formats.h"
+#include "quant/kernels.h"
 #include "quant/quant.h"
 #include "quant/simd.h"
 

@@ -1,4 +1,5 @@
-// The kernels the traits table points at.
+// The CPU kernels that the traits table (formats.cpp) points at, by format: matmul's AVX2 T = 1
+// kernels (matmul.cpp) and matmul_q8's integer kernels (matmul_q8.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -7,12 +8,11 @@
 
 namespace strata::quant_detail {
 
-// T = 1 kernels of matmul (AVX2; matmul.cpp) and the integer kernels of matmul_q8 (matmul_q8.cpp).
 #define STRATA_QUANT_KERNELS(X) X(q8_0) X(q4_k) X(q6_k) X(iq2_xs)
 #define STRATA_DECLARE(name)                                                                                \
-  void gemv_##name##_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);                    \
+  void gemv_##name##_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);                     \
   void mmq_##name##_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, \
-                           int64_t);                                                                         \
+                           int64_t);                                                                        \
   void mmq_##name##_avx2(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,   \
                          int64_t);
 STRATA_QUANT_KERNELS(STRATA_DECLARE)
