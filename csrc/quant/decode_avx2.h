@@ -123,7 +123,7 @@ struct DecIQ2_XS {  // parts: the sixteen 16-element groups, each two grid entri
   };
   STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int g) {
     const BlockIQ2_XS& b = reinterpret_cast<const BlockIQ2_XS*>(row)[blk];
-    return {_mm256_set1_ps(iq2_xs_group_scale(h2f(b.d), iq2_xs_scale(b, g))), b.qs + 2 * g};
+    return {_mm256_set1_ps(iq2_xs_group_scale(h2f(b.d), iq2_xs_scale(b, g / 2, g % 2))), b.qs + 2 * g};
   }
   STRATA_SIMD static __m256 group(const Sub& s, int k) {
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);  // element e: sign bit e

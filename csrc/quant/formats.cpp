@@ -59,7 +59,7 @@ constexpr float kPlusMinus[2] = {1.0f, -1.0f};
 inline void block_iq2_xs(const BlockIQ2_XS& b, float* y) {
   const float d = fp16_to_f32(b.d);
   for (int g = 0; g < 16; ++g) {
-    const float db = iq2_xs_group_scale(d, iq2_xs_scale(b, g));
+    const float db = iq2_xs_group_scale(d, iq2_xs_scale(b, g / 2, g % 2));
     for (int k = 0; k < 2; ++k) {
       const uint16_t q = b.qs[g * 2 + k];
       const uint64_t grid = kIq2xsGrid[iq2_xs_grid_index(q)];

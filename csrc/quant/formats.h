@@ -104,9 +104,10 @@ STRATA_HD constexpr int q6_k_q(const BlockQ6_K& b, int p, int l) {
          kQ6_KBias;
 }
 
-// ---- IQ2_XS: sixteen 16-element groups g with a 4-bit scale sc_g; qs[i / 8] codes the eight
-// elements 8 (i / 8) + e as a 9-bit index into kIq2xsGrid (eight magnitudes, one per byte) and a
-// 7-bit index into iq2_xs_signs. x = (d * (0.5 + sc_g) * 0.25) * magnitude * (+1 or -1). ----
+// ---- IQ2_XS: eight 32-element blocks j, each two 16-element halves h with a 4-bit scale sc;
+// qs[i / 8] codes the eight elements 8 (i / 8) + e as a 9-bit index into kIq2xsGrid (eight
+// magnitudes, one per byte) and a 7-bit index into iq2_xs_signs.
+// x = (d * (0.5 + sc) * 0.25) * magnitude * (+1 or -1). ----
 
 struct BlockIQ2_XS {
   uint16_t d;
@@ -115,11 +116,14 @@ struct BlockIQ2_XS {
 };
 static_assert(sizeof(BlockIQ2_XS) == 74);
 
-STRATA_HD constexpr int iq2_xs_scale(const BlockIQ2_XS& b, int g) {
-  return (b.scales[g / 2] >> (4 * (g % 2))) & 0xF;
+// The scale of half h of 32-element block j: nibble h of scales[j].
+STRATA_HD constexpr int iq2_xs_scale(const BlockIQ2_XS& b, int j, int h) {
+  return (b.scales[j] >> (4 * h)) & 0xF;
 }
 // (0.5 + sc) * 0.25 == (2 sc + 1) * 0.125 exactly: the integer kernels' form of the scale.
-STRATA_HD constexpr int iq2_xs_scale_odd(const BlockIQ2_XS& b, int g) { return 2 * iq2_xs_scale(b, g) + 1; }
+STRATA_HD constexpr int iq2_xs_scale_odd(const BlockIQ2_XS& b, int j, int h) {
+  return 2 * iq2_xs_scale(b, j, h) + 1;
+}
 constexpr float kIq2xsOddScaleUnit = 0.125f;
 // gguf's group scale, one float32 rounding after each operation.
 STRATA_HD inline float iq2_xs_group_scale(float d, int sc) {

@@ -97,20 +97,20 @@ void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
                 const BlockIQ2_XS& blk = reinterpret_cast<const BlockIQ2_XS*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
                 int32_t s = 0;
-                for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element groups
-                  const int g = 2 * static_cast<int>(b % kBlocksK) + h;
-                  int32_t sg = 0;
+                for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element halves
+                  int32_t sh = 0;
                   for (int k = 0; k < 2; ++k) {
-                    const uint16_t q = blk.qs[2 * g + k];
+                    const uint16_t q = blk.qs[(32 * j + 16 * h + 8 * k) / 8];
                     const uint64_t grid = kIq2xsGrid[iq2_xs_grid_index(q)];
                     const uint8_t signs = kIq2xsSigns[iq2_xs_sign_index(q)];
                     for (int e = 0; e < 8; ++e) {
                       const int v = iq2_xs_grid_value(grid, e);
-                      sg += (iq2_xs_negative(signs, e) ? -v : v) * x[h * 16 + k * 8 + e];
+                      sh += (iq2_xs_negative(signs, e) ? -v : v) * x[16 * h + 8 * k + e];
                     }
                   }
-                  s += iq2_xs_scale_odd(blk, g) * sg;
+                  s += iq2_xs_scale_odd(blk, j, h) * sh;
                 }
                 return std::fma((fp16_to_f32(blk.d) * dx) * kIq2xsOddScaleUnit, static_cast<float>(s), acc);
               });
@@ -327,8 +327,8 @@ struct KIQ2_XS {
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const __m256i p16 =
         _mm256_maddubs_epi16(iq2_xs_grid_bytes(*p.b, j), _mm256_sign_epi8(x, iq2_xs_sign_bytes(*p.b, j)));
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(iq2_xs_scale_odd(*p.b, 2 * j + 1)),
-                                        _mm_set1_epi16(iq2_xs_scale_odd(*p.b, 2 * j)));
+    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 1)),
+                                        _mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 0)));
     return _mm256_madd_epi16(p16, sc);
   }
   template <int MR, int NT>
@@ -499,8 +499,8 @@ struct IlIQ2_XS {
                                const __m256i* hs, __m256i* isum) {
     int sc[MR][2];
     for (int r = 0; r < MR; ++r) {
-      sc[r][0] = iq2_xs_scale_odd(*p[r].b, 2 * j);
-      sc[r][1] = iq2_xs_scale_odd(*p[r].b, 2 * j + 1);
+      sc[r][0] = iq2_xs_scale_odd(*p[r].b, j, 0);
+      sc[r][1] = iq2_xs_scale_odd(*p[r].b, j, 1);
       const __m256i c = _mm256_set1_epi32(pair16(kIq2xsGridMax * sc[r][0], kIq2xsGridMax * sc[r][1]));
       for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
