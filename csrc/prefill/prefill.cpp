@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "quant/formats.h"
 
 namespace strata {
 
@@ -76,10 +77,10 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
     // (rows wide enough to hold the down projection's requantized input, F, after gate/up have
     // read theirs, D), as floats for float weights, which are never quantized.
     if (s.q8_gate_up || s.q8_down) {
-      STRATA_CHECK(s.D % 32 == 0 && s.F % 32 == 0, UnsupportedError,
-                   "the MMQ layout needs D and F divisible by 32, got D=", s.D, " F=", s.F);
+      STRATA_CHECK(s.D % kQK8_0 == 0 && s.F % kQK8_0 == 0, UnsupportedError,
+                   "the MMQ layout needs D and F divisible by 32 (q8_0 blocks), got D=", s.D, " F=", s.F);
       const int64_t width = std::max(s.q8_gate_up ? s.D : 0, s.q8_down ? s.F : 0);
-      add("moe.xq", "q8_0", {T * s.K, width / 32 * 34}, 1);
+      add("moe.xq", "q8_0", {T * s.K, width / kQK8_0 * kQ8_0Bytes}, 1);
     }
     if (s.float_gate_up) add("moe.x", "f32", {T * s.K, s.D}, 4);
     add("moe.gate", "f32", {T * s.K, s.F}, 4);
