@@ -191,7 +191,7 @@ void File::map(const std::string& path) {
   }
   size_ = uint64_t(st.st_size);
   if (size_ > 0) {  // mmap rejects length 0; parse() reports the empty file
-    void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       const Error e = sys_error("cannot mmap");
       ::close(fd);

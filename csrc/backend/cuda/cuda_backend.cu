@@ -125,6 +125,27 @@ class CudaBackend final : public Backend {
     --live_;
   }
   size_t live_allocations() const override { return live_.load(); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const override {
+    use();
+    STRATA_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+  }
+  bool host_is_device() const override { return false; }
+  // A read-only file mapping page-locked in place: the copy engine reads it at full speed and no
+  // second copy of the experts is made. Fails (false) where the system does not allow it, e.g. a
+  // locked-memory limit; the caller then makes a pinned copy.
+  bool register_host(const void* p, size_t bytes) override {
+    use();
+    const cudaError_t e =
+        cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      log(LogLevel::Info, "cuda backend: cudaHostRegister of the file mapping (", mib_str(bytes),
+          ") failed: ", cudaGetErrorString(e), "; using a pinned copy of the experts");
+      return false;
+    }
+    return true;
+  }
+  void unregister_host(const void* p) override { report(cudaHostUnregister(const_cast<void*>(p)), "cudaHostUnregister"); }
 
   // ---- the link ----
   // Queued on the compute stream, then waited for: ordered after the compute work already queued
