@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import strata
+from strata.chat import DEFAULT_CHAT_TEMPLATE, render_chat
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,16 @@ def test_stream_concatenates_to_text_and_callback_sees_pieces(model):
     assert "".join(pieces) == full and seen == pieces
 
 
-def test_chat_renders_the_template(model):
-    msgs = [{"role": "user", "content": "hi"}]
+def test_chat_renders_the_files_own_template(model):
+    """The test model's tokenizer.chat_template is not ChatML (conftest.CHAT_TEMPLATE): BOS first, roles in
+    capitals, contents trimmed, no newlines. The prompt chat() runs is that template's, written out here."""
+    msgs = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "hi"}]
     out = model.chat(msgs, max_tokens=3, temperature=0)
-    want = model.tokenize("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special=False)
-    assert out.tokens == model.generate(want, max_tokens=3, temperature=0).tokens
+    own = "<|endoftext|><|im_start|>SYSTEM: Be brief.<|im_end|><|im_start|>USER: hi<|im_end|><|im_start|>ASSISTANT: "
+    want = model.generate(model.tokenize(own, add_special=False), max_tokens=3, temperature=0).tokens
+    assert out.tokens == want
+    chatml = model.tokenize(render_chat(DEFAULT_CHAT_TEMPLATE, msgs), add_special=False)
+    assert model.generate(chatml, max_tokens=3, temperature=0).tokens != want  # else the check proves nothing
 
 
 def test_bad_sampling_values(model):
