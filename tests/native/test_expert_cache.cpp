@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "expert_cache/expert_cache.h"
+#include "forwarding_backend.h"
 
 using namespace strata;
 
@@ -20,9 +21,8 @@ namespace {
 
 // Forwards memory and ops to the CPU backend and logs the stream operations as text:
 // "wait copy e7", "copy->slot3", "record e7 copy", "wait compute e7".
-class TraceBackend final : public Backend {
+class TraceBackend final : public testing_support::ForwardingBackend {
  public:
-  TraceBackend() : cpu_(make_cpu_backend(1)) {}
   std::vector<std::string> log;
   uint8_t* arena = nullptr;  // set by the test: slot addresses are logged relative to it
   size_t slot_bytes = 1;
@@ -30,21 +30,12 @@ class TraceBackend final : public Backend {
 
   const char* name() const override { return "trace"; }
   std::string describe() const override { return "trace"; }
-  int threads() const override { return 1; }
-  void* alloc(size_t b, const char* w) override { return cpu_->alloc(b, w); }
-  void free(void* p) override { cpu_->free(p); }
-  void* alloc_pinned(size_t b, const char* w) override { return cpu_->alloc_pinned(b, w); }
-  void free_pinned(void* p) override { cpu_->free_pinned(p); }
-  size_t live_allocations() const override { return cpu_->live_allocations(); }
-  void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
-  void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
   void upload_async(void* d, const void* s, size_t n, Stream st) override {
     const auto* p = static_cast<uint8_t*>(d);
     if (arena && p >= arena && p < arena + n_slots * slot_bytes) log.push_back(str(sname(st), "->slot", (p - arena) / slot_bytes));
     else log.push_back(str(sname(st), "->table"));
-    cpu_->upload_async(d, s, n, st);
+    inner().upload_async(d, s, n, st);
   }
-  DeviceBuffer resident(const void* h, size_t b, const char* w) override { return cpu_->resident(h, b, w); }
   EventId event_create() override { return ++next_; }
   void event_destroy(EventId) override {}
   void record(EventId e, Stream s) override { log.push_back(str("record e", e, " ", sname(s))); }
@@ -52,50 +43,9 @@ class TraceBackend final : public Backend {
   bool query(EventId) override { return true; }
   void event_sync(EventId) override {}
   void sync() override {}
-#define FWD(name, sig, args) \
-  void name sig override { cpu_->name args; }
-  FWD(embed, (uint32_t a, const void* b, int64_t c, const int32_t* d, int64_t e, float* f), (a, b, c, d, e, f))
-  FWD(rms_scale, (const float* a, int64_t b, int64_t c, float d, float* e), (a, b, c, d, e))
-  FWD(apply_norm,
-      (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f, int64_t g, float* h),
-      (a, b, c, d, e, f, g, h))
-  FWD(gather, (const float* a, int64_t b, const int32_t* c, int64_t d, int64_t e, float* f), (a, b, c, d, e, f))
-  FWD(quantize_q8_0,
-      (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f, int64_t g, uint8_t* h,
-       size_t i),
-      (a, b, c, d, e, f, g, h, i))
-  FWD(matmul_q8,
-      (uint32_t a, const void* b, int64_t c, int64_t d, const uint8_t* e, size_t f, int64_t g, float* h, int64_t i),
-      (a, b, c, d, e, f, g, h, i))
-  FWD(dequant_rows, (uint32_t a, const void* b, size_t c, int64_t d, int64_t e, float* f), (a, b, c, d, e, f))
-  FWD(copy, (void* a, const void* b, size_t c), (a, b, c))
-  FWD(matmul,
-      (uint32_t a, const void* b, int64_t c, int64_t d, const float* e, int64_t f, int64_t g, float* h, int64_t i),
-      (a, b, c, d, e, f, g, h, i))
-  FWD(head_norm_rope,
-      (float* a, int64_t b, int64_t c, int64_t d, const float* e, float f, int64_t g, const RopeParams& h),
-      (a, b, c, d, e, f, g, h))
-  bool supports_kv(KvType t) const override { return cpu_->supports_kv(t); }
-  FWD(kv_store, (void* a, KvType b, int64_t c, int64_t d, int64_t e, const float* f), (a, b, c, d, e, f))
-  FWD(attention,
-      (const float* a, const void* b, const void* c, KvType t, int64_t d, int64_t e, int64_t f, int64_t g, int64_t h,
-       float i, float* j),
-      (a, b, c, t, d, e, f, g, h, i, j))
-  FWD(add, (float* a, const float* b, int64_t c), (a, b, c))
-  FWD(router_topk, (const float* a, int64_t b, int64_t c, int64_t d, bool e, int32_t* f, float* g),
-      (a, b, c, d, e, f, g))
-  FWD(group_by_expert, (const int32_t* a, int64_t b, int64_t c, int64_t d, int32_t* e, int32_t* f),
-      (a, b, c, d, e, f))
-  FWD(swiglu, (float* a, const float* b, int64_t c), (a, b, c))
-  FWD(scatter_add, (const float* a, const int32_t* b, const float* c, int64_t d, int64_t e, int64_t f, float* g),
-      (a, b, c, d, e, f, g))
-  FWD(zero, (void* a, size_t b), (a, b))
-  FWD(fill, (void* a, uint8_t b, size_t c), (a, b, c))
-#undef FWD
 
  private:
   static const char* sname(Stream s) { return s == Stream::Copy ? "copy" : "compute"; }
-  std::unique_ptr<Backend> cpu_;
   EventId next_ = 0;
 };
 
