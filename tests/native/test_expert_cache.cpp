@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -208,4 +209,105 @@ TEST(ExpertCache, LendWaitsForLandingCopiesAndRefillsAfterTheChunksLastUse) {
   }
   EXPECT_THROW(cache.lend(4), MemoryError);
   EXPECT_TRUE(cache.resident(0, 3));
+}
+
+// Random batches against a plain LRU model of the cache: an empty slot first, else the least recently
+// used expert not held by the batch; every expert of a batch counts as used in the order named.
+TEST(ExpertCache, RandomBatchesFollowAnLruModel) {
+  const int64_t L = 2, E = 8;
+  const int32_t n_slots = 5;
+  Fixture fx(L, E, 256);
+  TraceBackend be;
+  auto src = make_mmap_source(fx.layout);
+  ExpertCache cache(be, fx.layout, src.get(), n_slots * fx.layout.slot_bytes);
+  std::vector<int64_t> lru;  // keys (layer * E + e), least recent first
+  uint64_t hits = 0, misses = 0;
+  std::mt19937 rng(3);
+  for (int step = 0; step < 400; ++step) {
+    const int64_t l = (int64_t)(rng() % L);
+    std::vector<int32_t> ids;
+    const size_t n = 1 + rng() % 3;
+    while (ids.size() < n) {
+      const int32_t e = (int32_t)(rng() % E);
+      if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+    }
+    std::vector<int64_t> held;
+    for (int32_t e : ids) {
+      const int64_t key = l * E + e;
+      auto it = std::find(lru.begin(), lru.end(), key);
+      if (it != lru.end()) {
+        ++hits;
+        lru.erase(it);
+      } else {
+        ++misses;
+        if ((int32_t)lru.size() == n_slots) {
+          auto victim = std::find_if(lru.begin(), lru.end(), [&](int64_t k) {
+            return std::find(held.begin(), held.end(), k) == held.end();
+          });
+          ASSERT_NE(victim, lru.end());
+          lru.erase(victim);
+        }
+      }
+      lru.push_back(key);
+      held.push_back(key);
+    }
+    ASSERT_EQ(cache.prepare(l, ids.data(), (int64_t)ids.size()), (int64_t)ids.size());
+    for (int32_t e : ids) ASSERT_EQ(cache.wait(l, e).gate[0], (uint8_t)(16 * l + e));
+    cache.release(l);
+    for (int64_t key = 0; key < L * E; ++key)
+      ASSERT_EQ(cache.resident(key / E, key % E), std::find(lru.begin(), lru.end(), key) != lru.end())
+          << "step " << step << " key " << key;
+  }
+  EXPECT_EQ(cache.stats().hits, hits);
+  EXPECT_EQ(cache.stats().misses, misses);
+  EXPECT_EQ(cache.stats().evictions, misses - (uint64_t)n_slots);
+}
+
+// Lending takes the least valuable run of unpinned slots (the least recently used residents), never
+// one over a pinned slot, and refuses when no run of unpinned slots is long enough.
+TEST(ExpertCache, LendTakesTheLeastRecentRunAndNeverAPinnedSlot) {
+  Fixture fx(1, 8, 256);
+  TraceBackend be;
+  auto src = make_mmap_source(fx.layout);
+  const int32_t n_slots = 8;
+  ExpertCache cache(be, fx.layout, src.get(), n_slots * fx.layout.slot_bytes);
+  const uint8_t* base = cache.wait_base_for_tests();
+  const size_t slot = fx.layout.slot_bytes;
+  for (int32_t e = 0; e < 8; ++e) {
+    ASSERT_EQ(cache.prepare(0, &e, 1), 1);  // empty slots in order: expert e in slot e
+    cache.release(0);
+  }
+  cache.pin(0, 2);
+  cache.pin(0, 6);  // runs of unpinned slots: 0-1, 3-5, 7
+  std::vector<int32_t> free_experts = {0, 1, 3, 4, 5, 7};
+  std::mt19937 rng(5);
+  for (int round = 0; round < 60; ++round) {
+    // Use every unpinned expert once, in a random order: slot recency ranks 1..6 (pinned slots: none).
+    std::shuffle(free_experts.begin(), free_experts.end(), rng);
+    std::vector<int64_t> rank(n_slots, -1);
+    for (size_t i = 0; i < free_experts.size(); ++i) {
+      const int32_t e = free_experts[i];
+      ASSERT_EQ(cache.prepare(0, &e, 1), 1);
+      cache.release(0);
+      rank[cache.slot_index()[e]] = (int64_t)i + 1;
+    }
+    ASSERT_EQ(cache.slot_index()[2], 2);
+    ASSERT_EQ(cache.slot_index()[6], 6);
+    const int32_t n = 1 + round % 3;
+    int32_t want = -1;
+    int64_t best = 0;
+    for (int32_t b = 0; b + n <= n_slots; ++b) {
+      int64_t cost = 0;
+      bool ok = true;
+      for (int32_t s = b; s < b + n; ++s) ok = ok && rank[s] > 0, cost += rank[s];
+      if (ok && (want < 0 || cost < best)) want = b, best = cost;
+    }
+    auto [region, bytes] = cache.lend(n);
+    ASSERT_EQ(bytes, (size_t)n * slot);
+    ASSERT_EQ(region, base + (size_t)want * slot) << "round " << round << " n " << n;
+    cache.give_back();
+    EXPECT_TRUE(cache.resident(0, 2) && cache.resident(0, 6));
+  }
+  EXPECT_THROW(cache.lend(4), MemoryError);
+  EXPECT_EQ(cache.stats().slots_lent, 0u);
 }
