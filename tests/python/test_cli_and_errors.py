@@ -49,6 +49,25 @@ def test_generate_chat_and_stop(f16_model, tmp_path):
     assert r.exit_code == 2 and "--system needs --chat" in r.stderr
 
 
+def test_generate_stop_strings(f16_model):
+    """--stop (repeatable) ends the streamed text before the first stop string that appears."""
+    args = ["generate", f16_model, "-p", "Once upon a time", "-n", "24", "--temp", "0"]
+    full = run(*args)
+    assert full.exit_code == 0, full.output
+    text = full.output[:-1]  # the newline the command ends with
+    assert len(text) > 8
+    stop = text[4:7]
+    cut = text[: text.find(stop)]
+    for extra in (["--stop", stop], ["--stop", "\x00never", "--stop", stop], ["--stop", text[6:9], "--stop", stop]):
+        r = run(*args, *extra)
+        assert r.exit_code == 0, r.output
+        want = text[: min(text.find(s) for s in extra[1::2] if s in text)]
+        assert r.output == want + "\n", (extra, r.output)
+    assert run(*args, "--stop", stop).output == cut + "\n"
+    r = run(*args, "--stop", "\x00never")
+    assert r.output == full.output
+
+
 def test_info_table_and_json(f16_model):
     r = run("info", f16_model)
     assert r.exit_code == 0, r.output
