@@ -1,4 +1,4 @@
-"""The `strata` command line: generate, info, layout, bench, demo.
+"""The `strata` command line: generate, chat, info, layout, bench, demo.
 
 Every bad flag value ends in one line naming the flag and what it takes (exit 2), Ctrl-C in a
 note and the stats asked for (exit 130), and a traceback never reaches the user."""
@@ -304,6 +304,35 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
         click.echo(note, err=True)
     if stats:
         _print_stats(m.last_stats)
+
+
+@main.command(short_help="Chat with a model in the terminal, turn by turn.")
+@_model_args
+@click.option("--system", default=None, help="A system message that opens the conversation.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=None,
+              help="Tokens per answer at most  [default: until the end of the turn or a full context]")
+@_load_options()
+@_sampling_options
+def chat(model: str | None, model_opt: str | None, system: str | None, max_tokens: int | None, device: str,
+         expert_cache: str, prefill: str, source: str, ctx: int, threads: int, quiet: bool, temperature: float,
+         top_k: int, top_p: float, min_p: float, repeat_penalty: float, repeat_last_n: int, seed: int | None,
+         stop: tuple[str, ...], stats: bool) -> None:
+    """Chat with MODEL (a GGUF file) in the terminal, with its chat template and the whole history.
+
+    Answers stream as they decode. Ctrl-C stops the current answer only; /exit or Ctrl-D leaves;
+    /reset forgets the history; /help lists these. With --stats, each turn's stats go to stderr."""
+    from strata._interactive import ChatSession
+
+    path = _model_path(model, model_opt)
+    if any(not s for s in stop):
+        _fail("--stop takes a non-empty text")
+    kw = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+                   ctx if max_tokens is None else max_tokens)
+    m = _load(path, quiet, device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
+              threads=threads)
+    session = ChatSession(m, system=system, stop=list(stop), stats=stats, print_stats=_print_stats,
+                          ctx_full_note=_ctx_full_note, **kw)
+    session.run()
 
 
 @main.command(short_help="Architecture, sizes, quant mix and cache plan of a model.")

@@ -84,6 +84,7 @@ SAMPLING_FLAGS = [
 CASES: list[tuple[list[str], str]] = []
 for flags, needle in LOAD_FLAGS + CTX_FLAGS + SAMPLING_FLAGS:
     CASES.append((["generate", M, "-p", "hi", "-n", "2", *flags], needle))
+    CASES.append((["chat", M, *flags], needle))
 for flags, needle in LOAD_FLAGS:
     CASES.append((["bench", M, "--prompt-tokens", "8", "--gen-tokens", "2", *flags], needle))
 CASES += [
@@ -301,12 +302,12 @@ def test_auto_steps_down_below_256(f16):
 def test_bare_strata_lists_the_commands():
     r = run()
     assert r.exit_code == 0
-    for name in ("generate", "info", "layout", "bench", "demo"):
+    for name in ("generate", "chat", "info", "layout", "bench", "demo"):
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"  {name} "))
         assert line.endswith(".") and not line.endswith("..."), line  # summaries are whole sentences
 
 
-@pytest.mark.parametrize("name", ["generate", "info", "layout", "bench", "demo"])
+@pytest.mark.parametrize("name", ["generate", "chat", "info", "layout", "bench", "demo"])
 def test_help_is_complete(name):
     cmd = main.commands[name]
     for p in cmd.params:
