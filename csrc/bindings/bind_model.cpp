@@ -101,6 +101,7 @@ py::dict stats_dict(const GenStats& s) {
   py::dict d;
   d["prompt_tokens"] = s.prompt_tokens;
   d["prompt_total"] = s.prompt_total;
+  d["prompt_reused"] = s.prompt_reused;
   d["generated"] = s.generated;
   d["prompt_ms"] = s.prompt_ms;
   d["decode_ms"] = s.decode_ms;
@@ -264,7 +265,7 @@ void bind_model(py::module_& m) {
       .def(
           "begin",
           [](Generator& g, const std::vector<int32_t>& prompt, const GenParams& p, bool catch_sigint,
-             const py::object& progress) {
+             const py::object& progress, const Generator* reuse) {
             RunControl rc;
             if (!progress.is_none()) {
               rc.progress = [&progress](double done, int64_t total) {
@@ -274,13 +275,14 @@ void bind_model(py::module_& m) {
             }
             interruptible(catch_sigint, [&](const std::atomic<bool>* stop) {
               rc.interrupt = stop;
-              g.begin(prompt, p, rc);
+              g.begin(prompt, p, rc, reuse);
             });
           },
           py::arg("prompt"), py::arg("params"), py::arg("catch_sigint") = false,
-          py::arg("progress") = py::none(),
+          py::arg("progress") = py::none(), py::arg("reuse") = nullptr,
           "Runs the prompt; progress(done, total) hears its tokens done. With catch_sigint (main thread, "
-          "Python's default SIGINT handler), Ctrl-C stops it between layers with KeyboardInterrupt.")
+          "Python's default SIGINT handler), Ctrl-C stops it between layers with KeyboardInterrupt. "
+          "reuse: an earlier Generator whose KV cache serves the prompt's common beginning.")
       .def(
           "next",
           [](Generator& g, bool catch_sigint) {

@@ -40,7 +40,8 @@ class Watch {
 };
 }  // namespace
 
-void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc) {
+void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc,
+                      const Generator* reuse) {
   STRATA_CHECK(!prompt.empty(), ConfigError, "the prompt is empty: it must hold at least one token");
   STRATA_CHECK((int64_t)prompt.size() < m_.config().ctx, ConfigError, "the prompt has ", prompt.size(),
                " tokens but ctx is ", m_.config().ctx, "; raise ctx (-c/--ctx) or shorten the prompt");
@@ -52,18 +53,26 @@ void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, co
   logits_.resize(m_.spec().V);
   const int64_t n = (int64_t)prompt.size();
   stats_.prompt_total = n;
-  stats_.prompt_chunk = n == 1 ? 1 : std::min(m_.chunk(), n);
-  stats_.prompt_chunks = (n + stats_.prompt_chunk - 1) / stats_.prompt_chunk;
+  // The last token always runs: its pass gives the logits.
+  int64_t from = 0;
+  if (reuse && reuse != this && m_.kv_owner() == reuse) {
+    const int64_t valid = std::min<int64_t>(reuse->kv_valid(), n - 1);
+    while (from < valid && reuse->tokens_[from] == prompt[from]) ++from;
+  }
+  const int64_t run = n - from;
+  stats_.prompt_reused = from;
+  stats_.prompt_chunk = run == 1 ? 1 : std::min(m_.chunk(), run);
+  stats_.prompt_chunks = (run + stats_.prompt_chunk - 1) / stats_.prompt_chunk;
   const auto t0 = std::chrono::steady_clock::now();
   m_.set_kv_owner(nullptr);  // until the prompt is all in: a throwing pass leaves the cache to no one
-  int64_t complete = 0;
+  int64_t complete = from;
   try {
-    Watch w(m_, rc, n, &complete, n > 1);
-    m_.forward(prompt.data(), n, 0, logits_.data(), false);
+    Watch w(m_, rc, n, &complete, run > 1);
+    m_.forward(prompt.data() + from, run, from, logits_.data(), false);
   } catch (const Interrupted&) {
     stats_.prompt_ms = ms_since(t0);
     stats_.prompt_tokens = complete;
-    stats_.prompt_chunks = (complete + stats_.prompt_chunk - 1) / stats_.prompt_chunk;
+    stats_.prompt_chunks = (complete - from + stats_.prompt_chunk - 1) / stats_.prompt_chunk;
     stats_.stop_reason = "interrupted";
     done_ = true;
     throw;

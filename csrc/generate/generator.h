@@ -34,13 +34,16 @@ struct RunControl {
 struct GenStats {
   int64_t prompt_tokens = 0, generated = 0, decode_passes = 0;
   int64_t prompt_total = 0;             // the prompt's length; prompt_tokens is less when it was interrupted
+  int64_t prompt_reused = 0;            // leading prompt tokens whose KV another generation left in the cache
   int64_t recomputed = 0;               // tokens run again: another generation had the KV cache
   double prompt_ms = 0, decode_ms = 0;  // prompt_ms: the prompt and the first token's sampling
   int64_t prompt_chunk = 0,
           prompt_chunks = 0;  // the prompt ran as prompt_chunks chunks of up to prompt_chunk
   // "stop_token", "max_tokens", "ctx_full", "stop_string", "interrupted", "caller"
   std::string stop_reason;
-  double prompt_tps() const { return prompt_ms > 0 ? prompt_tokens * 1000.0 / prompt_ms : 0; }
+  double prompt_tps() const {
+    return prompt_ms > 0 ? (prompt_tokens - prompt_reused) * 1000.0 / prompt_ms : 0;
+  }
   double decode_tps() const { return decode_ms > 0 ? decode_passes * 1000.0 / decode_ms : 0; }
 };
 
@@ -53,7 +56,12 @@ class Generator {
 
   // Runs the prompt through the model (chunked); the next call to next() samples the first token.
   // Interrupted: stats() then hold the tokens whose every layer ran (prompt_tokens) and the time.
-  void begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc = {});
+  // With `reuse` (an earlier generation that still holds the KV cache), the prompt's tokens that
+  // begin as its did are not run again (a chat's history): the same cache as a full run, as logits
+  // do not depend on the chunking (DESIGN.md, invariant 4; the MoE layout may differ by chunk
+  // size with an ExpertSource).
+  void begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc = {},
+             const Generator* reuse = nullptr);
   // The next token, or -1 when generation has ended (stats().stop_reason says why).
   int32_t next(const RunControl& rc = {});
   // The caller ends generation (e.g. "stop_string" when a stop string matched).
@@ -61,6 +69,10 @@ class Generator {
   const GenStats& stats() const { return stats_; }
 
  private:
+  // Leading tokens_ whose keys and values are in the KV cache while this generation owns it (the
+  // last sampled token is fed by the next pass; a stopped pass leaves those before it).
+  int64_t kv_valid() const { return have_logits_ ? pos_ : pos_ - 1; }
+
   // Puts this generation's tokens back into the KV cache when another one has taken it.
   void reclaim_kv();
 

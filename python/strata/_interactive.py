@@ -93,7 +93,7 @@ class ChatSession:
         stopped = False
         self.model.reset_stats()
         try:
-            it = self.model.chat(messages, stream=True, stop=self.stop, **self.sampling)
+            it = self.model.chat(messages, stream=True, stop=self.stop, reuse_kv=True, **self.sampling)
             for piece in it:
                 pieces.append(piece)
                 self.out.write(piece)

@@ -67,14 +67,17 @@ class PromptProgress:
         self.t0 = time.monotonic()
         self.last = 0.0
         self.shown = False
+        self.first: float | None = None  # tokens done at the first report (a reused beginning)
 
     def __call__(self, done: float, total: int) -> None:
         now = time.monotonic()
+        if self.first is None:
+            self.first = done
         elapsed = now - self.t0
         if elapsed < self.delay or now - self.last < 0.1:
             return
         self.last = now
-        rate = done / elapsed
+        rate = (done - self.first) / elapsed
         eta = _duration((total - done) / rate) if rate > 0 else "?"
         self.stream.write(f"\rprompt {int(done)}/{total} tokens, {rate:.1f} tok/s, ETA {eta}\x1b[K")
         self.stream.flush()

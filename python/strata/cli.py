@@ -211,6 +211,8 @@ def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
     c = {k[len("cache_"):]: v for k, v in stats.items() if k.startswith("cache_")}
     done, total = stats["prompt_tokens"], stats.get("prompt_total", stats["prompt_tokens"])
     prompt = f"{done} tokens" if done == total else f"{done} of {total} tokens"
+    if stats.get("prompt_reused"):
+        prompt += f" ({stats['prompt_reused']} kept in the KV cache from the last turn)"
     lines = [
         f"prompt   {prompt} in {_fmt_ms(stats['prompt_ms'])} ({stats['prompt_tps']:.1f} tok/s), "
         f"{_n(stats['prompt_chunks'], 'chunk')} of up to {_n(stats['prompt_chunk'], 'token')}",

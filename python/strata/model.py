@@ -189,6 +189,7 @@ class Model:
         self.device = device
         self.ctx = ctx
         self._last_stats: dict[str, Any] = {}
+        self._last_gen: _core.Generator | None = None  # the last generation that ran its prompt
 
     def _shows_progress(self) -> bool:
         return self._progress and is_terminal(sys.stderr)
@@ -276,6 +277,7 @@ class Model:
         stream: bool = False,
         add_special: bool = True,
         callback: Callable[[str], None] | None = None,
+        reuse_kv: bool = False,
     ) -> Completion | Iterator[str]:
         """Completes `prompt` (text or token ids).
 
@@ -285,6 +287,10 @@ class Model:
         repeat_last_n: the tokens the repetition penalty looks back on (-1: all, 0: none). seed:
         None or -1 for a random one. Bad values raise strata.ConfigError before any work; Ctrl-C
         raises KeyboardInterrupt, with the stats so far in `last_stats` (stop_reason "interrupted").
+        reuse_kv: the prompt's tokens that begin as the last generation's did (a chat's history)
+        are not run again when the KV cache still holds them (stats: prompt_reused). The logits are
+        those of a full run, except that with a streamed expert cache the shorter rest may take the
+        other MoE layout (within its tolerance).
         """
         p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
@@ -307,7 +313,9 @@ class Model:
         stats: dict[str, Any] = {}
         bar = PromptProgress() if self._shows_progress() else None
         try:
-            gen.begin(ids, p, catch_sigint=_catch_sigint(), progress=bar)
+            gen.begin(ids, p, catch_sigint=_catch_sigint(), progress=bar,
+                      reuse=self._last_gen if reuse_kv else None)
+            self._last_gen = gen
         except KeyboardInterrupt:
             self._collect(gen, stats)
             raise

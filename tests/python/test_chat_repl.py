@@ -17,7 +17,7 @@ from strata.testing import make_qwen3moe
 pexpect = pytest.importorskip("pexpect")
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(strata.__file__))
-PROMPT_STATS = re.compile(r"prompt   (\d+) tokens in")
+PROMPT_STATS = re.compile(r"prompt   (\d+) tokens(?: \((\d+) kept in the KV cache from the last turn\))? in")
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +33,18 @@ def spawn(*args: str):
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), TERM="dumb")
     env.pop("STRATA_LOG", None)
     return pexpect.spawn(sys.executable, ["-m", "strata.cli", "chat", *args], env=env, encoding="utf-8",
-                         timeout=60, dimensions=(24, 200))
+                         timeout=120, dimensions=(24, 200))
 
 
-def turn(c, text: str) -> int:
-    """Sends one message; returns the prompt tokens of its turn (from --stats)."""
+def turn(c, text: str, kept: list[int] | None = None) -> int:
+    """Sends one message; returns the prompt tokens of its turn (from --stats), appending to `kept`
+    those the KV cache kept from the turn before."""
     c.expect("> ")
     c.sendline(text)
     c.expect(PROMPT_STATS)
     n = int(c.match.group(1))
+    if kept is not None:
+        kept.append(int(c.match.group(2) or 0))
     c.expect("stop: ")
     return n
 
@@ -49,9 +52,11 @@ def turn(c, text: str) -> int:
 def test_turns_keep_the_history_and_the_system_message(model):
     c = spawn(model, "-n", "6", "--temp", "0", "--stats")
     c.expect("strata chat with")
-    first = turn(c, "hello")
-    second = turn(c, "and again")
+    kept: list[int] = []
+    first = turn(c, "hello", kept)
+    second = turn(c, "and again", kept)
     assert second > first + 6  # the second prompt holds the first turn, its answer and the new message
+    assert kept[0] == 0 and kept[1] >= first - 2  # ... whose beginning was not run again
     c.expect("> ")
     c.sendline("/reset")
     c.expect("forgotten")
@@ -113,3 +118,24 @@ def test_a_turn_past_the_context_is_one_line_and_the_chat_goes_on(model):
     assert s.history == []
     s.turn("hi")
     assert len(s.history) == 2
+
+
+def test_turns_reuse_the_kv_cache(model):
+    """reuse_kv: a turn runs only what follows the history's common beginning, to the same tokens."""
+    m = strata.Model(model, progress=False)
+    fresh = strata.Model(model, progress=False)
+    msgs = [{"role": "user", "content": "hello"}]
+    a = m.chat(msgs, max_tokens=12, temperature=0, reuse_kv=True)
+    assert a.stats["prompt_reused"] == 0
+    msgs += [{"role": "assistant", "content": a.text}, {"role": "user", "content": "more please"}]
+    b = m.chat(msgs, max_tokens=12, temperature=0, reuse_kv=True)
+    assert b.stats["prompt_reused"] >= a.stats["prompt_tokens"] - 2
+    assert b.stats["prompt_tokens"] == b.stats["prompt_total"]
+    assert b.tokens == fresh.chat(msgs, max_tokens=12, temperature=0).tokens
+    # Another generation took the KV cache since: nothing is kept, the tokens are the same.
+    m.generate("something else", max_tokens=2)
+    c = m.chat(msgs, max_tokens=12, temperature=0, reuse_kv=True)
+    assert c.stats["prompt_reused"] == 0 and c.tokens == b.tokens
+    # Without reuse_kv, the whole prompt runs.
+    d = m.chat(msgs, max_tokens=12, temperature=0)
+    assert d.stats["prompt_reused"] == 0 and d.tokens == b.tokens

@@ -199,7 +199,7 @@ def test_cli_ctrl_c_in_a_long_prompt(slow_model, tmp_path):
     note and the --stats asked for, exit 130."""
     c = pexpect.spawn(sys.executable, ["-m", "strata.cli", "generate", slow_model, "-f", _prompt_file(tmp_path),
                                        "-c", "4096", "--prefill", "4096", "--stats"],
-                      env=_env(), encoding="utf-8", timeout=60, dimensions=(24, 200))
+                      env=_env(), encoding="utf-8", timeout=120, dimensions=(24, 200))
     c.expect(PROGRESS)
     c.sendintr()
     t0 = time.monotonic()
@@ -215,7 +215,7 @@ def test_cli_ctrl_c_in_a_long_prompt(slow_model, tmp_path):
 def test_cli_quiet_shows_no_progress(slow_model, tmp_path):
     c = pexpect.spawn(sys.executable, ["-m", "strata.cli", "generate", slow_model, "-f", _prompt_file(tmp_path),
                                        "-c", "8192", "-n", "4000", "--prefill", "4096", "--quiet"],
-                      env=_env(), encoding="utf-8", timeout=60, dimensions=(24, 200))
+                      env=_env(), encoding="utf-8", timeout=120, dimensions=(24, 200))
     time.sleep(4)  # imports, load, tokenizing, the prompt (seconds), some of the 4000 tokens
     c.sendintr()
     c.expect("strata: interrupted")
