@@ -216,9 +216,13 @@ class Model:
         if arr.ndim != 1 or arr.size < 1 or not (arr.dtype.kind in "iu" or (arr.dtype == object and all(
                 isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in arr))):
             raise _core.ConfigError(f"{what} takes a non-empty 1-D list of token ids (ints in [0, {V}))")
-        bad = [int(t) for t in arr if not 0 <= int(t) < V]
-        if bad:
-            raise _core.ConfigError(f"{what}: token id {bad[0]} is out of range [0, {V})")
+        try:
+            arr = arr.astype(np.int64)
+        except OverflowError:
+            raise _core.ConfigError(f"{what}: a token id is out of range [0, {V})") from None
+        bad = arr[(arr < 0) | (arr >= V)]
+        if bad.size:
+            raise _core.ConfigError(f"{what}: token id {int(bad[0])} is out of range [0, {V})")
         return arr.astype(np.int32)
 
     def layout(self, tokens: int = 8192, source: bool = True) -> dict[str, Any]:

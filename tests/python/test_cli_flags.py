@@ -174,6 +174,7 @@ def test_model_arguments_are_checked(f16, kw, needle):
     (dict(repetition_penalty=0), "repetition_penalty"), (dict(repeat_last_n=-2), "repeat_last_n"),
     (dict(max_tokens=-1), "max_tokens"), (dict(max_tokens="many"), "max_tokens"), (dict(stop=5), "stop"),
     (dict(stop=[""]), "stop"), (dict(prompt=[1, "a"]), "token ids"), (dict(prompt=[99999]), "out of range"),
+    (dict(prompt=[2**70]), "out of range"),
     (dict(prompt=[]), "token ids"), (dict(prompt=[[1, 2]]), "token ids"), (dict(callback=3), "callback"),
 ])
 def test_generate_arguments_are_checked(f16, kw, needle):

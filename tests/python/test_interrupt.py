@@ -213,12 +213,14 @@ def test_cli_ctrl_c_in_a_long_prompt(slow_model, tmp_path):
 
 
 def test_cli_quiet_shows_no_progress(slow_model, tmp_path):
+    """--quiet: no progress line even on a terminal; Ctrl-C still prints the --stats."""
     c = pexpect.spawn(sys.executable, ["-m", "strata.cli", "generate", slow_model, "-f", _prompt_file(tmp_path),
-                                       "-c", "8192", "-n", "4000", "--prefill", "4096", "--quiet"],
+                                       "-c", "8192", "-n", "4000", "--prefill", "4096", "--quiet", "--stats"],
                       env=_env(), encoding="utf-8", timeout=120, dimensions=(24, 200))
     time.sleep(4)  # imports, load, tokenizing, the prompt (seconds), some of the 4000 tokens
     c.sendintr()
-    c.expect("strata: interrupted")
+    c.expect("strata: interrupted")  # in the prompt or the reply: the stats asked for follow
+    c.expect("stop: interrupted")
     c.expect(pexpect.EOF)
     c.close()
     assert c.exitstatus == 130
