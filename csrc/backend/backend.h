@@ -1,6 +1,7 @@
 // Backend: device memory, streams and events, the host->device link and the ops the architectures
 // need. The CPU backend (backend/cpu) is the reference; CUDA (backend/cuda) implements the same surface.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,10 @@ class Backend {
   // A line for `strata info` and --stats: "cpu, 16 threads" or the GPU's name and free memory.
   virtual std::string describe() const = 0;
   virtual int threads() const = 0;
+  // Ops stop early and throw Interrupted once *flag is true (null: never), within one piece of their
+  // work: a long CPU op ends within a second of a Ctrl-C. A backend whose ops run asynchronously may
+  // ignore it; the model also checks between layers.
+  virtual void set_interrupt(const std::atomic<bool>* /*flag*/) {}
 
   // ---- memory; prefer the owning DeviceBuffer / PinnedBuffer below to raw pairs ----
   // Device memory. CPU: aligned host memory. Throws MemoryError naming `what`.

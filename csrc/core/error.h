@@ -31,6 +31,13 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A caller stopped a pass (Ctrl-C). Not an Error, as Python's KeyboardInterrupt is no Exception:
+// code that handles errors does not catch it; the bindings raise KeyboardInterrupt.
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+
 namespace detail {
 inline void cat(std::ostringstream&) {}
 template <class T, class... R>

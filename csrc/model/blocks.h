@@ -50,6 +50,12 @@ void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& rou
 // gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T, const float* ffn_norm);
 
+// A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
+// which may throw Interrupted to stop the pass.
+inline void between_layers(const ForwardContext& ctx, int64_t l, int64_t T, int64_t pos0) {
+  if (ctx.layer_hook && *ctx.layer_hook) (*ctx.layer_hook)(l, T, pos0);
+}
+
 // Output head over `rows` normalized rows x: logits to host memory, kHeadRows rows at a time
 // through the device buffer `logits_dev` (kHeadRows x V).
 constexpr int64_t kHeadRows = 16;

@@ -135,7 +135,7 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
     if (!plan.fits) throw MemoryError(plan.error);
     chunk_ = plan.chunk;
   }
-  forward_ = find_architecture(s.arch, plan_.file->path()).make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_});
+  forward_ = find_architecture(s.arch, plan_.file->path()).make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_});
 
   log(LogLevel::Info, plan_.file->path(), ": ", s.arch, " L=", s.L, " D=", s.D, " E=", s.E, " K=", s.K, " F=", s.F,
       " V=", s.V, "; dense ", mib_str(s.dense_bytes), ", experts ", mib_str(s.expert_bytes), " (slot ",

@@ -84,6 +84,10 @@ class Model {
   // another owner recomputes its own before going on.
   const void* kv_owner() const { return kv_owner_; }
   void set_kv_owner(const void* owner) { kv_owner_ = owner; }
+  // Called between the layers of every pass (model/arch.h): a caller watching a long call (progress,
+  // Ctrl-C) sets it for the call's duration. A hook that throws stops the pass and leaves the model
+  // usable; the KV cache from that pass's pos0 on is then stale.
+  void set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 
   // Runs ids[0..n) at positions pos0.. through the model, chunked by cfg.prefill, filling the KV
   // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
@@ -104,6 +108,7 @@ class Model {
   DeviceBuffer decode_region_;  // layout(1, src), allocated once
   DeviceBuffer own_region_;     // all-resident cache: the chunk region has no slots to borrow
   std::unique_ptr<ForwardPass> forward_;
+  LayerHook layer_hook_;
   ChunkStats chunk_stats_;
   int64_t chunk_ = 0;
   const void* kv_owner_ = nullptr;

@@ -124,6 +124,7 @@ class Qwen3MoeForward final : public ForwardPass {
     be.embed(s.token_embd.type(), token_embd_.get(), D, b.topk_ids, T, b.R);
     // The GR read stages its rows in proj when the plan has no xn: proj is free at both read points.
     for (int64_t l = 0; l < s.L; ++l) {
+      between_layers(ctx_, l, T, pos0);
       const Layer& ly = layers_[l];
       const float* x = gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
       attention_block(ctx_, b, l, ly.attn, shape_, x, T, pos0);
@@ -133,6 +134,7 @@ class Qwen3MoeForward final : public ForwardPass {
       moe_block(ctx_, b, l, T, ly.ffn_norm);
       be.add(b.R, b.proj, T * D);
     }
+    between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     be.rms_scale(b.R, T, D, s.rms_eps, b.grs);
     const int64_t first = all_logits ? 0 : T - 1;

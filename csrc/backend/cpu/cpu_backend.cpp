@@ -41,6 +41,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   std::string describe() const override { return str("cpu, ", pool_.size(), " threads"); }
   int threads() const override { return pool_.size(); }
+  void set_interrupt(const std::atomic<bool>* flag) override { pool_.set_interrupt(flag); }
 
   // Device and pinned memory are both aligned host memory; the count makes leaks testable.
   void* alloc(size_t bytes, const char* what) override {
