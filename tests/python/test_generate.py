@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -198,6 +200,24 @@ def test_stop_strings_cut_text_streamed_or_not(model):
     pieces = list(model.generate(PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True))
     assert "".join(pieces) == cut
     assert model.last_stats["stop_reason"] == "stop_string"
+
+
+def test_stop_strings_completed_by_one_token_cut_at_the_earliest(model):
+    """Two stop strings that one token completes together: the text ends before the one that starts first,
+    whichever order they are given in."""
+    out = model.generate(PROMPT, max_tokens=24, temperature=0)
+    text = out.text
+    ends = [len(model.detokenize(out.tokens[: i + 1], skip_special=True)) for i in range(len(out.tokens))]
+    for start, end in itertools.pairwise(ends):  # a token adding text[start:end]
+        first, second = text[start - 2 : start + 1], text[start : start + 2]
+        if end - start >= 2 and start >= 2 and text.find(first) == start - 2 and text.find(second) == start:
+            break
+    else:
+        pytest.fail("no token completes two stop strings at once in this text")
+    for stops in ([second, first], [first, second]):
+        assert model.generate(PROMPT, max_tokens=24, temperature=0, stop=stops).text == text[: start - 2]
+        assert "".join(model.generate(PROMPT, max_tokens=24, temperature=0, stop=stops, stream=True)) == text[
+            : start - 2]
 
 
 def test_stream_concatenates_to_text_and_callback_sees_pieces(model):
