@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -87,10 +89,14 @@ def test_repetition_penalty_window_is_the_last_64_tokens(model):
 
 # ---- the sampler against an independent numpy model of its distribution ----
 
-def sampler_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
-    """llama.cpp's chain (top-k, top-p and min-p on the temperature-1 distribution, then temperature),
-    written from its documentation: the probability of each token id."""
+def sampler_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+                  repetition_penalty: float = 1.0, history: tuple[int, ...] = ()) -> np.ndarray:
+    """llama.cpp's chain (the repetition penalty over the last 64 tokens, then top-k, top-p and min-p on
+    the temperature-1 distribution, then temperature), written from its documentation: the probability
+    of each token id."""
     lg = logits.astype(np.float64)
+    for t in set(history[-64:]):
+        lg[t] = lg[t] / repetition_penalty if lg[t] > 0 else lg[t] * repetition_penalty
     order = np.argsort(-lg, kind="stable")
     keep = order[:top_k] if top_k > 0 else order
     p = np.exp(lg[keep] - lg[keep[0]])
@@ -118,16 +124,24 @@ SAMPLER_CASES = {
     "top-p 0.3": dict(temperature=0.8, top_k=0, top_p=0.3, min_p=0.0),
     "min-p 0.5": dict(temperature=1.2, top_k=0, top_p=1.0, min_p=0.5),
     "defaults": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    # A 70-token prompt of tokens with negative logits, the last 64 penalized: multiplied out of reach
+    # (divided, they would rise to ~0 and take a few percent of the draws)
+    "repetition penalty 50": dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=50.0),
 }
 
 
 @pytest.mark.parametrize("case", list(SAMPLER_CASES))
 def test_sampler_draws_the_documented_distribution(model, case):
     """1500 seeded draws of the first token: only tokens the numpy model allows, in its proportions
-    (Pearson's chi-square over the tokens expected 5 times or more, the rest pooled)."""
+    (Pearson's chi-square over the tokens expected 5 times or more, the rest pooled, penalized apart)."""
     kw = SAMPLER_CASES[case]
     ids = model.tokenize("The expert cache holds")
-    probs = sampler_probs(model.logits(ids)[-1], **kw)
+    if "repetition_penalty" in kw:
+        rng = np.random.default_rng(9)
+        lg = model.logits([int(x) for x in rng.integers(1, 500, 70)])[-1]
+        ids = [int(x) for x in rng.choice(np.flatnonzero(lg < -0.5), 70)]
+    probs = sampler_probs(model.logits(ids)[-1], **kw, history=tuple(ids))
+    penalized = np.isin(np.arange(probs.size), ids[-64:]) if "repetition_penalty" in kw else np.zeros(probs.size, bool)
     n = 1500
     counts = np.zeros(probs.size)
     stops, model.tokenizer.stop_ids = model.tokenizer.stop_ids, frozenset()  # a drawn stop token counts too
@@ -138,15 +152,21 @@ def test_sampler_draws_the_documented_distribution(model, case):
         model.tokenizer.stop_ids = stops
     assert counts[probs == 0].sum() == 0, f"drew tokens the {case} distribution excludes"
     big = probs * n >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(probs[big] * n, probs[~big].sum() * n)
-    obs, exp = obs[exp > 0], exp[exp > 0]
+    pools = [~big & penalized, ~big & ~penalized]  # the rare tokens, penalized ones apart
+    obs = np.concatenate([counts[big], [counts[q].sum() for q in pools]])
+    exp = np.concatenate([probs[big] * n, [probs[q].sum() * n for q in pools]])
+    obs, exp = obs[exp > 1e-3], exp[exp > 1e-3]
+    assert obs.sum() == n, "drew tokens expected (almost) never"
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     dof = len(obs) - 1
     print(f"{case}: {int((probs > 0).sum())} tokens allowed, chi2 {chi2:.1f} over {dof} dof "
           f"(critical {chi2_critical(dof):.1f})")
     assert dof >= 3, "too few categories for the test to mean anything"
     assert chi2 <= chi2_critical(dof), f"{case}: chi2 {chi2:.1f} > {chi2_critical(dof):.1f} at {dof} dof"
+    # Each pool on its own too (a binomial count; 4.5 sigma): a shift inside one is diluted in the sum.
+    for q in pools:
+        e, o = probs[q].sum() * n, counts[q].sum()
+        assert abs(o - e) <= 4.5 * np.sqrt(e) + 1, f"{case}: {o:.0f} draws in a pool expected {e:.1f} times"
 
 
 def test_max_tokens_and_stats(model):
@@ -180,6 +200,24 @@ def test_stop_strings_cut_text_streamed_or_not(model):
     pieces = list(model.generate(PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True))
     assert "".join(pieces) == cut
     assert model.last_stats["stop_reason"] == "stop_string"
+
+
+def test_stop_strings_completed_by_one_token_cut_at_the_earliest(model):
+    """Two stop strings that one token completes together: the text ends before the one that starts first,
+    whichever order they are given in."""
+    out = model.generate(PROMPT, max_tokens=24, temperature=0)
+    text = out.text
+    ends = [len(model.detokenize(out.tokens[: i + 1], skip_special=True)) for i in range(len(out.tokens))]
+    for start, end in itertools.pairwise(ends):  # a token adding text[start:end]
+        first, second = text[start - 2 : start + 1], text[start : start + 2]
+        if end - start >= 2 and start >= 2 and text.find(first) == start - 2 and text.find(second) == start:
+            break
+    else:
+        pytest.fail("no token completes two stop strings at once in this text")
+    for stops in ([second, first], [first, second]):
+        assert model.generate(PROMPT, max_tokens=24, temperature=0, stop=stops).text == text[: start - 2]
+        assert "".join(model.generate(PROMPT, max_tokens=24, temperature=0, stop=stops, stream=True)) == text[
+            : start - 2]
 
 
 def test_stream_concatenates_to_text_and_callback_sees_pieces(model):

@@ -196,6 +196,19 @@ def test_default_configuration_keeps_float_experts_exact(make_mix, mix, bound):
     _check_greedy(m, path, 16)
 
 
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_spec_holds_the_files_hyperparameters(make_mix, mix):
+    """Every hyperparameter strata reads is the file's, none a fallback (the test models differ from all)."""
+    shape, _ = MIXES[mix]
+    s = strata.ModelInfo(make_mix(mix)).spec
+    got = {k: s[k] for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "experts", "top_k", "expert_ffn",
+                              "vocab", "ctx_train")}
+    want = {k: shape[k] for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "experts", "top_k",
+                                  "expert_ffn", "vocab")}
+    assert got == {**want, "ctx_train": shape["ctx"]}
+    assert s["rope_base"] == pytest.approx(shape["rope_theta"]) and s["rms_eps"] == pytest.approx(shape["rms_eps"])
+
+
 # One metadata key changed, same tensors (they depend only on the seed and their names).
 VARIANTS = {"rope_theta": 4e4, "rms_eps": 3e-4, "top_k": 3, "kv_heads": 4}
 
