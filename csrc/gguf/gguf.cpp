@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -364,6 +365,20 @@ void File::parse() {
                  " bytes] ends past the file size ", size_, " (byte offset of the tensor info: ", info_at[k],
                  ")");
     ti.data = base_ + ti.offset;
+  }
+  // No two tensors share bytes: every size strata derives from the tensors then stays within the
+  // file's size (a few bytes of tensor info cannot name the same megabytes a thousand times).
+  std::vector<uint64_t> order(n_tensors);
+  for (uint64_t k = 0; k < n_tensors; ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) {
+    return std::pair(tensors_[a].offset, a) < std::pair(tensors_[b].offset, b);
+  });
+  for (uint64_t k = 1; k < n_tensors; ++k) {
+    const TensorInfo& a = tensors_[order[k - 1]];
+    const TensorInfo& b = tensors_[order[k]];
+    STRATA_CHECK(a.offset + a.nbytes <= b.offset, FormatError, P, ": tensor '", printable(b.name), "' data [offset ",
+                 b.offset, ", ", b.nbytes, " bytes] overlaps tensor '", printable(a.name), "' data [offset ",
+                 a.offset, ", ", a.nbytes, " bytes] (byte offset of the tensor info: ", info_at[order[k]], ")");
   }
 }
 

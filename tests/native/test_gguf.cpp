@@ -447,6 +447,8 @@ TEST_F(Gguf, BadTensorInfos) {
                       {"truncated: tensor 't' data", "past the file size"});
   expect_format_error(one({"t", 0, {1}, f32s({1}), ~uint64_t(0) & ~uint64_t(31)}),
                       {"truncated: tensor 't' data"});
+  // Two tensors over the same bytes.
+  expect_format_error(one({"t", 0, {2}, f32s({1, 2}), 0}), {"tensor 't' data [offset", "overlaps tensor 'ok'"});
   // Declared bigger than the bytes that are there (the file ends inside the tensor).
   expect_format_error(one({"t", 0, {16}, f32s({1})}),
                       {"tensor 't' data", "64 bytes] ends past the file size"});
