@@ -7,6 +7,7 @@ logits, tokenizer, generate, chat), with structure-aware mutation (gguf_mutate).
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import tempfile
 
@@ -42,6 +43,8 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
 
 def main() -> None:
     strata._core.set_log_level("error")
+    # A huge allocation fails (and what escapes is reported with its input) instead of swapping.
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
     try:
         atheris.Setup(sys.argv, test_one_input, custom_mutator=custom_mutator)
         atheris.Fuzz()
