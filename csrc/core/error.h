@@ -4,11 +4,16 @@
 #include <string>
 #include <sstream>
 
+#include "core/utf8.h"
+
 namespace strata {
 
+// Messages quote names and values from files, which may hold any bytes: the text is made valid
+// UTF-8 here, once, so no binding ever fails to decode it.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what) : std::runtime_error(valid_utf8(what)) {}
+  explicit Error(const char* what) : Error(std::string(what)) {}
 };
 // A file that is not a valid GGUF, or holds a value out of range.
 class FormatError : public Error {

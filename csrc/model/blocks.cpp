@@ -130,23 +130,25 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
     if (uses_matmul_q8(type)) be.matmul_q8(type, W, rows, cols, xq, xrb, n, y, rows);
     else be.matmul(type, W, rows, cols, x, cols, n, y, rows);
   };
+  // xq or xg is absent (null) when no expert type needs it: no offset may be applied to it.
+  const auto at = [](auto* p, int64_t off) { return p ? p + off : nullptr; };
   std::vector<ExpertView> views(s.E);
   for_routed(
       ctx.cache, l, r,
       [&](int32_t e, int64_t o, int64_t n, const ExpertView& v) {
         views[e] = v;
-        mm(xl.gate.type, v.gate, F, D, b.xq + o * xrb, b.xg + o * D, n, b.hg + o * F);
-        mm(xl.up.type, v.up, F, D, b.xq + o * xrb, b.xg + o * D, n, b.hu + o * F);
+        mm(xl.gate.type, v.gate, F, D, at(b.xq, o * xrb), at(b.xg, o * D), n, b.hg + o * F);
+        mm(xl.up.type, v.up, F, D, at(b.xq, o * xrb), at(b.xg, o * D), n, b.hu + o * F);
       },
       [&](int64_t r0, int64_t r1) {
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
         // (gate/up have read them), then down, expert by expert.
         be.swiglu(b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F);
-        if (q8_down) be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
+        if (q8_down) be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, at(b.xq, r0 * xrb), xrb);
         for (int32_t e : r.ids) {
           const int64_t o = r.off[e], n = r.off[e + 1] - o;
           if (o < r0 || o >= r1) continue;
-          mm(xl.down.type, views[e].down, D, F, b.xq + o * xrb, b.hg + o * F, n, b.yd + o * D);
+          mm(xl.down.type, views[e].down, D, F, at(b.xq, o * xrb), b.hg + o * F, n, b.yd + o * D);
         }
       });
   be.scatter_add(b.yd, b.expert_rows, b.topk_w, K, n_rows, D, b.proj);

@@ -2,12 +2,19 @@
 #include "prefill/prefill.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "core/error.h"
 #include "core/memory.h"
 #include "quant/formats.h"
 
 namespace strata {
+
+namespace {
+// No single buffer may exceed 2^56 bytes: far beyond any memory, and small enough that the sum of
+// a plan's buffers cannot wrap size_t.
+constexpr size_t kMaxBuffer = size_t(1) << 56;
+}  // namespace
 
 const char* moe_layout_name(MoeLayout l) { return l == MoeLayout::Fused ? "fused" : "mmq"; }
 
@@ -46,9 +53,19 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   p.T = T;
   p.src = src;
   p.moe = fused_layout(T, src);
+  // Sizes are products of the shape and T: each one is checked, so a chunk too large for the address
+  // space is an error, not a wrapped size that carves overlapping buffers.
+  auto too_large = [&] {
+    return MemoryError(str("a prompt chunk of ", T, " tokens is too large to plan for this model (its scratch "
+                           "size overflows); use a smaller --prefill"));
+  };
+  // Row indices (t * K + k) and expert offsets are int32 on every backend.
+  int64_t rows = 0;
+  if (__builtin_mul_overflow(T, s.K, &rows) || rows > INT32_MAX) throw too_large();
   auto add = [&](const char* name, const char* dtype, std::vector<int64_t> shape, size_t elem_bytes) {
     size_t n = elem_bytes;
-    for (int64_t d : shape) n *= (size_t)d;
+    for (int64_t d : shape)
+      if (d < 0 || __builtin_mul_overflow(n, (size_t)d, &n) || n > kMaxBuffer) throw too_large();
     p.buffers.push_back(BufferSpec{name, n, dtype, std::move(shape), 0});
   };
   const int64_t Hd = s.n_head * s.head_dim, KVd = s.n_kv_head * s.head_dim;
@@ -90,7 +107,7 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   size_t off = 0;
   for (auto& b : p.buffers) {
     b.offset = off;
-    off += align_up(b.bytes);
+    off += align_up(b.bytes);  // at most ~20 buffers of at most kMaxBuffer: cannot wrap
   }
   p.total = off;
   return p;

@@ -34,6 +34,10 @@ void host_memory(size_t* avail, size_t* total) {
   std::fclose(f);
 }
 
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
@@ -63,16 +67,19 @@ class CpuBackend final : public Backend {
   bool register_host(const void*, size_t) override { return false; }
   void unregister_host(const void*) override {}
 
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  // Zero-byte copies may come with null pointers (an empty guard tail), which memcpy may not see.
+  void upload(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   // One thread of control: a queued copy is done by the time the call returns, and every event
   // is complete when recorded.
-  void upload_async(void* dst, const void* src, size_t bytes, Stream) override { std::memcpy(dst, src, bytes); }
+  void upload_async(void* dst, const void* src, size_t bytes, Stream) override { copy_bytes(dst, src, bytes); }
   DeviceBuffer resident(const void* host, size_t bytes, const char*) override {
     return DeviceBuffer::borrow(host, bytes);
   }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-  void fill(void* p, uint8_t value, size_t bytes) override { std::memset(p, value, bytes); }
+  void zero(void* p, size_t bytes) override { fill(p, 0, bytes); }
+  void fill(void* p, uint8_t value, size_t bytes) override {
+    if (bytes) std::memset(p, value, bytes);
+  }
 
   EventId event_create() override { return ++next_event_; }
   void event_destroy(EventId) override {}
@@ -152,7 +159,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
 
   void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx, int64_t T,
               float* Y, int64_t ldy) override {
