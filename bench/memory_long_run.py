@@ -92,8 +92,8 @@ def failed_loads(path: Path, n: int, threads: int) -> dict[str, Any]:
         gc.collect()
         rss, vms = vm_mib()
         curve.append({"load": i + 1, "rss_mib": rss, "vm_mib": vms})
-    return {"failed_loads": n, "rss_growth_mib": curve[-1]["rss_mib"] - rss0, "vm_growth_mib": curve[-1]["vm_mib"] - vm0,
-            "error": fail(), "curve": curve}
+    return {"failed_loads": n, "rss_growth_mib": curve[-1]["rss_mib"] - rss0,
+            "vm_growth_mib": curve[-1]["vm_mib"] - vm0, "error": fail(), "curve": curve}
 
 
 def git_commit() -> str | None:

@@ -2,8 +2,6 @@
 // and builds the metadata list and tensor table; every failure names path, field and offset.
 #include "gguf/gguf.h"
 
-#include "core/ggml_types.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,6 +14,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/ggml_types.h"
 #include "core/utf8.h"
 
 namespace strata::gguf {
@@ -23,8 +22,6 @@ namespace strata::gguf {
 static_assert(std::endian::native == std::endian::little, "the GGUF reader assumes a little-endian host");
 
 namespace {
-
-
 
 constexpr uint64_t kHeaderBytes = 24;     // magic, version, n_tensors, n_kv
 constexpr uint64_t kMinKvBytes = 13;      // key length, value type, a 1-byte value
@@ -376,9 +373,10 @@ void File::parse() {
   for (uint64_t k = 1; k < n_tensors; ++k) {
     const TensorInfo& a = tensors_[order[k - 1]];
     const TensorInfo& b = tensors_[order[k]];
-    STRATA_CHECK(a.offset + a.nbytes <= b.offset, FormatError, P, ": tensor '", printable(b.name), "' data [offset ",
-                 b.offset, ", ", b.nbytes, " bytes] overlaps tensor '", printable(a.name), "' data [offset ",
-                 a.offset, ", ", a.nbytes, " bytes] (byte offset of the tensor info: ", info_at[order[k]], ")");
+    STRATA_CHECK(a.offset + a.nbytes <= b.offset, FormatError, P, ": tensor '", printable(b.name),
+                 "' data [offset ", b.offset, ", ", b.nbytes, " bytes] overlaps tensor '", printable(a.name),
+                 "' data [offset ", a.offset, ", ", a.nbytes,
+                 " bytes] (byte offset of the tensor info: ", info_at[order[k]], ")");
   }
 }
 

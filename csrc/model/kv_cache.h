@@ -20,8 +20,9 @@ class KVCache {
   static size_t bytes(KvType t, int64_t L, int64_t ctx, int64_t width) {
     size_t n = 2 * kv_elem_bytes(t);
     for (int64_t f : {L, ctx, width})
-      STRATA_CHECK(f >= 0 && !__builtin_mul_overflow(n, (size_t)f, &n), MemoryError, "a KV cache of ctx=", ctx,
-                   " for ", L, " layers of width ", width, " does not fit in memory; lower --ctx");
+      STRATA_CHECK(f >= 0 && !__builtin_mul_overflow(n, (size_t)f, &n), MemoryError,
+                   "a KV cache of ctx=", ctx, " for ", L, " layers of width ", width,
+                   " does not fit in memory; lower --ctx");
     return n;
   }
   KvType type() const { return type_; }

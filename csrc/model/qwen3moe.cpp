@@ -46,8 +46,9 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
   STRATA_CHECK(s.n_head % s.n_kv_head == 0, FormatError, f.path(), ": ", a, "attention.head_count ", s.n_head,
                " is not a multiple of ", a, "attention.head_count_kv ", s.n_kv_head);
   s.head_dim = read_count(f, a + "attention.key_length", 2, limits::kHeadDim, s.D / s.n_head);
-  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.head_dim % 2 == 0, FormatError, f.path(),
-               ": ", a, "attention.key_length (or embedding_length / head_count when it is absent) = ", s.head_dim,
+  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.head_dim % 2 == 0, FormatError,
+               f.path(), ": ", a,
+               "attention.key_length (or embedding_length / head_count when it is absent) = ", s.head_dim,
                " must be even and in [2, ", limits::kHeadDim, "] (RoPE rotates pairs)");
   s.E = read_count(f, a + "expert_count", 1, limits::kExperts);
   s.K = read_count(f, a + "expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));

@@ -23,8 +23,9 @@ int64_t read_count(const gguf::File& f, const std::string& key, int64_t lo, int6
 double read_real(const gguf::File& f, const std::string& key, double lo, double hi, double dflt) {
   if (!f.find(key)) return dflt;
   const double v = f.get_float(key);
-  STRATA_CHECK(std::isfinite(v) && v >= lo && v <= hi, FormatError, f.path(), ": metadata key '", key, "' = ", v,
-               " is out of range [", lo, ", ", hi, "]; the file is corrupt or not a model strata can run");
+  STRATA_CHECK(std::isfinite(v) && v >= lo && v <= hi, FormatError, f.path(), ": metadata key '", key,
+               "' = ", v, " is out of range [", lo, ", ", hi,
+               "]; the file is corrupt or not a model strata can run");
   return v;
 }
 

@@ -56,8 +56,9 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   // Sizes are products of the shape and T: each one is checked, so a chunk too large for the address
   // space is an error, not a wrapped size that carves overlapping buffers.
   auto too_large = [&] {
-    return MemoryError(str("a prompt chunk of ", T, " tokens is too large to plan for this model (its scratch "
-                           "size overflows); use a smaller --prefill"));
+    return MemoryError(str("a prompt chunk of ", T,
+                           " tokens is too large to plan for this model (its scratch size overflows); "
+                           "use a smaller --prefill"));
   };
   // Row indices (t * K + k) and expert offsets are int32 on every backend.
   int64_t rows = 0;

@@ -147,9 +147,9 @@ class Tokenizer:
         if not tokens:
             raise _format_error("tokenizer.ggml.tokens is empty")
         merges = _strings(md, "tokenizer.ggml.merges")
-        types = _ints(md, "tokenizer.ggml.token_type", 0, _TOKEN_TYPE_MAX) if "tokenizer.ggml.token_type" in md else None
-        if types is None:
-            types = [TOKEN_NORMAL] * len(tokens)
+        types = [TOKEN_NORMAL] * len(tokens)
+        if "tokenizer.ggml.token_type" in md:
+            types = _ints(md, "tokenizer.ggml.token_type", 0, _TOKEN_TYPE_MAX)
         if len(types) != len(tokens):
             raise _format_error(
                 f"tokenizer.ggml.token_type has {len(types)} entries but tokenizer.ggml.tokens has {len(tokens)}"
@@ -184,7 +184,7 @@ class Tokenizer:
             raw = tok.encode("utf-8", "surrogateescape")
             if kind in added:
                 if not _is_utf8(tok):
-                    raise _format_error(f"tokenizer.ggml.tokens[{i}] = {_show(tok)} is a special token that is not UTF-8")
+                    raise _format_error(f"tokenizer.ggml.tokens[{i}] = {_show(tok)} is a special token, not UTF-8")
                 # Added tokens keep their text so they map back to this id when matched in the text.
                 vocab[tok] = i
             elif set(tok) <= alphabet:

@@ -70,7 +70,8 @@ inline std::string run_input(const uint8_t* data, size_t size, Depth depth) {
     for (int64_t T : {int64_t(1), int64_t(7)})
       for (bool src : {false, true}) (void)plan.prefill.bytes_needed(T, src);
     // Bounded work per input: a model whose data is larger than this is only planned.
-    if (depth == Depth::Model && size <= (size_t(4) << 20)) detail::load_and_run(file, detail::fnv1a(data, size));
+    if (depth == Depth::Model && size <= (size_t(4) << 20))
+      detail::load_and_run(file, detail::fnv1a(data, size));
   } catch (const Error&) {
     return "";
   } catch (const std::exception& e) {

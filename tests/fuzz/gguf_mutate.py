@@ -65,24 +65,24 @@ def mutate(g: Gguf, r: random.Random) -> None:
     k = r.randrange(12)
     kv = g.metadata
     if k <= 1 and kv:  # a number
-        key, v = r.choice(kv)
+        _, v = r.choice(kv)
         t = v.elem_type if v.type == ARRAY else v.type
         if t not in INT_TYPES and t not in (F32, F64):
             return
         if v.type == ARRAY and v.value:
             i = r.randrange(len(v.value))
-            v.value[i] = r.choice(FLOATS) if t in (F32, F64) else interesting_int(r, v.value[i] if t in INT_TYPES else 0)
+            v.value[i] = r.choice(FLOATS) if t in (F32, F64) else interesting_int(r, v.value[i])
         elif v.type != ARRAY:
-            v.value = r.choice(FLOATS) if t in (F32, F64) else interesting_int(r, v.value if t in INT_TYPES else 0)
+            v.value = r.choice(FLOATS) if t in (F32, F64) else interesting_int(r, v.value)
     elif k == 2 and kv:  # a hyperparameter and every tensor dim equal to it
-        key, v = r.choice(kv)
+        _, v = r.choice(kv)
         if v.type in INT_TYPES and isinstance(v.value, int) and v.value >= 2:
             old, new = v.value, r.choice([v.value // 2, 1, 2, 3, 4, 8, 16, 17, 32, interesting_int(r, v.value)])
             v.value = new
             for t in g.tensors:
                 t.ne = [new if d == old else d for d in t.ne]
     elif k == 3 and kv:  # another type
-        key, v = r.choice(kv)
+        _, v = r.choice(kv)
         nt = r.randrange(13) if r.randrange(5) else r.randrange(20)
         if v.type == ARRAY and r.randrange(2) and nt not in (ARRAY,) and nt < 13:
             v.value = [_encode(r, nt, x) for x in v.value]

@@ -154,8 +154,10 @@ std::string serialize(const Gguf& g) {
     }
     const uint32_t t = k.type == ARRAY ? k.elem : k.type;
     for (const Item& it : k.items) {
-      if (t == STRING) put_string(it.bytes);
-      else out += it.bytes;
+      if (t == STRING)
+        put_string(it.bytes);
+      else
+        out += it.bytes;
     }
   }
   for (const Tensor& t : g.tensors) {
@@ -172,19 +174,38 @@ std::string serialize(const Gguf& g) {
 
 // Keys the spec readers and the tokenizer look at: renaming or adding one reaches their checks.
 const char* const kKeys[] = {
-    "general.architecture", "general.alignment", "general.name",
-    "qwen3moe.block_count", "qwen3moe.context_length", "qwen3moe.embedding_length",
-    "qwen3moe.expert_feed_forward_length", "qwen3moe.attention.head_count", "qwen3moe.attention.head_count_kv",
-    "qwen3moe.attention.key_length", "qwen3moe.attention.value_length", "qwen3moe.rope.freq_base",
-    "qwen3moe.attention.layer_norm_rms_epsilon", "qwen3moe.expert_count", "qwen3moe.expert_used_count",
-    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.add_bos_token",
-    "tokenizer.ggml.add_eos_token", "tokenizer.chat_template",
+    "general.architecture",
+    "general.alignment",
+    "general.name",
+    "qwen3moe.block_count",
+    "qwen3moe.context_length",
+    "qwen3moe.embedding_length",
+    "qwen3moe.expert_feed_forward_length",
+    "qwen3moe.attention.head_count",
+    "qwen3moe.attention.head_count_kv",
+    "qwen3moe.attention.key_length",
+    "qwen3moe.attention.value_length",
+    "qwen3moe.rope.freq_base",
+    "qwen3moe.attention.layer_norm_rms_epsilon",
+    "qwen3moe.expert_count",
+    "qwen3moe.expert_used_count",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+    "tokenizer.chat_template",
 };
 const char* const kStrings[] = {
-    "qwen3moe", "llama", "deepseek4", "gpt2", "qwen2", "llama-bpe", "default", "",
-    "\xff\xfe", "a\xc3", "\xed\xa0\x80", "\xc0\xaf", "x\n\x1b[2J", "<|im_end|>", "a b", " ", "\xc4\xa0 \xc4\xa0",
+    "qwen3moe",          "llama", "deepseek4",    "gpt2",     "qwen2",      "llama-bpe",  "default", "",
+    "\xff\xfe",          "a\xc3", "\xed\xa0\x80", "\xc0\xaf", "x\n\x1b[2J", "<|im_end|>", "a b",     " ",
+    "\xc4\xa0 \xc4\xa0",
 };
 
 class Mutator {
@@ -193,16 +214,38 @@ class Mutator {
 
   void mutate_once() {
     switch (pick(12)) {
-      case 0: case 1: number(); break;
-      case 2: coherent_dim(); break;
-      case 3: retype(); break;
-      case 4: string(); break;
-      case 5: key(); break;
-      case 6: array_length(); break;
-      case 7: case 8: tensor(); break;
-      case 9: header(); break;
-      case 10: lie(); break;
-      default: data(); break;
+      case 0:
+      case 1:
+        number();
+        break;
+      case 2:
+        coherent_dim();
+        break;
+      case 3:
+        retype();
+        break;
+      case 4:
+        string();
+        break;
+      case 5:
+        key();
+        break;
+      case 6:
+        array_length();
+        break;
+      case 7:
+      case 8:
+        tensor();
+        break;
+      case 9:
+        header();
+        break;
+      case 10:
+        lie();
+        break;
+      default:
+        data();
+        break;
     }
   }
 
@@ -211,23 +254,65 @@ class Mutator {
   bool coin() { return pick(2); }
 
   uint64_t interesting_int(uint64_t orig) {
-    static const uint64_t kVals[] = {0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 33, 63, 64, 255, 256, 257, 4096, 65535,
-                                     65536, 0x7fffffffull, 0x80000000ull, 0xffffffffull, 0x100000000ull,
-                                     1ull << 61, 1ull << 62, 0x7fffffffffffffffull, 0x8000000000000000ull,
-                                     ~0ull, ~1ull};
+    static const uint64_t kVals[] = {0,
+                                     1,
+                                     2,
+                                     3,
+                                     4,
+                                     7,
+                                     8,
+                                     16,
+                                     31,
+                                     32,
+                                     33,
+                                     63,
+                                     64,
+                                     255,
+                                     256,
+                                     257,
+                                     4096,
+                                     65535,
+                                     65536,
+                                     0x7fffffffull,
+                                     0x80000000ull,
+                                     0xffffffffull,
+                                     0x100000000ull,
+                                     1ull << 61,
+                                     1ull << 62,
+                                     0x7fffffffffffffffull,
+                                     0x8000000000000000ull,
+                                     ~0ull,
+                                     ~1ull};
     switch (pick(6)) {
-      case 0: return orig + 1;
-      case 1: return orig - 1;
-      case 2: return orig * 2;
-      case 3: return orig / 2;
-      case 4: return rng_();
-      default: return kVals[pick(std::size(kVals))];
+      case 0:
+        return orig + 1;
+      case 1:
+        return orig - 1;
+      case 2:
+        return orig * 2;
+      case 3:
+        return orig / 2;
+      case 4:
+        return rng_();
+      default:
+        return kVals[pick(std::size(kVals))];
     }
   }
   double interesting_float(double orig) {
-    static const double kVals[] = {0.0, -0.0, 1.0, -1.0, 1e-30, 1e30, 1e300, -1e300,
-                                   std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
-                                   std::numeric_limits<double>::quiet_NaN(), 4e-45, 3.5e38, 1e6};
+    static const double kVals[] = {0.0,
+                                   -0.0,
+                                   1.0,
+                                   -1.0,
+                                   1e-30,
+                                   1e30,
+                                   1e300,
+                                   -1e300,
+                                   std::numeric_limits<double>::infinity(),
+                                   -std::numeric_limits<double>::infinity(),
+                                   std::numeric_limits<double>::quiet_NaN(),
+                                   4e-45,
+                                   3.5e38,
+                                   1e6};
     return pick(4) == 0 ? orig * 2 : kVals[pick(std::size(kVals))];
   }
 
@@ -274,7 +359,8 @@ class Mutator {
     const uint32_t t = k->type == ARRAY ? k->elem : k->type;
     if (!is_number(t)) return string();
     Item& it = k->items[pick(k->items.size())];
-    it = is_float(t) ? encode(t, 0, interesting_float(float_of(t, it))) : encode(t, interesting_int(bits_of(t, it)), 0);
+    it = is_float(t) ? encode(t, 0, interesting_float(float_of(t, it)))
+                     : encode(t, interesting_int(bits_of(t, it)), 0);
   }
 
   // A hyperparameter changed together with every tensor dimension equal to it, so the file stays
@@ -314,8 +400,10 @@ class Mutator {
       return;
     }
     if (k->type == ARRAY) {  // the first element, or a new scalar
-      if (k->items.empty() || k->elem != nt) k->items = {encode(nt, interesting_int(0), interesting_float(1))};
-      else k->items.resize(1);
+      if (k->items.empty() || k->elem != nt)
+        k->items = {encode(nt, interesting_int(0), interesting_float(1))};
+      else
+        k->items.resize(1);
       k->type = nt;
       return;
     }
@@ -325,12 +413,24 @@ class Mutator {
 
   void bend(std::string& s) {
     switch (pick(6)) {
-      case 0: s = kStrings[pick(std::size(kStrings))]; break;
-      case 1: if (!s.empty()) s[pick(s.size())] = char(0x80 | pick(128)); break;
-      case 2: s.resize(pick(s.size() + 1)); break;
-      case 3: s.insert(pick(s.size() + 1), kStrings[pick(std::size(kStrings))]); break;
-      case 4: s += s; break;
-      default: if (!s.empty()) s[pick(s.size())] = char(pick(256)); break;
+      case 0:
+        s = kStrings[pick(std::size(kStrings))];
+        break;
+      case 1:
+        if (!s.empty()) s[pick(s.size())] = char(0x80 | pick(128));
+        break;
+      case 2:
+        s.resize(pick(s.size() + 1));
+        break;
+      case 3:
+        s.insert(pick(s.size() + 1), kStrings[pick(std::size(kStrings))]);
+        break;
+      case 4:
+        s += s;
+        break;
+      default:
+        if (!s.empty()) s[pick(s.size())] = char(pick(256));
+        break;
     }
   }
 
@@ -380,9 +480,15 @@ class Mutator {
     if (arrays.empty()) return;
     Kv& k = *arrays[pick(arrays.size())];
     switch (pick(4)) {
-      case 0: k.items.clear(); break;
-      case 1: k.items.resize(pick(k.items.size() + 1)); break;
-      case 2: k.items.resize(std::min<size_t>(2, k.items.size())); break;
+      case 0:
+        k.items.clear();
+        break;
+      case 1:
+        k.items.resize(pick(k.items.size() + 1));
+        break;
+      case 2:
+        k.items.resize(std::min<size_t>(2, k.items.size()));
+        break;
       default:
         if (!k.items.empty() && k.items.size() < 100000) k.items.push_back(k.items[pick(k.items.size())]);
     }
@@ -392,17 +498,22 @@ class Mutator {
     if (g_.tensors.empty()) return;
     Tensor& t = g_.tensors[pick(g_.tensors.size())];
     switch (pick(8)) {
-      case 0: case 1:
+      case 0:
+      case 1:
         if (!t.ne.empty()) {
           uint64_t& d = t.ne[pick(t.ne.size())];
           d = interesting_int(d);
         }
         break;
       case 2:  // n_dims
-        if (coin() && !t.ne.empty()) t.ne.pop_back();
-        else t.ne.push_back(coin() ? 1 : interesting_int(1));
+        if (coin() && !t.ne.empty())
+          t.ne.pop_back();
+        else
+          t.ne.push_back(coin() ? 1 : interesting_int(1));
         break;
-      case 3: if (t.ne.size() > 1) std::swap(t.ne[0], t.ne[1 + pick(t.ne.size() - 1)]); break;
+      case 3:
+        if (t.ne.size() > 1) std::swap(t.ne[0], t.ne[1 + pick(t.ne.size() - 1)]);
+        break;
       case 4: {
         static const uint32_t kTypesUsed[] = {0, 1, 8, 12, 14, 17, 30, 2, 10, 39, 4, 31, 41, 42, 1000};
         t.type = coin() ? kTypesUsed[pick(std::size(kTypesUsed))] : uint32_t(pick(48));
@@ -410,25 +521,34 @@ class Mutator {
       }
       case 5: {
         static const int64_t kSteps[] = {-1, 1, -8, 8, -32, 32, 64, 256};
-        t.offset = pick(4) == 0 ? interesting_int(t.offset) : t.offset + uint64_t(kSteps[pick(std::size(kSteps))]);
+        t.offset =
+            pick(4) == 0 ? interesting_int(t.offset) : t.offset + uint64_t(kSteps[pick(std::size(kSteps))]);
         break;
       }
       case 6: {  // the name: another tensor's (a duplicate), bytes that are not UTF-8, or gone
         const Tensor& o = g_.tensors[pick(g_.tensors.size())];
-        if (coin()) t.name = o.name;
-        else bend(t.name);
+        if (coin())
+          t.name = o.name;
+        else
+          bend(t.name);
         break;
       }
       default:
-        if (coin()) g_.tensors.erase(g_.tensors.begin() + pick(g_.tensors.size()));
-        else g_.tensors.push_back(g_.tensors[pick(g_.tensors.size())]);
+        if (coin())
+          g_.tensors.erase(g_.tensors.begin() + pick(g_.tensors.size()));
+        else
+          g_.tensors.push_back(g_.tensors[pick(g_.tensors.size())]);
     }
   }
 
   void header() {
     switch (pick(3)) {
-      case 0: g_.n_kv_delta = int64_t(interesting_int(0)); break;
-      case 1: g_.n_tensors_delta = int64_t(interesting_int(0)); break;
+      case 0:
+        g_.n_kv_delta = int64_t(interesting_int(0));
+        break;
+      case 1:
+        g_.n_tensors_delta = int64_t(interesting_int(0));
+        break;
       default: {
         static const uint32_t kVersions[] = {1, 2, 4, 0x03000000, 0x02000000};
         g_.version = kVersions[pick(std::size(kVersions))];
@@ -450,8 +570,10 @@ class Mutator {
     std::string& d = g_.data;
     if (d.empty()) return;
     switch (pick(3)) {
-      case 0: d.resize(pick(d.size())); break;  // the file ends early
-      case 1: {                                 // a run of special floats
+      case 0:
+        d.resize(pick(d.size()));
+        break;   // the file ends early
+      case 1: {  // a run of special floats
         static const uint32_t kF[] = {0x7fc00000u, 0x7f800000u, 0xff800000u, 0x00000001u, 0x7f7fffffu};
         const uint32_t f = kF[pick(std::size(kF))];
         const size_t at = pick(d.size()) & ~size_t(3);

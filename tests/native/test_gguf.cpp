@@ -400,7 +400,7 @@ TEST_F(Gguf, BytesThatAreNotUtf8AreEscapedInMessages) {
   const FormatError e(std::string("name '\xed\xa0\x80\xf5' \xe2\x82\xac ok"));
   EXPECT_STREQ(e.what(), "name '\\xed\\xa0\\x80\\xf5' \xe2\x82\xac ok");
   EXPECT_TRUE(is_utf8(e.what()));
-  EXPECT_FALSE(is_utf8("\xc0\xaf"));       // overlong '/'
+  EXPECT_FALSE(is_utf8("\xc0\xaf"));          // overlong '/'
   EXPECT_FALSE(is_utf8("\xf4\x90\x80\x80"));  // past U+10FFFF
   EXPECT_TRUE(is_utf8("\xf0\x9f\x99\x82 h\xc3\xa9"));
 }
@@ -448,7 +448,8 @@ TEST_F(Gguf, BadTensorInfos) {
   expect_format_error(one({"t", 0, {1}, f32s({1}), ~uint64_t(0) & ~uint64_t(31)}),
                       {"truncated: tensor 't' data"});
   // Two tensors over the same bytes.
-  expect_format_error(one({"t", 0, {2}, f32s({1, 2}), 0}), {"tensor 't' data [offset", "overlaps tensor 'ok'"});
+  expect_format_error(one({"t", 0, {2}, f32s({1, 2}), 0}),
+                      {"tensor 't' data [offset", "overlaps tensor 'ok'"});
   // Declared bigger than the bytes that are there (the file ends inside the tensor).
   expect_format_error(one({"t", 0, {16}, f32s({1})}),
                       {"tensor 't' data", "64 bytes] ends past the file size"});

@@ -96,7 +96,7 @@ CASES = {
     "eos_past_vocab": (tokenizer(eos_token_id=(U32, 280)), strata.FormatError, r"eos_token_id = 280 is outside"),
     "add_bos_int": (tokenizer(add_bos_token=(U32, 1)), strata.FormatError, "add_bos_token must be a bool"),
     "special_token_not_utf8": (lambda g: g.get("tokenizer.ggml.tokens").value.__setitem__(278, b"<|\xff|>"),
-                               strata.FormatError, r"tokens\[278\] = '<\|\\udcff\|>' is a special token"),
+                               strata.FormatError, r"tokens\[278\] = '<\|\\udcff\|>' is a special token, not UTF-8"),
     "merge_not_utf8": (lambda g: g.get("tokenizer.ggml.merges").value.__setitem__(0, b"\xc4 \xa0"),
                        strata.FormatError, r"merges\[0\] = .* is not UTF-8"),
     # Two tokens whose merges name tokens that do not exist (tokenizers panicked on some of these).
