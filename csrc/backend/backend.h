@@ -89,7 +89,8 @@ class Backend {
 
   // ---- ops; all pointers are device memory, all run on the compute stream ----
   // out[t, :] = dequantized row ids[t] of a [rows, D] table of ggml type `type`.
-  virtual void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) = 0;
+  virtual void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T,
+                     float* out) = 0;
   // grs[t] = 1 / sqrt(mean(x[t]^2) + eps) for x of T rows of D.
   virtual void rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs) = 0;
   // The GR read: out[i, :] = x[s, :] * grs[s] * w with s = rows ? rows[i] / div : i.
@@ -114,8 +115,8 @@ class Backend {
   virtual void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
                       int64_t T, float* Y, int64_t ldy) = 0;
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
-  virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
-                              int64_t pos0, const RopeParams& rope) = 0;
+  virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w,
+                              float eps, int64_t pos0, const RopeParams& rope) = 0;
   // Whether the backend keeps a KV cache of this element type.
   virtual bool supports_kv(KvType t) const = 0;
   // cache rows [pos0, pos0 + T) (rows of `width` elements of type t) = src (T x width floats),
@@ -150,7 +151,8 @@ std::unique_ptr<Backend> make_cpu_backend(int threads);
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Backend& be, size_t bytes, const char* what) : be_(&be), p_(be.alloc(bytes, what)), n_(bytes) {}
+  DeviceBuffer(Backend& be, size_t bytes, const char* what)
+      : be_(&be), p_(be.alloc(bytes, what)), n_(bytes) {}
   // A view of memory someone else owns (the CPU's resident weights): never freed.
   static DeviceBuffer borrow(const void* p, size_t bytes) {
     DeviceBuffer b;

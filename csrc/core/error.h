@@ -1,8 +1,8 @@
 // The one exception hierarchy of strata; the bindings map each class to a Python exception.
 #pragma once
+#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <sstream>
 
 #include "core/utf8.h"
 
@@ -62,7 +62,7 @@ std::string str(const A&... a) {
 
 }  // namespace strata
 
-#define STRATA_CHECK(cond, Exc, ...) \
-  do {                               \
+#define STRATA_CHECK(cond, Exc, ...)                              \
+  do {                                                            \
     if (!(cond)) throw ::strata::Exc(::strata::str(__VA_ARGS__)); \
   } while (0)

@@ -63,7 +63,6 @@ struct TensorInfo {
   int64_t nelements() const;
 };
 
-
 class File {
  public:
   // Maps and validates the whole header; throws Error (cannot open) or FormatError.

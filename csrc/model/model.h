@@ -20,17 +20,17 @@ namespace strata {
 
 struct ModelConfig {
   std::string device = "cpu";
-  int threads = 0;              // CPU threads; 0: every core
-  int64_t ctx = 4096;           // KV cache length in tokens
-  bool all_resident = false;    // --expert-cache all
-  size_t cache_bytes = 0;       // --expert-cache in bytes when not all_resident
-  bool cache_auto = false;      // --expert-cache auto: all on the CPU; on a GPU what is free (auto_cache)
-  std::string source = "auto";  // host | mmap | auto
-  int64_t prefill = 8192;       // tokens per prompt chunk; with prefill_auto, the largest tried
-  bool prefill_auto = false;    // --prefill auto[:MAX]: the largest chunk <= prefill that fits
-  bool gr_unfused = false;      // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
+  int threads = 0;               // CPU threads; 0: every core
+  int64_t ctx = 4096;            // KV cache length in tokens
+  bool all_resident = false;     // --expert-cache all
+  size_t cache_bytes = 0;        // --expert-cache in bytes when not all_resident
+  bool cache_auto = false;       // --expert-cache auto: all on the CPU; on a GPU what is free (auto_cache)
+  std::string source = "auto";   // host | mmap | auto
+  int64_t prefill = 8192;        // tokens per prompt chunk; with prefill_auto, the largest tried
+  bool prefill_auto = false;     // --prefill auto[:MAX]: the largest chunk <= prefill that fits
+  bool gr_unfused = false;       // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
   std::string kv_type = "auto";  // f32 | f16 | auto (f16 where the backend keeps it, else f32)
-  Progress progress;            // long loads report here
+  Progress progress;             // long loads report here
 };
 
 struct ChunkStats {
@@ -50,7 +50,8 @@ struct AutoCache {
   size_t reserve = 0;  // kept free for the driver, the CUDA context's growth and fragmentation
   std::string error;   // when nothing fits: what does (a smaller --ctx, --prefill or cache)
 };
-AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, size_t free_bytes, size_t total_bytes);
+AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, size_t free_bytes,
+                     size_t total_bytes);
 
 class Model {
  public:

@@ -114,10 +114,10 @@ class Qwen3MoeForward final : public ForwardPass {
     token_embd_ = be.resident(s.token_embd.data(), s.token_embd.t->nbytes, "token_embd");
     output_norm_ = norm(s.output_norm, "output_norm");
     // A tied head reads the embedding table itself.
-    output_ = s.output.t == s.token_embd.t
-                  ? DenseMatrix{s.output.type(), token_embd_.get(), s.V, s.D}
-                  : dense(s.output, "output");
-    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps, RopeParams{s.head_dim, s.rope_base, true}};
+    output_ = s.output.t == s.token_embd.t ? DenseMatrix{s.output.type(), token_embd_.get(), s.V, s.D}
+                                           : dense(s.output, "output");
+    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
+                            RopeParams{s.head_dim, s.rope_base, true}};
     logits_dev_ = DeviceBuffer(be, (size_t)kHeadRows * s.V * sizeof(float), "the logits");
   }
 

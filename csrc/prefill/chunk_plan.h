@@ -9,11 +9,11 @@
 namespace strata {
 
 struct ChunkPlan {
-  int64_t chunk = 0;    // tokens per chunk
-  int64_t slots = 0;    // slots the chunk's region borrows: ceil(bytes_needed / slot_bytes)
-  int64_t needs = 0;    // slots the cache must have for it: region + expert room
+  int64_t chunk = 0;  // tokens per chunk
+  int64_t slots = 0;  // slots the chunk's region borrows: ceil(bytes_needed / slot_bytes)
+  int64_t needs = 0;  // slots the cache must have for it: region + expert room
   bool fits = false;
-  std::string error;    // when !fits: the cause and the smallest --expert-cache that works
+  std::string error;  // when !fits: the cause and the smallest --expert-cache that works
 };
 
 // Slots a chunk of T tokens borrows from a cache of `slot_bytes` slots (with an ExpertSource).

@@ -19,8 +19,8 @@ constexpr size_t kMaxBuffer = size_t(1) << 56;
 const char* moe_layout_name(MoeLayout l) { return l == MoeLayout::Fused ? "fused" : "mmq"; }
 
 void set_expert_kernels(PrefillShape& s, bool (*uses_q8)(uint32_t ggml_type)) {
-  STRATA_CHECK(s.expert_types.size() % 3 == 0, ConfigError, "expert_types holds (gate, up, down) per layer, got ",
-               s.expert_types.size(), " types");
+  STRATA_CHECK(s.expert_types.size() % 3 == 0, ConfigError,
+               "expert_types holds (gate, up, down) per layer, got ", s.expert_types.size(), " types");
   s.q8_gate_up = s.float_gate_up = s.q8_down = false;
   for (size_t i = 0; i + 2 < s.expert_types.size(); i += 3) {
     for (size_t j = i; j < i + 2; ++j) (uses_q8(s.expert_types[j]) ? s.q8_gate_up : s.float_gate_up) = true;
@@ -118,10 +118,10 @@ size_t Prefill::bytes_needed(int64_t T, bool src) const { return layout(T, src).
 
 PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool src) const {
   const PrefillPlan p = layout(T, src);
-  STRATA_CHECK(region != nullptr && region_bytes >= p.total, MemoryError, "prefill region of ",
-               region_bytes, " bytes is smaller than the ", p.total, " bytes chunk T=", T, " needs");
-  STRATA_CHECK(reinterpret_cast<uintptr_t>(region) % kAlign == 0, ConfigError,
-               "prefill region is not ", kAlign, "-byte aligned");
+  STRATA_CHECK(region != nullptr && region_bytes >= p.total, MemoryError, "prefill region of ", region_bytes,
+               " bytes is smaller than the ", p.total, " bytes chunk T=", T, " needs");
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(region) % kAlign == 0, ConfigError, "prefill region is not ",
+               kAlign, "-byte aligned");
   auto* base = static_cast<uint8_t*>(region);
   PrefillBuffers b;
   b.T = T;
@@ -131,25 +131,44 @@ PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool
     const std::string& n = s.name;
     auto f = static_cast<float*>(ptr);
     auto i = static_cast<int32_t*>(ptr);
-    if (n == "R") b.R = f;
-    else if (n == "grs") b.grs = f;
-    else if (n == "xn") b.xn = f;
-    else if (n == "attn.q") b.q = f;
-    else if (n == "attn.k") b.k = f;
-    else if (n == "attn.v") b.v = f;
-    else if (n == "attn.out") b.attn = f;
-    else if (n == "proj") b.proj = f;
-    else if (n == "router.logits") b.router = f;
-    else if (n == "router.ids") b.topk_ids = i;
-    else if (n == "router.weights") b.topk_w = f;
-    else if (n == "moe.offsets") b.expert_off = i;
-    else if (n == "moe.rows") b.expert_rows = i;
-    else if (n == "moe.x") b.xg = f;
-    else if (n == "moe.xq") b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
-    else if (n == "moe.gate") b.hg = f;
-    else if (n == "moe.up") b.hu = f;
-    else if (n == "moe.down") b.yd = f;
-    else throw Error(str("prefill carve: buffer '", n, "' has no destination"));
+    if (n == "R")
+      b.R = f;
+    else if (n == "grs")
+      b.grs = f;
+    else if (n == "xn")
+      b.xn = f;
+    else if (n == "attn.q")
+      b.q = f;
+    else if (n == "attn.k")
+      b.k = f;
+    else if (n == "attn.v")
+      b.v = f;
+    else if (n == "attn.out")
+      b.attn = f;
+    else if (n == "proj")
+      b.proj = f;
+    else if (n == "router.logits")
+      b.router = f;
+    else if (n == "router.ids")
+      b.topk_ids = i;
+    else if (n == "router.weights")
+      b.topk_w = f;
+    else if (n == "moe.offsets")
+      b.expert_off = i;
+    else if (n == "moe.rows")
+      b.expert_rows = i;
+    else if (n == "moe.x")
+      b.xg = f;
+    else if (n == "moe.xq")
+      b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
+    else if (n == "moe.gate")
+      b.hg = f;
+    else if (n == "moe.up")
+      b.hu = f;
+    else if (n == "moe.down")
+      b.yd = f;
+    else
+      throw Error(str("prefill carve: buffer '", n, "' has no destination"));
   }
   return b;
 }

@@ -145,7 +145,9 @@ class CudaBackend final : public Backend {
     }
     return true;
   }
-  void unregister_host(const void* p) override { report(cudaHostUnregister(const_cast<void*>(p)), "cudaHostUnregister"); }
+  void unregister_host(const void* p) override {
+    report(cudaHostUnregister(const_cast<void*>(p)), "cudaHostUnregister");
+  }
 
   // ---- the link ----
   // Queued on the compute stream, then waited for: ordered after the compute work already queued
