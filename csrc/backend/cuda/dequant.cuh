@@ -1,6 +1,7 @@
 // The device side's one description of each weight format: per-element decoding that repeats
 // quant/formats.cpp's float32 operations in the same order (so it is bit-identical to the CPU and to
-// gguf's numpy), the integer 32-blocks of matmul_q8 (quant/quant.h), and the type switches.
+// gguf's numpy), and the type switch of embed and dequant_rows. (The matmul kernels decode through
+// quant/unit_decode.h.)
 //
 // Every float operation here is an explicit __fmul_rn / __fadd_rn / __fsub_rn, which nvcc never
 // contracts into an fma, so the values do not depend on the -fmad setting of the including file.
@@ -76,14 +77,6 @@ __device__ __forceinline__ void q8_0_store(uint8_t* blk, int l, uint16_t d_bits,
   blk[offsetof(BlockQ8_0, qs) + l] = static_cast<uint8_t>(static_cast<int8_t>(q));
 }
 
-// One 32-element block of a weight row for matmul_q8: integer quants and the scales that
-// quant.h's formula for the type multiplies their sums by.
-struct W32 {
-  int q[32];
-  float d, dmin;
-  int k0, k1, m;  // integer scales: of elements 0-15, of 16-31, of the min term
-};
-
 // ---- the formats. Each: kType, kBlock (elements per block), kBytes (bytes per block) and
 // elem(row, i): element i of a row, as formats.cpp computes it. ----
 
@@ -119,16 +112,6 @@ struct DecQ8_0 {
     const uint8_t* b = row + (i / 32) * kBytes;
     return __fmul_rn(static_cast<float>(q8_0_q(b, static_cast<int>(i % 32))), q8_0_d(b));
   }
-  __device__ static void w32(const uint8_t* row, int64_t blk, W32& w) {
-    const uint8_t* b = row + blk * kBytes;
-    w.d = q8_0_d(b);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) w.q[l] = q8_0_q(b, l);
-  }
-  // a = fma(d * dx, S(w_q), a)
-  __device__ static float fma32(const W32& w, int s0, int s1, int, float dx, float acc) {
-    return fmaf(__fmul_rn(w.d, dx), static_cast<float>(s0 + s1), acc);
-  }
 };
 
 // BlockQ4_K: d, dmin (fp16), scales[12] (packed 6-bit), qs[128] (4-bit). gguf: d*sc and dmin*m
@@ -147,22 +130,6 @@ struct DecQ4_K {
     const float dm = __fmul_rn(half_at(b + kDmin), static_cast<float>(m));
     const int q = (b[kQs + (j / 2) * 32 + l] >> ((j % 2) * 4)) & 0xF;
     return __fsub_rn(__fmul_rn(ds, static_cast<float>(q)), dm);
-  }
-  __device__ static void w32(const uint8_t* row, int64_t blk, W32& w) {
-    const uint8_t* b = row + (blk / 8) * kBytes;
-    const int j = static_cast<int>(blk % 8);
-    w.d = half_at(b + kD);
-    w.dmin = half_at(b + kDmin);
-    q4_k_scale_min(j, b + kScales, w.k0, w.m);
-    const uint8_t* q = b + kQs + (j / 2) * 32;
-    const int shift = (j % 2) * 4;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) w.q[l] = (q[l] >> shift) & 0xF;
-  }
-  // a = fma(d * dx, sc * S(q4), a); a = fma(-(dmin * dx), m * S(1), a)
-  __device__ static float fma32(const W32& w, int s0, int s1, int sx, float dx, float acc) {
-    acc = fmaf(__fmul_rn(w.d, dx), static_cast<float>(w.k0 * (s0 + s1)), acc);
-    return fmaf(-__fmul_rn(w.dmin, dx), static_cast<float>(w.m * sx), acc);
   }
 };
 
@@ -185,19 +152,6 @@ struct DecQ6_K {
     const int r = static_cast<int>(i % kQK_K), h = r / 128, k = (r % 128) / 32, s = (r % 32) / 16;
     const float ds = __fmul_rn(half_at(b + kD), static_cast<float>(scale(b, h * 8 + k * 2 + s)));
     return __fmul_rn(ds, static_cast<float>(quant(b, h, k, r % 32)));
-  }
-  __device__ static void w32(const uint8_t* row, int64_t blk, W32& w) {
-    const uint8_t* b = row + (blk / 8) * kBytes;
-    const int h = static_cast<int>(blk % 8) / 4, k = static_cast<int>(blk % 4);
-    w.d = half_at(b + kD);
-    w.k0 = scale(b, h * 8 + k * 2);
-    w.k1 = scale(b, h * 8 + k * 2 + 1);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) w.q[l] = quant(b, h, k, l);
-  }
-  // a = fma(d * dx, sc_lo * S_lo(q6 - 32) + sc_hi * S_hi(q6 - 32), a)
-  __device__ static float fma32(const W32& w, int s0, int s1, int, float dx, float acc) {
-    return fmaf(__fmul_rn(w.d, dx), static_cast<float>(w.k0 * s0 + w.k1 * s1), acc);
   }
 };
 
@@ -222,26 +176,9 @@ struct DecIQ2_XS {
     const float v = __fmul_rn(db, static_cast<float>(magnitude(q, e)));
     return __fmul_rn(v, negative(q, e) ? -1.0f : 1.0f);  // a multiply, as numpy does
   }
-  __device__ static void w32(const uint8_t* row, int64_t blk, W32& w) {
-    const uint8_t* b = row + (blk / 8) * kBytes;
-    const int j = static_cast<int>(blk % 8);
-    w.d = half_at(b + kD);
-    w.k0 = 2 * (b[kScales + j] & 0xF) + 1;
-    w.k1 = 2 * (b[kScales + j] >> 4) + 1;
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {  // four groups of 8 elements
-      const uint16_t q = u16_at(b + kQs + (j * 4 + g) * 2);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) w.q[g * 8 + e] = negative(q, e) ? -magnitude(q, e) : magnitude(q, e);
-    }
-  }
-  // a = fma((d * dx) * 0.125f, (2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g), a)
-  __device__ static float fma32(const W32& w, int s0, int s1, int, float dx, float acc) {
-    return fmaf(__fmul_rn(__fmul_rn(w.d, dx), 0.125f), static_cast<float>(w.k0 * s0 + w.k1 * s1), acc);
-  }
 };
 
-// ---- the type switches: the only places on the device side that list the formats ----
+// ---- the type switch of embed and dequant_rows (the matmul kernels have theirs in matmul_kernels.cuh) ----
 
 // Calls f(Dec{}) with the decoder of ggml type `type`; UnsupportedError naming `what` otherwise.
 template <class F>
@@ -264,26 +201,6 @@ void dispatch_type(uint32_t type, const char* what, F&& f) {
   }
   quant_traits(type, what);  // throws, naming the type and the supported ones
   throw UnsupportedError(str(what, ": the CUDA backend has no kernel for ggml type ", type));
-}
-
-// As dispatch_type, over the types with an integer matmul_q8 kernel (uses_matmul_q8).
-template <class F>
-void dispatch_q8_type(uint32_t type, const char* what, F&& f) {
-  switch (static_cast<QType>(type)) {
-    case QType::Q8_0:
-      return f(DecQ8_0{});
-    case QType::Q4_K:
-      return f(DecQ4_K{});
-    case QType::Q6_K:
-      return f(DecQ6_K{});
-    case QType::IQ2_XS:
-      return f(DecIQ2_XS{});
-    default:
-      break;
-  }
-  const QuantTraits& q = quant_traits(type, what);  // throws for a type strata does not know
-  throw UnsupportedError(str(what, ": ggml type ", q.name,
-                             " has no integer kernel; use matmul (uses_matmul_q8 is false for it)"));
 }
 
 // Float rows are read with element-wide loads: their base and stride must be aligned to them.
