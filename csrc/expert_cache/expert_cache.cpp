@@ -64,6 +64,27 @@ ExpertView ExpertCache::view(int64_t layer, const uint8_t* base) const {
   return ExpertView{base + ll.gate_off, base + ll.up_off, base + ll.down_off};
 }
 
+ExpertTable ExpertCache::table(int64_t layer) const {
+  const auto& ll = layout_.layers[layer];
+  ExpertTable t;
+  t.E = layout_.E;
+  if (!src_) {
+    const ExpertTensor* m[3] = {&ll.gate, &ll.up, &ll.down};
+    for (int i = 0; i < 3; ++i) {
+      t.base[i] = resident_[layer * 3 + i].as<uint8_t>();
+      t.stride[i] = m[i]->bytes;
+    }
+    return t;
+  }
+  t.slots = table_dev_.as<int32_t>() + layer * layout_.E;
+  t.arena = arena_;
+  t.slot_bytes = layout_.slot_bytes;
+  t.off[0] = ll.gate_off;
+  t.off[1] = ll.up_off;
+  t.off[2] = ll.down_off;
+  return t;
+}
+
 bool ExpertCache::resident(int64_t layer, int64_t e) const { return !src_ || slot_of(layer, e) >= 0; }
 
 void ExpertCache::set_index(int64_t key, int32_t slot) {

@@ -43,6 +43,7 @@ class ExpertCache {
   int32_t free_slots() const;  // slots not lent and not pinned
   const CacheStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CacheStats{}; }
+  void set_stats(const CacheStats& s) { stats_ = s; }
   // Stream log for tests: every fill as (lend index, layer, expert, refill?).
   struct StreamEvent {
     uint64_t lend;
@@ -74,6 +75,11 @@ class ExpertCache {
   // (layer * E + e) -> slot index or -1, in device memory, kept current by prepare: kernels find
   // expert weights without the host. Null for an all-resident cache.
   const int32_t* slot_table() const { return table_dev_.as<int32_t>(); }
+  // Where layer's experts are for the ops that find them by id on the device (Backend::matmul_experts):
+  // the resident tensors, or the slots through the device slot table (current once prepare has run).
+  ExpertTable table(int64_t layer) const;
+  // Hits the device resolved without prepare (an all-resident cache's decode): counted in the stats.
+  void count_hits(uint64_t n) { stats_.hits += n; }
   // The host's copy of the slot table, for tests: (layer * E + e) -> slot or -1.
   const std::vector<int32_t>& slot_index() const { return index_; }
 

@@ -84,6 +84,70 @@ void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done
   }
 }
 
+// A decode step's experts all at once: each matrix is one matmul_experts over the token's K rows,
+// the device finding every expert's weights by id (ExpertCache::table). The float operations per row
+// are the per-expert path's, in the same order (the rows are sorted by expert, so scatter_add adds
+// them in ascending expert order): the logits do not change, the launches drop from ~6 per expert
+// to ~6 per layer. With an all-resident cache nothing reaches the host, so a decode step can be
+// recorded as one graph; a bounded cache resolves the experts on the host first (one download).
+void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
+                  const float* ffn_norm) {
+  Backend& be = ctx.be;
+  ExpertCache& cache = ctx.cache;
+  const ModelSpec& s = ctx.spec;
+  const auto& xl = ctx.experts.layers[l];
+  const int64_t D = s.D, F = s.F, K = s.K, n = T * K;
+  if (cache.all_resident()) {
+    cache.count_hits((uint64_t)n);  // T == 1: K distinct experts
+  } else {
+    const Routed r = routed_experts(be, b, s.E);
+    const int64_t got = cache.prepare(l, r.ids.data(), (int64_t)r.ids.size());
+    STRATA_CHECK(got == (int64_t)r.ids.size(), Error, "internal error: the decode step's ", r.ids.size(),
+                 " experts of layer ", l, " did not all get slots");
+    for (int32_t e : r.ids) cache.wait(l, e);
+  }
+  const ExpertTable tab = cache.table(l);
+  const bool fused_read = b.xn == nullptr;
+  const int32_t* ids = b.topk_ids;
+  const int32_t* order = b.expert_rows;
+  if (b.moe == MoeLayout::Fused) {
+    if (fused_read)
+      be.apply_norm(b.R, b.grs, ffn_norm, D, order, K, n, b.xg);
+    else
+      be.gather(b.xn, D, order, K, n, b.xg);
+    be.matmul_experts(xl.gate.type, tab, 0, F, D, ids, order, n, b.xg, D, b.hg, F);
+    be.matmul_experts(xl.up.type, tab, 1, F, D, ids, order, n, b.xg, D, b.hu, F);
+    be.swiglu(b.hg, b.hu, n * F);
+    be.matmul_experts(xl.down.type, tab, 2, D, F, ids, order, n, b.hg, F, b.yd, D);
+  } else {
+    const size_t xrb = b.xq_row_bytes;
+    const bool q8_in = uses_matmul_q8(xl.gate.type) || uses_matmul_q8(xl.up.type);
+    const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
+    const float* src = fused_read ? b.R : b.xn;
+    if (q8_in) be.quantize_q8_0(src, fused_read ? b.grs : nullptr, ffn_norm, D, order, K, n, b.xq, xrb);
+    if (float_in) {
+      if (fused_read)
+        be.apply_norm(b.R, b.grs, ffn_norm, D, order, K, n, b.xg);
+      else
+        be.gather(b.xn, D, order, K, n, b.xg);
+    }
+    auto mm = [&](uint32_t type, int m, int64_t rows, int64_t cols, const float* x, float* y) {
+      if (uses_matmul_q8(type))
+        be.matmul_q8_experts(type, tab, m, rows, cols, ids, order, n, b.xq, xrb, y, rows);
+      else
+        be.matmul_experts(type, tab, m, rows, cols, ids, order, n, x, cols, y, rows);
+    };
+    mm(xl.gate.type, 0, F, D, b.xg, b.hg);
+    mm(xl.up.type, 1, F, D, b.xg, b.hu);
+    be.swiglu(b.hg, b.hu, n * F);
+    if (uses_matmul_q8(xl.down.type)) be.quantize_q8_0(b.hg, nullptr, nullptr, F, nullptr, 1, n, b.xq, xrb);
+    mm(xl.down.type, 2, D, F, b.hg, b.yd);
+  }
+  be.zero(b.proj, (size_t)T * D * sizeof(float));
+  be.scatter_add(b.yd, order, b.topk_w, K, n, D, b.proj);
+  if (!cache.all_resident()) cache.release(l);
+}
+
 }  // namespace
 
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
@@ -92,6 +156,10 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K;
+  if (be.phase() == Phase::Decode && T == 1 && (ctx.cache.all_resident() || ctx.cache.free_slots() >= K)) {
+    moe_gathered(ctx, b, l, T, ffn_norm);
+    return;
+  }
   const Routed r = routed_experts(be, b, s.E);
   const bool fused_read = b.xn == nullptr;  // default GR mode: read R * grs * w by row index
   be.zero(b.proj, (size_t)T * D * sizeof(float));
