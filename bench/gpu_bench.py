@@ -61,7 +61,7 @@ def run(path: str, label: str, prompt_tokens: int, gen_tokens: int, **kw: Any) -
         "config": label, "load_s": load_s, "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"],
         "generated": st["generated"], "decode_tps": st["decode_tps"],
         "decode_ms_per_token": st["decode_ms"] / st["decode_passes"] if st["decode_passes"] else 0.0,
-        "stop": st["stop_reason"], "decode_graph": m._m.decode_graph_active,
+        "stop": st["stop_reason"], "decode_graph": m._m.decode_graph_active, "decode_resolve": m._m.decode_resolution,
         "hit_rate": c1["hits"] / lookups if lookups else 1.0, "gb_streamed": c1["bytes_streamed"] / 1e9,
         "prompt_hit_rate": pr["hit_rate"], "prompt_gb": pr["gb"], "prompt_link_gbps": pr["link_gbps"],
         "decode_hit_rate": dec["hit_rate"], "decode_gb": dec["gb"], "decode_link_gbps": dec["link_gbps"],
@@ -86,16 +86,20 @@ def main() -> None:
         run(path, "expert-cache all", a.prompt_tokens, a.gen_tokens, expert_cache="all"),
         run(path, "expert-cache all, no graph", a.prompt_tokens, a.gen_tokens, expert_cache="all",
             decode_graph=False),
-        run(path, f"expert-cache {half >> 20} MiB (half)", a.prompt_tokens, a.gen_tokens,
-            expert_cache=f"{half}b", prefill="auto:8192"),
+        run(path, f"half ({half >> 20} MiB), resolve device", a.prompt_tokens, a.gen_tokens,
+            expert_cache=f"{half}b", prefill="auto:8192", decode_resolve="device"),
+        run(path, "half, resolve device, no graph", a.prompt_tokens, a.gen_tokens,
+            expert_cache=f"{half}b", prefill="auto:8192", decode_resolve="device", decode_graph=False),
+        run(path, "half, resolve host", a.prompt_tokens, a.gen_tokens,
+            expert_cache=f"{half}b", prefill="auto:8192", decode_resolve="host"),
     ]
     print(f"\n{os.path.basename(path)}: {info.spec['params_total'] / 1e9:.1f} B params, "
           f"experts {info.spec['expert_bytes'] / 2**30:.2f} GiB; {rows[0]['device']}")
-    hdr = (f"{'config':<30} {'prompt tok/s':>12} {'decode tok/s':>12} {'ms/token':>8} {'hit rate':>9} "
+    hdr = (f"{'config':<34} {'prompt tok/s':>12} {'decode tok/s':>12} {'ms/token':>8} {'hit rate':>9} "
            f"{'GB streamed':>11} {'link GB/s p/d':>13}")
     print(hdr)
     for r in rows:
-        print(f"{r['config']:<30} {r['prompt_tps']:>12.1f} {r['decode_tps']:>12.2f} "
+        print(f"{r['config']:<34} {r['prompt_tps']:>12.1f} {r['decode_tps']:>12.2f} "
               f"{r['decode_ms_per_token']:>8.2f} {r['hit_rate']:>9.3f} {r['gb_streamed']:>11.2f} "
               f"{r['prompt_link_gbps']:>6.1f}/{r['decode_link_gbps']:<6.1f}")
     if a.json:

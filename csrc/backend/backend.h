@@ -52,6 +52,35 @@ struct ExpertTable {
   size_t off[3] = {0, 0, 0};  // matrix m at arena + slot * slot_bytes + off[m]
   int64_t E = 0;
 };
+// The decode step's cache resolution on the device (design (b) of bench/NOTES.md): the state the
+// host's ExpertCache keeps (slot table, slot -> key, LRU ticks) mirrored in device memory, and
+// where each missing expert's bytes are in page-locked host memory the device reads directly.
+struct ExpertResolve {
+  int64_t layer = 0, E = 0, n_slots = 0;
+  const int32_t* ids = nullptr;  // the experts ids[order[i]], i < n, in ascending id
+  const int32_t* order = nullptr;
+  int64_t n = 0;
+  int32_t* table = nullptr;         // (layer * E + e) -> slot or -1, every layer
+  int32_t* key = nullptr;           // slot -> layer * E + e or -1
+  uint64_t* last = nullptr;         // slot -> LRU tick of its last use (0: empty)
+  uint64_t* tick = nullptr;         // the LRU clock
+  uint8_t* held = nullptr;          // slot -> held by this call; all zero between calls
+  const uint8_t* pinned = nullptr;  // slot -> never a victim
+  uint64_t* counters = nullptr;     // hits, misses, bytes streamed, evictions, failures (kResolveCounters)
+  int32_t* jobs = nullptr;          // scratch: the count, then (slot, expert) per miss; 1 + 2 n ints
+  uint8_t* arena = nullptr;         // the first slot
+  size_t slot_bytes = 0;
+  // Expert e of the layer is segments m < 3 of bytes[m] at src[m] + e * src_stride[m] (device views
+  // of page-locked host memory), each to offset off[m] of its slot; layer_bytes counted per miss.
+  const uint8_t* src[3] = {nullptr, nullptr, nullptr};
+  size_t src_stride[3] = {0, 0, 0}, bytes[3] = {0, 0, 0}, off[3] = {0, 0, 0};
+  size_t layer_bytes = 0;
+};
+constexpr int kResolveCounters = 5;
+// The plain sequential resolve_experts over memory the host reads (the CPU backend's, and the
+// reference of the op tests); copy moves a miss's segments.
+void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const void*, size_t));
+
 // Expert e's matrix m through a table whose memory the caller can read (host memory: the CPU's),
 // or null when the expert is not resident.
 const uint8_t* expert_matrix(const ExpertTable& t, int m, int64_t e);
@@ -92,6 +121,9 @@ class Backend {
   // file mapping). False, with nothing changed, where the backend or the system cannot.
   virtual bool register_host(const void* p, size_t bytes) = 0;
   virtual void unregister_host(const void* p) = 0;
+  // The address at which kernels read page-locked host memory (pinned or registered) directly, or
+  // null where they cannot. The CPU: the memory itself.
+  virtual const void* device_view(const void* host) const = 0;
 
   // ---- the link ----
   // Synchronous: returns when the bytes have arrived.
@@ -196,6 +228,13 @@ class Backend {
   virtual void matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                                  const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
                                  size_t xrow_bytes, float* Y, int64_t ldy) = 0;
+  // The expert cache's resolution of one layer's experts on the device, as ExpertCache::prepare
+  // does it on the host, in the same order: per expert in ascending id, a hit takes the next LRU
+  // tick; a miss takes the slot with the smallest tick among those neither pinned nor held by this
+  // call (ties to the lower slot, so empty slots first), evicting its expert, and its bytes are
+  // copied from the source into the slot (read by the device from page-locked host memory: no copy
+  // engine, no host). Counters accumulate; failures counts experts that found no slot.
+  virtual void resolve_experts(const ExpertResolve& r) = 0;
   // g[i] = silu(g[i]) * u[i]
   virtual void swiglu(float* g, const float* u, int64_t n) = 0;
   // out[rows[i] / K, :] += w[rows[i]] * y[i, :] for i < n, in order of i.

@@ -89,7 +89,9 @@ void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done
 // are the per-expert path's, in the same order (the rows are sorted by expert, so scatter_add adds
 // them in ascending expert order): the logits do not change, the launches drop from ~6 per expert
 // to ~6 per layer. With an all-resident cache nothing reaches the host, so a decode step can be
-// recorded as one graph; a bounded cache resolves the experts on the host first (one download).
+// recorded as one graph. A bounded cache resolves the experts either on the device (design (b):
+// resolve_experts, again nothing on the host) or on the host first (design (a): one download,
+// prepare, copies on the copy engine).
 void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
                   const float* ffn_norm) {
   Backend& be = ctx.be;
@@ -99,6 +101,9 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   const int64_t D = s.D, F = s.F, K = s.K, n = T * K;
   if (cache.all_resident()) {
     cache.count_hits((uint64_t)n);  // T == 1: K distinct experts
+  } else if (cache.on_device()) {
+    // Design (b): the device resolves hits and misses and fills the misses' slots itself.
+    be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n));
   } else {
     const Routed r = routed_experts(be, b, s.E);
     const int64_t got = cache.prepare(l, r.ids.data(), (int64_t)r.ids.size());
@@ -145,7 +150,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   }
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   be.scatter_add(b.yd, order, b.topk_w, K, n, D, b.proj);
-  if (!cache.all_resident()) cache.release(l);
+  if (!cache.all_resident() && !cache.on_device()) cache.release(l);
 }
 
 }  // namespace

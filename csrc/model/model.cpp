@@ -134,6 +134,13 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
     }
   }
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes);
+  STRATA_CHECK(
+      cfg_.decode_resolve == "auto" || cfg_.decode_resolve == "device" || cfg_.decode_resolve == "host",
+      ConfigError, "decode_resolve must be auto, device or host, got '", cfg_.decode_resolve, "'");
+  STRATA_CHECK(cfg_.decode_resolve != "device" || cache_->all_resident() || cache_->can_resolve_on_device(),
+               UnsupportedError, "decode_resolve 'device': the ", be_->name(),
+               " backend cannot read this expert source (", src_ ? src_->describe() : "none",
+               ") from its kernels; use decode_resolve 'host' or 'auto', or --source host");
   kv_ = std::make_unique<KVCache>(*be_, kv, s.L, cfg_.ctx, s.n_kv_head * s.head_dim);
   decode_region_ = DeviceBuffer(*be_, pf.bytes_needed(1, has_source()), "the decode scratch");
 
@@ -187,6 +194,7 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
     return;
   }
   be_->set_phase(Phase::Prompt);
+  cache_->to_host();
   for (int64_t i = 0; i < n; i += chunk_) {
     const int64_t T = std::min(chunk_, n - i);
     const bool last = i + T == n;
@@ -202,12 +210,32 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
   }
 }
 
+bool Model::resolve_on_device() const {
+  return !cache_->all_resident() && cfg_.decode_resolve != "host" && cache_->can_resolve_on_device() &&
+         cache_->free_slots() >= plan_.spec.K;
+}
+
+const char* Model::decode_resolution() const {
+  return cache_->all_resident() ? "resident" : resolve_on_device() ? "device" : "host";
+}
+
 void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   const Prefill& pf = plan_.prefill;
   const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), 1, has_source());
+  const bool on_device = resolve_on_device();
+  if (on_device)
+    cache_->to_device();
+  else
+    cache_->to_host();
   // A graph reads nothing the host decides per step but the token and position it finds in step_io_:
-  // only an all-resident cache, whose decode MoE finds its experts on the device (moe_block), qualifies.
-  if (!graph_ && !graph_failed_ && cfg_.decode_graph && be_->supports_graphs() && cache_->all_resident()) {
+  // the decode MoE must find its experts on the device (moe_block): every expert resident, or
+  // resolved there.
+  const bool graphable = cache_->all_resident() || on_device;
+  if (!graphable) {
+    forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
+    return;
+  }
+  if (!graph_ && !graph_failed_ && cfg_.decode_graph && be_->supports_graphs()) {
     try {
       record_decode(b);
     } catch (const Interrupted&) {
@@ -221,6 +249,7 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   }
   if (!graph_) {
     forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
+    cache_->read_device_counters();
     return;
   }
   auto* io = reinterpret_cast<int32_t*>(step_io_.get());
@@ -228,7 +257,10 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   io[1] = (int32_t)pos;
   graph_.launch();
   be_->sync();
-  cache_->count_hits((uint64_t)plan_.spec.L * plan_.spec.K);
+  if (cache_->all_resident())
+    cache_->count_hits((uint64_t)plan_.spec.L * plan_.spec.K);
+  else
+    cache_->read_device_counters();
   if (logits) std::memcpy(logits, step_logits_.get(), (size_t)plan_.spec.V * sizeof(float));
 }
 

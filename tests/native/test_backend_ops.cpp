@@ -932,6 +932,112 @@ TEST_P(Op, GraphReplaysWithNewInputs) {
   }
 }
 
+// resolve_experts: the backend's resolution of a layer's experts against the sequential reference
+// on the same random state (some slots pinned, some empty, some holding other layers' experts, ties
+// in the ticks), over several calls: the same table, keys, ticks, counters, job list and slot bytes.
+TEST_P(Op, ResolveExpertsMatchesReference) {
+  std::mt19937 rng(20);
+  const int64_t L = 3, E = 11, S = 9;
+  // Each expert of the source: 3 segments of the slot image, 16-byte multiples and not.
+  for (const bool odd : {false, true}) {
+    const size_t seg[3] = {odd ? 37u : 64u, odd ? 101u : 128u, odd ? 3u : 48u};
+    const size_t off[3] = {0, 80, 224}, slot_bytes = 288;
+    const size_t stride = seg[0] + seg[1] + seg[2];
+    PinnedBuffer src(be(), L * E * stride + 64, "expert source");
+    for (size_t i = 0; i < L * E * stride + 64; ++i) src.get()[i] = (uint8_t)rng();
+    // Host state, mirrored on the device.
+    std::vector<int32_t> table(L * E, -1), key(S, -1);
+    std::vector<uint64_t> last(S, 0);
+    std::vector<uint8_t> held(S, 0), pinned(S, 0), arena(S * slot_bytes, 0);
+    for (int32_t s = 0; s < (int32_t)S; ++s) {
+      if (s % 4 == 3) continue;  // empty
+      int32_t k;
+      do k = (int32_t)(rng() % (L * E));
+      while (table[k] >= 0);
+      table[k] = s;
+      key[s] = k;
+      last[s] = 1 + rng() % 5;  // ties
+    }
+    pinned[1] = 1;
+    uint64_t tick = 10, counters[kResolveCounters] = {};
+    Dev<int32_t> dtable(be(), table, "table"), dkey(be(), key, "key");
+    Dev<uint64_t> dlast(be(), last, "last"), dtick(be(), std::vector<uint64_t>{tick}, "tick"),
+        dcounters(be(), std::vector<uint64_t>(kResolveCounters, 0), "counters");
+    Dev<uint8_t> dheld(be(), held, "held"), dpinned(be(), pinned, "pinned"), darena(be(), arena, "arena");
+    Dev<int32_t> djobs(be(), std::vector<int32_t>(1 + 2 * E, 0), "jobs");
+    const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
+    ASSERT_NE(view, nullptr) << "pinned memory has no device view";
+    for (int call = 0; call < 4; ++call) {
+      const int64_t layer = call % L, n = 4;
+      std::vector<int32_t> ids(n), order(n);
+      for (auto& e : ids) e = (int32_t)(rng() % E);
+      ids[3] = ids[0];  // named twice
+      for (int32_t i = 0; i < n; ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+      Dev<int32_t> dids(be(), ids, "ids"), dorder(be(), order, "order");
+      ExpertResolve r;
+      r.layer = layer;
+      r.E = E;
+      r.n_slots = S;
+      r.n = n;
+      r.slot_bytes = slot_bytes;
+      r.layer_bytes = stride;
+      for (int m = 0; m < 3; ++m) {
+        r.src_stride[m] = stride;
+        r.bytes[m] = seg[m];
+        r.off[m] = off[m];
+      }
+      // The reference on host memory.
+      std::vector<int32_t> jobs(1 + 2 * E, 0);
+      ExpertResolve h = r;
+      h.ids = ids.data();
+      h.order = order.data();
+      h.table = table.data();
+      h.key = key.data();
+      h.last = last.data();
+      h.tick = &tick;
+      h.held = held.data();
+      h.pinned = pinned.data();
+      h.counters = counters;
+      h.jobs = jobs.data();
+      h.arena = arena.data();
+      size_t o = layer * E * stride;
+      for (int m = 0; m < 3; ++m) h.src[m] = src.get() + o, o += seg[m];
+      resolve_experts_reference(h, [](void* d, const void* x, size_t k) { std::memcpy(d, x, k); });
+      // The backend on its memory.
+      ExpertResolve d = r;
+      d.ids = dids.p();
+      d.order = dorder.p();
+      d.table = dtable.p();
+      d.key = dkey.p();
+      d.last = dlast.p();
+      d.tick = dtick.p();
+      d.held = dheld.p();
+      d.pinned = dpinned.p();
+      d.counters = dcounters.p();
+      d.jobs = djobs.p();
+      d.arena = darena.p();
+      o = layer * E * stride;
+      for (int m = 0; m < 3; ++m) d.src[m] = view + o, o += seg[m];
+      be().resolve_experts(d);
+      const std::string what = str("resolve_experts call ", call, odd ? " (unaligned segments)" : "");
+      expect_same(dtable.get(), table, what + ": table");
+      expect_same(dkey.get(), key, what + ": keys");
+      expect_same(dlast.get(), last, what + ": ticks");
+      expect_same(dtick.get(), std::vector<uint64_t>{tick}, what + ": clock");
+      expect_same(dheld.get(), held, what + ": held (all clear)");
+      expect_same(dcounters.get(), std::vector<uint64_t>(counters, counters + kResolveCounters),
+                  what + ": counters");
+      const auto dj = djobs.get();
+      expect_same(std::vector<int32_t>(dj.begin(), dj.begin() + 1 + 2 * jobs[0]),
+                  std::vector<int32_t>(jobs.begin(), jobs.begin() + 1 + 2 * jobs[0]), what + ": jobs");
+      expect_same(darena.get(), arena, what + ": slot bytes");
+    }
+    EXPECT_GT(counters[1], 0u) << "no miss: the fill was not exercised";
+    EXPECT_GT(counters[3], 0u) << "no eviction";
+  }
+}
+
 #if defined(STRATA_HAVE_CUDA)
 // Without a GPU (or a driver) the CUDA backend is an UnsupportedError with a one-line reason.
 TEST(CudaBackend, NoDeviceIsUnsupported) {

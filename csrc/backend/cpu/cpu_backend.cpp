@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
   bool host_is_device() const override { return true; }
   // The CPU reads host memory where it is: there is nothing to register.
   bool register_host(const void*, size_t) override { return false; }
+  const void* device_view(const void* host) const override { return host; }
   void unregister_host(const void*) override {}
 
   // Zero-byte copies may come with null pointers (an empty guard tail), which memcpy may not see.
@@ -188,6 +189,10 @@ class CpuBackend final : public Backend {
       strata::matmul_q8(q, W, rows, cols, Xq + i * xrow_bytes, (int64_t)xrow_bytes, k, Y + i * ldy, ldy,
                         pool_);
     });
+  }
+
+  void resolve_experts(const ExpertResolve& r) override {
+    resolve_experts_reference(r, [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); });
   }
 
   void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps,

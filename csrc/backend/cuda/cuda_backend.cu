@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embed.cuh"
+#include "backend/cuda/expert_resolve.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/quantize.cuh"
@@ -144,6 +145,17 @@ class CudaBackend final : public Backend {
       return false;
     }
     return true;
+  }
+  // Pinned and registered pages are mapped into the device's address space (unified addressing):
+  // kernels read them at the address cudaHostGetDevicePointer gives. Null where it gives none.
+  const void* device_view(const void* host) const override {
+    use();
+    void* d = nullptr;
+    if (cudaHostGetDevicePointer(&d, const_cast<void*>(host), 0) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return d;
   }
   void unregister_host(const void* p) override {
     report(cudaHostUnregister(const_cast<void*>(p)), "cudaHostUnregister");
@@ -374,6 +386,10 @@ class CudaBackend final : public Backend {
                        int32_t* rows) override {
     use();
     cuda::launch_group_by_expert(ids, T, K, E, off, rows, compute_);
+  }
+  void resolve_experts(const ExpertResolve& r) override {
+    use();
+    cuda::launch_resolve_experts(r, compute_);
   }
   void swiglu(float* g, const float* u, int64_t n) override {
     use();
