@@ -162,17 +162,28 @@ def test_gpu_decode_graph_matches_op_by_op(mix_path, mix):
     assert g.cache["hits"] > 0 and g.cache["misses"] == 0
 
 
-def test_gpu_bounded_cache_decode_resolves_on_the_host_and_matches(mix_path):
-    """A bounded cache decodes with the experts found by id on the device after one host round trip
-    per layer (design (a)): the same tokens whether the cache holds every expert or a few slots."""
+@pytest.mark.parametrize("source", ["host", "mmap"])
+def test_gpu_bounded_cache_decode_device_and_host_resolution_match(mix_path, source):
+    """A bounded cache's decode resolved on the GPU (design (b): resolve_experts and the zero-copy
+    fill, replayed as one graph) and on the host (design (a)) choose the same slots: the same tokens,
+    stats and slot table, as a cache holding every expert gives the same tokens. The mmap source
+    cannot be read by kernels, so there both run design (a)."""
     path = mix_path("q4_k")
     probe = gpu(path, expert_cache="all")
     slot = probe.spec["slot_bytes"]
     region = probe.info.layout(16, True)["slots"]
     kw = dict(max_tokens=24, temperature=1.0, seed=3)
-    big = gpu(path, expert_cache=64, prefill=16).generate(PROMPT[:8], **kw)
-    small_m = gpu(path, expert_cache=f"{(region + 1) * slot}b", prefill=16)
-    small = small_m.generate(PROMPT[:8], **kw)
-    assert not small_m._m.decode_graph_active
-    assert small.tokens == big.tokens
-    assert small_m.cache["misses"] > 0
+    big = gpu(path, expert_cache=64, prefill=16, source=source).generate(PROMPT[:8], **kw)
+    runs = {}
+    for how in ("device", "host"):
+        m = gpu(path, expert_cache=f"{(region + probe.spec['top_k'] + 1) * slot}b", prefill=16, source=source,
+                decode_resolve="auto" if how == "device" else "host")
+        want = "device" if how == "device" and source == "host" else "host"
+        assert m._m.decode_resolution == want
+        out = m.generate(PROMPT[:8], **kw)
+        assert m._m.decode_graph_active == (want == "device")
+        c = m.cache
+        runs[how] = (out.tokens, c["hits"], c["misses"], c["bytes_streamed"], m._m.slot_index())
+        assert out.tokens == big.tokens
+        assert c["misses"] > 0
+    assert runs["device"] == runs["host"]
