@@ -133,9 +133,8 @@ class CudaBackend final : public Backend {
   }
   bool host_is_device() const override { return false; }
   // A read-only file mapping page-locked in place (and mapped: kernels read it too, device_view): the
-  // copy engine reads it at full speed and no
-  // second copy of the experts is made. Fails (false) where the system does not allow it, e.g. a
-  // locked-memory limit; the caller then makes a pinned copy.
+  // copy engine reads it at full speed and no second copy of the experts is made. Fails (false) where
+  // the system does not allow it, e.g. a locked-memory limit; the caller then makes a pinned copy.
   bool register_host(const void* p, size_t bytes) override {
     use();
     const cudaError_t e =
