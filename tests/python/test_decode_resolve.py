@@ -39,8 +39,9 @@ def test_device_resolution_equals_host_resolution(make_mix, prompts, mix, source
     for name, n in caches(path).items():
         runs = {}
         for how in ("host", "device"):
-            m = strata.Model(path, expert_cache=f"{n * slot}b", prefill=PREFILL, ctx=CTX, source=source,
-                             decode_resolve=how, progress=False)
+            # The CPU's resolve_experts is the sequential reference (the GPU's: test_gpu.py).
+            m = strata.Model(path, device="cpu", expert_cache=f"{n * slot}b", prefill=PREFILL, ctx=CTX,
+                             source=source, decode_resolve=how, progress=False)
             assert m._m.decode_resolution == how
             got = []
             for p in prompts:  # the second prompt runs after decode steps left the state on the device
@@ -58,6 +59,6 @@ def test_device_resolution_equals_host_resolution(make_mix, prompts, mix, source
 def test_decode_resolve_values(make_mix):
     path = make_mix("q4_k")
     with pytest.raises(strata.ConfigError, match="decode_resolve must be auto, device or host"):
-        strata.Model(path, expert_cache=64, decode_resolve="gpu", progress=False)
-    m = strata.Model(path, expert_cache="all", progress=False)
+        strata.Model(path, device="cpu", expert_cache=64, decode_resolve="gpu", progress=False)
+    m = strata.Model(path, device="cpu", expert_cache="all", ctx=256, progress=False)
     assert m._m.decode_resolution == "resident"

@@ -40,14 +40,16 @@ if not _has_gpu():
 HF = np.load(HF_OUT)
 PROMPT = [int(x) for x in HF["prompt"]]
 
-# Measured on the H200 (every mix, fused layout, 40-token prompt): f32 KV 2.5e-7 .. 4.3e-7 from the
-# CPU and 4.1e-7 .. 4.7e-7 from transformers; f16 KV 1.7e-4 .. 2.3e-4 from both. Bounds ~10x.
-F32_KV_VS_CPU = 5e-6
-F16_KV_VS_CPU = 2e-3
-# The MMQ layout: the same q8_0 rule on both backends, so float experts land at ~3e-7 as above; with
-# integer kernels an activation that float32 rounding puts on the other side of a q8_0 rounding
-# boundary moves by one quantum (measured 2.0e-4 on q6_k, 2.4e-7 .. 3.0e-7 on the others).
-MMQ_VS_CPU = 2e-3
+# A prompt's float matmuls run on tensor cores with fp16 tiles (weights and activations rounded to
+# 2^-11 relative, fp32 sums), decode's on GEMV in fp32. Measured on the H200 (every mix, 40-token
+# prompt, 2026-12-03): fused layout with an f32 KV cache 4.3e-4 .. 6.2e-4 from the CPU and from
+# transformers alike; with the f16 KV cache 4.4e-4 .. 6.9e-4. Bounds ~10x.
+F32_KV_VS_CPU = 6e-3
+F16_KV_VS_CPU = 7e-3
+# The MMQ layout: the same q8_0 rule on both backends, but its inputs carry the fp16 tiles' error
+# from attention, and an activation moved across a q8_0 rounding boundary moves by one quantum:
+# measured 4.4e-3 .. 5.9e-3 on the integer mixes, 4.3e-4 .. 5.0e-4 on the float ones. Bound ~10x.
+MMQ_VS_CPU = 5e-2
 
 
 @pytest.fixture(scope="module")
