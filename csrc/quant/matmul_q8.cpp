@@ -116,6 +116,48 @@ void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
               });
 }
 
+void mmq_q2_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ2_K& blk = reinterpret_cast<const BlockQ2_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                int32_t s = 0, sm = 0;
+                for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element groups
+                  int32_t sq = 0, sx = 0;
+                  for (int l = 16 * h; l < 16 * h + 16; ++l) {
+                    sq += q2_k_q(blk, j, l) * x[l];
+                    sx += x[l];
+                  }
+                  s += q2_k_scale(blk, 2 * j + h) * sq;
+                  sm += q2_k_min(blk, 2 * j + h) * sx;
+                }
+                acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+                return std::fma(-(fp16_to_f32(blk.dmin) * dx), static_cast<float>(sm), acc);
+              });
+}
+
+void mmq_iq2_xxs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                        int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockIQ2_XXS& blk = reinterpret_cast<const BlockIQ2_XXS*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                const uint32_t grid_word = iq2_xxs_word(blk, j, 0), sign_word = iq2_xxs_word(blk, j, 1);
+                int32_t s = 0;
+                for (int k = 0; k < 4; ++k) {
+                  const uint64_t grid = kIq2xxsGrid[iq2_xxs_grid_index(grid_word, k)];
+                  const uint8_t signs = kIq2xsSigns[iq2_xxs_sign_index(sign_word, k)];
+                  for (int e = 0; e < 8; ++e) {
+                    const int v = iq2_xs_grid_value(grid, e);
+                    s += (iq2_xs_negative(signs, e) ? -v : v) * x[8 * k + e];
+                  }
+                }
+                const int odd = 2 * iq2_xxs_scale(sign_word) + 1;
+                return std::fma((fp16_to_f32(blk.d) * dx) * kIq2xsOddScaleUnit, static_cast<float>(odd * s), acc);
+              });
+}
+
 #if defined(__x86_64__)
 namespace {
 

@@ -44,8 +44,8 @@ std::vector<BackendFactory> backends_under_test() {
 }
 
 const int64_t kTs[] = {1, 3, 8, 9, 257};
-const QType kAllTypes[] = {QType::F32,  QType::F16,  QType::BF16,  QType::Q8_0,
-                           QType::Q4_K, QType::Q6_K, QType::IQ2_XS};
+const QType kAllTypes[] = {QType::F32,  QType::F16,    QType::BF16, QType::Q8_0,   QType::Q4_K,
+                           QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
 
 // A row of type t: whole blocks, not a power of two (and for float types not a multiple of 8).
 int64_t cols_of(QType t) {
@@ -121,7 +121,8 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
   for (auto& b : w) b = (uint8_t)rng();
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<size_t> halves;  // byte offsets of a block's fp16 fields
-  if (t == QType::F16 || t == QType::Q8_0 || t == QType::IQ2_XS) halves = {0};
+  if (t == QType::F16 || t == QType::Q8_0 || t == QType::IQ2_XS || t == QType::IQ2_XXS) halves = {0};
+  if (t == QType::Q2_K) halves = {80, 82};
   if (t == QType::Q4_K) halves = {0, 2};
   if (t == QType::Q6_K) halves = {208};
   for (size_t off = 0; off < w.size(); off += q.type_size) {

@@ -16,8 +16,8 @@ using namespace strata;
 
 namespace {
 
-const QType kAll[] = {QType::F32,  QType::F16,  QType::BF16,  QType::Q8_0,
-                      QType::Q4_K, QType::Q6_K, QType::IQ2_XS};
+const QType kAll[] = {QType::F32,  QType::F16,  QType::BF16,   QType::Q8_0,   QType::Q4_K,
+                      QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
 
 // Byte offsets of each block's fp16 fields, which random bytes must not turn into inf/nan.
 std::vector<size_t> half_fields(QType t) {
@@ -32,6 +32,10 @@ std::vector<size_t> half_fields(QType t) {
       return {208};
     case QType::IQ2_XS:
       return {0};
+    case QType::IQ2_XXS:
+      return {0};
+    case QType::Q2_K:
+      return {80, 82};
     default:
       return {};
   }
@@ -94,7 +98,7 @@ TEST(Quant, UnsupportedTypeNamesItAndTheFix) {
     EXPECT_STREQ(
         e.what(),
         "blk.0.ffn_down_exps.weight: quant type IQ3_S (21) is not supported by strata; "
-        "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS. Re-quantize the model with one of them.");
+        "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS. Re-quantize the model with one of them.");
   }
   EXPECT_THROW(quant_traits(99, "x"), UnsupportedError);
 }
