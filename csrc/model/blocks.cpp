@@ -25,6 +25,23 @@ void matmul(Backend& be, const DenseMatrix& m, const float* x, int64_t T, float*
 }
 }  // namespace
 
+const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps, const HcSite& site,
+                        bool head, const float* w, float* stage, int64_t first) {
+  const int64_t HC = b.HC, n = T - first;
+  const float* R = b.R + first * HC * D;
+  float* grs = b.grs + first * HC;
+  be.matmul(site.fn.type, site.fn.data, site.fn.rows, site.fn.cols, R, HC * D, n, b.hc_mix, site.fn.rows);
+  be.hc_pre(b.hc_mix, R, n, HC, D, eps, site.scale, site.base, site.hc_eps, site.iters, grs,
+            head ? nullptr : b.hc_post, head ? nullptr : b.hc_comb);
+  float* out = b.xn ? b.xn : stage;
+  be.apply_norm_hc(R, grs, w, D, HC, nullptr, 1, n, out);
+  return out;
+}
+
+void hc_update(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D) {
+  be.hc_post(b.R, b.proj, b.hc_post, b.hc_comb, T, b.HC, D);
+}
+
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
                      const AttentionShape& a, const float* x, int64_t T, int64_t pos0) {
   Backend& be = ctx.be;
@@ -86,13 +103,24 @@ void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done
 
 }  // namespace
 
-void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T, const float* ffn_norm) {
+void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T, const float* ffn_norm,
+               float swiglu_limit) {
   Backend& be = ctx.be;
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K;
   const Routed r = routed_experts(be, b, s.E);
   const bool fused_read = b.xn == nullptr;  // default GR mode: read R * grs * w by row index
+  const int64_t HC = b.HC;
+  // The fused read of the rows of expert_rows (K per token) into float rows or q8_0 rows.
+  auto read_rows = [&](const int32_t* rows, int64_t n, float* out) {
+    if (HC > 1) be.apply_norm_hc(b.R, b.grs, ffn_norm, D, HC, rows, K, n, out);
+    else be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, out);
+  };
+  auto swiglu = [&](float* g, const float* u, int64_t n) {
+    if (swiglu_limit > 0) be.swiglu_clamp(g, u, n, swiglu_limit);
+    else be.swiglu(g, u, n);
+  };
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   if (b.moe == MoeLayout::Fused) {
     // One expert at a time in ascending id: the order of the sums into proj is fixed.
@@ -100,11 +128,11 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
         ctx.cache, l, r,
         [&](int32_t, int64_t o, int64_t n, const ExpertView& v) {
           const int32_t* rows = b.expert_rows + o;
-          if (fused_read) be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, b.xg);
+          if (fused_read) read_rows(rows, n, b.xg);
           else be.gather(b.xn, D, rows, K, n, b.xg);
           be.matmul(xl.gate.type, v.gate, F, D, b.xg, D, n, b.hg, F);
           be.matmul(xl.up.type, v.up, F, D, b.xg, D, n, b.hu, F);
-          be.swiglu(b.hg, b.hu, n * F);
+          swiglu(b.hg, b.hu, n * F);
           be.matmul(xl.down.type, v.down, D, F, b.hg, F, n, b.yd, D);
           be.scatter_add(b.yd, rows, b.topk_w, K, n, D, b.proj);
         },
@@ -120,9 +148,12 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const bool q8_down = uses_matmul_q8(xl.down.type);
   const size_t xrb = b.xq_row_bytes;
   const float* src = fused_read ? b.R : b.xn;
-  if (q8_in) be.quantize_q8_0(src, fused_read ? b.grs : nullptr, ffn_norm, D, b.expert_rows, K, n_rows, b.xq, xrb);
+  if (q8_in) {
+    if (fused_read && HC > 1) be.quantize_q8_0_hc(b.R, b.grs, ffn_norm, D, HC, b.expert_rows, K, n_rows, b.xq, xrb);
+    else be.quantize_q8_0(src, fused_read ? b.grs : nullptr, ffn_norm, D, b.expert_rows, K, n_rows, b.xq, xrb);
+  }
   if (float_in) {
-    if (fused_read) be.apply_norm(b.R, b.grs, ffn_norm, D, b.expert_rows, K, n_rows, b.xg);
+    if (fused_read) read_rows(b.expert_rows, n_rows, b.xg);
     else be.gather(b.xn, D, b.expert_rows, K, n_rows, b.xg);
   }
   auto mm = [&](uint32_t type, const uint8_t* W, int64_t rows, int64_t cols, const uint8_t* xq, const float* x,
@@ -141,7 +172,7 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
       [&](int64_t r0, int64_t r1) {
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
         // (gate/up have read them), then down, expert by expert.
-        be.swiglu(b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F);
+        swiglu(b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F);
         if (q8_down) be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
         for (int32_t e : r.ids) {
           const int64_t o = r.off[e], n = r.off[e + 1] - o;

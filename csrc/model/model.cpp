@@ -60,7 +60,7 @@ AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, s
   AutoCache a;
   a.reserve = std::max<size_t>(size_t(512) << 20, total_bytes / 32);
   const int64_t chunk = std::min(cfg.prefill, cfg.ctx);
-  a.others = s.dense_bytes + KVCache::bytes(kv, s.L, cfg.ctx, s.n_kv_head * s.head_dim) +
+  a.others = s.dense_bytes + KVCache::bytes(kv, s, cfg.ctx) +
              plan.prefill.bytes_needed(1, true) + (size_t)kHeadRows * s.V * sizeof(float);
   const size_t avail = free_bytes > a.others + a.reserve ? free_bytes - a.others - a.reserve : 0;
   // Every expert resident, plus the prompt scratch that then has no slots to borrow.
@@ -124,7 +124,7 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
     }
   }
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes);
-  kv_ = std::make_unique<KVCache>(*be_, kv, s.L, cfg_.ctx, s.n_kv_head * s.head_dim);
+  kv_ = std::make_unique<KVCache>(*be_, kv, s, cfg_.ctx);
   decode_region_ = DeviceBuffer(*be_, pf.bytes_needed(1, has_source()), "the decode scratch");
 
   chunk_ = std::min(cfg_.prefill, cfg_.ctx);

@@ -160,6 +160,7 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
         ("architecture", f"{s['arch']} ({s['name']})" if s["name"] else s["arch"]),
         ("layers / hidden / vocab", f"{s['layers']} / {s['hidden']} / {s['vocab']}"),
         ("attention", f"{s['heads']} heads, {s['kv_heads']} kv heads, head_dim {s['head_dim']}"),
+        *[(k, v) for k, v in s.get("details", [])],
         ("experts", f"{s['experts']} per layer, top-{s['top_k']}, ffn {s['expert_ffn']}"),
         ("parameters", f"{s['params_total'] / 1e9:.3f} B total, {s['params_active'] / 1e9:.3f} B active per token"),
         ("dense weights", _fmt_bytes(s["dense_bytes"])),

@@ -95,6 +95,43 @@ class TraceBackend final : public Backend {
       (a, b, c, d, e, f, g))
   FWD(zero, (void* a, size_t b), (a, b))
   FWD(fill, (void* a, uint8_t b, size_t c), (a, b, c))
+  FWD(apply_norm_hc,
+      (const float* a, const float* b, const float* c, int64_t d, int64_t e, const int32_t* f, int64_t g, int64_t h,
+       float* i),
+      (a, b, c, d, e, f, g, h, i))
+  FWD(quantize_q8_0_hc,
+      (const float* a, const float* b, const float* c, int64_t d, int64_t e, const int32_t* f, int64_t g, int64_t h,
+       uint8_t* i, size_t j),
+      (a, b, c, d, e, f, g, h, i, j))
+  FWD(hc_pre,
+      (const float* a, const float* b, int64_t c, int64_t d, int64_t e, float f, const float* g, const float* h,
+       float i, int64_t j, float* k, float* l, float* m),
+      (a, b, c, d, e, f, g, h, i, j, k, l, m))
+  FWD(hc_post, (float* a, const float* b, const float* c, const float* d, int64_t e, int64_t f, int64_t g),
+      (a, b, c, d, e, f, g))
+  FWD(hc_expand, (const float* a, int64_t b, int64_t c, int64_t d, float* e), (a, b, c, d, e))
+  FWD(rms_norm, (float* a, int64_t b, int64_t c, const float* d, float e), (a, b, c, d, e))
+  FWD(rope_tail,
+      (float* a, int64_t b, int64_t c, int64_t d, int64_t e, const float* f, float g, int64_t h, int64_t i, bool j),
+      (a, b, c, d, e, f, g, h, i, j))
+  FWD(ring_store, (float* a, int64_t b, int64_t c, int64_t d, int64_t e, const float* f), (a, b, c, d, e, f))
+  FWD(compress_pool,
+      (const float* a, const float* b, const float* c, const float* d, const float* e, int64_t f, int64_t g, int64_t h,
+       int64_t i, int64_t j, float* k),
+      (a, b, c, d, e, f, g, h, i, j, k))
+  FWD(attention_sink,
+      (const float* a, const float* b, const float* c, int64_t d, const float* e, int64_t f, const int32_t* g,
+       int64_t h, const float* i, int64_t j, int64_t k, int64_t l, int64_t m, float n, float* o),
+      (a, b, c, d, e, f, g, h, i, j, k, l, m, n, o))
+  FWD(indexer_topk,
+      (const float* a, const float* b, const float* c, int64_t d, int64_t e, int64_t f, int64_t g, int64_t h,
+       int64_t i, float j, int32_t* k),
+      (a, b, c, d, e, f, g, h, i, j, k))
+  FWD(router_v4,
+      (const float* a, int64_t b, int64_t c, int64_t d, const float* e, const int32_t* f, const int32_t* g, bool h,
+       float i, int32_t* j, float* k),
+      (a, b, c, d, e, f, g, h, i, j, k))
+  FWD(swiglu_clamp, (float* a, const float* b, int64_t c, float d), (a, b, c, d))
 #undef FWD
 
  private:
