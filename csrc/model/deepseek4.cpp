@@ -84,7 +84,8 @@ class Ds4Forward final : public ForwardPass {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D, HC = d_.HC;
-    STRATA_CHECK(b.HC == HC && b.hc_mix && b.tokens, Error, "internal error: the prefill plan is not DeepSeek V4's");
+    STRATA_CHECK(b.HC == HC && b.hc_mix && b.tokens, Error,
+                 "internal error: the prefill plan is not DeepSeek V4's");
     be.upload(b.tokens, ids, (size_t)T * sizeof(int32_t));
     // The embedding is copied into every stream.
     be.embed(s.token_embd.type(), token_embd_.get(), D, b.tokens, T, b.proj);
@@ -136,11 +137,13 @@ class Ds4Forward final : public ForwardPass {
   }
   const float* floats(std::vector<float> v, const char* what) {
     converted_.push_back(std::move(v));
-    owned_.push_back(ctx_.be.resident(converted_.back().data(), converted_.back().size() * sizeof(float), what));
+    owned_.push_back(
+        ctx_.be.resident(converted_.back().data(), converted_.back().size() * sizeof(float), what));
     return owned_.back().as<float>();
   }
   HcSite site(const WeightRef& fn, const WeightRef& scale, const WeightRef& base) {
-    return HcSite{dense(fn, "hc fn"), vec(scale, "hc scale"), vec(base, "hc base"), d_.hc_eps, d_.sinkhorn_iters};
+    return HcSite{dense(fn, "hc fn"), vec(scale, "hc scale"), vec(base, "hc base"), d_.hc_eps,
+                  d_.sinkhorn_iters};
   }
 
   ForwardContext ctx_;
@@ -156,7 +159,9 @@ class Ds4Forward final : public ForwardPass {
   DeviceBuffer logits_dev_;
 };
 
-std::unique_ptr<ForwardPass> make_deepseek4(const ForwardContext& ctx) { return std::make_unique<Ds4Forward>(ctx); }
+std::unique_ptr<ForwardPass> make_deepseek4(const ForwardContext& ctx) {
+  return std::make_unique<Ds4Forward>(ctx);
+}
 
 }  // namespace
 

@@ -21,8 +21,9 @@ void mm(Backend& be, const DenseMatrix& m, const float* x, int64_t T, float* y) 
 // rotated into the cache tensor `rows`, then the chunk's projections kept in the state rings for the
 // windows still open.
 void compress(const ForwardContext& ctx, int64_t l, const std::string& name, const DenseMatrix& wkv,
-              const DenseMatrix& wgate, const float* ape, const float* norm, int64_t ratio, int64_t lanes, int64_t hd,
-              const Ds4RopeDev& rope, const float* x, int64_t T, int64_t pos0, float* kv, float* score) {
+              const DenseMatrix& wgate, const float* ape, const float* norm, int64_t ratio, int64_t lanes,
+              int64_t hd, const Ds4RopeDev& rope, const float* x, int64_t T, int64_t pos0, float* kv,
+              float* score) {
   Backend& be = ctx.be;
   const Ds4Spec& d = *ctx.spec.ds4;
   float* rows = ctx.kv.tensor(l, name);
@@ -67,20 +68,21 @@ void ds4_attention(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l
   const int32_t* sel = nullptr;
   if (w.ratio > 0) {
     const int64_t lanes = w.ratio == 4 ? 2 : 1;
-    compress(ctx, l, "comp", w.comp_kv, w.comp_gate, w.comp_ape, w.comp_norm, w.ratio, lanes, hd, compress_rope, x, T,
-             pos0, b.comp_kv, b.comp_score);
+    compress(ctx, l, "comp", w.comp_kv, w.comp_gate, w.comp_ape, w.comp_norm, w.ratio, lanes, hd,
+             compress_rope, x, T, pos0, b.comp_kv, b.comp_score);
     comp = ctx.kv.tensor(l, "comp");
   }
   if (w.ratio == 4) {
     // The lightning indexer: its own compressed keys, queries from the low-rank Q, per-head weights.
     const int64_t ih = d.idx_heads, idim = d.idx_dim;
-    compress(ctx, l, "index", w.idx_kv, w.idx_gate, w.idx_ape, w.idx_norm, 4, 2, idim, compress_rope, x, T, pos0,
-             b.idx_kv, b.idx_score);
+    compress(ctx, l, "index", w.idx_kv, w.idx_gate, w.idx_ape, w.idx_norm, 4, 2, idim, compress_rope, x, T,
+             pos0, b.idx_kv, b.idx_score);
     mm(be, w.idx_q_b, b.qa, T, b.idx_q);
     be.rope_tail(b.idx_q, T, ih, idim, pairs, compress_rope.inv_freq, compress_rope.mscale, pos0, 1, false);
     mm(be, w.idx_proj, x, T, b.idx_w);
     const float scale = 1.0f / std::sqrt((float)(idim * ih));
-    be.indexer_topk(b.idx_q, b.idx_w, ctx.kv.tensor(l, "index"), T, pos0, ih, idim, 4, d.idx_topk, scale, b.idx_sel);
+    be.indexer_topk(b.idx_q, b.idx_w, ctx.kv.tensor(l, "index"), T, pos0, ih, idim, 4, d.idx_topk, scale,
+                    b.idx_sel);
     sel = b.idx_sel;
   }
   float* win = ctx.kv.tensor(l, "window");
@@ -91,7 +93,8 @@ void ds4_attention(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l
   be.rope_tail(b.attn, T, H, hd, pairs, w.rope.inv_freq, w.rope.mscale, pos0, 1, true);
   // Grouped output: each group of H / G heads to o_lora, then all groups to D.
   const int64_t G = d.o_groups, in_g = H * hd / G;
-  const size_t group_bytes = row_bytes(quant_traits(w.o_a.type, "attn_output_a").type, in_g) * (size_t)d.o_lora;
+  const size_t group_bytes =
+      row_bytes(quant_traits(w.o_a.type, "attn_output_a").type, in_g) * (size_t)d.o_lora;
   for (int64_t g = 0; g < G; ++g)
     be.matmul(w.o_a.type, static_cast<const uint8_t*>(w.o_a.data) + g * group_bytes, d.o_lora, in_g,
               b.attn + g * in_g, H * hd, T, b.oa + g * d.o_lora, G * d.o_lora);

@@ -43,7 +43,9 @@ class Reader {
   int64_t u(const std::string& key) const { return f_.get_int("deepseek4." + key); }
   int64_t u(const std::string& key, int64_t dflt) const { return f_.get_int("deepseek4." + key, dflt); }
   float fl(const std::string& key) const { return (float)f_.get_float("deepseek4." + key); }
-  float fl(const std::string& key, double dflt) const { return (float)f_.get_float("deepseek4." + key, dflt); }
+  float fl(const std::string& key, double dflt) const {
+    return (float)f_.get_float("deepseek4." + key, dflt);
+  }
   // A per-layer value given as an array (at least n entries) or one scalar for every layer.
   std::vector<double> per_layer(const std::string& key, int64_t n, bool required, double dflt) const {
     const gguf::Value* v = f_.find("deepseek4." + key);
@@ -92,7 +94,8 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   const int64_t n_all = r.u("block_count");
   // As llama.cpp: block_count counts the MTP blocks when their tensors are in the file.
   d.mtp_blocks = r.u("nextn_predict_layers", 0);
-  if (d.mtp_blocks > 0 && !f.find_tensor(str("blk.", n_all - d.mtp_blocks, ".nextn.eh_proj.weight"))) d.mtp_blocks = 0;
+  if (d.mtp_blocks > 0 && !f.find_tensor(str("blk.", n_all - d.mtp_blocks, ".nextn.eh_proj.weight")))
+    d.mtp_blocks = 0;
   s.L = n_all - d.mtp_blocks;
   s.D = r.u("embedding_length");
   s.n_head = r.u("attention.head_count");
@@ -140,20 +143,20 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   const std::vector<double> clamp_exp = r.per_layer("swiglu_clamp_exp", n_all, false, 0);
   const std::vector<double> clamp_shexp = r.per_layer("swiglu_clamp_shexp", n_all, false, -1);
 
-  STRATA_CHECK(s.L > 0 && s.D > 0 && s.n_head > 0 && s.head_dim > 0 && s.E > 0 && s.K > 0 && s.K <= s.E &&
-                   s.F > 0 && d.q_lora > 0 && d.window > 0 && d.o_groups > 0 && s.n_head % d.o_groups == 0 &&
-                   d.o_lora > 0 && d.HC >= 1 && d.HC <= 16 && d.sinkhorn_iters >= 1 && d.rope_dim > 0 &&
-                   d.rope_dim % 2 == 0 && d.rope_dim <= s.head_dim && d.hash_layers >= 0 &&
-                   d.hash_layers <= s.L && n_shared >= 1 && d.idx_heads > 0 && d.idx_dim >= d.rope_dim &&
-                   d.idx_topk > 0,
-               FormatError, f.path(), ": deepseek4 hyperparameters out of range: block_count=", n_all,
-               " embedding_length=", s.D, " head_count=", s.n_head, " key_length=", s.head_dim,
-               " rope.dimension_count=", d.rope_dim, " expert_count=", s.E, " expert_used_count=", s.K,
-               " expert_feed_forward_length=", s.F, " q_lora_rank=", d.q_lora, " sliding_window=", d.window,
-               " output_group_count=", d.o_groups, " output_lora_rank=", d.o_lora, " hyper_connection.count=",
-               d.HC, " sinkhorn_iterations=", d.sinkhorn_iters, " hash_layer_count=", d.hash_layers,
-               " expert_shared_count=", n_shared, " indexer.head_count=", d.idx_heads,
-               " indexer.key_length=", d.idx_dim, " indexer.top_k=", d.idx_topk);
+  STRATA_CHECK(
+      s.L > 0 && s.D > 0 && s.n_head > 0 && s.head_dim > 0 && s.E > 0 && s.K > 0 && s.K <= s.E && s.F > 0 &&
+          d.q_lora > 0 && d.window > 0 && d.o_groups > 0 && s.n_head % d.o_groups == 0 && d.o_lora > 0 &&
+          d.HC >= 1 && d.HC <= 16 && d.sinkhorn_iters >= 1 && d.rope_dim > 0 && d.rope_dim % 2 == 0 &&
+          d.rope_dim <= s.head_dim && d.hash_layers >= 0 && d.hash_layers <= s.L && n_shared >= 1 &&
+          d.idx_heads > 0 && d.idx_dim >= d.rope_dim && d.idx_topk > 0,
+      FormatError, f.path(), ": deepseek4 hyperparameters out of range: block_count=", n_all,
+      " embedding_length=", s.D, " head_count=", s.n_head, " key_length=", s.head_dim,
+      " rope.dimension_count=", d.rope_dim, " expert_count=", s.E, " expert_used_count=", s.K,
+      " expert_feed_forward_length=", s.F, " q_lora_rank=", d.q_lora, " sliding_window=", d.window,
+      " output_group_count=", d.o_groups, " output_lora_rank=", d.o_lora, " hyper_connection.count=", d.HC,
+      " sinkhorn_iterations=", d.sinkhorn_iters, " hash_layer_count=", d.hash_layers,
+      " expert_shared_count=", n_shared, " indexer.head_count=", d.idx_heads,
+      " indexer.key_length=", d.idx_dim, " indexer.top_k=", d.idx_topk);
   STRATA_CHECK(s.n_kv_head == 1 && vlen == s.head_dim, FormatError, f.path(),
                ": deepseek4 attends one shared KV head with value_length == key_length; got head_count_kv=",
                s.n_kv_head, " value_length=", vlen, " key_length=", s.head_dim);
@@ -162,8 +165,9 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   STRATA_CHECK(!(scaling == "yarn") || (d.yarn_factor > 0 && d.yarn_orig_ctx > 0), FormatError, f.path(),
                ": deepseek4 YaRN needs rope.scaling.factor > 0 and original_context_length > 0");
   for (int64_t l = 0; l < s.L; ++l)
-    STRATA_CHECK(ffn[l] == s.F, UnsupportedError, f.path(), ": deepseek4.expert_feed_forward_length differs by layer (",
-                 ffn[l], " at ", l, ", ", s.F, " at 0); strata needs one width");
+    STRATA_CHECK(ffn[l] == s.F, UnsupportedError, f.path(),
+                 ": deepseek4.expert_feed_forward_length differs by layer (", ffn[l], " at ", l, ", ", s.F,
+                 " at 0); strata needs one width");
   d.shared_ffn = s.F * n_shared;
   s.HC = d.HC;
 
@@ -183,7 +187,8 @@ ModelSpec read_deepseek4(const gguf::File& f) {
     Ds4Layer y;
     y.ratio = (int64_t)ratios[l];
     STRATA_CHECK(y.ratio == 0 || y.ratio == 4 || y.ratio == 128, UnsupportedError, f.path(),
-                 ": deepseek4.attention.compress_ratios[", l, "] = ", ratios[l], "; llama.cpp and strata run 0, 4 and 128");
+                 ": deepseek4.attention.compress_ratios[", l, "] = ", ratios[l],
+                 "; llama.cpp and strata run 0, 4 and 128");
     y.hash = l < d.hash_layers;
     y.clamp_exp = (float)clamp_exp[l];
     y.clamp_shexp = clamp_shexp[l] < 0 ? y.clamp_exp : (float)clamp_shexp[l];
@@ -218,8 +223,10 @@ ModelSpec read_deepseek4(const gguf::File& f) {
       y.idx_norm = r.need(p + "indexer_compressor_norm.weight", {d.idx_dim});
     }
     y.router = r.need(p + "ffn_gate_inp.weight", {s.D, s.E});
-    if (y.hash) y.tid2eid = r.need(p + "ffn_gate_tid2eid.weight", {s.K, s.V}, true);
-    else y.probs_b = r.need(p + "exp_probs_b.bias", {s.E});
+    if (y.hash)
+      y.tid2eid = r.need(p + "ffn_gate_tid2eid.weight", {s.K, s.V}, true);
+    else
+      y.probs_b = r.need(p + "exp_probs_b.bias", {s.E});
     y.ffn_norm = r.need(p + "ffn_norm.weight", {s.D});
     y.gate_shexp = r.need(p + "ffn_gate_shexp.weight", {s.D, d.shared_ffn});
     y.up_shexp = r.need(p + "ffn_up_shexp.weight", {s.D, d.shared_ffn});
@@ -258,29 +265,30 @@ ModelSpec read_deepseek4(const gguf::File& f) {
     by_kind[ra == 0 ? 0 : ra == 4 ? 1 : 2].push_back(l);
     if (d.layers[l].hash) hashed.push_back(l);
   }
-  s.details.push_back({"hyper-connections", str("HC ", d.HC, ", Sinkhorn ", d.sinkhorn_iters, " iterations, eps ",
-                                                num(d.hc_eps))});
+  s.details.push_back({"hyper-connections", str("HC ", d.HC, ", Sinkhorn ", d.sinkhorn_iters,
+                                                " iterations, eps ", num(d.hc_eps))});
   s.details.push_back({"attention", str(H, " heads x ", hd, " (rope on the last ", d.rope_dim,
                                         "), one shared KV head; q_lora ", d.q_lora, "; output ", d.o_groups,
                                         " groups x ", d.o_lora, "; window ", d.window, "; sinks")});
   if (!by_kind[0].empty()) s.details.push_back({"layers: window", ranges(by_kind[0])});
   if (!by_kind[1].empty())
-    s.details.push_back({"layers: ratio 4 + indexer", str(ranges(by_kind[1]), " (indexer top-", d.idx_topk, " of ",
-                                                          d.idx_heads, " heads x ", d.idx_dim, ")")});
+    s.details.push_back({"layers: ratio 4 + indexer", str(ranges(by_kind[1]), " (indexer top-", d.idx_topk,
+                                                          " of ", d.idx_heads, " heads x ", d.idx_dim, ")")});
   if (!by_kind[2].empty()) s.details.push_back({"layers: ratio 128", ranges(by_kind[2])});
-  s.details.push_back({"rope", str("base ", num(s.rope_base), " (window layers); compressed layers base ",
-                                   num(d.compress_rope_base),
-                                   d.yarn_factor > 0 ? str(", YaRN x", num(d.yarn_factor), " of ", d.yarn_orig_ctx,
-                                                           " (beta ", num(d.beta_fast), "/", num(d.beta_slow), ")")
-                                                     : std::string())});
-  s.details.push_back({"routing", str("sqrt(softplus) scores, top-", s.K, " on score + bias",
-                                      d.norm_weights ? ", normalized" : "", ", x", num(d.routed_scale),
-                                      hashed.empty() ? std::string("; no hash layers")
-                                                     : str("; hash-routed layers ", ranges(hashed)),
-                                      "; ", n_shared, " shared expert", n_shared > 1 ? "s" : "", " (ffn ",
-                                      d.shared_ffn, ")")});
-  s.details.push_back({"swiglu clamp", str(num(d.layers[0].clamp_exp), " routed, ", num(d.layers[0].clamp_shexp),
-                                           " shared (layer 0)")});
+  s.details.push_back(
+      {"rope",
+       str("base ", num(s.rope_base), " (window layers); compressed layers base ", num(d.compress_rope_base),
+           d.yarn_factor > 0 ? str(", YaRN x", num(d.yarn_factor), " of ", d.yarn_orig_ctx, " (beta ",
+                                   num(d.beta_fast), "/", num(d.beta_slow), ")")
+                             : std::string())});
+  s.details.push_back(
+      {"routing",
+       str("sqrt(softplus) scores, top-", s.K, " on score + bias", d.norm_weights ? ", normalized" : "",
+           ", x", num(d.routed_scale),
+           hashed.empty() ? std::string("; no hash layers") : str("; hash-routed layers ", ranges(hashed)),
+           "; ", n_shared, " shared expert", n_shared > 1 ? "s" : "", " (ffn ", d.shared_ffn, ")")});
+  s.details.push_back({"swiglu clamp", str(num(d.layers[0].clamp_exp), " routed, ",
+                                           num(d.layers[0].clamp_shexp), " shared (layer 0)")});
   if (d.mtp_blocks) s.details.push_back({"ignored", str(d.mtp_blocks, " MTP block(s)")});
   s.ds4 = std::move(ds);
   return s;
@@ -300,8 +308,11 @@ Ds4Rope ds4_rope(const Ds4Spec& s, float rope_base, bool compressed) {
     r.inv_freq[i] = 1.0f / pos_freq[i];
   }
   if (!compressed || s.yarn_factor <= 0) return r;
-  auto corr = [&](double rot) { return n * std::log(s.yarn_orig_ctx / (rot * 2 * M_PI)) / (2 * std::log(base)); };
-  double lo = std::max(0.0, std::floor(corr(s.beta_fast))), hi = std::min((double)n - 1, std::ceil(corr(s.beta_slow)));
+  auto corr = [&](double rot) {
+    return n * std::log(s.yarn_orig_ctx / (rot * 2 * M_PI)) / (2 * std::log(base));
+  };
+  double lo = std::max(0.0, std::floor(corr(s.beta_fast))),
+         hi = std::min((double)n - 1, std::ceil(corr(s.beta_slow)));
   if (lo == hi) hi += 0.001;
   for (int64_t i = 0; i < half; ++i) {
     const float ramp = std::clamp((float)((i - lo) / (hi - lo)), 0.0f, 1.0f);

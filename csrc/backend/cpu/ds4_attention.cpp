@@ -30,7 +30,9 @@ void cpu_compress_pool(const float* kv, const float* score, const float* state_k
                        const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
                        float* out, ThreadPool& pool) {
   const int64_t first = pos0 / ratio, last = (pos0 + T) / ratio, width = lanes * hd, slots = lanes * ratio;
-  auto kv_row = [&](int64_t q) { return q >= pos0 ? kv + (q - pos0) * width : state_kv + (q % slots) * width; };
+  auto kv_row = [&](int64_t q) {
+    return q >= pos0 ? kv + (q - pos0) * width : state_kv + (q % slots) * width;
+  };
   auto sc_row = [&](int64_t q) {
     return q >= pos0 ? score + (q - pos0) * width : state_score + (q % slots) * width;
   };
@@ -70,8 +72,8 @@ void cpu_compress_pool(const float* kv, const float* score, const float* state_k
 }
 
 void cpu_attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
-                        int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T, int64_t pos0,
-                        int64_t H, int64_t hd, float scale, float* out, ThreadPool& pool) {
+                        int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
+                        int64_t pos0, int64_t H, int64_t hd, float scale, float* out, ThreadPool& pool) {
   pool.parallel_for(T * H, 1, [&](int64_t b, int64_t e, int) {
     std::vector<const float*> keys;
     std::vector<float> lg;
@@ -83,7 +85,8 @@ void cpu_attention_sink(const float* q, const float* kv, const float* win, int64
       if (ratio > 0) {
         const int64_t n_vis = (p + 1) / ratio;
         if (sel) {
-          for (int64_t k = 0; k < topk && sel[t * topk + k] >= 0; ++k) keys.push_back(comp + sel[t * topk + k] * hd);
+          for (int64_t k = 0; k < topk && sel[t * topk + k] >= 0; ++k)
+            keys.push_back(comp + sel[t * topk + k] * hd);
         } else {
           for (int64_t s = 0; s < n_vis; ++s) keys.push_back(comp + s * hd);
         }
@@ -104,8 +107,9 @@ void cpu_attention_sink(const float* q, const float* kv, const float* win, int64
   });
 }
 
-void cpu_indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0, int64_t n_heads,
-                      int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel, ThreadPool& pool) {
+void cpu_indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
+                      int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel,
+                      ThreadPool& pool) {
   pool.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
     std::vector<float> sc;
     std::vector<int32_t> idx;

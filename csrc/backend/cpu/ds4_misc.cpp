@@ -27,8 +27,9 @@ void cpu_rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps, 
   });
 }
 
-void cpu_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs, const float* inv_freq,
-                   float mscale, int64_t pos0, int64_t pos_step, bool inverse, ThreadPool& pool) {
+void cpu_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
+                   const float* inv_freq, float mscale, int64_t pos0, int64_t pos_step, bool inverse,
+                   ThreadPool& pool) {
   pool.parallel_for(rows, 4, [&](int64_t b, int64_t e, int) {
     std::vector<float> cs(n_pairs), sn(n_pairs);
     for (int64_t r = b; r < e; ++r) {
@@ -55,8 +56,9 @@ void cpu_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int
     std::memcpy(ring + (p % slots) * width, src + (p - pos0) * width, width * sizeof(float));
 }
 
-void cpu_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias, const int32_t* table,
-                   const int32_t* tokens, bool norm, float scale, int32_t* ids, float* weights, ThreadPool& pool) {
+void cpu_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
+                   const int32_t* table, const int32_t* tokens, bool norm, float scale, int32_t* ids,
+                   float* weights, ThreadPool& pool) {
   pool.parallel_for(T, 8, [&](int64_t b, int64_t e, int) {
     std::vector<float> s(E), sel(E);
     std::vector<int32_t> idx(E);
@@ -73,13 +75,15 @@ void cpu_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const f
       } else {
         for (int64_t i = 0; i < E; ++i) sel[i] = bias ? s[i] + bias[i] : s[i];
         std::iota(idx.begin(), idx.end(), 0);
-        std::partial_sort(idx.begin(), idx.begin() + K, idx.end(),
-                          [&](int32_t a, int32_t c) { return sel[a] > sel[c] || (sel[a] == sel[c] && a < c); });
+        std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t c) {
+          return sel[a] > sel[c] || (sel[a] == sel[c] && a < c);
+        });
         for (int64_t k = 0; k < K; ++k) id[k] = idx[k];
       }
       float sum = 0.f;
       for (int64_t k = 0; k < K; ++k) sum += s[id[k]];
-      for (int64_t k = 0; k < K; ++k) weights[t * K + k] = (norm ? s[id[k]] / (sum + 1e-20f) : s[id[k]]) * scale;
+      for (int64_t k = 0; k < K; ++k)
+        weights[t * K + k] = (norm ? s[id[k]] / (sum + 1e-20f) : s[id[k]]) * scale;
     }
   });
 }

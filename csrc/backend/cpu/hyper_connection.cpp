@@ -27,8 +27,8 @@ inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
 }  // namespace
 
-void cpu_apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC, const int32_t* rows,
-                       int64_t div, int64_t n, float* out, ThreadPool& pool) {
+void cpu_apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                       const int32_t* rows, int64_t div, int64_t n, float* out, ThreadPool& pool) {
   pool.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t s = rows ? rows[i] / div : i;
@@ -50,9 +50,9 @@ void cpu_quantize_q8_0_hc(const float* x, const float* grs, const float* w, int6
   });
 }
 
-void cpu_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps, const float* scale,
-                const float* base, float hc_eps, int64_t iters, float* grs, float* post, float* comb,
-                ThreadPool& pool) {
+void cpu_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
+                const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
+                float* comb, ThreadPool& pool) {
   const int64_t M = comb ? (2 + HC) * HC : HC;
   pool.parallel_for(T, 4, [&](int64_t b, int64_t e, int) {
     std::vector<float> c(HC * HC);
@@ -65,7 +65,8 @@ void cpu_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t
       float* g = grs + t * HC;
       for (int64_t j = 0; j < HC; ++j) g[j] = sigmoid(mt[j] * r * scale[0] + base[j]) + hc_eps;
       if (post) {
-        for (int64_t j = 0; j < HC; ++j) post[t * HC + j] = 2.0f * sigmoid(mt[HC + j] * r * scale[1] + base[HC + j]);
+        for (int64_t j = 0; j < HC; ++j)
+          post[t * HC + j] = 2.0f * sigmoid(mt[HC + j] * r * scale[1] + base[HC + j]);
       }
       if (comb) {
         for (int64_t j = 0; j < HC; ++j) {
@@ -113,8 +114,8 @@ void cpu_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t
   });
 }
 
-void cpu_hc_post(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC, int64_t D,
-                 ThreadPool& pool) {
+void cpu_hc_post(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
+                 int64_t D, ThreadPool& pool) {
   STRATA_CHECK(HC <= 16, UnsupportedError, "hc_post: at most 16 streams, got ", HC);
   pool.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
     for (int64_t t = b; t < e; ++t) {
