@@ -267,7 +267,7 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   }
   s.details.push_back({"hyper-connections", str("HC ", d.HC, ", Sinkhorn ", d.sinkhorn_iters,
                                                 " iterations, eps ", num(d.hc_eps))});
-  s.details.push_back({"attention", str(H, " heads x ", hd, " (rope on the last ", d.rope_dim,
+  s.details.push_back({"attention layout", str(H, " heads x ", hd, " (rope on the last ", d.rope_dim,
                                         "), one shared KV head; q_lora ", d.q_lora, "; output ", d.o_groups,
                                         " groups x ", d.o_lora, "; window ", d.window, "; sinks")});
   if (!by_kind[0].empty()) s.details.push_back({"layers: window", ranges(by_kind[0])});

@@ -140,6 +140,16 @@ def test_info_and_layout_show_v4(tiny):
     assert spec["hc"] == 4 and spec["arch"] == "deepseek4"
 
 
+def test_chat_template_and_pretokenizer_from_the_file(tiny):
+    md = strata.inspect(tiny)["metadata"]
+    assert md["tokenizer.ggml.pre"] == "deepseek-v3"
+    m = strata.Model(tiny, progress=False)
+    assert m.tokenizer.chat_template == md["tokenizer.chat_template"]
+    assert m.detokenize(m.tokenize("12345 and 678", add_special=False)) == "12345 and 678"
+    out = m.chat([{"role": "user", "content": "hello"}], max_tokens=4, temperature=0.0)
+    assert len(out.tokens) <= 4
+
+
 def test_mtp_blocks_are_ignored(ds4_dir, tiny):
     path = str(make_deepseek4(os.path.join(ds4_dir, "mtp.gguf"), mtp=True, **TINY))
     spec = strata.ModelInfo(path).spec
