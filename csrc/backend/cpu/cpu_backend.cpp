@@ -325,4 +325,9 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
+void unsupported_backend_op(const Backend& be, const char* op) {
+  throw UnsupportedError(str("the ", be.name(), " backend has no ", op,
+                             " op yet (DeepSeek V4 needs it); run this model with --device cpu"));
+}
+
 }  // namespace strata
