@@ -125,9 +125,11 @@ void row_iq2_xs(const void* src, float* dst, int64_t n) {
 #if defined(__x86_64__)
 #define SIMD(f, D) dequant_row_avx2<D>
 #define AVX2(f) f##_avx2
+#define AVX2_OR_SCALAR(f) f##_avx2
 #else
 #define SIMD(f, D) f
 #define AVX2(f) nullptr
+#define AVX2_OR_SCALAR(f) f##_scalar
 #endif
 
 // The one place that knows the formats; order is the order of the "supported" list in errors.
@@ -143,14 +145,15 @@ constexpr QuantTraits kTraits[] = {
      mmq_q6_k_scalar, AVX2(mmq_q6_k)},
     {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs, DecIQ2_XS), false,
      AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs)},
-    // No AVX2 decoders or integer kernels yet: the portable functions fill both slots.
+    // No AVX2 decoders yet (the portable rows fill both slots); Q2_K has no AVX2 integer kernel yet.
     {QType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), row_q2_k, row_q2_k, false, nullptr, mmq_q2_k_scalar,
      mmq_q2_k_scalar},
     {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, row_iq2_xxs, false, nullptr,
-     mmq_iq2_xxs_scalar, mmq_iq2_xxs_scalar},
+     mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs)},
 };
 #undef SIMD
 #undef AVX2
+#undef AVX2_OR_SCALAR
 
 }  // namespace
 

@@ -268,7 +268,7 @@ TEST(Quant, MatmulRejectsBadShapes) {
 
 namespace {
 
-const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS};
+const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
 
 // T rows of q8_0 blocks of x (cols wide), xrb bytes apart, and their dequantized values.
 std::vector<uint8_t> quantize_x(const std::vector<float>& x, int64_t T, int64_t cols, int64_t xrb,
