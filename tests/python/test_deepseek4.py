@@ -62,9 +62,11 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def third_of_experts(path: str) -> str:
-    spec = strata.ModelInfo(path).spec
-    return f"{max(spec['expert_bytes'] // 3, 24 * spec['slot_bytes'])}b"
+def third_of_experts(path: str, prefill: int = 32) -> str:
+    """A cache a third the experts' size, or the chunk's region and 8 expert slots if that is more."""
+    info = strata.ModelInfo(path)
+    spec = info.spec
+    return f"{max(spec['expert_bytes'] // 3, (info.layout(prefill)['slots'] + 8) * spec['slot_bytes'])}b"
 
 
 def test_logits_match_transformers_f32(tiny):
@@ -96,6 +98,17 @@ def test_logits_match_transformers_iq2xxs_q2k(quant, layout):
         print(f"deepseek4 IQ2_XXS/Q2_K mmq: median {np.median(per_pos):.2e}, max {per_pos.max():.2e}, {over} over")
         assert np.median(per_pos) <= 1.5e-2
         assert over <= len(ids) // 4
+
+
+def test_logits_match_transformers_q8_0(ds4_dir):
+    # Q8_0 everywhere but the hyper-connection matrices and norms, streamed (the fused layout).
+    q8 = {r: "Q8_0" for r in ("embed", "attn", "compressor", "router", "experts", "shared", "output")}
+    path = str(make_deepseek4(os.path.join(ds4_dir, "q8_0.gguf"), quant=q8, seed=8))
+    m = strata.Model(path, expert_cache=third_of_experts(path), prefill=32, progress=False)
+    ids = prompt()
+    err = rel_err(m.logits(ids), hf_logits(path, ids))
+    print(f"deepseek4 q8_0 fused: max relative logit error {err:.3e}")
+    assert err <= 1e-4
 
 
 def test_swiglu_clamp_matches_transformers(ds4_dir):
