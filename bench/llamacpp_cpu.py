@@ -34,10 +34,13 @@ def main() -> int:
     ll = Llama(model_path=a.model, n_ctx=a.prompt_tokens + a.gen_tokens + 8, n_batch=a.batch, n_ubatch=a.batch,
                n_threads=a.threads, n_threads_batch=a.threads, logits_all=False, verbose=False)
     load_s = time.perf_counter() - t0
-    # Random ordinary tokens below the first special token, as e2e_cpu.py draws them.
+    # Random ordinary tokens below the first control token, as e2e_cpu.py draws them (below the first
+    # of strata's special_ids, the CONTROL tokens). llama_token_attr is a bit set: bit 0 is UNKNOWN,
+    # CONTROL is LLAMA_TOKEN_ATTR_CONTROL (bit 3).
+    # (The Llama object has no token_get_attr; its model, LlamaModel, has.)
     n_vocab = ll.n_vocab()
-    first_special = min((i for i in range(n_vocab) if ll.token_get_attr(i) & 1), default=n_vocab) \
-        if hasattr(ll, "token_get_attr") else n_vocab
+    control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+    first_special = min((i for i in range(n_vocab) if ll._model.token_get_attr(i) & control), default=n_vocab)
     rng = np.random.default_rng(a.seed)
     ids = [int(x) for x in rng.integers(0, min(first_special, n_vocab), size=a.prompt_tokens)]
     ll.reset()

@@ -1,6 +1,7 @@
 // Backend: device memory, streams and events, the host->device link and the ops the architectures
 // need. The CPU backend (backend/cpu) is the reference; CUDA (backend/cuda) implements the same surface.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,10 @@ class Backend {
   // A line for `strata info` and --stats: "cpu, 16 threads" or the GPU's name and free memory.
   virtual std::string describe() const = 0;
   virtual int threads() const = 0;
+  // Ops stop early and throw Interrupted once *flag is true (null: never), within one piece of their
+  // work: a long CPU op ends within a second of a Ctrl-C. A backend whose ops run asynchronously may
+  // ignore it; the model also checks between layers.
+  virtual void set_interrupt(const std::atomic<bool>* /*flag*/) {}
 
   // ---- memory; prefer the owning DeviceBuffer / PinnedBuffer below to raw pairs ----
   // Device memory. CPU: aligned host memory. Throws MemoryError naming `what`.
@@ -84,7 +89,8 @@ class Backend {
 
   // ---- ops; all pointers are device memory, all run on the compute stream ----
   // out[t, :] = dequantized row ids[t] of a [rows, D] table of ggml type `type`.
-  virtual void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) = 0;
+  virtual void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T,
+                     float* out) = 0;
   // grs[t] = 1 / sqrt(mean(x[t]^2) + eps) for x of T rows of D.
   virtual void rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs) = 0;
   // The GR read: out[i, :] = x[s, :] * grs[s] * w with s = rows ? rows[i] / div : i.
@@ -109,8 +115,8 @@ class Backend {
   virtual void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
                       int64_t T, float* Y, int64_t ldy) = 0;
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
-  virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
-                              int64_t pos0, const RopeParams& rope) = 0;
+  virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w,
+                              float eps, int64_t pos0, const RopeParams& rope) = 0;
   // Whether the backend keeps a KV cache of this element type.
   virtual bool supports_kv(KvType t) const = 0;
   // cache rows [pos0, pos0 + T) (rows of `width` elements of type t) = src (T x width floats),
@@ -138,7 +144,9 @@ class Backend {
 
   // ---- DeepSeek V4: hyper-connections, compressed attention, biased and hash routing ----
   // A backend that has not implemented them yet throws UnsupportedError naming itself and the op
-  // (the parameter names are the contract, hence kept and unused here).
+  // (the parameter names are the contract, hence kept and unused here), and says so in has_ds4_ops,
+  // which a DeepSeek V4 load checks first.
+  virtual bool has_ds4_ops() const { return false; }
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
   // The GR read over HC streams (x is [*, HC, D]): out[i, :] = (sum over j in order of x[s, j, :] *
@@ -149,7 +157,8 @@ class Backend {
   }
   // quantize_q8_0 of apply_norm_hc's rows (grs and w required).
   virtual void quantize_q8_0_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
-                                const int32_t* rows, int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes) {
+                                const int32_t* rows, int64_t div, int64_t n, uint8_t* out,
+                                size_t out_row_bytes) {
     unsupported_op("quantize_q8_0_hc");
   }
   // Hyper-connection weights of T tokens from mix = fn . x[t] (T x M, M = (2 + HC) HC) and the streams
@@ -162,8 +171,8 @@ class Backend {
   //            the RMS scale of the sublayer input, which apply_norm_hc reads.
   // post and comb null: the head's collapse (M = HC, scale[0] only).
   virtual void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
-                      const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
-                      float* comb) {
+                      const float* scale, const float* base, float hc_eps, int64_t iters, float* grs,
+                      float* post, float* comb) {
     unsupported_op("hc_pre");
   }
   // In place: x[t, k, :] = post[t, k] * y[t, :] + sum over j in order of comb[t, j, k] * x[t, j, :].
@@ -199,9 +208,9 @@ class Backend {
   // score[q, d] + ape[i, d] (none for w = 0), then the window's own with kv[q, hd + d],
   // score[q, hd + d] + ape[i, hd + d]. Position q's row is the chunk's (kv, score: T rows of lanes * hd)
   // when q >= pos0, else row q % (lanes * ratio) of the state rings.
-  virtual void compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
-                             const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
-                             float* out) {
+  virtual void compress_pool(const float* kv, const float* score, const float* state_kv,
+                             const float* state_score, const float* ape, int64_t pos0, int64_t T,
+                             int64_t ratio, int64_t lanes, int64_t hd, float* out) {
     unsupported_op("compress_pool");
   }
   // DeepSeek V4 attention of T queries q (T x H x hd) at positions p = pos0 + t over one head used as
@@ -209,16 +218,18 @@ class Backend {
   // >= pos0, else row p % window of the ring win), then the compressed rows s < (p + 1) / ratio of comp
   // (all of them, or those sel[t] lists when sel is set: topk ids, ascending, -1 unused; ratio 0: none).
   // Softmax of the scaled dot products with a sink logit sinks[h] in the denominator.
-  virtual void attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
-                              int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
-                              int64_t pos0, int64_t H, int64_t hd, float scale, float* out) {
+  virtual void attention_sink(const float* q, const float* kv, const float* win, int64_t window,
+                              const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
+                              const float* sinks, int64_t T, int64_t pos0, int64_t H, int64_t hd, float scale,
+                              float* out) {
     unsupported_op("attention_sink");
   }
   // The lightning indexer: for query t at p = pos0 + t, score[s] = sum_h w[t, h] * scale *
   // max(0, q[t, h] . keys[s]) over the compressed rows s < (p + 1) / ratio; sel[t] = the topk of highest
   // score (ties to the lower s) in ascending order, then -1.
   virtual void indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
-                            int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel) {
+                            int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale,
+                            int32_t* sel) {
     unsupported_op("indexer_topk");
   }
   // DeepSeek V4 routing: s = sqrt(softplus(logits)); ids = the K experts of highest s + bias (ties to the
@@ -251,7 +262,8 @@ inline void Backend::unsupported_op(const char* op) const { unsupported_backend_
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Backend& be, size_t bytes, const char* what) : be_(&be), p_(be.alloc(bytes, what)), n_(bytes) {}
+  DeviceBuffer(Backend& be, size_t bytes, const char* what)
+      : be_(&be), p_(be.alloc(bytes, what)), n_(bytes) {}
   // A view of memory someone else owns (the CPU's resident weights): never freed.
   static DeviceBuffer borrow(const void* p, size_t bytes) {
     DeviceBuffer b;

@@ -52,7 +52,7 @@ STRATA_HD inline uint16_t f32_to_fp16(float f) {
   x &= 0x7fffffff;
   if (x >= 0x7f800000u) return sign | 0x7c00 | (x > 0x7f800000u ? 0x200 : 0);
   if (x >= 0x477ff000u) return sign | 0x7c00;  // overflow to inf
-  if (x < 0x38800000u) {                        // subnormal or zero in half
+  if (x < 0x38800000u) {                       // subnormal or zero in half
     if (x < 0x33000000u) return sign;
     const uint32_t e = x >> 23;
     uint32_t m = (x & 0x7fffff) | 0x800000;

@@ -104,17 +104,17 @@ class ExpertCache {
   const ExpertLayout& layout_;
   const ExpertSource* src_;
   int32_t n_slots_ = 0;
-  DeviceBuffer arena_buf_;    // the slots, with kAlign guard bytes before and after
-  uint8_t* arena_ = nullptr;  // the first slot
-  DeviceBuffer table_dev_;    // the slot table in device memory
-  PinnedBuffer table_host_;   // its staging copy (upload source)
+  DeviceBuffer arena_buf_;      // the slots, with kAlign guard bytes before and after
+  uint8_t* arena_ = nullptr;    // the first slot
+  DeviceBuffer table_dev_;      // the slot table in device memory
+  PinnedBuffer table_host_;     // its staging copy (upload source)
   std::vector<int32_t> index_;  // (layer * E + e) -> slot, -1 if absent
   std::vector<int64_t> key_;    // slot -> layer * E + e, -1 if empty
   std::vector<uint8_t> pinned_, lent_, held_, landing_;  // held: prepared, not released; landing: copy queued
   std::vector<Event> ready_, last_use_;                  // per slot: copy landed; compute done reading
   std::vector<int32_t> held_list_;
   mutable std::vector<uint8_t> evictable_;  // find_victim's scratch
-  std::vector<uint8_t> table_dirty_;  // per layer: the device row is stale
+  std::vector<uint8_t> table_dirty_;        // per layer: the device row is stale
   // Pinned staging for a source the copy engine cannot read directly (mmap on a GPU): each fill
   // copies the expert into the next buffer, once the copy that last read that buffer is done.
   struct Stage {

@@ -46,9 +46,10 @@ class HostSource final : public ExpertSource {
  public:
   HostSource(const ExpertLayout& layout, Backend& be, const Progress& progress) : layout_(layout) {
     const size_t total = layout.total_bytes();
-    buf_ = PinnedBuffer(be, total,
-                        "the host copy of the experts (--source host); use --source mmap to read them from the "
-                        "file instead");
+    buf_ =
+        PinnedBuffer(be, total,
+                     "the host copy of the experts (--source host); use --source mmap to read them from the "
+                     "file instead");
     size_t off = 0;
     for (int64_t l = 0; l < layout.L; ++l) {
       layer_off_.push_back(off);
@@ -113,7 +114,8 @@ class RegisteredSource final : public ExpertSource {
 
 }  // namespace
 
-std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be, const Progress& progress) {
+std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be,
+                                               const Progress& progress) {
   return std::make_unique<HostSource>(layout, be, progress);
 }
 std::unique_ptr<ExpertSource> make_registered_source(const ExpertLayout& layout, Backend& be, const void* map,

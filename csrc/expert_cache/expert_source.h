@@ -65,7 +65,8 @@ class ExpertSource {
 };
 
 // Every expert copied once into one pinned host buffer, each expert contiguous: one copy each.
-std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be, const Progress& progress);
+std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be,
+                                               const Progress& progress);
 // The mapped GGUF itself, page-locked read-only by the backend (no second copy of the experts): three
 // copies each. Null where the backend cannot register the mapping.
 std::unique_ptr<ExpertSource> make_registered_source(const ExpertLayout& layout, Backend& be, const void* map,

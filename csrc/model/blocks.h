@@ -24,9 +24,9 @@ const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D,
 // One hyper-connection site (HC > 1 streams): the mixing projection of the flattened streams and
 // the scale and base of its pre / post / comb parts; eps and Sinkhorn iterations from the spec.
 struct HcSite {
-  DenseMatrix fn;                 // (2 + HC) HC rows of HC * D (the head's: HC rows)
-  const float* scale = nullptr;   // 3 (the head's: 1)
-  const float* base = nullptr;    // (2 + HC) HC (the head's: HC)
+  DenseMatrix fn;                // (2 + HC) HC rows of HC * D (the head's: HC rows)
+  const float* scale = nullptr;  // 3 (the head's: 1)
+  const float* base = nullptr;   // (2 + HC) HC (the head's: HC)
   float hc_eps = 1e-6f;
   int64_t iters = 1;
 };
@@ -35,8 +35,8 @@ struct HcSite {
 // weights times the RMS scale of the collapsed input; b.hc_post and b.hc_comb unless the site is the
 // head), then the normalized input R * grs * w summed over the streams, returned where gr_read returns
 // it (xn when carved, else staged in `stage`). `first` skips rows (the head reads only the last).
-const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps, const HcSite& site,
-                        bool head, const float* w, float* stage, int64_t first = 0);
+const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
+                        const HcSite& site, bool head, const float* w, float* stage, int64_t first = 0);
 
 // After a sublayer whose output y (T x D) is in b.proj: each stream becomes post * y plus the
 // combination of the old streams (b.hc_post, b.hc_comb from this site's gr_read_hc).
@@ -61,8 +61,8 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
 
 // Router: logits of x against the router matrix, softmax, top-K (ties to the lower id), weights
 // renormalized when norm; then the (token, k) rows grouped by expert (b.expert_off, b.expert_rows).
-void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x, int64_t T,
-                    int64_t K, bool norm);
+void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,
+                    int64_t T, int64_t K, bool norm);
 
 // The routed experts of layer `l` over the rows the router grouped, through the expert cache; the
 // weighted sum of each token's experts lands in b.proj. Experts are resolved once per layer per chunk;
@@ -71,8 +71,14 @@ void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& rou
 // gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
 // With b.HC > 1 the fused read collapses the streams (apply_norm_hc); swiglu_limit > 0 clamps the
 // gate and up projections (DeepSeek V4).
-void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T, const float* ffn_norm,
-               float swiglu_limit = 0.f);
+void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
+               const float* ffn_norm, float swiglu_limit = 0.f);
+
+// A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
+// which may throw Interrupted to stop the pass.
+inline void between_layers(const ForwardContext& ctx, int64_t l, int64_t T, int64_t pos0) {
+  if (ctx.layer_hook && *ctx.layer_hook) (*ctx.layer_hook)(l, T, pos0);
+}
 
 // Output head over `rows` normalized rows x: logits to host memory, kHeadRows rows at a time
 // through the device buffer `logits_dev` (kHeadRows x V).

@@ -60,7 +60,9 @@ class Ds4Forward final : public ForwardPass {
       }
       w.router = dense(y.router, "ffn_gate_inp");
       if (y.hash) {
-        // The hash table and the shared expert stay resident: only routed experts stream.
+        // The hash table and the shared expert stay resident: only routed experts stream. Its ids
+        // index the router's scores and the expert cache: every one must name an expert.
+        check_hash_table(y.tid2eid, s.E);
         owned_.push_back(be.resident(y.tid2eid.data(), y.tid2eid.t->nbytes, "ffn_gate_tid2eid"));
         w.tid2eid = owned_.back().as<int32_t>();
       } else {
@@ -93,6 +95,7 @@ class Ds4Forward final : public ForwardPass {
     // The GR reads stage their rows in proj when the plan has no xn: proj is free at both read points
     // and is written last by each sublayer.
     for (int64_t l = 0; l < s.L; ++l) {
+      between_layers(ctx_, l, T, pos0);
       const Ds4LayerWeights& w = layers_[l];
       const float* x = gr_read_hc(be, b, T, D, s.rms_eps, w.hc_attn, false, w.attn_norm, b.proj);
       ds4_attention(ctx_, b, l, w, comp_rope_, x, T, pos0);
@@ -113,6 +116,7 @@ class Ds4Forward final : public ForwardPass {
       be.add(b.proj, b.sh_out, T * D);
       hc_update(be, b, T, D);
     }
+    between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     const int64_t first = all_logits ? 0 : T - 1;
     const float* x = gr_read_hc(be, b, T, D, s.rms_eps, head_, true, output_norm_, b.proj, first);
@@ -144,6 +148,14 @@ class Ds4Forward final : public ForwardPass {
   HcSite site(const WeightRef& fn, const WeightRef& scale, const WeightRef& base) {
     return HcSite{dense(fn, "hc fn"), vec(scale, "hc scale"), vec(base, "hc base"), d_.hc_eps,
                   d_.sinkhorn_iters};
+  }
+
+  static void check_hash_table(const WeightRef& w, int64_t E) {
+    const auto* ids = reinterpret_cast<const int32_t*>(w.data());
+    const int64_t n = w.t->nelements(), K = w.t->ne[0];
+    for (int64_t i = 0; i < n; ++i)
+      STRATA_CHECK(ids[i] >= 0 && ids[i] < E, FormatError, "tensor '", w.t->name, "' routes token ", i / K,
+                   " to expert ", ids[i], ", outside [0, ", E, "); the file is corrupt");
   }
 
   ForwardContext ctx_;

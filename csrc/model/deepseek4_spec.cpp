@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/ggml_types.h"
+#include "core/utf8.h"
 #include "model/deepseek4.h"
 #include "quant/quant.h"
 
@@ -13,6 +14,11 @@ namespace strata {
 namespace {
 
 constexpr uint32_t kI32 = 26;  // ggml's I32: the hash tables
+// Bounds of V4's own hyperparameters beyond model/spec.h's limits: far above DeepSeek V4 (HC 4,
+// 20 Sinkhorn iterations, indexer top-512), low enough that the chunk plan's products fit in int64.
+constexpr int64_t kMaxHC = 16;
+constexpr int64_t kMaxSinkhornIters = 1 << 10;
+constexpr int64_t kMaxIndexTopk = 1 << 16;
 
 std::string shape_str(const std::vector<int64_t>& ne) {
   std::string s;
@@ -40,25 +46,42 @@ class Reader {
     }
     return WeightRef{t};
   }
-  int64_t u(const std::string& key) const { return f_.get_int("deepseek4." + key); }
-  int64_t u(const std::string& key, int64_t dflt) const { return f_.get_int("deepseek4." + key, dflt); }
-  float fl(const std::string& key) const { return (float)f_.get_float("deepseek4." + key); }
-  float fl(const std::string& key, double dflt) const {
-    return (float)f_.get_float("deepseek4." + key, dflt);
+  // Every number is bounded ([lo, hi]) before anything is derived from it (model/spec.h).
+  int64_t u(const std::string& key, int64_t lo, int64_t hi) const {
+    return read_count(f_, "deepseek4." + key, lo, hi);
   }
-  // A per-layer value given as an array (at least n entries) or one scalar for every layer.
-  std::vector<double> per_layer(const std::string& key, int64_t n, bool required, double dflt) const {
+  int64_t u(const std::string& key, int64_t lo, int64_t hi, int64_t dflt) const {
+    return read_count(f_, "deepseek4." + key, lo, hi, dflt);
+  }
+  float fl(const std::string& key, double lo, double hi) const {
+    (void)f_.get_float("deepseek4." + key);  // required: FormatError naming the key when missing
+    return fl(key, lo, hi, 0.0);
+  }
+  float fl(const std::string& key, double lo, double hi, double dflt) const {
+    return (float)read_real(f_, "deepseek4." + key, lo, hi, dflt);
+  }
+  // A per-layer value given as an array (at least n entries) or one scalar for every layer, each
+  // finite and in [lo, hi]. n is bounded by the caller (block_count).
+  std::vector<double> per_layer(const std::string& key, int64_t n, bool required, double dflt, double lo,
+                                double hi) const {
     const gguf::Value* v = f_.find("deepseek4." + key);
     if (!v) {
       STRATA_CHECK(!required, FormatError, f_.path(), ": metadata key 'deepseek4.", key, "' is missing");
       return std::vector<double>(n, dflt);
     }
-    if (!v->is_array()) return std::vector<double>(n, v->as_float());
     std::vector<double> out;
-    for (int64_t x : v->ints) out.push_back((double)x);
-    for (double x : v->floats) out.push_back(x);
+    if (!v->is_array()) {
+      out.assign(n, v->as_float());
+    } else {
+      for (int64_t x : v->ints) out.push_back((double)x);
+      for (double x : v->floats) out.push_back(x);
+    }
     STRATA_CHECK((int64_t)out.size() >= n, FormatError, f_.path(), ": metadata 'deepseek4.", key, "' has ",
                  out.size(), " entries, fewer than the ", n, " blocks");
+    for (int64_t l = 0; l < n; ++l)
+      STRATA_CHECK(std::isfinite(out[l]) && out[l] >= lo && out[l] <= hi, FormatError, f_.path(),
+                   ": metadata 'deepseek4.", key, "'[", l, "] = ", out[l], " is out of range [", lo, ", ", hi,
+                   "]; the file is corrupt or not a model strata can run");
     return out;
   }
   const gguf::File& f() const { return f_; }
@@ -90,82 +113,73 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   auto ds = std::make_shared<Ds4Spec>();
   Ds4Spec& d = *ds;
   s.arch = "deepseek4";
-  s.name = f.get_string("general.name", "");
-  const int64_t n_all = r.u("block_count");
+  s.name = printable(f.get_string("general.name", ""));
   // As llama.cpp: block_count counts the MTP blocks when their tensors are in the file.
-  d.mtp_blocks = r.u("nextn_predict_layers", 0);
+  const int64_t n_all = r.u("block_count", 1, limits::kLayers);
+  d.mtp_blocks = r.u("nextn_predict_layers", 0, n_all - 1, 0);
   if (d.mtp_blocks > 0 && !f.find_tensor(str("blk.", n_all - d.mtp_blocks, ".nextn.eh_proj.weight")))
     d.mtp_blocks = 0;
   s.L = n_all - d.mtp_blocks;
-  s.D = r.u("embedding_length");
-  s.n_head = r.u("attention.head_count");
-  s.n_kv_head = r.u("attention.head_count_kv", 1);
-  s.head_dim = r.u("attention.key_length", s.n_head > 0 ? s.D / s.n_head : 0);
-  const int64_t vlen = r.u("attention.value_length", s.head_dim);
-  d.rope_dim = r.u("rope.dimension_count", s.head_dim);
-  s.E = r.u("expert_count");
-  s.K = r.u("expert_used_count");
-  const std::vector<double> ffn = r.per_layer("expert_feed_forward_length", n_all, true, 0);
+  s.D = r.u("embedding_length", 1, limits::kHidden);
+  s.n_head = r.u("attention.head_count", 1, limits::kHeads);
+  s.n_kv_head = r.u("attention.head_count_kv", 1, limits::kHeads, 1);
+  s.head_dim = r.u("attention.key_length", 2, limits::kHeadDim, s.D / s.n_head);
+  const int64_t vlen = r.u("attention.value_length", 1, limits::kHeadDim, s.head_dim);
+  d.rope_dim = r.u("rope.dimension_count", 2, limits::kHeadDim, s.head_dim);
+  s.E = r.u("expert_count", 1, limits::kExperts);
+  s.K = r.u("expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));
+  const std::vector<double> ffn = r.per_layer("expert_feed_forward_length", n_all, true, 0, 1, limits::kFfn);
   s.F = (int64_t)ffn[0];
-  s.ctx_train = r.u("context_length", 4096);
-  s.rms_eps = r.fl("attention.layer_norm_rms_epsilon", 1e-6);
-  s.rope_base = r.fl("rope.freq_base", 10000.0);
-  d.q_lora = r.u("attention.q_lora_rank");
-  d.window = r.u("attention.sliding_window");
-  d.o_groups = r.u("attention.output_group_count");
-  d.o_lora = r.u("attention.output_lora_rank");
-  d.idx_heads = r.u("attention.indexer.head_count");
-  d.idx_dim = r.u("attention.indexer.key_length");
-  d.idx_topk = r.u("attention.indexer.top_k");
-  d.HC = r.u("hyper_connection.count");
-  d.sinkhorn_iters = r.u("hyper_connection.sinkhorn_iterations");
-  d.hc_eps = r.fl("hyper_connection.epsilon");
-  d.hash_layers = r.u("hash_layer_count");
-  const int64_t n_shared = r.u("expert_shared_count");
-  d.routed_scale = r.fl("expert_weights_scale");
+  s.ctx_train = r.u("context_length", 1, limits::kContext, 4096);
+  s.rms_eps = r.fl("attention.layer_norm_rms_epsilon", 1e-30, 1.0, 1e-6);
+  s.rope_base = r.fl("rope.freq_base", 1.0, 1e30, 10000.0);
+  d.q_lora = r.u("attention.q_lora_rank", 1, limits::kHidden);
+  d.window = r.u("attention.sliding_window", 1, limits::kContext);
+  d.o_groups = r.u("attention.output_group_count", 1, limits::kHeads);
+  d.o_lora = r.u("attention.output_lora_rank", 1, limits::kHidden);
+  d.idx_heads = r.u("attention.indexer.head_count", 1, limits::kHeads);
+  d.idx_dim = r.u("attention.indexer.key_length", 2, limits::kHeadDim);
+  d.idx_topk = r.u("attention.indexer.top_k", 1, kMaxIndexTopk);
+  d.HC = r.u("hyper_connection.count", 1, kMaxHC);
+  d.sinkhorn_iters = r.u("hyper_connection.sinkhorn_iterations", 1, kMaxSinkhornIters);
+  d.hc_eps = r.fl("hyper_connection.epsilon", 0.0, 1.0);
+  d.hash_layers = r.u("hash_layer_count", 0, s.L);
+  const int64_t n_shared = r.u("expert_shared_count", 1, limits::kExpertsUsed);
+  d.routed_scale = r.fl("expert_weights_scale", 0.0, 1e6);
   d.norm_weights = f.get_bool("deepseek4.expert_weights_norm", false);
   s.norm_topk = d.norm_weights;
-  const int64_t gating = r.u("expert_gating_func");
-  d.compress_rope_base = r.fl("attention.compress_rope_freq_base");
-  const std::string scaling = f.get_string("deepseek4.rope.scaling.type", "none");
+  const int64_t gating = r.u("expert_gating_func", 0, INT32_MAX);
+  d.compress_rope_base = r.fl("attention.compress_rope_freq_base", 1.0, 1e30);
+  const std::string scaling = printable(f.get_string("deepseek4.rope.scaling.type", "none"));
   if (scaling == "yarn") {
-    d.yarn_factor = r.fl("rope.scaling.factor");
-    d.yarn_orig_ctx = r.u("rope.scaling.original_context_length", s.ctx_train);
+    d.yarn_factor = r.fl("rope.scaling.factor", 1e-6, 1e6);
+    d.yarn_orig_ctx = r.u("rope.scaling.original_context_length", 1, limits::kContext, s.ctx_train);
     // llama.cpp reads neither beta key for deepseek4 (it keeps 32 and 1); transformers and ds4 take
     // the file's values. We take the file's values, which are 32 and 1 in every V4 file.
-    d.beta_fast = r.fl("rope.scaling.yarn_beta_fast", 32.0);
-    d.beta_slow = r.fl("rope.scaling.yarn_beta_slow", 1.0);
+    d.beta_fast = r.fl("rope.scaling.yarn_beta_fast", 1e-6, 1e6, 32.0);
+    d.beta_slow = r.fl("rope.scaling.yarn_beta_slow", 1e-6, 1e6, 1.0);
   } else {
     STRATA_CHECK(scaling == "none", UnsupportedError, f.path(), ": deepseek4.rope.scaling.type '", scaling,
                  "' is not supported (yarn or none)");
   }
-  const std::vector<double> ratios = r.per_layer("attention.compress_ratios", n_all, true, 0);
-  const std::vector<double> clamp_exp = r.per_layer("swiglu_clamp_exp", n_all, false, 0);
-  const std::vector<double> clamp_shexp = r.per_layer("swiglu_clamp_shexp", n_all, false, -1);
+  const std::vector<double> ratios = r.per_layer("attention.compress_ratios", n_all, true, 0, 0, 1e9);
+  const std::vector<double> clamp_exp = r.per_layer("swiglu_clamp_exp", n_all, false, 0, 0, 1e6);
+  const std::vector<double> clamp_shexp = r.per_layer("swiglu_clamp_shexp", n_all, false, -1, -1, 1e6);
 
-  STRATA_CHECK(
-      s.L > 0 && s.D > 0 && s.n_head > 0 && s.head_dim > 0 && s.E > 0 && s.K > 0 && s.K <= s.E && s.F > 0 &&
-          d.q_lora > 0 && d.window > 0 && d.o_groups > 0 && s.n_head % d.o_groups == 0 && d.o_lora > 0 &&
-          d.HC >= 1 && d.HC <= 16 && d.sinkhorn_iters >= 1 && d.rope_dim > 0 && d.rope_dim % 2 == 0 &&
-          d.rope_dim <= s.head_dim && d.hash_layers >= 0 && d.hash_layers <= s.L && n_shared >= 1 &&
-          d.idx_heads > 0 && d.idx_dim >= d.rope_dim && d.idx_topk > 0,
-      FormatError, f.path(), ": deepseek4 hyperparameters out of range: block_count=", n_all,
-      " embedding_length=", s.D, " head_count=", s.n_head, " key_length=", s.head_dim,
-      " rope.dimension_count=", d.rope_dim, " expert_count=", s.E, " expert_used_count=", s.K,
-      " expert_feed_forward_length=", s.F, " q_lora_rank=", d.q_lora, " sliding_window=", d.window,
-      " output_group_count=", d.o_groups, " output_lora_rank=", d.o_lora, " hyper_connection.count=", d.HC,
-      " sinkhorn_iterations=", d.sinkhorn_iters, " hash_layer_count=", d.hash_layers,
-      " expert_shared_count=", n_shared, " indexer.head_count=", d.idx_heads,
-      " indexer.key_length=", d.idx_dim, " indexer.top_k=", d.idx_topk);
+  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.n_head % d.o_groups == 0 &&
+                   d.rope_dim % 2 == 0 && d.rope_dim <= s.head_dim && d.idx_dim >= d.rope_dim,
+               FormatError, f.path(), ": deepseek4 hyperparameters out of range: embedding_length=", s.D,
+               " head_count=", s.n_head, " key_length=", s.head_dim, " (in [2, ", limits::kHeadDim,
+               "]; embedding_length / head_count when absent) rope.dimension_count=", d.rope_dim,
+               " (even, at most key_length) output_group_count=", d.o_groups,
+               " (divides head_count) indexer.key_length=", d.idx_dim, " (at least rope.dimension_count)");
   STRATA_CHECK(s.n_kv_head == 1 && vlen == s.head_dim, FormatError, f.path(),
                ": deepseek4 attends one shared KV head with value_length == key_length; got head_count_kv=",
                s.n_kv_head, " value_length=", vlen, " key_length=", s.head_dim);
   STRATA_CHECK(gating == 4, UnsupportedError, f.path(), ": deepseek4.expert_gating_func ", gating,
                " is not supported; DeepSeek V4 scores experts with sqrt(softplus) (4)");
-  STRATA_CHECK(!(scaling == "yarn") || (d.yarn_factor > 0 && d.yarn_orig_ctx > 0), FormatError, f.path(),
-               ": deepseek4 YaRN needs rope.scaling.factor > 0 and original_context_length > 0");
   for (int64_t l = 0; l < s.L; ++l)
-    STRATA_CHECK(ffn[l] == s.F, UnsupportedError, f.path(),
+    STRATA_CHECK(ffn[l] == (double)s.F, UnsupportedError, f.path(),
                  ": deepseek4.expert_feed_forward_length differs by layer (", ffn[l], " at ", l, ", ", s.F,
                  " at 0); strata needs one width");
   d.shared_ffn = s.F * n_shared;
@@ -175,6 +189,8 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   STRATA_CHECK(emb.ne.size() == 2 && emb.ne[0] == s.D, FormatError, f.path(),
                ": tensor 'token_embd.weight' must be [", s.D, ", vocab]");
   s.V = emb.ne[1];
+  STRATA_CHECK(s.V <= limits::kVocab, FormatError, f.path(), ": tensor 'token_embd.weight' has ", s.V,
+               " rows, more token ids than int32 holds");
   s.token_embd = r.need("token_embd.weight", {s.D, s.V});
   s.output_norm = r.need("output_norm.weight", {s.D});
   s.output = r.need("output.weight", {s.D, s.V});
@@ -185,10 +201,10 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   for (int64_t l = 0; l < s.L; ++l) {
     const std::string p = str("blk.", l, ".");
     Ds4Layer y;
-    y.ratio = (int64_t)ratios[l];
-    STRATA_CHECK(y.ratio == 0 || y.ratio == 4 || y.ratio == 128, UnsupportedError, f.path(),
+    STRATA_CHECK(ratios[l] == 0 || ratios[l] == 4 || ratios[l] == 128, UnsupportedError, f.path(),
                  ": deepseek4.attention.compress_ratios[", l, "] = ", ratios[l],
                  "; llama.cpp and strata run 0, 4 and 128");
+    y.ratio = (int64_t)ratios[l];
     y.hash = l < d.hash_layers;
     y.clamp_exp = (float)clamp_exp[l];
     y.clamp_shexp = clamp_shexp[l] < 0 ? y.clamp_exp : (float)clamp_shexp[l];
@@ -267,9 +283,10 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   }
   s.details.push_back({"hyper-connections", str("HC ", d.HC, ", Sinkhorn ", d.sinkhorn_iters,
                                                 " iterations, eps ", num(d.hc_eps))});
-  s.details.push_back({"attention layout", str(H, " heads x ", hd, " (rope on the last ", d.rope_dim,
-                                        "), one shared KV head; q_lora ", d.q_lora, "; output ", d.o_groups,
-                                        " groups x ", d.o_lora, "; window ", d.window, "; sinks")});
+  s.details.push_back(
+      {"attention layout",
+       str(H, " heads x ", hd, " (rope on the last ", d.rope_dim, "), one shared KV head; q_lora ", d.q_lora,
+           "; output ", d.o_groups, " groups x ", d.o_lora, "; window ", d.window, "; sinks")});
   if (!by_kind[0].empty()) s.details.push_back({"layers: window", ranges(by_kind[0])});
   if (!by_kind[1].empty())
     s.details.push_back({"layers: ratio 4 + indexer", str(ranges(by_kind[1]), " (indexer top-", d.idx_topk,

@@ -42,13 +42,20 @@ class KVCache {
   }
   // Keys and values together.
   static size_t bytes(KvType t, int64_t L, int64_t ctx, int64_t width) {
-    return 2 * (size_t)L * ctx * width * kv_elem_bytes(t);
+    size_t n = 2 * kv_elem_bytes(t);
+    for (int64_t f : {L, ctx, width})
+      STRATA_CHECK(f >= 0 && !__builtin_mul_overflow(n, (size_t)f, &n), MemoryError,
+                   "a KV cache of ctx=", ctx, " for ", L, " layers of width ", width,
+                   " does not fit in memory; lower --ctx");
+    return n;
   }
   static size_t bytes(KvType t, const ModelSpec& s, int64_t ctx) {
     if (s.kv_layers.empty()) return bytes(t, s.L, ctx, s.n_kv_head * s.head_dim);
     size_t n = 0;
     for (const auto& layer : s.kv_layers)
-      for (const auto& k : layer) n += align_up(tensor_bytes(k, ctx));
+      for (const auto& k : layer)
+        STRATA_CHECK(!__builtin_add_overflow(n, align_up(tensor_bytes(k, ctx)), &n), MemoryError,
+                     "a KV cache of ctx=", ctx, " for ", s.L, " layers does not fit in memory; lower --ctx");
     return n;
   }
   static int64_t tensor_rows(const KvTensorSpec& t, int64_t ctx) {
@@ -67,8 +74,15 @@ class KVCache {
   size_t total_bytes() const { return k_.size() + v_.size() + own_.size(); }
 
  private:
+  // Bounded like bytes(): a crafted file's window or width cannot wrap the size around.
   static size_t tensor_bytes(const KvTensorSpec& t, int64_t ctx) {
-    return (size_t)tensor_rows(t, ctx) * t.width * sizeof(float);
+    const int64_t rows = tensor_rows(t, ctx);
+    size_t n = sizeof(float);
+    for (int64_t f : {rows, t.width})
+      STRATA_CHECK(f >= 0 && !__builtin_mul_overflow(n, (size_t)f, &n) && n < (size_t{1} << 62), MemoryError,
+                   "the KV cache tensor '", t.name, "' of ctx=", ctx, " (", rows, " rows of ", t.width,
+                   ") does not fit in memory; lower --ctx");
+    return n;
   }
   size_t layer_bytes() const { return (size_t)ctx_ * width_ * kv_elem_bytes(type_); }
   KvType type_;

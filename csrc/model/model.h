@@ -20,17 +20,17 @@ namespace strata {
 
 struct ModelConfig {
   std::string device = "cpu";
-  int threads = 0;              // CPU threads; 0: every core
-  int64_t ctx = 4096;           // KV cache length in tokens
-  bool all_resident = false;    // --expert-cache all
-  size_t cache_bytes = 0;       // --expert-cache in bytes when not all_resident
-  bool cache_auto = false;      // --expert-cache auto: all on the CPU; on a GPU what is free (auto_cache)
-  std::string source = "auto";  // host | mmap | auto
-  int64_t prefill = 8192;       // tokens per prompt chunk; with prefill_auto, the largest tried
-  bool prefill_auto = false;    // --prefill auto[:MAX]: the largest chunk <= prefill that fits
-  bool gr_unfused = false;      // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
+  int threads = 0;               // CPU threads; 0: every core
+  int64_t ctx = 4096;            // KV cache length in tokens
+  bool all_resident = false;     // --expert-cache all
+  size_t cache_bytes = 0;        // --expert-cache in bytes when not all_resident
+  bool cache_auto = false;       // --expert-cache auto: all on the CPU; on a GPU what is free (auto_cache)
+  std::string source = "auto";   // host | mmap | auto
+  int64_t prefill = 8192;        // tokens per prompt chunk; with prefill_auto, the largest tried
+  bool prefill_auto = false;     // --prefill auto[:MAX]: the largest chunk <= prefill that fits
+  bool gr_unfused = false;       // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
   std::string kv_type = "auto";  // f32 | f16 | auto (f16 where the backend keeps it, else f32)
-  Progress progress;            // long loads report here
+  Progress progress;             // long loads report here
 };
 
 struct ChunkStats {
@@ -50,7 +50,8 @@ struct AutoCache {
   size_t reserve = 0;  // kept free for the driver, the CUDA context's growth and fragmentation
   std::string error;   // when nothing fits: what does (a smaller --ctx, --prefill or cache)
 };
-AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, size_t free_bytes, size_t total_bytes);
+AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, size_t free_bytes,
+                     size_t total_bytes);
 
 class Model {
  public:
@@ -84,6 +85,10 @@ class Model {
   // another owner recomputes its own before going on.
   const void* kv_owner() const { return kv_owner_; }
   void set_kv_owner(const void* owner) { kv_owner_ = owner; }
+  // Called between the layers of every pass (model/arch.h): a caller watching a long call (progress,
+  // Ctrl-C) sets it for the call's duration. A hook that throws stops the pass and leaves the model
+  // usable; the KV cache from that pass's pos0 on is then stale.
+  void set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 
   // Runs ids[0..n) at positions pos0.. through the model, chunked by cfg.prefill, filling the KV
   // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
@@ -104,6 +109,7 @@ class Model {
   DeviceBuffer decode_region_;  // layout(1, src), allocated once
   DeviceBuffer own_region_;     // all-resident cache: the chunk region has no slots to borrow
   std::unique_ptr<ForwardPass> forward_;
+  LayerHook layer_hook_;
   ChunkStats chunk_stats_;
   int64_t chunk_ = 0;
   const void* kv_owner_ = nullptr;

@@ -2,6 +2,7 @@
 #include "prefill/prefill.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -9,11 +10,17 @@
 
 namespace strata {
 
+namespace {
+// No single buffer may exceed 2^56 bytes: far beyond any memory, and small enough that the sum of
+// a plan's buffers cannot wrap size_t.
+constexpr size_t kMaxBuffer = size_t(1) << 56;
+}  // namespace
+
 const char* moe_layout_name(MoeLayout l) { return l == MoeLayout::Fused ? "fused" : "mmq"; }
 
 void set_expert_kernels(PrefillShape& s, bool (*uses_q8)(uint32_t ggml_type)) {
-  STRATA_CHECK(s.expert_types.size() % 3 == 0, ConfigError, "expert_types holds (gate, up, down) per layer, got ",
-               s.expert_types.size(), " types");
+  STRATA_CHECK(s.expert_types.size() % 3 == 0, ConfigError,
+               "expert_types holds (gate, up, down) per layer, got ", s.expert_types.size(), " types");
   s.q8_gate_up = s.float_gate_up = s.q8_down = false;
   for (size_t i = 0; i + 2 < s.expert_types.size(); i += 3) {
     for (size_t j = i; j < i + 2; ++j) (uses_q8(s.expert_types[j]) ? s.q8_gate_up : s.float_gate_up) = true;
@@ -28,12 +35,13 @@ Prefill::Prefill(PrefillShape shape) : shape_(std::move(shape)) {
                ConfigError, "prefill shape out of range: D=", s.D, " HC=", s.HC, " E=", s.E, " K=", s.K,
                " F=", s.F, " heads=", s.n_head, "/", s.n_kv_head, " head_dim=", s.head_dim);
   const PrefillV4& v = s.v4;
-  STRATA_CHECK(v.q_lora == 0 || (v.o_groups > 0 && v.o_lora > 0 && v.comp_lanes >= 0 && v.comp_lanes <= 2 &&
-                                 v.shared_ffn > 0 && v.idx_heads >= 0 && v.idx_dim >= 0 && v.idx_topk >= 0 &&
-                                 (v.idx_heads > 0) == (v.idx_dim > 0) && (v.idx_heads > 0) == (v.idx_topk > 0)),
-               ConfigError, "prefill V4 shape out of range: q_lora=", v.q_lora, " o_groups=", v.o_groups,
-               " o_lora=", v.o_lora, " comp_lanes=", v.comp_lanes, " indexer=", v.idx_heads, "x", v.idx_dim,
-               " top-", v.idx_topk, " shared_ffn=", v.shared_ffn);
+  STRATA_CHECK(
+      v.q_lora == 0 || (v.o_groups > 0 && v.o_lora > 0 && v.comp_lanes >= 0 && v.comp_lanes <= 2 &&
+                        v.shared_ffn > 0 && v.idx_heads >= 0 && v.idx_dim >= 0 && v.idx_topk >= 0 &&
+                        (v.idx_heads > 0) == (v.idx_dim > 0) && (v.idx_heads > 0) == (v.idx_topk > 0)),
+      ConfigError, "prefill V4 shape out of range: q_lora=", v.q_lora, " o_groups=", v.o_groups,
+      " o_lora=", v.o_lora, " comp_lanes=", v.comp_lanes, " indexer=", v.idx_heads, "x", v.idx_dim, " top-",
+      v.idx_topk, " shared_ffn=", v.shared_ffn);
 }
 
 bool Prefill::fused_supported() const {
@@ -53,9 +61,20 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   p.T = T;
   p.src = src;
   p.moe = fused_layout(T, src);
+  // Sizes are products of the shape and T: each one is checked, so a chunk too large for the address
+  // space is an error, not a wrapped size that carves overlapping buffers.
+  auto too_large = [&] {
+    return MemoryError(str("a prompt chunk of ", T,
+                           " tokens is too large to plan for this model (its scratch size overflows); "
+                           "use a smaller --prefill"));
+  };
+  // Row indices (t * K + k) and expert offsets are int32 on every backend.
+  int64_t rows = 0;
+  if (__builtin_mul_overflow(T, s.K, &rows) || rows > INT32_MAX) throw too_large();
   auto add = [&](const char* name, const char* dtype, std::vector<int64_t> shape, size_t elem_bytes) {
     size_t n = elem_bytes;
-    for (int64_t d : shape) n *= (size_t)d;
+    for (int64_t d : shape)
+      if (d < 0 || __builtin_mul_overflow(n, (size_t)d, &n) || n > kMaxBuffer) throw too_large();
     p.buffers.push_back(BufferSpec{name, n, dtype, std::move(shape), 0});
   };
   const int64_t Hd = s.n_head * s.head_dim, KVd = s.n_kv_head * s.head_dim;
@@ -128,7 +147,7 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   size_t off = 0;
   for (auto& b : p.buffers) {
     b.offset = off;
-    off += align_up(b.bytes);
+    off += align_up(b.bytes);  // at most ~20 buffers of at most kMaxBuffer: cannot wrap
   }
   p.total = off;
   return p;
@@ -138,10 +157,10 @@ size_t Prefill::bytes_needed(int64_t T, bool src) const { return layout(T, src).
 
 PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool src) const {
   const PrefillPlan p = layout(T, src);
-  STRATA_CHECK(region != nullptr && region_bytes >= p.total, MemoryError, "prefill region of ",
-               region_bytes, " bytes is smaller than the ", p.total, " bytes chunk T=", T, " needs");
-  STRATA_CHECK(reinterpret_cast<uintptr_t>(region) % kAlign == 0, ConfigError,
-               "prefill region is not ", kAlign, "-byte aligned");
+  STRATA_CHECK(region != nullptr && region_bytes >= p.total, MemoryError, "prefill region of ", region_bytes,
+               " bytes is smaller than the ", p.total, " bytes chunk T=", T, " needs");
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(region) % kAlign == 0, ConfigError, "prefill region is not ",
+               kAlign, "-byte aligned");
   auto* base = static_cast<uint8_t*>(region);
   PrefillBuffers b;
   b.T = T;
@@ -152,42 +171,78 @@ PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool
     const std::string& n = s.name;
     auto f = static_cast<float*>(ptr);
     auto i = static_cast<int32_t*>(ptr);
-    if (n == "R") b.R = f;
-    else if (n == "grs") b.grs = f;
-    else if (n == "xn") b.xn = f;
-    else if (n == "attn.q") b.q = f;
-    else if (n == "attn.k") b.k = f;
-    else if (n == "attn.v") b.v = f;
-    else if (n == "attn.out") b.attn = f;
-    else if (n == "proj") b.proj = f;
-    else if (n == "router.logits") b.router = f;
-    else if (n == "router.ids") b.topk_ids = i;
-    else if (n == "router.weights") b.topk_w = f;
-    else if (n == "moe.offsets") b.expert_off = i;
-    else if (n == "moe.rows") b.expert_rows = i;
-    else if (n == "moe.x") b.xg = f;
-    else if (n == "moe.xq") b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
-    else if (n == "moe.gate") b.hg = f;
-    else if (n == "moe.up") b.hu = f;
-    else if (n == "moe.down") b.yd = f;
-    else if (n == "hc.mix") b.hc_mix = f;
-    else if (n == "hc.post") b.hc_post = f;
-    else if (n == "hc.comb") b.hc_comb = f;
-    else if (n == "tokens") b.tokens = i;
-    else if (n == "attn.qa") b.qa = f;
-    else if (n == "attn.kv") b.kv = f;
-    else if (n == "attn.oa") b.oa = f;
-    else if (n == "comp.kv") b.comp_kv = f;
-    else if (n == "comp.score") b.comp_score = f;
-    else if (n == "index.kv") b.idx_kv = f;
-    else if (n == "index.score") b.idx_score = f;
-    else if (n == "index.q") b.idx_q = f;
-    else if (n == "index.w") b.idx_w = f;
-    else if (n == "index.sel") b.idx_sel = i;
-    else if (n == "shexp.gate") b.sh_gate = f;
-    else if (n == "shexp.up") b.sh_up = f;
-    else if (n == "shexp.out") b.sh_out = f;
-    else throw Error(str("prefill carve: buffer '", n, "' has no destination"));
+    if (n == "R")
+      b.R = f;
+    else if (n == "grs")
+      b.grs = f;
+    else if (n == "xn")
+      b.xn = f;
+    else if (n == "attn.q")
+      b.q = f;
+    else if (n == "attn.k")
+      b.k = f;
+    else if (n == "attn.v")
+      b.v = f;
+    else if (n == "attn.out")
+      b.attn = f;
+    else if (n == "proj")
+      b.proj = f;
+    else if (n == "router.logits")
+      b.router = f;
+    else if (n == "router.ids")
+      b.topk_ids = i;
+    else if (n == "router.weights")
+      b.topk_w = f;
+    else if (n == "moe.offsets")
+      b.expert_off = i;
+    else if (n == "moe.rows")
+      b.expert_rows = i;
+    else if (n == "moe.x")
+      b.xg = f;
+    else if (n == "moe.xq")
+      b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
+    else if (n == "moe.gate")
+      b.hg = f;
+    else if (n == "moe.up")
+      b.hu = f;
+    else if (n == "moe.down")
+      b.yd = f;
+    else if (n == "hc.mix")
+      b.hc_mix = f;
+    else if (n == "hc.post")
+      b.hc_post = f;
+    else if (n == "hc.comb")
+      b.hc_comb = f;
+    else if (n == "tokens")
+      b.tokens = i;
+    else if (n == "attn.qa")
+      b.qa = f;
+    else if (n == "attn.kv")
+      b.kv = f;
+    else if (n == "attn.oa")
+      b.oa = f;
+    else if (n == "comp.kv")
+      b.comp_kv = f;
+    else if (n == "comp.score")
+      b.comp_score = f;
+    else if (n == "index.kv")
+      b.idx_kv = f;
+    else if (n == "index.score")
+      b.idx_score = f;
+    else if (n == "index.q")
+      b.idx_q = f;
+    else if (n == "index.w")
+      b.idx_w = f;
+    else if (n == "index.sel")
+      b.idx_sel = i;
+    else if (n == "shexp.gate")
+      b.sh_gate = f;
+    else if (n == "shexp.up")
+      b.sh_up = f;
+    else if (n == "shexp.out")
+      b.sh_out = f;
+    else
+      throw Error(str("prefill carve: buffer '", n, "' has no destination"));
   }
   return b;
 }

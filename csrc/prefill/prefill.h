@@ -19,10 +19,10 @@ struct PrefillV4 {
 
 // The shapes Prefill sizes from; model/ fills it from the GGUF, tests fill it at random.
 struct PrefillShape {
-  int64_t D = 0;          // hidden size
-  int64_t HC = 1;         // residual streams per token
-  int64_t E = 0, K = 0;   // routed experts, experts per token
-  int64_t F = 0;          // routed expert FFN width
+  int64_t D = 0;         // hidden size
+  int64_t HC = 1;        // residual streams per token
+  int64_t E = 0, K = 0;  // routed experts, experts per token
+  int64_t F = 0;         // routed expert FFN width
   int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
   std::vector<uint32_t> expert_types;  // ggml types of gate/up/down experts, 3 per layer
   bool gr_unfused = false;             // STRATA_GR_UNFUSED=1: carve xn and normalize into it
@@ -42,9 +42,9 @@ const char* moe_layout_name(MoeLayout l);
 struct BufferSpec {
   std::string name;
   size_t bytes = 0;
-  std::string dtype;            // "f32", "i32", "q8_0"
-  std::vector<int64_t> shape;   // row-major, outermost first
-  size_t offset = 0;            // filled by the plan: offset in the region
+  std::string dtype;           // "f32", "i32", "q8_0"
+  std::vector<int64_t> shape;  // row-major, outermost first
+  size_t offset = 0;           // filled by the plan: offset in the region
 };
 
 struct PrefillPlan {
@@ -59,45 +59,45 @@ struct PrefillPlan {
 struct PrefillBuffers {
   int64_t T = 0;
   MoeLayout moe = MoeLayout::Fused;
-  float* R = nullptr;        // T x HC x D residual
-  float* grs = nullptr;      // T x HC GR scalars
-  float* xn = nullptr;       // T x D normalized input (unfused only)
-  float* q = nullptr;        // T x H x hd
-  float* k = nullptr;        // T x KV x hd
-  float* v = nullptr;        // T x KV x hd
-  float* attn = nullptr;     // T x H x hd attention output
-  float* proj = nullptr;     // T x D sublayer output before the residual add
-  float* router = nullptr;   // T x E router logits
+  float* R = nullptr;              // T x HC x D residual
+  float* grs = nullptr;            // T x HC GR scalars
+  float* xn = nullptr;             // T x D normalized input (unfused only)
+  float* q = nullptr;              // T x H x hd
+  float* k = nullptr;              // T x KV x hd
+  float* v = nullptr;              // T x KV x hd
+  float* attn = nullptr;           // T x H x hd attention output
+  float* proj = nullptr;           // T x D sublayer output before the residual add
+  float* router = nullptr;         // T x E router logits
   int32_t* topk_ids = nullptr;     // T x K
   float* topk_w = nullptr;         // T x K
   int32_t* expert_off = nullptr;   // E + 1 prefix offsets into expert_rows
   int32_t* expert_rows = nullptr;  // T x K entries (t * K + k), grouped by expert
-  float* xg = nullptr;       // fused: T x D one expert's gathered input; MMQ: T*K x D float input rows
-                             // (only for float gate/up weights)
-  uint8_t* xq = nullptr;     // MMQ: T*K rows of q8_0 gathered activations (only for integer kernels)
-  size_t xq_row_bytes = 0;   // the stride of xq's rows
-  float* hg = nullptr;       // rows x F gate, then silu(gate) * up
-  float* hu = nullptr;       // rows x F up
-  float* yd = nullptr;       // rows x D expert down output
+  float* xg = nullptr;             // fused: T x D one expert's gathered input; MMQ: T*K x D float input rows
+                                   // (only for float gate/up weights)
+  uint8_t* xq = nullptr;           // MMQ: T*K rows of q8_0 gathered activations (only for integer kernels)
+  size_t xq_row_bytes = 0;         // the stride of xq's rows
+  float* hg = nullptr;             // rows x F gate, then silu(gate) * up
+  float* hu = nullptr;             // rows x F up
+  float* yd = nullptr;             // rows x D expert down output
   // DeepSeek V4 (PrefillShape::v4):
   int64_t HC = 1;
-  float* hc_mix = nullptr;     // T x (2 + HC) HC: the mixing projection of the flattened streams
-  float* hc_post = nullptr;    // T x HC expand weights
-  float* hc_comb = nullptr;    // T x HC x HC stream combination (after Sinkhorn)
-  int32_t* tokens = nullptr;   // T token ids (the hash-routed layers read them)
-  float* qa = nullptr;         // T x q_lora low-rank query
-  float* kv = nullptr;         // T x hd the shared key/value row
-  float* oa = nullptr;         // T x groups * o_lora grouped output projection
-  float* comp_kv = nullptr;    // T x lanes * hd compressor projections
+  float* hc_mix = nullptr;    // T x (2 + HC) HC: the mixing projection of the flattened streams
+  float* hc_post = nullptr;   // T x HC expand weights
+  float* hc_comb = nullptr;   // T x HC x HC stream combination (after Sinkhorn)
+  int32_t* tokens = nullptr;  // T token ids (the hash-routed layers read them)
+  float* qa = nullptr;        // T x q_lora low-rank query
+  float* kv = nullptr;        // T x hd the shared key/value row
+  float* oa = nullptr;        // T x groups * o_lora grouped output projection
+  float* comp_kv = nullptr;   // T x lanes * hd compressor projections
   float* comp_score = nullptr;
-  float* idx_kv = nullptr;     // T x 2 * idx_dim indexer compressor projections
+  float* idx_kv = nullptr;  // T x 2 * idx_dim indexer compressor projections
   float* idx_score = nullptr;
   float* idx_q = nullptr;      // T x idx_heads x idx_dim
   float* idx_w = nullptr;      // T x idx_heads
   int32_t* idx_sel = nullptr;  // T x idx_topk compressed rows picked (-1: none)
   float* sh_gate = nullptr;    // T x shared_ffn
   float* sh_up = nullptr;
-  float* sh_out = nullptr;     // T x D
+  float* sh_out = nullptr;  // T x D
 };
 
 class Prefill {

@@ -79,8 +79,10 @@ inline void block_q2_k(const BlockQ2_K& b, float* y) {
   for (int j = 0; j < 8; ++j) {
     for (int h = 0; h < 2; ++h) {
       const int g = 2 * j + h;
-      const float dl = d * static_cast<float>(q2_k_scale(b, g)), ml = dmin * static_cast<float>(q2_k_min(b, g));
-      for (int l = 16 * h; l < 16 * h + 16; ++l) y[j * 32 + l] = dl * static_cast<float>(q2_k_q(b, j, l)) - ml;
+      const float dl = d * static_cast<float>(q2_k_scale(b, g)),
+                  ml = dmin * static_cast<float>(q2_k_min(b, g));
+      for (int l = 16 * h; l < 16 * h + 16; ++l)
+        y[j * 32 + l] = dl * static_cast<float>(q2_k_q(b, j, l)) - ml;
     }
   }
 }

@@ -207,7 +207,9 @@ static_assert(sizeof(BlockIQ2_XXS) == 66);
 STRATA_HD constexpr uint32_t iq2_xxs_word(const BlockIQ2_XXS& b, int j, int w) {
   return static_cast<uint32_t>(b.qs[4 * j + 2 * w]) | (static_cast<uint32_t>(b.qs[4 * j + 2 * w + 1]) << 16);
 }
-STRATA_HD constexpr int iq2_xxs_grid_index(uint32_t grid_word, int k) { return (grid_word >> (8 * k)) & 0xFF; }
+STRATA_HD constexpr int iq2_xxs_grid_index(uint32_t grid_word, int k) {
+  return (grid_word >> (8 * k)) & 0xFF;
+}
 STRATA_HD constexpr int iq2_xxs_sign_index(uint32_t sign_word, int k) { return (sign_word >> (7 * k)) & 127; }
 STRATA_HD constexpr int iq2_xxs_scale(uint32_t sign_word) { return static_cast<int>(sign_word >> 28); }
 

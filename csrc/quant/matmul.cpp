@@ -11,6 +11,11 @@
 #include "quant/quant.h"
 #include "quant/simd.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 namespace strata {
 namespace {
 
@@ -149,8 +154,12 @@ void rows_range(const Kernels& k, const QuantTraits& q, const uint8_t* W, size_t
 
 Isa best_isa() {
 #if defined(__x86_64__)
-  static const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C through cpuid: clang before 19 rejects __builtin_cpu_supports("f16c").
+  static const bool f16c = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   return avx2 ? Isa::Avx2 : Isa::Scalar;
 #else
   return Isa::Scalar;

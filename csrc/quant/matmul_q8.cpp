@@ -154,7 +154,8 @@ void mmq_iq2_xxs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, co
                   }
                 }
                 const int odd = 2 * iq2_xxs_scale(sign_word) + 1;
-                return std::fma((fp16_to_f32(blk.d) * dx) * kIq2xsOddScaleUnit, static_cast<float>(odd * s), acc);
+                return std::fma((fp16_to_f32(blk.d) * dx) * kIq2xsOddScaleUnit, static_cast<float>(odd * s),
+                                acc);
               });
 }
 
@@ -204,7 +205,8 @@ STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, 
       const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
       dx[b * tpad + t] = h2f_at(xb + kXd);
       const __m256i x = load256(xb + kXqs);
-      const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
+      const __m256i s8 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
       const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
       sum[b * tpad + t] = hsum_epi32(_mm_add_epi32(lo, hi));
       if (interleave) {
@@ -426,8 +428,8 @@ struct KIQ2_XXS {
 
 // out[r * NT + t] = row w[r] . token x[t] over nwb weight blocks; xi covers tokens t0.. of x.
 template <class K, int MR, int NT>
-STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0, int64_t nwb,
-                      float* out) {
+STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0,
+                      int64_t nwb, float* out) {
   static_assert(MR * NT == 8);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t wb = 0; wb < nwb; ++wb) {
@@ -441,8 +443,8 @@ STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XI
       for (int r = 0; r < MR; ++r)
         for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
       const __m256 dx = token_lanes<NT>(xi.dx + b * xi.tpad + t0);
-      const __m256i xsum = _mm256_castps_si256(
-          token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
+      const __m256i xsum =
+          _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
       acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum);
     }
   }
@@ -482,8 +484,12 @@ STRATA_SIMD inline __m256i bcast4(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
-STRATA_SIMD inline __m256i xload(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-STRATA_SIMD inline void store32(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+STRATA_SIMD inline __m256i xload(const int8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+STRATA_SIMD inline void store32(uint8_t* p, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
 // Two int16 (low, high) as one int32 lane pattern, for madd_epi16 against hsum.
 inline int32_t pair16(int a, int b) {
   return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a)) |
@@ -503,9 +509,11 @@ struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the s
       __m256i x[NV];
       for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
       for (int r = 0; r < MR; ++r) {
-        const __m256i w = bcast4(reinterpret_cast<const uint8_t*>(p[r].qs) + 4 * k), aw = bcast4(a[r] + 4 * k);
+        const __m256i w = bcast4(reinterpret_cast<const uint8_t*>(p[r].qs) + 4 * k),
+                      aw = bcast4(a[r] + 4 * k);
         for (int v = 0; v < NV; ++v)
-          isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], madd1(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w))));
+          isum[r * NV + v] =
+              _mm256_add_epi32(isum[r * NV + v], madd1(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w))));
       }
     }
   }
@@ -527,11 +535,13 @@ struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int
       for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
       for (int r = 0; r < MR; ++r) {
         const __m256i aw = bcast4(a[r] + 4 * k);
-        for (int v = 0; v < NV; ++v) s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
+        for (int v = 0; v < NV; ++v)
+          s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
       }
     }
     for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_madd_epi16(s16[r * NV + v], _mm256_set1_epi16(p[r].sc[j]));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_madd_epi16(s16[r * NV + v], _mm256_set1_epi16(p[r].sc[j]));
   }
 };
 
@@ -549,7 +559,8 @@ struct IlQ6_K {
     for (int r = 0; r < MR; ++r) {
       const int8_t* sc = p[r].b->scales + scale;
       const __m256i c = _mm256_set1_epi32(pair16(kQ6_KBias * sc[0], kQ6_KBias * sc[1]));
-      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
     for (int hf = 0; hf < 2; ++hf)
       for (int kk = 0; kk < 4; kk += 2) {
@@ -560,7 +571,8 @@ struct IlQ6_K {
           const __m256i a0 = bcast4(a[r] + 4 * s0), a1 = bcast4(a[r] + 4 * (s0 + 1));
           const __m256i sc = _mm256_set1_epi16(p[r].b->scales[scale + hf]);
           for (int v = 0; v < NV; ++v) {
-            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x0[v]), _mm256_maddubs_epi16(a1, x1[v]));
+            const __m256i s16 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(a0, x0[v]), _mm256_maddubs_epi16(a1, x1[v]));
             isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(s16, sc));
           }
         }
@@ -587,7 +599,8 @@ struct IlIQ2_XS {
       sc[r][0] = iq2_xs_scale_odd(*p[r].b, j, 0);
       sc[r][1] = iq2_xs_scale_odd(*p[r].b, j, 1);
       const __m256i c = _mm256_set1_epi32(pair16(kIq2xsGridMax * sc[r][0], kIq2xsGridMax * sc[r][1]));
-      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
     for (int hf = 0; hf < 2; ++hf)
       for (int k = 0; k < 4; ++k) {
@@ -596,7 +609,8 @@ struct IlIQ2_XS {
         for (int r = 0; r < MR; ++r) {
           const __m256i aw = bcast4(a[r] + 4 * (hf * 4 + k)), scv = _mm256_set1_epi16(sc[r][hf]);
           for (int v = 0; v < NV; ++v)
-            isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
+            isum[r * NV + v] =
+                _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
         }
       }
   }
@@ -614,13 +628,14 @@ struct IlIQ2_XXS {
     }
   }
   template <int MR, int NV>
-  STRATA_SIMD static void dots(const KIQ2_XXS::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
-                               const __m256i* hs, __m256i* isum) {
+  STRATA_SIMD static void dots(const KIQ2_XXS::Pre* p, int j, const uint8_t* const* a,
+                               const int8_t* const* xv, const __m256i* hs, __m256i* isum) {
     int odd[MR];
     for (int r = 0; r < MR; ++r) {
       odd[r] = iq2_xxs_odd(*p[r].b, j);
       const __m256i c = _mm256_set1_epi32(pair16(kIq2xsGridMax * odd[r], kIq2xsGridMax * odd[r]));
-      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
     for (int k = 0; k < 8; ++k) {
       __m256i x[NV];
@@ -628,7 +643,8 @@ struct IlIQ2_XXS {
       for (int r = 0; r < MR; ++r) {
         const __m256i aw = bcast4(a[r] + 4 * k), scv = _mm256_set1_epi16(static_cast<int16_t>(odd[r]));
         for (int v = 0; v < NV; ++v)
-          isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
+          isum[r * NV + v] =
+              _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
       }
     }
   }
@@ -636,8 +652,8 @@ struct IlIQ2_XXS {
 
 // out[(r * NV + v) * 8 + t] = row r . token 8(g + v) + t over nwb weight blocks.
 template <class K, class IL, int MR, int NV>
-STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi, int64_t g,
-                         int64_t nwb, float* out) {
+STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi,
+                         int64_t g, int64_t nwb, float* out) {
   const int64_t nb = nwb * K::kSubs;
   __m256 acc[MR * NV];
   for (int i = 0; i < MR * NV; ++i) acc[i] = _mm256_setzero_ps();
@@ -658,7 +674,8 @@ STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t co
       IL::template dots<MR, NV>(p, j, a, xv, hs, isum);
       for (int v = 0; v < NV; ++v) {
         const __m256 dx = _mm256_loadu_ps(xi.dx + b * xi.tpad + (g + v) * 8);
-        const __m256i xsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
+        const __m256i xsum =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
         for (int r = 0; r < MR; ++r)
           acc[r * NV + v] = K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx, xsum);
       }
@@ -699,15 +716,30 @@ void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
 
 template <class K>
 struct Il;
-template <> struct Il<KQ8_0> { using type = IlQ8_0; };
-template <> struct Il<KQ4_K> { using type = IlQ4_K; };
-template <> struct Il<KQ6_K> { using type = IlQ6_K; };
-template <> struct Il<KIQ2_XS> { using type = IlIQ2_XS; };
-template <> struct Il<KIQ2_XXS> { using type = IlIQ2_XXS; };
+template <>
+struct Il<KQ8_0> {
+  using type = IlQ8_0;
+};
+template <>
+struct Il<KQ4_K> {
+  using type = IlQ4_K;
+};
+template <>
+struct Il<KQ6_K> {
+  using type = IlQ6_K;
+};
+template <>
+struct Il<KIQ2_XS> {
+  using type = IlIQ2_XS;
+};
+template <>
+struct Il<KIQ2_XXS> {
+  using type = IlIQ2_XXS;
+};
 
 template <class K>
-void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb, int64_t T,
-              float* Y, int64_t ldy) {
+void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+              int64_t T, float* Y, int64_t ldy) {
   const uint8_t* w = static_cast<const uint8_t*>(W);
   // T <= 4: fill the 8 lanes with as few padded tokens as possible; else 4 rows x 16 tokens.
   if (T == 1)
@@ -753,8 +785,8 @@ bool uses_matmul_q8(uint32_t ggml_type) {
   return q && q->matmul_q8 != nullptr;
 }
 
-void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
-               int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
+void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+               int64_t xrow_bytes, int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
   const QuantTraits& q = quant_traits(t);
   STRATA_CHECK(q.matmul_q8, UnsupportedError, "matmul_q8: no integer kernel for ", q.name,
                " weights; use matmul (float activations) for this type");
@@ -780,8 +812,8 @@ void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, cons
   });
 }
 
-void matmul_q8(QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes, int64_t T,
-               float* Y, int64_t ldy, ThreadPool& pool) {
+void matmul_q8(QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
+               int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
   matmul_q8(best_isa(), t, W, rows, cols, Xq, xrow_bytes, T, Y, ldy, pool);
 }
 

@@ -25,7 +25,8 @@ enum class QType : uint32_t {
 
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
 // y[r] = row r of W (rows row_bytes apart) . x, for r < rows: matmul's order for T = 1.
-using GemvFn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const float* x, float* y);
+using GemvFn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
+                        float* y);
 // matmul_q8 over all `rows` rows of W (row_bytes apart) and T tokens of Xq.
 using MatmulQ8Fn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const uint8_t* Xq,
                             int64_t xrow_bytes, int64_t T, float* Y, int64_t ldy);

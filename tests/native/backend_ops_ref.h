@@ -137,7 +137,8 @@ inline IntBlock int_block(QType t, const uint8_t* row, int64_t b) {
     for (int g = 0; g < 4; ++g) {
       const unsigned s7 = (sw >> (7 * g)) & 127, signs = s7 | ((std::popcount(s7) & 1u) << 7);
       for (int i = 0; i < 8; ++i)
-        r.wq[g * 8 + i] = (int)((kIq2xxsGrid[(gw >> (8 * g)) & 0xFF] >> (8 * i)) & 0xFF) * ((signs >> i) & 1 ? -1 : 1);
+        r.wq[g * 8 + i] =
+            (int)((kIq2xxsGrid[(gw >> (8 * g)) & 0xFF] >> (8 * i)) & 0xFF) * ((signs >> i) & 1 ? -1 : 1);
     }
     r.coef[0] = r.coef[1] = half_at(row + sb * 66) * 0.125 * (2 * (sw >> 28) + 1);
   }

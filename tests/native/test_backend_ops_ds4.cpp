@@ -3,11 +3,20 @@
 // every backend under test against backend_ops_ref_ds4.h at awkward shapes, outputs poisoned.
 #include "backend_ops_harness.h"
 #include "backend_ops_ref_ds4.h"
+#include "forwarding_backend.h"
 #include "quant/formats.h"
 
 namespace {
 
-class Ds4Op : public Op {};
+// A backend that has not ported the V4 ops (has_ds4_ops false) refuses V4 models at load; its ops are
+// checked once below (UnsupportedError naming it and the op), not skipped silently.
+class Ds4Op : public Op {
+ protected:
+  void SetUp() override {
+    Op::SetUp();
+    if (!be().has_ds4_ops()) GTEST_SKIP() << "the " << be().name() << " backend has no DeepSeek V4 ops yet";
+  }
+};
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, Ds4Op, testing::ValuesIn(backends_under_test()),
                          [](const testing::TestParamInfo<BackendFactory>& i) { return i.param.name; });
@@ -341,6 +350,44 @@ TEST_P(Ds4Op, SwigluClamp) {
     expect_err(max_err(dg.get(), want, std::vector<double>(n, 1.0)), 4e-6,  // measured 6.8e-7 (|values| <= 9)
                str("swiglu_clamp limit=", limit));
   }
+}
+
+// A backend without the V4 ops (the Backend defaults): each op is an UnsupportedError naming the
+// backend and the op, in one line, and has_ds4_ops says so, which a V4 load checks first.
+TEST(Ds4Ops, DefaultsNameTheBackendAndTheOp) {
+  class Bare final : public strata::testing_support::ForwardingBackend {
+   public:
+    bool has_ds4_ops() const override { return false; }
+    const char* name() const override { return "bare"; }
+  };
+  Bare bare;
+  Backend& be = bare;
+  EXPECT_FALSE(be.has_ds4_ops());
+  EXPECT_TRUE(make_cpu_backend(1)->has_ds4_ops());
+  auto expect_unsupported = [](const char* op, const std::function<void()>& call) {
+    try {
+      call();
+      ADD_FAILURE() << op << " did not throw";
+    } catch (const UnsupportedError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(str("the bare backend has no ", op, " op")), std::string::npos) << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  };
+  expect_unsupported("apply_norm_hc", [&] {
+    be.Backend::apply_norm_hc(nullptr, nullptr, nullptr, 0, 1, nullptr, 1, 0, nullptr);
+  });
+  expect_unsupported("hc_pre", [&] {
+    be.Backend::hc_pre(nullptr, nullptr, 0, 1, 0, 0.f, nullptr, nullptr, 0.f, 1, nullptr, nullptr, nullptr);
+  });
+  expect_unsupported("attention_sink", [&] {
+    be.Backend::attention_sink(nullptr, nullptr, nullptr, 1, nullptr, 0, nullptr, 0, nullptr, 0, 0, 1, 1, 1.f,
+                               nullptr);
+  });
+  expect_unsupported("router_v4", [&] {
+    be.Backend::router_v4(nullptr, 0, 1, 1, nullptr, nullptr, nullptr, false, 1.f, nullptr, nullptr);
+  });
+  expect_unsupported("swiglu_clamp", [&] { be.Backend::swiglu_clamp(nullptr, nullptr, 0, 1.f); });
 }
 
 }  // namespace

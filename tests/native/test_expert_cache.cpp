@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
 #include "expert_cache/expert_cache.h"
+#include "forwarding_backend.h"
 
 using namespace strata;
 
@@ -20,9 +22,8 @@ namespace {
 
 // Forwards memory and ops to the CPU backend and logs the stream operations as text:
 // "wait copy e7", "copy->slot3", "record e7 copy", "wait compute e7".
-class TraceBackend final : public Backend {
+class TraceBackend final : public testing_support::ForwardingBackend {
  public:
-  TraceBackend() : cpu_(make_cpu_backend(1)) {}
   std::vector<std::string> log;
   uint8_t* arena = nullptr;  // set by the test: slot addresses are logged relative to it
   size_t slot_bytes = 1;
@@ -30,25 +31,14 @@ class TraceBackend final : public Backend {
 
   const char* name() const override { return "trace"; }
   std::string describe() const override { return "trace"; }
-  int threads() const override { return 1; }
-  void* alloc(size_t b, const char* w) override { return cpu_->alloc(b, w); }
-  void free(void* p) override { cpu_->free(p); }
-  void* alloc_pinned(size_t b, const char* w) override { return cpu_->alloc_pinned(b, w); }
-  void free_pinned(void* p) override { cpu_->free_pinned(p); }
-  size_t live_allocations() const override { return cpu_->live_allocations(); }
-  void memory_info(size_t* f, size_t* t) const override { cpu_->memory_info(f, t); }
-  bool host_is_device() const override { return true; }
-  bool register_host(const void*, size_t) override { return false; }
-  void unregister_host(const void*) override {}
-  void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
-  void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
   void upload_async(void* d, const void* s, size_t n, Stream st) override {
     const auto* p = static_cast<uint8_t*>(d);
-    if (arena && p >= arena && p < arena + n_slots * slot_bytes) log.push_back(str(sname(st), "->slot", (p - arena) / slot_bytes));
-    else log.push_back(str(sname(st), "->table"));
-    cpu_->upload_async(d, s, n, st);
+    if (arena && p >= arena && p < arena + n_slots * slot_bytes)
+      log.push_back(str(sname(st), "->slot", (p - arena) / slot_bytes));
+    else
+      log.push_back(str(sname(st), "->table"));
+    inner().upload_async(d, s, n, st);
   }
-  DeviceBuffer resident(const void* h, size_t b, const char* w) override { return cpu_->resident(h, b, w); }
   EventId event_create() override { return ++next_; }
   void event_destroy(EventId) override {}
   void record(EventId e, Stream s) override { log.push_back(str("record e", e, " ", sname(s))); }
@@ -56,87 +46,9 @@ class TraceBackend final : public Backend {
   bool query(EventId) override { return true; }
   void event_sync(EventId) override {}
   void sync() override {}
-#define FWD(name, sig, args) \
-  void name sig override { cpu_->name args; }
-  FWD(embed, (uint32_t a, const void* b, int64_t c, const int32_t* d, int64_t e, float* f), (a, b, c, d, e, f))
-  FWD(rms_scale, (const float* a, int64_t b, int64_t c, float d, float* e), (a, b, c, d, e))
-  FWD(apply_norm,
-      (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f, int64_t g, float* h),
-      (a, b, c, d, e, f, g, h))
-  FWD(gather, (const float* a, int64_t b, const int32_t* c, int64_t d, int64_t e, float* f), (a, b, c, d, e, f))
-  FWD(quantize_q8_0,
-      (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f, int64_t g, uint8_t* h,
-       size_t i),
-      (a, b, c, d, e, f, g, h, i))
-  FWD(matmul_q8,
-      (uint32_t a, const void* b, int64_t c, int64_t d, const uint8_t* e, size_t f, int64_t g, float* h, int64_t i),
-      (a, b, c, d, e, f, g, h, i))
-  FWD(dequant_rows, (uint32_t a, const void* b, size_t c, int64_t d, int64_t e, float* f), (a, b, c, d, e, f))
-  FWD(copy, (void* a, const void* b, size_t c), (a, b, c))
-  FWD(matmul,
-      (uint32_t a, const void* b, int64_t c, int64_t d, const float* e, int64_t f, int64_t g, float* h, int64_t i),
-      (a, b, c, d, e, f, g, h, i))
-  FWD(head_norm_rope,
-      (float* a, int64_t b, int64_t c, int64_t d, const float* e, float f, int64_t g, const RopeParams& h),
-      (a, b, c, d, e, f, g, h))
-  bool supports_kv(KvType t) const override { return cpu_->supports_kv(t); }
-  FWD(kv_store, (void* a, KvType b, int64_t c, int64_t d, int64_t e, const float* f), (a, b, c, d, e, f))
-  FWD(attention,
-      (const float* a, const void* b, const void* c, KvType t, int64_t d, int64_t e, int64_t f, int64_t g, int64_t h,
-       float i, float* j),
-      (a, b, c, t, d, e, f, g, h, i, j))
-  FWD(add, (float* a, const float* b, int64_t c), (a, b, c))
-  FWD(router_topk, (const float* a, int64_t b, int64_t c, int64_t d, bool e, int32_t* f, float* g),
-      (a, b, c, d, e, f, g))
-  FWD(group_by_expert, (const int32_t* a, int64_t b, int64_t c, int64_t d, int32_t* e, int32_t* f),
-      (a, b, c, d, e, f))
-  FWD(swiglu, (float* a, const float* b, int64_t c), (a, b, c))
-  FWD(scatter_add, (const float* a, const int32_t* b, const float* c, int64_t d, int64_t e, int64_t f, float* g),
-      (a, b, c, d, e, f, g))
-  FWD(zero, (void* a, size_t b), (a, b))
-  FWD(fill, (void* a, uint8_t b, size_t c), (a, b, c))
-  FWD(apply_norm_hc,
-      (const float* a, const float* b, const float* c, int64_t d, int64_t e, const int32_t* f, int64_t g, int64_t h,
-       float* i),
-      (a, b, c, d, e, f, g, h, i))
-  FWD(quantize_q8_0_hc,
-      (const float* a, const float* b, const float* c, int64_t d, int64_t e, const int32_t* f, int64_t g, int64_t h,
-       uint8_t* i, size_t j),
-      (a, b, c, d, e, f, g, h, i, j))
-  FWD(hc_pre,
-      (const float* a, const float* b, int64_t c, int64_t d, int64_t e, float f, const float* g, const float* h,
-       float i, int64_t j, float* k, float* l, float* m),
-      (a, b, c, d, e, f, g, h, i, j, k, l, m))
-  FWD(hc_post, (float* a, const float* b, const float* c, const float* d, int64_t e, int64_t f, int64_t g),
-      (a, b, c, d, e, f, g))
-  FWD(hc_expand, (const float* a, int64_t b, int64_t c, int64_t d, float* e), (a, b, c, d, e))
-  FWD(rms_norm, (float* a, int64_t b, int64_t c, const float* d, float e), (a, b, c, d, e))
-  FWD(rope_tail,
-      (float* a, int64_t b, int64_t c, int64_t d, int64_t e, const float* f, float g, int64_t h, int64_t i, bool j),
-      (a, b, c, d, e, f, g, h, i, j))
-  FWD(ring_store, (float* a, int64_t b, int64_t c, int64_t d, int64_t e, const float* f), (a, b, c, d, e, f))
-  FWD(compress_pool,
-      (const float* a, const float* b, const float* c, const float* d, const float* e, int64_t f, int64_t g, int64_t h,
-       int64_t i, int64_t j, float* k),
-      (a, b, c, d, e, f, g, h, i, j, k))
-  FWD(attention_sink,
-      (const float* a, const float* b, const float* c, int64_t d, const float* e, int64_t f, const int32_t* g,
-       int64_t h, const float* i, int64_t j, int64_t k, int64_t l, int64_t m, float n, float* o),
-      (a, b, c, d, e, f, g, h, i, j, k, l, m, n, o))
-  FWD(indexer_topk,
-      (const float* a, const float* b, const float* c, int64_t d, int64_t e, int64_t f, int64_t g, int64_t h,
-       int64_t i, float j, int32_t* k),
-      (a, b, c, d, e, f, g, h, i, j, k))
-  FWD(router_v4,
-      (const float* a, int64_t b, int64_t c, int64_t d, const float* e, const int32_t* f, const int32_t* g, bool h,
-       float i, int32_t* j, float* k),
-      (a, b, c, d, e, f, g, h, i, j, k))
-  FWD(swiglu_clamp, (float* a, const float* b, int64_t c, float d), (a, b, c, d))
-#undef FWD
 
  private:
   static const char* sname(Stream s) { return s == Stream::Copy ? "copy" : "compute"; }
-  std::unique_ptr<Backend> cpu_;
   EventId next_ = 0;
 };
 
@@ -186,9 +98,9 @@ TEST(ExpertCache, PrepareQueuesMissesAfterLastUseAndComputeWaitsOnlyForThem) {
   ASSERT_EQ(cache.prepare(0, ids, 2), 2);
   // Each miss: the copy stream waits for the slot's last use, three copies land, the ready event.
   // Slots are empty: 0 and 1. Event ids: ready_s = 2s + 1, last_use_s = 2s + 2.
-  const std::vector<std::string> want = {"wait copy e2",    "copy->slot0", "copy->slot0", "copy->slot0",
-                                         "record e1 copy",  "wait copy e4", "copy->slot1", "copy->slot1",
-                                         "copy->slot1",     "record e3 copy", "compute->table"};
+  const std::vector<std::string> want = {"wait copy e2",   "copy->slot0",    "copy->slot0",   "copy->slot0",
+                                         "record e1 copy", "wait copy e4",   "copy->slot1",   "copy->slot1",
+                                         "copy->slot1",    "record e3 copy", "compute->table"};
   EXPECT_EQ(be.log, want);
   be.log.clear();
   const ExpertView v = cache.wait(0, 5);
@@ -286,9 +198,10 @@ TEST(ExpertCache, LendWaitsForLandingCopiesAndRefillsAfterTheChunksLastUse) {
   be.log.clear();
   cache.give_back();
   // The region's last use is recorded before the refills, which wait for it.
-  const std::vector<std::string> want = {"record e2 compute", "record e4 compute", "wait copy e2", "copy->slot0",
-                                         "copy->slot0",       "copy->slot0",       "record e1 copy", "wait copy e4",
-                                         "copy->slot1",       "copy->slot1",       "copy->slot1",    "record e3 copy"};
+  const std::vector<std::string> want = {"record e2 compute", "record e4 compute", "wait copy e2",
+                                         "copy->slot0",       "copy->slot0",       "copy->slot0",
+                                         "record e1 copy",    "wait copy e4",      "copy->slot1",
+                                         "copy->slot1",       "copy->slot1",       "record e3 copy"};
   EXPECT_EQ(be.log, want);
   EXPECT_EQ(cache.stats().refills, 2u);
   // Lending never covers the pinned slot, even when every other run is more valuable.
@@ -299,4 +212,105 @@ TEST(ExpertCache, LendWaitsForLandingCopiesAndRefillsAfterTheChunksLastUse) {
   }
   EXPECT_THROW(cache.lend(4), MemoryError);
   EXPECT_TRUE(cache.resident(0, 3));
+}
+
+// Random batches against a plain LRU model of the cache: an empty slot first, else the least recently
+// used expert not held by the batch; every expert of a batch counts as used in the order named.
+TEST(ExpertCache, RandomBatchesFollowAnLruModel) {
+  const int64_t L = 2, E = 8;
+  const int32_t n_slots = 5;
+  Fixture fx(L, E, 256);
+  TraceBackend be;
+  auto src = make_mmap_source(fx.layout);
+  ExpertCache cache(be, fx.layout, src.get(), n_slots * fx.layout.slot_bytes);
+  std::vector<int64_t> lru;  // keys (layer * E + e), least recent first
+  uint64_t hits = 0, misses = 0;
+  std::mt19937 rng(3);
+  for (int step = 0; step < 400; ++step) {
+    const int64_t l = (int64_t)(rng() % L);
+    std::vector<int32_t> ids;
+    const size_t n = 1 + rng() % 3;
+    while (ids.size() < n) {
+      const int32_t e = (int32_t)(rng() % E);
+      if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+    }
+    std::vector<int64_t> held;
+    for (int32_t e : ids) {
+      const int64_t key = l * E + e;
+      auto it = std::find(lru.begin(), lru.end(), key);
+      if (it != lru.end()) {
+        ++hits;
+        lru.erase(it);
+      } else {
+        ++misses;
+        if ((int32_t)lru.size() == n_slots) {
+          auto victim = std::find_if(lru.begin(), lru.end(), [&](int64_t k) {
+            return std::find(held.begin(), held.end(), k) == held.end();
+          });
+          ASSERT_NE(victim, lru.end());
+          lru.erase(victim);
+        }
+      }
+      lru.push_back(key);
+      held.push_back(key);
+    }
+    ASSERT_EQ(cache.prepare(l, ids.data(), (int64_t)ids.size()), (int64_t)ids.size());
+    for (int32_t e : ids) ASSERT_EQ(cache.wait(l, e).gate[0], (uint8_t)(16 * l + e));
+    cache.release(l);
+    for (int64_t key = 0; key < L * E; ++key)
+      ASSERT_EQ(cache.resident(key / E, key % E), std::find(lru.begin(), lru.end(), key) != lru.end())
+          << "step " << step << " key " << key;
+  }
+  EXPECT_EQ(cache.stats().hits, hits);
+  EXPECT_EQ(cache.stats().misses, misses);
+  EXPECT_EQ(cache.stats().evictions, misses - (uint64_t)n_slots);
+}
+
+// Lending takes the least valuable run of unpinned slots (the least recently used residents), never
+// one over a pinned slot, and refuses when no run of unpinned slots is long enough.
+TEST(ExpertCache, LendTakesTheLeastRecentRunAndNeverAPinnedSlot) {
+  Fixture fx(1, 8, 256);
+  TraceBackend be;
+  auto src = make_mmap_source(fx.layout);
+  const int32_t n_slots = 8;
+  ExpertCache cache(be, fx.layout, src.get(), n_slots * fx.layout.slot_bytes);
+  const uint8_t* base = cache.wait_base_for_tests();
+  const size_t slot = fx.layout.slot_bytes;
+  for (int32_t e = 0; e < 8; ++e) {
+    ASSERT_EQ(cache.prepare(0, &e, 1), 1);  // empty slots in order: expert e in slot e
+    cache.release(0);
+  }
+  cache.pin(0, 2);
+  cache.pin(0, 6);  // runs of unpinned slots: 0-1, 3-5, 7
+  std::vector<int32_t> free_experts = {0, 1, 3, 4, 5, 7};
+  std::mt19937 rng(5);
+  for (int round = 0; round < 60; ++round) {
+    // Use every unpinned expert once, in a random order: slot recency ranks 1..6 (pinned slots: none).
+    std::shuffle(free_experts.begin(), free_experts.end(), rng);
+    std::vector<int64_t> rank(n_slots, -1);
+    for (size_t i = 0; i < free_experts.size(); ++i) {
+      const int32_t e = free_experts[i];
+      ASSERT_EQ(cache.prepare(0, &e, 1), 1);
+      cache.release(0);
+      rank[cache.slot_index()[e]] = (int64_t)i + 1;
+    }
+    ASSERT_EQ(cache.slot_index()[2], 2);
+    ASSERT_EQ(cache.slot_index()[6], 6);
+    const int32_t n = 1 + round % 3;
+    int32_t want = -1;
+    int64_t best = 0;
+    for (int32_t b = 0; b + n <= n_slots; ++b) {
+      int64_t cost = 0;
+      bool ok = true;
+      for (int32_t s = b; s < b + n; ++s) ok = ok && rank[s] > 0, cost += rank[s];
+      if (ok && (want < 0 || cost < best)) want = b, best = cost;
+    }
+    auto [region, bytes] = cache.lend(n);
+    ASSERT_EQ(bytes, (size_t)n * slot);
+    ASSERT_EQ(region, base + (size_t)want * slot) << "round " << round << " n " << n;
+    cache.give_back();
+    EXPECT_TRUE(cache.resident(0, 2) && cache.resident(0, 6));
+  }
+  EXPECT_THROW(cache.lend(4), MemoryError);
+  EXPECT_EQ(cache.stats().slots_lent, 0u);
 }

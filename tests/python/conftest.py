@@ -1,4 +1,11 @@
-"""Shared fixtures: synthetic GGUF models built once per session by strata.testing."""
+"""Shared fixtures: synthetic GGUF models built once per session by strata.testing.
+
+Every test model differs from the reader's fallbacks and from each other, so that a key read wrongly
+(or not at all) moves the logits: RoPE base (fallback 1e6, struct default 1e4), RMS epsilon (fallback
+1e-6; the values here are >= 5e-5, so 0, 1e-6 or 1e-5 instead change the logits by > 1e-5 relative),
+head_dim != hidden / heads (the key_length fallback), kv_heads != heads, top_k 2, 4 and 8, norm weights
+1 + N(0, 0.2), context_length 2048 (fallback 4096) and a chat template unlike the default ChatML.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +15,49 @@ import pytest
 
 from strata.testing import make_qwen3moe
 
-# Small shapes; K-quant and IQ types need 256-element rows, so those mixes use D = F = 256.
-SMALL = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, experts=8, top_k=2, expert_ffn=32, vocab=512)
-KQ = dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=32, experts=8, top_k=2, expert_ffn=256, vocab=512)
+# Not ChatML (strata.chat.DEFAULT_CHAT_TEMPLATE): chat() must render the file's own template. It uses
+# bos_token, so the tokenizer's BOS must reach the template too.
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] | upper + ': ' + message['content'] | trim + '<|im_end|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>ASSISTANT: ' }}{%- endif %}"
+)
 
-MIXES = {
-    "f32": (SMALL, {}),
-    "f16": (SMALL, {"embed": "F16", "attn": "F16", "router": "F16", "experts": "F16", "output": "F16"}),
-    "q8_0": (SMALL, {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q8_0", "output": "Q8_0"}),
-    "q4_k": (KQ, {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q4_K", "output": "Q8_0"}),
-    "q6_k": (KQ, {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q6_K", "output": "Q8_0"}),
-    "iq2_xs": (KQ, {"embed": "Q8_0", "attn": "Q8_0", "experts": "IQ2_XS", "output": "Q8_0"}),
+_COMMON = dict(layers=2, vocab=512, ctx=2048, norm_std=0.2, chat_template=CHAT_TEMPLATE)
+# Small shapes; K-quant and IQ types need 256-element rows, so those mixes use D = F = 256.
+SHAPES = {
+    # head_dim 24 (hidden / heads = 16), top_k 4
+    "f32": dict(hidden=64, heads=4, kv_heads=2, head_dim=24, experts=8, top_k=4, expert_ffn=32,
+                rope_theta=2.5e4, rms_eps=1e-4),
+    # one kv head, head_dim 32 (hidden / heads = 16), top_k 2
+    "f16": dict(hidden=64, heads=4, kv_heads=1, head_dim=32, experts=8, top_k=2, expert_ffn=32,
+                rope_theta=5e5, rms_eps=5e-5),
+    # no GQA, head_dim 48 (hidden / heads = 32), 16 experts top_k 8
+    "q8_0": dict(hidden=64, heads=2, kv_heads=2, head_dim=48, experts=16, top_k=8, expert_ffn=32,
+                 rope_theta=1e5, rms_eps=2e-4),
+    # head_dim 32 (hidden / heads = 64), top_k 4
+    "q4_k": dict(hidden=256, heads=4, kv_heads=2, head_dim=32, experts=8, top_k=4, expert_ffn=256,
+                 rope_theta=2.5e4, rms_eps=5e-5),
+    # 8 heads of 16 (hidden / heads = 32), 12 experts top_k 8
+    "q6_k": dict(hidden=256, heads=8, kv_heads=2, head_dim=16, experts=12, top_k=8, expert_ffn=256,
+                 rope_theta=5e5, rms_eps=1e-4),
+    # head_dim 48 (hidden / heads = 64), top_k 2
+    "iq2_xs": dict(hidden=256, heads=4, kv_heads=2, head_dim=48, experts=8, top_k=2, expert_ffn=256,
+                   rope_theta=1e5, rms_eps=2e-4),
 }
+_DENSE_Q8 = {"embed": "Q8_0", "attn": "Q8_0", "output": "Q8_0"}
+MIXES = {
+    "f32": ({**_COMMON, **SHAPES["f32"]}, {}),
+    "f16": ({**_COMMON, **SHAPES["f16"]},
+            {"embed": "F16", "attn": "F16", "router": "F16", "experts": "F16", "output": "F16"}),
+    "q8_0": ({**_COMMON, **SHAPES["q8_0"]}, {**_DENSE_Q8, "experts": "Q8_0"}),
+    "q4_k": ({**_COMMON, **SHAPES["q4_k"]}, {**_DENSE_Q8, "experts": "Q4_K"}),
+    "q6_k": ({**_COMMON, **SHAPES["q6_k"]}, {**_DENSE_Q8, "experts": "Q6_K"}),
+    "iq2_xs": ({**_COMMON, **SHAPES["iq2_xs"]}, {**_DENSE_Q8, "experts": "IQ2_XS"}),
+}
+SEED = 11
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +73,7 @@ def make_mix(model_dir):
         if mix not in cache:
             shape, quant = MIXES[mix]
             path = os.path.join(model_dir, f"{mix}.gguf")
-            make_qwen3moe(path, **shape, quant=quant, seed=11)
+            make_qwen3moe(path, **shape, quant=quant, seed=SEED)
             cache[mix] = path
         return cache[mix]
 

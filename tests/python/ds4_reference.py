@@ -75,8 +75,38 @@ def _tensors(path: str) -> dict[str, np.ndarray]:
     return out
 
 
-def hf_model(path: str):
-    """DeepseekV4ForCausalLM (float32, eval) with the GGUF's weights."""
+def _q8_0_round_trip(x):
+    """x (rows of whole 32-blocks) through gguf's Q8_0 quantize and dequantize, as float32."""
+    import torch
+
+    Q8 = gguf.GGMLQuantizationType.Q8_0
+    a = x.detach().numpy().astype(np.float32)
+    back = gguf.quants.dequantize(gguf.quants.quantize(a, Q8), Q8)
+    return torch.from_numpy(back.reshape(a.shape).astype(np.float32))
+
+
+def _experts_with_q8_0_inputs(self, hidden_states, top_k_index, top_k_weights):
+    """DeepseekV4Experts.forward with the routed experts' input rows and the down projection's input
+    quantized to q8_0, where strata's MMQ layout quantizes them (the shared expert stays float)."""
+    import torch
+
+    F = torch.nn.functional
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.num_experts):
+        k_pos, rows = torch.where((top_k_index == e).T)
+        if rows.numel() == 0:
+            continue
+        h = self._apply_gate(F.linear(_q8_0_round_trip(hidden_states[rows]), self.gate_up_proj[e]))
+        y = F.linear(_q8_0_round_trip(h), self.down_proj[e])
+        out.index_add_(0, rows, y * top_k_weights[rows, k_pos, None])
+    return out
+
+
+def hf_model(path: str, q8_experts: bool = False):
+    """DeepseekV4ForCausalLM (float32, eval) with the GGUF's weights; with q8_experts, the routed
+    experts' inputs go through q8_0 as in strata's MMQ layout."""
+    import types
+
     import torch
     import transformers
 
@@ -138,4 +168,7 @@ def hf_model(path: str):
             want = own[k]
             t = torch.from_numpy(np.ascontiguousarray(v)).to(want.dtype).reshape(want.shape)
             want.copy_(t)
+    if q8_experts:
+        for layer in model.model.layers:
+            layer.mlp.experts.forward = types.MethodType(_experts_with_q8_0_inputs, layer.mlp.experts)
     return model

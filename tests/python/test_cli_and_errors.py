@@ -49,6 +49,52 @@ def test_generate_chat_and_stop(f16_model, tmp_path):
     assert r.exit_code == 2 and "--system needs --chat" in r.stderr
 
 
+def test_generate_stop_strings(f16_model):
+    """--stop (repeatable) ends the streamed text before the first stop string that appears."""
+    args = ["generate", f16_model, "-p", "Once upon a time", "-n", "24", "--temp", "0"]
+    full = run(*args)
+    assert full.exit_code == 0, full.output
+    text = full.output[:-1]  # the newline the command ends with
+    assert len(text) > 8
+    stop = text[4:7]
+    cut = text[: text.find(stop)]
+    for extra in (["--stop", stop], ["--stop", "\x00never", "--stop", stop], ["--stop", text[6:9], "--stop", stop]):
+        r = run(*args, *extra)
+        assert r.exit_code == 0, r.output
+        want = text[: min(text.find(s) for s in extra[1::2] if s in text)]
+        assert r.output == want + "\n", (extra, r.output)
+    assert run(*args, "--stop", stop).output == cut + "\n"
+    r = run(*args, "--stop", "\x00never")
+    assert r.output == full.output
+
+
+def test_generate_flags_reach_the_model(f16_model):
+    """--system goes before the user's message, and every sampling flag reaches the sampler: the CLI
+    prints what Model.chat / Model.generate give for the same options (and other options give other text)."""
+    m = strata.Model(f16_model, progress=False)
+    system, user = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}
+    want = m.chat([system, user], max_tokens=8, temperature=0).text
+    assert want != m.chat([user, system], max_tokens=8, temperature=0).text
+    r = run("generate", f16_model, "-p", "hi", "--system", "Be brief.", "--chat", "-n", "8", "--temp", "0")
+    assert r.exit_code == 0 and r.output == want + "\n", r.output
+    prompt = "Once upon a time"
+    cases = [
+        (["--temp", "0", "--repeat-penalty", "3"], dict(temperature=0, repetition_penalty=3.0)),
+        (["--temp", "1.5", "--top-k", "5", "--top-p", "0.9", "--min-p", "0.1", "--seed", "4"],
+         dict(temperature=1.5, top_k=5, top_p=0.9, min_p=0.1, seed=4)),
+    ]
+    for args, kw in cases:
+        want = m.generate(prompt, max_tokens=12, **kw).text
+        r = run("generate", f16_model, "-p", prompt, "-n", "12", *args)
+        assert r.exit_code == 0 and r.output == want + "\n", (args, r.output, want)
+    texts = {m.generate(prompt, max_tokens=12, seed=4, **kw).text
+             for kw in ({}, dict(temperature=1.5), dict(temperature=1.5, top_k=5), dict(temperature=1.5, top_p=0.5),
+                        dict(temperature=1.5, min_p=0.3))}
+    assert len(texts) == 5  # each option changes the text, so the comparisons above see each one
+    assert m.generate(prompt, max_tokens=12, temperature=0, repetition_penalty=3.0).text != m.generate(
+        prompt, max_tokens=12, temperature=0).text
+
+
 def test_info_table_and_json(f16_model):
     r = run("info", f16_model)
     assert r.exit_code == 0, r.output

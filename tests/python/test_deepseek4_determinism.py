@@ -128,6 +128,19 @@ class _Patched:
         (None, None, "blk.2.attn_compressor_ape.weight", strata.FormatError,
          "tensor 'blk.2.attn_compressor_ape.weight' is missing"),
         (None, None, "blk.1.ffn_gate_tid2eid.weight", strata.FormatError, "ffn_gate_tid2eid.weight' is missing"),
+        # Every number is bounded before anything is derived from it (model/spec.h, limits).
+        ("deepseek4.block_count", 2**31, None, strata.FormatError, "block_count' = 2147483648 is out of range"),
+        ("deepseek4.embedding_length", 2**30, None, strata.FormatError,
+         "embedding_length' = 1073741824 is out of range"),
+        ("deepseek4.hyper_connection.count", 1000, None, strata.FormatError,
+         "hyper_connection.count' = 1000 is out of range"),
+        ("deepseek4.attention.indexer.top_k", 2**31, None, strata.FormatError, "top_k' = 2147483648 is out of range"),
+        ("deepseek4.expert_feed_forward_length", 2**31, None, strata.FormatError,
+         r"expert_feed_forward_length'\[0\] = .* is out of range"),
+        ("deepseek4.swiglu_clamp_exp", [float("nan")] * 4, None, strata.FormatError,
+         r"swiglu_clamp_exp'\[0\] = nan is out of range"),
+        ("deepseek4.hyper_connection.epsilon", float("inf"), None, strata.FormatError,
+         "hyper_connection.epsilon' = inf is out of range"),
     ],
 )
 def test_bad_files_give_one_line_errors(ds4_dir, monkeypatch, key, value, drop, exc, match):
@@ -138,3 +151,53 @@ def test_bad_files_give_one_line_errors(ds4_dir, monkeypatch, key, value, drop, 
     with pytest.raises(exc, match=match) as e:
         strata.ModelInfo(path)
     assert "\n" not in str(e.value)
+
+
+def test_hash_table_naming_a_missing_expert_fails_the_load(ds4_dir, monkeypatch):
+    """The hash table's ids index the router's scores and the expert cache: one past expert_count is a
+    one-line FormatError at load, before any pass reads it."""
+    import strata.testing.deepseek4 as ds4
+
+    generate = ds4._generate
+
+    def bad(t, seed, n_experts):
+        for chunk in generate(t, seed, n_experts):
+            if t.name == "blk.1.ffn_gate_tid2eid.weight":
+                ids = chunk.view(np.int32).copy()
+                ids[7 * t.shape[-1] + 1] = n_experts  # token 7, k = 1
+                chunk = ids.view(np.uint8)
+            yield chunk
+
+    monkeypatch.setattr(ds4, "_generate", bad)
+    path = os.path.join(ds4_dir, "bad_hash.gguf")
+    make_deepseek4(path)
+    monkeypatch.undo()
+    strata.ModelInfo(path)  # the header is sound
+    with pytest.raises(strata.FormatError, match=r"'blk.1.ffn_gate_tid2eid.weight' routes token 7 to expert 8, "
+                       r"outside \[0, 8\)") as e:
+        build(path)
+    assert "\n" not in str(e.value)
+
+
+def test_reused_kv_cache_only_when_it_holds_the_whole_beginning(ds4_dir):
+    """The window and compressor rings hold the state after the cache's last position only: a prompt that
+    shares a shorter beginning with the last generation runs in full, one that extends it keeps it, and
+    both give a fresh model's tokens."""
+    path = os.path.join(ds4_dir, "reuse.gguf")
+    make_deepseek4(path, seed=5)
+    m, fresh = build(path), build(path)
+    rng = np.random.default_rng(8)
+    a = [int(x) for x in rng.integers(1, 500, 40)]
+    first = m.generate(a, max_tokens=1, temperature=0, reuse_kv=True)
+    assert first.stats["prompt_reused"] == 0
+    # The same 30 tokens, then others: past the 8-position window the ring holds positions 32-39.
+    b = a[:30] + [int(x) for x in rng.integers(1, 500, 12)]
+    out = m.generate(b, max_tokens=8, temperature=0, reuse_kv=True)
+    assert out.stats["prompt_reused"] == 0
+    assert out.tokens == fresh.generate(b, max_tokens=8, temperature=0).tokens
+    # Extending everything the cache holds (b and the tokens fed since) keeps all of it.
+    c = b + out.tokens + [int(x) for x in rng.integers(1, 500, 5)]
+    held = len(b) + len(out.tokens) - 1  # the last sampled token was never fed
+    ext = m.generate(c, max_tokens=8, temperature=0, reuse_kv=True)
+    assert ext.stats["prompt_reused"] == held
+    assert ext.tokens == fresh.generate(c, max_tokens=8, temperature=0).tokens

@@ -40,10 +40,14 @@ if not _has_gpu():
 HF = np.load(HF_OUT)
 PROMPT = [int(x) for x in HF["prompt"]]
 
-# Measured on the H200 (bench/NOTES.md): set at ~10x.
-F32_KV_VS_CPU = 1e-5
-F16_KV_VS_CPU = 1e-2
-VS_HF = {"f32": 1e-5, "f16": 1e-2}
+# Measured on the H200 (every mix, fused layout, 40-token prompt): f32 KV 2.5e-7 .. 4.3e-7 from the
+# CPU and 4.1e-7 .. 4.7e-7 from transformers; f16 KV 1.7e-4 .. 2.3e-4 from both. Bounds ~10x.
+F32_KV_VS_CPU = 5e-6
+F16_KV_VS_CPU = 2e-3
+# The MMQ layout: the same q8_0 rule on both backends, so float experts land at ~3e-7 as above; with
+# integer kernels an activation that float32 rounding puts on the other side of a q8_0 rounding
+# boundary moves by one quantum (measured 2.0e-4 on q6_k, 2.4e-7 .. 3.0e-7 on the others).
+MMQ_VS_CPU = 2e-3
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +97,7 @@ def test_gpu_mmq_layout_matches_cpu_mmq(mix_path, mix):
     out = gpu(path, expert_cache="all", prefill=16, kv_type="f32").logits(PROMPT)
     e = rel(out, cpu)
     print(f"{mix} MMQ: vs cpu {e:.2e}")
-    assert e <= 1e-3 if mix not in ("f32", "f16") else e <= F32_KV_VS_CPU
+    assert e <= (MMQ_VS_CPU if mix not in ("f32", "f16") else F32_KV_VS_CPU)
 
 
 @pytest.mark.parametrize("mix", ["f32", "f16"])
@@ -111,7 +115,7 @@ def test_gpu_logits_do_not_depend_on_memory(mix_path):
     slot = probe.spec["slot_bytes"]
     ref_out = None
     for unfused, prefill, source in itertools.product((False, True), (7, 64, 40), ("host", "mmap")):
-        region = probe.info.layout(min(prefill, 64), True)["slots"]
+        region = strata.ModelInfo(path, gr_unfused=unfused).layout(min(prefill, 64), True)["slots"]
         for cache in (f"{(region + 1) * slot}b", 64):
             m = gpu(path, expert_cache=cache, prefill=prefill, source=source, gr_unfused=unfused, kv_type="f16")
             out = m.logits(PROMPT)

@@ -122,3 +122,16 @@ def test_one_writer_path_and_determinism(tmp_path, monkeypatch):
     c = make_preset("tiny", tmp_path / "c.gguf", seed=1)
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
+
+
+def test_norm_spread_and_chat_template(tmp_path):
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
+    make_qwen3moe(tmp_path / "a.gguf", norm_std=0.3, chat_template=template)
+    make_qwen3moe(tmp_path / "b.gguf")
+    a, b = gguf.GGUFReader(tmp_path / "a.gguf"), gguf.GGUFReader(tmp_path / "b.gguf")
+    assert a.fields["tokenizer.chat_template"].contents() == template
+    assert b.fields["tokenizer.chat_template"].contents().startswith("{%- for message in messages %}")
+    norm = {t.name: np.asarray(t.data) for t in a.tensors}["blk.0.attn_norm.weight"]
+    assert norm.std() == pytest.approx(0.3, rel=0.3) and norm.mean() == pytest.approx(1.0, abs=0.15)
+    with pytest.raises(ValueError, match="norm_std"):
+        make_qwen3moe(tmp_path / "c.gguf", norm_std=1.5)

@@ -9,14 +9,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-import regex
 import transformers
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
 import strata
 from strata.chat import DEFAULT_CHAT_TEMPLATE, render_chat
-from strata.tokenizer import PRE_TOKENIZER_SPLITS, StreamDecoder, bytes_to_unicode
+from strata.tokenizer import StreamDecoder, bytes_to_unicode
 from strata.tokenizer import Tokenizer as StrataTokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -243,38 +242,62 @@ def test_deepseek_v3_splits(vocab) -> None:
     assert pieces("x.foo(bar)") == ["x", ".foo", "(bar", ")"]
     assert pieces("a  b\n\n c") == ["a", " ", " b", "\n\n", " c"]
     assert pieces("e\u0301t\u00e9") == ["e\u0301t\u00e9"]
-    for text in TEXTS:
-        assert pieces(text) == regex_split(text, PRE_TOKENIZER_SPLITS["deepseek-v3"]), text
 
 
-def regex_split(text: str, exprs: tuple[str, ...]) -> list[str]:
-    """llama.cpp's unicode_regex_split: each regex cuts every piece into its matches and the gaps between."""
-    parts = [text] if text else []
-    for expr in exprs:
-        out = []
-        for part in parts:
-            pos = 0
-            for m in regex.finditer(expr, part):
-                out += [s for s in (part[pos : m.start()], m.group()) if s]
-                pos = m.end()
-            out += [part[pos:]] if part[pos:] else []
-        parts = out
-    return parts
+LLAMACPP = Path(__file__).parent / "data" / "llamacpp"  # llama.cpp's own vectors; see its README.md
 
 
-def test_default_pre_splits_like_llama_cpp(vocab) -> None:
+def pre_pieces(pre_tokenizer, text: str) -> list[str]:
+    """The pre-tokenizer's pieces of `text`, as text (not in the byte-level spelling)."""
+    decode = {c: b for b, c in bytes_to_unicode().items()}
+    return [bytes(decode[c] for c in p).decode() for p, _ in pre_tokenizer.pre_tokenize_str(text)]
+
+
+def splits_cases() -> list[tuple[str, str, list[str]]]:
+    data = json.loads((LLAMACPP / "splits.json").read_text(encoding="utf-8"))
+    return [(pre, text, want) for pre, cases in data["splits"].items() for text, want in cases]
+
+
+@pytest.mark.parametrize("pre", ["default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-v3"])
+def test_pre_tokenizer_splits_like_llama_cpp(vocab, pre: str) -> None:
+    """Every supported tokenizer.ggml.pre splits text into the pieces llama.cpp's unicode_regex_split
+    gives (data/llamacpp/splits.json, computed by llama.cpp itself, not from strata's regex lists)."""
+    tokens, merges = vocab
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.merges": merges, "tokenizer.ggml.add_bos_token": False}
+    pt = StrataTokenizer.from_metadata(md).backend.pre_tokenizer
+    cases = [(text, want) for p, text, want in splits_cases() if p == pre]
+    assert len(cases) > 50
+    for text, want in cases:
+        assert pre_pieces(pt, text) == want, text
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2", "qwen35"])
+def test_ids_match_llama_cpp_test_vectors(pre: str) -> None:
+    """llama.cpp's test-tokenizer-0 vectors (ggml-vocab-<pre>.gguf.inp/.out) on a reduced vocabulary
+    that tokenizes those texts exactly as the full one (data/llamacpp/README.md)."""
+    v = json.loads((LLAMACPP / f"vocab-{pre}.json").read_text(encoding="utf-8"))
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": v["pre"], "tokenizer.ggml.tokens": v["tokens"],
+          "tokenizer.ggml.merges": v["merges"], "tokenizer.ggml.add_bos_token": False}
+    tok = StrataTokenizer.from_metadata(md)
+    assert len(v["cases"]) > 40
+    for text, ids in v["cases"]:
+        assert tok.encode(text, add_special=False) == ids, text
+        assert tok.decode(ids) == text
+
+
+def test_default_pre_splits_by_hand(vocab) -> None:
+    """The default pre-tokenizer (no tokenizer.ggml.pre), on splits written out by hand from llama.cpp's
+    rules: punctuation runs apart first (the apostrophe too), then GPT-2's split, then digits apart from
+    the rest and cut in threes from the left."""
     tokens, merges = vocab
     md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges}
-    ours = StrataTokenizer.from_metadata(md)
-    spelled = {b: c for b, c in bytes_to_unicode().items()}
-    for text in TEXTS:
-        expected = [
-            "".join(spelled[b] for b in p.encode())
-            for p in regex_split(text, PRE_TOKENIZER_SPLITS["default"])
-        ]
-        got = [p for p, _ in ours.backend.pre_tokenizer.pre_tokenize_str(text)]
-        assert got == expected, text
-    assert regex_split("x1234567", PRE_TOKENIZER_SPLITS["default"]) == ["x", "123", "456", "7"]
+    pt = StrataTokenizer.from_metadata(md).backend.pre_tokenizer
+    assert pre_pieces(pt, "x1234567") == ["x", "123", "456", "7"]
+    assert pre_pieces(pt, "Hello, world!") == ["Hello", ",", " world", "!"]
+    assert pre_pieces(pt, "it's") == ["it", "'", "s"]
+    assert pre_pieces(pt, "a  b") == ["a", " ", " b"]
+    assert pre_pieces(pt, "$100 + 5") == ["$", "100", " ", "+", " ", "5"]
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -35,6 +35,10 @@ void host_memory(size_t* avail, size_t* total) {
   std::fclose(f);
 }
 
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
@@ -42,6 +46,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   std::string describe() const override { return str("cpu, ", pool_.size(), " threads"); }
   int threads() const override { return pool_.size(); }
+  void set_interrupt(const std::atomic<bool>* flag) override { pool_.set_interrupt(flag); }
 
   // Device and pinned memory are both aligned host memory; the count makes leaks testable.
   void* alloc(size_t bytes, const char* what) override {
@@ -57,22 +62,30 @@ class CpuBackend final : public Backend {
   void* alloc_pinned(size_t bytes, const char* what) override { return alloc(bytes, what); }
   void free_pinned(void* p) override { free(p); }
   size_t live_allocations() const override { return live_.load(); }
-  void memory_info(size_t* free_bytes, size_t* total_bytes) const override { host_memory(free_bytes, total_bytes); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const override {
+    host_memory(free_bytes, total_bytes);
+  }
   bool host_is_device() const override { return true; }
+  bool has_ds4_ops() const override { return true; }
   // The CPU reads host memory where it is: there is nothing to register.
   bool register_host(const void*, size_t) override { return false; }
   void unregister_host(const void*) override {}
 
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  // Zero-byte copies may come with null pointers (an empty guard tail), which memcpy may not see.
+  void upload(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   // One thread of control: a queued copy is done by the time the call returns, and every event
   // is complete when recorded.
-  void upload_async(void* dst, const void* src, size_t bytes, Stream) override { std::memcpy(dst, src, bytes); }
+  void upload_async(void* dst, const void* src, size_t bytes, Stream) override {
+    copy_bytes(dst, src, bytes);
+  }
   DeviceBuffer resident(const void* host, size_t bytes, const char*) override {
     return DeviceBuffer::borrow(host, bytes);
   }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-  void fill(void* p, uint8_t value, size_t bytes) override { std::memset(p, value, bytes); }
+  void zero(void* p, size_t bytes) override { fill(p, 0, bytes); }
+  void fill(void* p, uint8_t value, size_t bytes) override {
+    if (bytes) std::memset(p, value, bytes);
+  }
 
   EventId event_create() override { return ++next_event_; }
   void event_destroy(EventId) override {}
@@ -82,7 +95,8 @@ class CpuBackend final : public Backend {
   void event_sync(EventId) override {}
   void sync() override {}
 
-  void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) override {
+  void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T,
+             float* out) override {
     const QuantTraits& q = quant_traits(type, "token embedding");
     const size_t rb = row_bytes(q.type, D);
     pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
@@ -102,8 +116,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows, int64_t div,
-                  int64_t n, float* out) override {
+  void apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                  int64_t div, int64_t n, float* out) override {
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t s = rows ? rows[i] / div : i;
@@ -117,12 +131,13 @@ class CpuBackend final : public Backend {
 
   void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) override {
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) std::memcpy(out + i * D, x + (int64_t)(rows[i] / div) * D, D * sizeof(float));
+      for (int64_t i = b; i < e; ++i)
+        std::memcpy(out + i * D, x + (int64_t)(rows[i] / div) * D, D * sizeof(float));
     });
   }
 
-  void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows, int64_t div,
-                     int64_t n, uint8_t* out, size_t out_row_bytes) override {
+  void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                     int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes) override {
     pool_.parallel_for(n, 4, [&](int64_t b, int64_t e, int) {
       std::vector<float> tmp(grs ? D : 0);
       for (int64_t i = b; i < e; ++i) {
@@ -137,10 +152,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, size_t xrow_bytes,
-                 int64_t T, float* Y, int64_t ldy) override {
-    strata::matmul_q8(quant_traits(type, "matmul_q8 weight").type, W, rows, cols, Xq, (int64_t)xrow_bytes, T, Y, ldy,
-                      pool_);
+  void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+                 size_t xrow_bytes, int64_t T, float* Y, int64_t ldy) override {
+    strata::matmul_q8(quant_traits(type, "matmul_q8 weight").type, W, rows, cols, Xq, (int64_t)xrow_bytes, T,
+                      Y, ldy, pool_);
   }
 
   void dequant_rows(uint32_t type, const void* src, size_t src_row_bytes, int64_t D, int64_t n,
@@ -152,15 +167,15 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
 
-  void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx, int64_t T,
-              float* Y, int64_t ldy) override {
+  void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
+              int64_t T, float* Y, int64_t ldy) override {
     strata::matmul(quant_traits(type, "matmul weight").type, W, rows, cols, X, ldx, T, Y, ldy, pool_);
   }
 
-  void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
-                      const RopeParams& rope) override {
+  void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps,
+                      int64_t pos0, const RopeParams& rope) override {
     STRATA_CHECK(rope.neox && rope.n_dims % 2 == 0 && rope.n_dims <= hd, UnsupportedError,
                  "head_norm_rope: only NEOX rotation of an even number of dims <= head_dim is implemented");
     const int64_t half = rope.n_dims / 2;
@@ -190,14 +205,16 @@ class CpuBackend final : public Backend {
 
   bool supports_kv(KvType t) const override { return t == KvType::F32; }
   void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) override {
-    STRATA_CHECK(t == KvType::F32, UnsupportedError, "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    STRATA_CHECK(t == KvType::F32, UnsupportedError,
+                 "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
     std::memcpy(static_cast<float*>(cache) + pos0 * width, src, (size_t)T * width * sizeof(float));
   }
   void attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0, int64_t H,
                  int64_t KV, int64_t hd, float scale, float* out) override {
-    STRATA_CHECK(t == KvType::F32, UnsupportedError, "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
-    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale, out,
-                  pool_);
+    STRATA_CHECK(t == KvType::F32, UnsupportedError,
+                 "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale,
+                  out, pool_);
   }
 
   void add(float* x, const float* y, int64_t n) override {
@@ -230,7 +247,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off, int32_t* rows) override {
+  void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off,
+                       int32_t* rows) override {
     std::fill(off, off + E + 1, 0);
     for (int64_t i = 0; i < T * K; ++i) off[ids[i] + 1]++;
     for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
@@ -264,16 +282,18 @@ class CpuBackend final : public Backend {
   }
 
   // DeepSeek V4's ops: backend/cpu/ds4_ops.h.
-  void apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC, const int32_t* rows,
-                     int64_t div, int64_t n, float* out) override {
+  void apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                     const int32_t* rows, int64_t div, int64_t n, float* out) override {
     cpu_apply_norm_hc(x, grs, w, D, HC, rows, div, n, out, pool_);
   }
-  void quantize_q8_0_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC, const int32_t* rows,
-                        int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes) override {
+  void quantize_q8_0_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                        const int32_t* rows, int64_t div, int64_t n, uint8_t* out,
+                        size_t out_row_bytes) override {
     cpu_quantize_q8_0_hc(x, grs, w, D, HC, rows, div, n, out, out_row_bytes, pool_);
   }
-  void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps, const float* scale,
-              const float* base, float hc_eps, int64_t iters, float* grs, float* post, float* comb) override {
+  void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
+              const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
+              float* comb) override {
     cpu_hc_pre(mix, x, T, HC, D, eps, scale, base, hc_eps, iters, grs, post, comb, pool_);
   }
   void hc_post(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
@@ -290,7 +310,8 @@ class CpuBackend final : public Backend {
                  float mscale, int64_t pos0, int64_t pos_step, bool inverse) override {
     cpu_rope_tail(x, rows, n_heads, hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse, pool_);
   }
-  void ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T, const float* src) override {
+  void ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T,
+                  const float* src) override {
     cpu_ring_store(ring, slots, width, pos0, T, src);
   }
   void compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
@@ -299,16 +320,18 @@ class CpuBackend final : public Backend {
     cpu_compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out, pool_);
   }
   void attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
-                      int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T, int64_t pos0,
-                      int64_t H, int64_t hd, float scale, float* out) override {
+                      int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
+                      int64_t pos0, int64_t H, int64_t hd, float scale, float* out) override {
     cpu_attention_sink(q, kv, win, window, comp, ratio, sel, topk, sinks, T, pos0, H, hd, scale, out, pool_);
   }
-  void indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0, int64_t n_heads,
-                    int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel) override {
+  void indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
+                    int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale,
+                    int32_t* sel) override {
     cpu_indexer_topk(q, w, keys, T, pos0, n_heads, dim, ratio, topk, scale, sel, pool_);
   }
-  void router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias, const int32_t* table,
-                 const int32_t* tokens, bool norm, float scale, int32_t* ids, float* weights) override {
+  void router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
+                 const int32_t* table, const int32_t* tokens, bool norm, float scale, int32_t* ids,
+                 float* weights) override {
     cpu_router_v4(logits, T, E, K, bias, table, tokens, norm, scale, ids, weights, pool_);
   }
   void swiglu_clamp(float* g, const float* u, int64_t n, float limit) override {

@@ -72,15 +72,18 @@ def make_qwen3moe(
     ctx: int = 4096,
     rope_theta: float = 1e6,
     rms_eps: float = 1e-6,
+    norm_std: float = 0.05,
+    chat_template: str | None = None,
     quant: dict[str, str] | None = None,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> Path:
     """Write a `qwen3moe` GGUF with llama.cpp's tensor names, random weights and a real BPE tokenizer.
 
-    Weights are normal (std 1/sqrt(fan_in), embeddings std 1, norms 1 + N(0, 0.05)), so activations stay
-    O(1) through the layers; quantized tensors are random valid blocks of the same scale
+    Weights are normal (std 1/sqrt(fan_in), embeddings std 1, norms 1 + N(0, norm_std)), so activations
+    stay O(1) through the layers; quantized tensors are random valid blocks of the same scale
     (`quant.random_blocks`). `quant` maps roles (ROLES) to types (quant.QTYPES); unnamed roles are F32.
+    `chat_template` is stored as tokenizer.chat_template (default: ChatML, `tokenizer.CHAT_TEMPLATE`).
     Each tensor depends only on `seed` and its name. Written streaming, in bounded memory;
     `progress(done, total)` is called with tensor-data bytes. Returns the path.
     """
@@ -92,9 +95,11 @@ def make_qwen3moe(
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
     if top_k > experts:
         raise ValueError(f"top_k ({top_k}) must not exceed experts ({experts})")
+    if not 0 <= norm_std < 1:
+        raise ValueError(f"norm_std ({norm_std}) must be in [0, 1): norm weights are 1 + N(0, norm_std)")
     types = _resolve_quant(quant)
     voc = tok.vocab(vocab)
-    tensors = _plan(types, layers, hidden, heads, kv_heads, head_dim, experts, expert_ffn, vocab)
+    tensors = _plan(types, layers, hidden, heads, kv_heads, head_dim, experts, expert_ffn, vocab, norm_std)
 
     w = gguf.GGUFWriter(path, "qwen3moe")
     w.add_name(f"strata synthetic qwen3moe L{layers} D{hidden} E{experts}")
@@ -122,7 +127,7 @@ def make_qwen3moe(
     w.add_eos_token_id(voc.eos_id)
     w.add_pad_token_id(voc.pad_id)
     w.add_add_bos_token(False)
-    w.add_chat_template(tok.CHAT_TEMPLATE)
+    w.add_chat_template(tok.CHAT_TEMPLATE if chat_template is None else chat_template)
     for t in tensors:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=gguf.GGMLQuantizationType[t.qtype])
 
@@ -174,7 +179,7 @@ def _resolve_quant(quant: dict[str, str] | None) -> dict[str, str]:
 
 
 def _plan(types: dict[str, str], layers: int, D: int, H: int, KV: int, hd: int, E: int, F: int,
-          V: int) -> list[_Tensor]:
+          V: int, norm: float) -> list[_Tensor]:
     """Every tensor of the file in writing order, checked against its type's block size."""
 
     def t(name: str, shape: tuple[int, ...], role: str, std: float) -> _Tensor:
@@ -186,7 +191,6 @@ def _plan(types: dict[str, str], layers: int, D: int, H: int, KV: int, hd: int, 
                 f"choose another type or a dimension that is a multiple of {bs}")
         return _Tensor(name, shape, role, qtype, std)
 
-    norm = 0.05
     out = [t("token_embd.weight", (V, D), "embed", 1.0)]
     for i in range(layers):
         b = f"blk.{i}."
