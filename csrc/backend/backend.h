@@ -31,6 +31,59 @@ enum class Stream { Compute = 0, Copy = 1 };
 
 // An opaque event handle of one backend; 0 is "no event". Events are owned by `Event` (below).
 using EventId = uint64_t;
+// An opaque handle of a recorded graph of work (see capture_begin); 0 is "no graph".
+using GraphId = uint64_t;
+
+// What the model is running: the kernels a matmul uses are chosen per phase, never by the number of
+// tokens, so no logit depends on how a prompt was cut into chunks (invariant 4). Any: by the shape
+// (the op tests; a backend with one kernel family ignores the phase).
+enum class Phase { Any = 0, Prompt = 1, Decode = 2 };
+
+// Where one layer's routed experts lie in device memory, for the ops that find them by id without
+// the host: either every expert at a fixed stride from the layer's tensors (all resident), or in
+// cache slots found through the slot table (-1: not resident). m = 0, 1, 2: gate, up, down.
+struct ExpertTable {
+  const uint8_t* base[3] = {nullptr, nullptr,
+                            nullptr};  // resident: expert e's matrix m at base[m] + e * stride[m]
+  size_t stride[3] = {0, 0, 0};
+  const int32_t* slots = nullptr;  // cached: this layer's row of the slot table (E entries)
+  const uint8_t* arena = nullptr;  // the first slot
+  size_t slot_bytes = 0;
+  size_t off[3] = {0, 0, 0};  // matrix m at arena + slot * slot_bytes + off[m]
+  int64_t E = 0;
+};
+// The decode step's cache resolution on the device (design (b) of bench/NOTES.md): the state the
+// host's ExpertCache keeps (slot table, slot -> key, LRU ticks) mirrored in device memory, and
+// where each missing expert's bytes are in page-locked host memory the device reads directly.
+struct ExpertResolve {
+  int64_t layer = 0, E = 0, n_slots = 0;
+  const int32_t* ids = nullptr;  // the experts ids[order[i]], i < n, in ascending id
+  const int32_t* order = nullptr;
+  int64_t n = 0;
+  int32_t* table = nullptr;         // (layer * E + e) -> slot or -1, every layer
+  int32_t* key = nullptr;           // slot -> layer * E + e or -1
+  uint64_t* last = nullptr;         // slot -> LRU tick of its last use (0: empty)
+  uint64_t* tick = nullptr;         // the LRU clock
+  uint8_t* held = nullptr;          // slot -> held by this call; all zero between calls
+  const uint8_t* pinned = nullptr;  // slot -> never a victim
+  uint64_t* counters = nullptr;     // hits, misses, bytes streamed, evictions, failures (kResolveCounters)
+  int32_t* jobs = nullptr;          // scratch: the count, then (slot, expert) per miss; 1 + 2 n ints
+  uint8_t* arena = nullptr;         // the first slot
+  size_t slot_bytes = 0;
+  // Expert e of the layer is segments m < 3 of bytes[m] at src[m] + e * src_stride[m] (device views
+  // of page-locked host memory), each to offset off[m] of its slot; layer_bytes counted per miss.
+  const uint8_t* src[3] = {nullptr, nullptr, nullptr};
+  size_t src_stride[3] = {0, 0, 0}, bytes[3] = {0, 0, 0}, off[3] = {0, 0, 0};
+  size_t layer_bytes = 0;
+};
+constexpr int kResolveCounters = 5;
+// The plain sequential resolve_experts over memory the host reads (the CPU backend's, and the
+// reference of the op tests); copy moves a miss's segments.
+void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const void*, size_t));
+
+// Expert e's matrix m through a table whose memory the caller can read (host memory: the CPU's),
+// or null when the expert is not resident.
+const uint8_t* expert_matrix(const ExpertTable& t, int m, int64_t e);
 
 class Backend {
  public:
@@ -43,6 +96,13 @@ class Backend {
   // work: a long CPU op ends within a second of a Ctrl-C. A backend whose ops run asynchronously may
   // ignore it; the model also checks between layers.
   virtual void set_interrupt(const std::atomic<bool>* /*flag*/) {}
+  // The phase the following ops belong to (see Phase).
+  void set_phase(Phase p) { phase_ = p; }
+  Phase phase() const { return phase_; }
+  // Reserves, at load, the op scratch that attention over `ctx` positions and scatter_add over
+  // `max_rows` rows need, so that no op allocates later (nor inside a graph capture).
+  virtual void reserve_scratch(int64_t /*ctx*/, int64_t /*max_rows*/, int64_t /*n_head*/,
+                               int64_t /*head_dim*/) {}
 
   // ---- memory; prefer the owning DeviceBuffer / PinnedBuffer below to raw pairs ----
   // Device memory. CPU: aligned host memory. Throws MemoryError naming `what`.
@@ -61,6 +121,9 @@ class Backend {
   // file mapping). False, with nothing changed, where the backend or the system cannot.
   virtual bool register_host(const void* p, size_t bytes) = 0;
   virtual void unregister_host(const void* p) = 0;
+  // The address at which kernels read page-locked host memory (pinned or registered) directly, or
+  // null where they cannot. The CPU: the memory itself.
+  virtual const void* device_view(const void* host) const = 0;
 
   // ---- the link ----
   // Synchronous: returns when the bytes have arrived.
@@ -86,6 +149,25 @@ class Backend {
   virtual void event_sync(EventId e) = 0;
   // Blocks until all queued work on every stream is done.
   virtual void sync() = 0;
+
+  // ---- graphs: work recorded once and replayed without the host (CUDA graphs) ----
+  // Whether this backend records graphs. Where it does not, the capture calls throw.
+  virtual bool supports_graphs() const { return false; }
+  // From capture_begin to capture_end the compute stream's work is recorded, not run: upload and
+  // download then queue their copies without waiting, so their host side must be pinned memory that
+  // stays put (the replay reads and writes it there), and nothing may wait on the host.
+  virtual void capture_begin();
+  // Ends the capture; the graph runs the recorded work when launched. On an exception between
+  // begin and end, call capture_abort.
+  virtual GraphId capture_end();
+  virtual void capture_abort() {}
+  // Queues the graph's work on the compute stream.
+  virtual void graph_launch(GraphId g);
+  virtual void graph_destroy(GraphId /*g*/) {}
+  // While set, the ops that take a position (head_norm_rope, kv_store, attention) add the int32 at
+  // `dev` (device memory, read when the op runs) to their pos0, and size their launches for
+  // positions below `max_pos`: a recorded decode step then serves every position.
+  virtual void set_position_source(const int32_t* dev, int64_t max_pos);
 
   // ---- ops; all pointers are device memory, all run on the compute stream ----
   // out[t, :] = dequantized row ids[t] of a [rows, D] table of ggml type `type`.
@@ -134,6 +216,25 @@ class Backend {
   // Groups (t, k) pairs by expert: off[E + 1] prefix counts, rows[] = t * K + k sorted by (expert, t).
   virtual void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off,
                                int32_t* rows) = 0;
+  // The routed experts' matmul for one matrix m (0 gate, 1 up, 2 down) of every row at once:
+  // Y[i, :] = W(ids[order[i]], m) . X[i, :] for i < n, each expert's matrix (rows x cols of `type`)
+  // found through the table without the host. Per row the result equals matmul's on that expert's
+  // matrix. An expert that is not resident is a caller error: the CPU throws, a GPU writes NaN rows.
+  virtual void matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                              const int32_t* ids, const int32_t* order, int64_t n, const float* X,
+                              int64_t ldx, float* Y, int64_t ldy) = 0;
+  // As matmul_experts against q8_0 activation rows (xrow_bytes apart), per row equal to matmul_q8's;
+  // only for weight types where uses_matmul_q8(type) holds.
+  virtual void matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                                 const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
+                                 size_t xrow_bytes, float* Y, int64_t ldy) = 0;
+  // The expert cache's resolution of one layer's experts on the device, as ExpertCache::prepare
+  // does it on the host, in the same order: per expert in ascending id, a hit takes the next LRU
+  // tick; a miss takes the slot with the smallest tick among those neither pinned nor held by this
+  // call (ties to the lower slot, so empty slots first), evicting its expert, and its bytes are
+  // copied from the source into the slot (read by the device from page-locked host memory: no copy
+  // engine, no host). Counters accumulate; failures counts experts that found no slot.
+  virtual void resolve_experts(const ExpertResolve& r) = 0;
   // g[i] = silu(g[i]) * u[i]
   virtual void swiglu(float* g, const float* u, int64_t n) = 0;
   // out[rows[i] / K, :] += w[rows[i]] * y[i, :] for i < n, in order of i.
@@ -248,6 +349,9 @@ class Backend {
 
  protected:
   [[noreturn]] void unsupported_op(const char* op) const;
+
+ private:
+  Phase phase_ = Phase::Any;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads);
@@ -336,6 +440,36 @@ class PinnedBuffer {
   Backend* be_ = nullptr;
   uint8_t* p_ = nullptr;
   size_t n_ = 0;
+};
+
+// One recorded graph of a backend, destroyed with its owner.
+class Graph {
+ public:
+  Graph() = default;
+  Graph(Backend& be, GraphId id) : be_(&be), id_(id) {}
+  ~Graph() { reset(); }
+  Graph(Graph&& o) noexcept { *this = std::move(o); }
+  Graph& operator=(Graph&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = std::exchange(o.be_, nullptr);
+      id_ = std::exchange(o.id_, 0);
+    }
+    return *this;
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  void reset() {
+    if (id_) be_->graph_destroy(id_);
+    id_ = 0;
+  }
+  explicit operator bool() const { return id_ != 0; }
+  void launch() const { be_->graph_launch(id_); }
+
+ private:
+  Backend* be_ = nullptr;
+  GraphId id_ = 0;
 };
 
 // One backend event, destroyed with its owner.

@@ -196,8 +196,8 @@ void bind_model(py::module_& m) {
       .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend,
                        const std::string& device, int threads, int64_t ctx, bool all_resident,
                        size_t cache_bytes, bool cache_auto, const std::string& source, int64_t prefill,
-                       bool prefill_auto, bool gr_unfused, const std::string& kv_type, py::object progress,
-                       bool catch_sigint) {
+                       bool prefill_auto, bool gr_unfused, const std::string& kv_type, bool decode_graph,
+                       const std::string& decode_resolve, py::object progress, bool catch_sigint) {
              ModelConfig cfg;
              cfg.device = device;
              cfg.threads = threads;
@@ -210,6 +210,8 @@ void bind_model(py::module_& m) {
              cfg.prefill = prefill;
              cfg.prefill_auto = prefill_auto;
              cfg.gr_unfused = gr_unfused;
+             cfg.decode_graph = decode_graph;
+             cfg.decode_resolve = decode_resolve;
              // The expert copy reports after each layer: there Ctrl-C stops the load, which frees
              // what it allocated. (The callback is made here, with the GIL, as it holds `progress`.)
              SigintScope scope(catch_sigint);
@@ -231,13 +233,17 @@ void bind_model(py::module_& m) {
            py::arg("ctx") = 4096, py::arg("all_resident") = true, py::arg("cache_bytes") = 0,
            py::arg("cache_auto") = false, py::arg("source") = "auto", py::arg("prefill") = 8192,
            py::arg("prefill_auto") = false, py::arg("gr_unfused") = false, py::arg("kv_type") = "auto",
+           py::arg("decode_graph") = true, py::arg("decode_resolve") = "auto",
            py::arg("progress") = py::none(), py::arg("catch_sigint") = false)
+      .def_property_readonly("decode_graph_active", &Model::decode_graph_active)
+      .def_property_readonly("decode_resolution", &Model::decode_resolution)
       .def_property_readonly("plan", &Model::plan, py::return_value_policy::reference_internal)
       .def("cache_stats", &cache_dict)
       .def("reset_stats", &Model::reset_stats)
       .def("pin", [](Model& mo, int64_t layer, int64_t e) { mo.cache().pin(layer, e); })
       .def_property_readonly("chunk", &Model::chunk)
       .def("set_trace", [](Model& mo, bool on) { mo.cache().set_trace(on); })
+      .def("slot_index", [](Model& mo) { return mo.cache().slot_index(); })
       .def("trace",
            [](Model& mo) {
              py::list out;

@@ -51,6 +51,141 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
       stages_.push_back(Stage{
           PinnedBuffer(be, layout.slot_bytes, "the expert staging buffers (--source mmap)"), Event(be)});
   }
+  setup_device_resolution();
+}
+
+void ExpertCache::setup_device_resolution() {
+  // The source's copies of an expert, as the device reads them: segments at a fixed stride per expert.
+  std::vector<DevSrc> ds(layout_.L);
+  for (int64_t l = 0; l < layout_.L; ++l) {
+    ExpertCopy c0[3], c1[3], cl[3];
+    const int n = src_->copies(l, 0, c0);
+    const int64_t last = layout_.E - 1;
+    if (src_->copies(l, std::min<int64_t>(1, last), c1) != n || src_->copies(l, last, cl) != n) return;
+    DevSrc d{};
+    for (int m = 0; m < n; ++m) {
+      const uint8_t* v = static_cast<const uint8_t*>(be_.device_view(c0[m].src));
+      if (!v) return;  // the device cannot read this source: prepare resolves on the host
+      const size_t stride = layout_.E > 1 ? (size_t)(c1[m].src - c0[m].src) : 0;
+      if (c1[m].dst_off != c0[m].dst_off || c1[m].bytes != c0[m].bytes ||
+          cl[m].src != c0[m].src + (size_t)last * stride)
+        return;  // not one stride per expert
+      d.src[m] = v;
+      d.stride[m] = stride;
+      d.bytes[m] = c0[m].bytes;
+      d.off[m] = c0[m].dst_off;
+    }
+    ds[l] = d;
+  }
+  std::vector<uint64_t> last;
+  uint64_t tick = 0;
+  if (!policy_->get_lru(&last, &tick)) return;
+  const size_t S = (size_t)n_slots_;
+  const char* what = "the expert cache's device state";
+  dev_key_ = DeviceBuffer(be_, S * 4, what);
+  dev_last_ = DeviceBuffer(be_, S * 8, what);
+  dev_tick_ = DeviceBuffer(be_, 8, what);
+  dev_held_ = DeviceBuffer(be_, S, what);
+  dev_pinned_ = DeviceBuffer(be_, S, what);
+  dev_counters_ = DeviceBuffer(be_, kResolveCounters * 8, what);
+  dev_jobs_ = DeviceBuffer(be_, (1 + 2 * (size_t)layout_.E) * 4, what);
+  dev_stage_ = PinnedBuffer(be_, S * 8 + 64, what);
+  be_.zero(dev_held_.get(), S);
+  dev_src_ = std::move(ds);
+}
+
+void ExpertCache::to_device() {
+  if (on_device_) return;
+  STRATA_CHECK(can_resolve_on_device(), Error,
+               "internal error: this expert cache cannot resolve on the device");
+  STRATA_CHECK(held_list_.empty() && lent_n_ == 0, Error,
+               "internal error: the expert cache moves to the device with experts held or slots lent");
+  const size_t S = (size_t)n_slots_;
+  for (int32_t s = 0; s < n_slots_; ++s)
+    if (landing_[s]) {  // the device's reads of the slot come after the copy
+      be_.wait(Stream::Compute, ready_[s].id());
+      landing_[s] = 0;
+    }
+  uint8_t* st = dev_stage_.get();
+  be_.upload(table_dev_.get(), table_host_.get(), (size_t)layout_.L * layout_.E * sizeof(int32_t));
+  std::fill(table_dirty_.begin(), table_dirty_.end(), 0);
+  auto* k = reinterpret_cast<int32_t*>(st);
+  for (size_t s = 0; s < S; ++s) k[s] = (int32_t)key_[s];
+  be_.upload(dev_key_.get(), st, S * 4);
+  std::vector<uint64_t> last;
+  uint64_t tick = 0;
+  policy_->get_lru(&last, &tick);
+  be_.upload(dev_last_.get(), last.data(), S * 8);
+  be_.upload(dev_tick_.get(), &tick, 8);
+  be_.upload(dev_pinned_.get(), pinned_.data(), S);
+  be_.zero(dev_counters_.get(), kResolveCounters * 8);
+  stats_at_device_ = stats_;
+  on_device_ = true;
+}
+
+void ExpertCache::read_device_counters() {
+  if (!on_device_) return;
+  uint64_t c[kResolveCounters];
+  be_.download(c, dev_counters_.get(), sizeof c);
+  STRATA_CHECK(c[4] == 0, Error, "internal error: ", c[4],
+               " experts found no slot in a decode step resolved on the device");
+  stats_ = stats_at_device_;
+  stats_.hits += c[0];
+  stats_.misses += c[1];
+  stats_.bytes_streamed += c[2];
+  stats_.evictions += c[3];
+}
+
+void ExpertCache::to_host() {
+  if (!on_device_) return;
+  read_device_counters();
+  const size_t S = (size_t)n_slots_;
+  std::vector<int32_t> k(S);
+  std::vector<uint64_t> last(S);
+  uint64_t tick = 0;
+  be_.download(k.data(), dev_key_.get(), S * 4);
+  be_.download(last.data(), dev_last_.get(), S * 8);
+  be_.download(&tick, dev_tick_.get(), 8);
+  auto* table = reinterpret_cast<int32_t*>(table_host_.get());
+  std::fill(index_.begin(), index_.end(), -1);
+  std::fill_n(table, index_.size(), -1);
+  for (size_t s = 0; s < S; ++s) {
+    key_[s] = k[s];
+    if (k[s] >= 0) index_[k[s]] = table[k[s]] = (int32_t)s;
+    last_use_[s].record(Stream::Compute);  // the decode steps' reads of every slot
+  }
+  policy_->set_lru(last, tick);
+  on_device_ = false;
+}
+
+ExpertResolve ExpertCache::resolve_args(int64_t layer, const int32_t* ids, const int32_t* order,
+                                        int64_t n) const {
+  const DevSrc& d = dev_src_[layer];
+  ExpertResolve r;
+  r.layer = layer;
+  r.E = layout_.E;
+  r.n_slots = n_slots_;
+  r.ids = ids;
+  r.order = order;
+  r.n = n;
+  r.table = table_dev_.as<int32_t>();
+  r.key = dev_key_.as<int32_t>();
+  r.last = dev_last_.as<uint64_t>();
+  r.tick = dev_tick_.as<uint64_t>();
+  r.held = dev_held_.as<uint8_t>();
+  r.pinned = dev_pinned_.as<uint8_t>();
+  r.counters = dev_counters_.as<uint64_t>();
+  r.jobs = dev_jobs_.as<int32_t>();
+  r.arena = arena_;
+  r.slot_bytes = layout_.slot_bytes;
+  for (int m = 0; m < 3; ++m) {
+    r.src[m] = d.src[m];
+    r.src_stride[m] = d.stride[m];
+    r.bytes[m] = d.bytes[m];
+    r.off[m] = d.off[m];
+  }
+  r.layer_bytes = layout_.layers[layer].bytes;
+  return r;
 }
 
 int32_t ExpertCache::free_slots() const {
@@ -64,7 +199,31 @@ ExpertView ExpertCache::view(int64_t layer, const uint8_t* base) const {
   return ExpertView{base + ll.gate_off, base + ll.up_off, base + ll.down_off};
 }
 
-bool ExpertCache::resident(int64_t layer, int64_t e) const { return !src_ || slot_of(layer, e) >= 0; }
+ExpertTable ExpertCache::table(int64_t layer) const {
+  const auto& ll = layout_.layers[layer];
+  ExpertTable t;
+  t.E = layout_.E;
+  if (!src_) {
+    const ExpertTensor* m[3] = {&ll.gate, &ll.up, &ll.down};
+    for (int i = 0; i < 3; ++i) {
+      t.base[i] = resident_[layer * 3 + i].as<uint8_t>();
+      t.stride[i] = m[i]->bytes;
+    }
+    return t;
+  }
+  t.slots = table_dev_.as<int32_t>() + layer * layout_.E;
+  t.arena = arena_;
+  t.slot_bytes = layout_.slot_bytes;
+  t.off[0] = ll.gate_off;
+  t.off[1] = ll.up_off;
+  t.off[2] = ll.down_off;
+  return t;
+}
+
+bool ExpertCache::resident(int64_t layer, int64_t e) {
+  to_host();
+  return !src_ || slot_of(layer, e) >= 0;
+}
 
 void ExpertCache::set_index(int64_t key, int32_t slot) {
   index_[key] = slot;
@@ -114,6 +273,7 @@ int32_t ExpertCache::find_victim() const {
 
 int64_t ExpertCache::prepare(int64_t layer, const int32_t* experts, int64_t n) {
   STRATA_CHECK(layer >= 0 && layer < layout_.L, Error, "prepare: layer ", layer, " out of range");
+  to_host();
   if (!src_) {
     stats_.hits += (uint64_t)n;
     return n;
@@ -187,6 +347,7 @@ bool ExpertCache::guards_intact() const {
 
 void ExpertCache::pin(int64_t layer, int64_t e) {
   if (!src_) return;  // every expert is resident already
+  to_host();
   const int32_t id = (int32_t)e;
   prepare(layer, &id, 1);
   release(layer);
@@ -195,6 +356,7 @@ void ExpertCache::pin(int64_t layer, int64_t e) {
 
 std::pair<uint8_t*, size_t> ExpertCache::lend(int32_t n) {
   STRATA_CHECK(src_ != nullptr, Error, "lend: an all-resident expert cache has no slots to lend");
+  to_host();
   STRATA_CHECK(lent_n_ == 0, Error, "lend: slots are already lent; give them back first");
   STRATA_CHECK(held_list_.empty(), Error, "lend: experts are prepared and not released");
   STRATA_CHECK(n >= 1 && n <= n_slots_, MemoryError, "the prompt chunk needs ", n,

@@ -42,7 +42,11 @@ class ExpertCache {
   int32_t n_slots() const { return n_slots_; }
   int32_t free_slots() const;  // slots not lent and not pinned
   const CacheStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = CacheStats{}; }
+  void reset_stats() {
+    to_host();
+    stats_ = CacheStats{};
+  }
+  void set_stats(const CacheStats& s) { stats_ = s; }
   // Stream log for tests: every fill as (lend index, layer, expert, refill?).
   struct StreamEvent {
     uint64_t lend;
@@ -68,14 +72,37 @@ class ExpertCache {
   // and lets the next prepare evict them.
   void release(int64_t layer);
 
-  bool resident(int64_t layer, int64_t e) const;
+  bool resident(int64_t layer, int64_t e);
+
+  // ---- decode steps resolved on the device (design (b) of bench/NOTES.md) ----
+  // Whether Backend::resolve_experts can serve this cache: slots, an LRU policy and every source
+  // byte readable by the device (pinned or registered host memory on a GPU).
+  bool can_resolve_on_device() const { return !dev_src_.empty(); }
+  // Moves the cache's state (slot table, slot keys, LRU ticks, pins) into device memory: from now
+  // on decode steps resolve there, without the host. No expert may be held or slot lent.
+  void to_device();
+  // Brings the state back to the host; every host-side method (prepare, lend, pin, ...) calls it.
+  void to_host();
+  bool on_device() const { return on_device_; }
+  // The arguments of resolve_experts for the experts ids[order[i]], i < n, of layer.
+  ExpertResolve resolve_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n) const;
+  // Reads the device's counters into stats() (a small download; call after a step).
+  void read_device_counters();
   // Pinned experts are never evicted nor lent over.
   void pin(int64_t layer, int64_t e);
   // (layer * E + e) -> slot index or -1, in device memory, kept current by prepare: kernels find
   // expert weights without the host. Null for an all-resident cache.
   const int32_t* slot_table() const { return table_dev_.as<int32_t>(); }
+  // Where layer's experts are for the ops that find them by id on the device (Backend::matmul_experts):
+  // the resident tensors, or the slots through the device slot table (current once prepare has run).
+  ExpertTable table(int64_t layer) const;
+  // Hits the device resolved without prepare (an all-resident cache's decode): counted in the stats.
+  void count_hits(uint64_t n) { stats_.hits += n; }
   // The host's copy of the slot table, for tests: (layer * E + e) -> slot or -1.
-  const std::vector<int32_t>& slot_index() const { return index_; }
+  const std::vector<int32_t>& slot_index() {
+    to_host();
+    return index_;
+  }
 
   // Lends a contiguous run of n slots to the prompt path (evicting the least valuable run); the
   // compute stream waits for copies still landing in it.
@@ -99,6 +126,7 @@ class ExpertCache {
   void fill(int32_t slot, int64_t layer, int64_t e, bool refill);
   void set_index(int64_t key, int32_t slot);
   ExpertView view(int64_t layer, const uint8_t* base) const;
+  void setup_device_resolution();
 
   Backend& be_;
   const ExpertLayout& layout_;
@@ -128,6 +156,16 @@ class ExpertCache {
   std::vector<std::pair<uint64_t, int64_t>> evicted_by_lend_;  // (value, key)
   CacheStats stats_;
   std::vector<DeviceBuffer> resident_;  // all-resident mode: expert tensors, 3 per layer
+  // Device mode: the mirrored state, the sources as the device sees them, the counters.
+  struct DevSrc {
+    const uint8_t* src[3];
+    size_t stride[3], bytes[3], off[3];
+  };
+  std::vector<DevSrc> dev_src_;  // per layer; empty: no device resolution
+  DeviceBuffer dev_key_, dev_last_, dev_tick_, dev_held_, dev_pinned_, dev_counters_, dev_jobs_;
+  PinnedBuffer dev_stage_;  // staging of the uploads and downloads above
+  bool on_device_ = false;
+  CacheStats stats_at_device_;
   bool trace_on_ = false;
   std::vector<StreamEvent> trace_;
 };

@@ -15,6 +15,10 @@ class EvictionPolicy {
   virtual int32_t victim(const std::vector<uint8_t>& evictable) const = 0;
   // How much keeping the expert in `slot` is worth (higher is more valuable); 0 for an empty slot.
   virtual uint64_t value(int32_t slot) const = 0;
+  // LRU's state (each slot's last tick, the clock), for a device that runs the same choice
+  // (Backend::resolve_experts); false for a policy that has none.
+  virtual bool get_lru(std::vector<uint64_t>* /*last*/, uint64_t* /*tick*/) const { return false; }
+  virtual void set_lru(const std::vector<uint64_t>& /*last*/, uint64_t /*tick*/) {}
 };
 
 class LruPolicy final : public EvictionPolicy {
@@ -29,6 +33,15 @@ class LruPolicy final : public EvictionPolicy {
     return best;
   }
   uint64_t value(int32_t slot) const override { return last_[slot]; }
+  bool get_lru(std::vector<uint64_t>* last, uint64_t* tick) const override {
+    *last = last_;
+    *tick = tick_;
+    return true;
+  }
+  void set_lru(const std::vector<uint64_t>& last, uint64_t tick) override {
+    last_ = last;
+    tick_ = tick;
+  }
 
  private:
   std::vector<uint64_t> last_;

@@ -138,6 +138,13 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
     }
   }
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes);
+  STRATA_CHECK(
+      cfg_.decode_resolve == "auto" || cfg_.decode_resolve == "device" || cfg_.decode_resolve == "host",
+      ConfigError, "decode_resolve must be auto, device or host, got '", cfg_.decode_resolve, "'");
+  STRATA_CHECK(cfg_.decode_resolve != "device" || cache_->all_resident() || cache_->can_resolve_on_device(),
+               UnsupportedError, "decode_resolve 'device': the ", be_->name(),
+               " backend cannot read this expert source (", src_ ? src_->describe() : "none",
+               ") from its kernels; use decode_resolve 'host' or 'auto', or --source host");
   kv_ = std::make_unique<KVCache>(*be_, kv, s, cfg_.ctx);
   decode_region_ = DeviceBuffer(*be_, pf.bytes_needed(1, has_source()), "the decode scratch");
 
@@ -150,6 +157,8 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
     if (!plan.fits) throw MemoryError(plan.error);
     chunk_ = plan.chunk;
   }
+  // Op scratch for the largest chunk and context, now: no op allocates later (nor inside a graph).
+  be_->reserve_scratch(cfg_.ctx, chunk_ * s.K, s.n_head, s.head_dim);
   forward_ = find_architecture(s.arch, plan_.file->path())
                  .make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_});
 
@@ -184,11 +193,12 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
     STRATA_CHECK(ids[i] >= 0 && ids[i] < s.V, ConfigError, "token id ", ids[i], " out of range [0, ", s.V,
                  ")");
   if (n == 1) {
-    const size_t need = pf.bytes_needed(1, has_source());
-    forward_->run_chunk(pf.carve(decode_region_.get(), need, 1, has_source()), ids, 1, pos0, logits,
-                        all_logits);
+    be_->set_phase(Phase::Decode);
+    decode(ids[0], pos0, logits, all_logits);
     return;
   }
+  be_->set_phase(Phase::Prompt);
+  cache_->to_host();
   for (int64_t i = 0; i < n; i += chunk_) {
     const int64_t T = std::min(chunk_, n - i);
     const bool last = i + T == n;
@@ -202,6 +212,86 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
     chunk_stats_.chunks++;
     chunk_stats_.chunk_tokens = std::max(chunk_stats_.chunk_tokens, T);
   }
+}
+
+bool Model::resolve_on_device() const {
+  return !cache_->all_resident() && cfg_.decode_resolve != "host" && cache_->can_resolve_on_device() &&
+         cache_->free_slots() >= plan_.spec.K;
+}
+
+const char* Model::decode_resolution() const {
+  return cache_->all_resident() ? "resident" : resolve_on_device() ? "device" : "host";
+}
+
+void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
+  const Prefill& pf = plan_.prefill;
+  const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), 1, has_source());
+  const bool on_device = resolve_on_device();
+  if (on_device)
+    cache_->to_device();
+  else
+    cache_->to_host();
+  // A graph reads nothing the host decides per step but the token and position it finds in step_io_:
+  // the decode MoE must find its experts on the device (moe_block): every expert resident, or
+  // resolved there.
+  const bool graphable = cache_->all_resident() || on_device;
+  if (!graphable) {
+    forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
+    return;
+  }
+  if (!graph_ && !graph_failed_ && cfg_.decode_graph && be_->supports_graphs()) {
+    try {
+      record_decode(b);
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception& e) {
+      // The step still runs, op by op: said once, not hidden.
+      graph_failed_ = true;
+      log(LogLevel::Warn, "decode: recording the step as one graph failed (", e.what(),
+          "); decoding op by op, which is slower");
+    }
+  }
+  if (!graph_) {
+    forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
+    cache_->read_device_counters();
+    return;
+  }
+  auto* io = reinterpret_cast<int32_t*>(step_io_.get());
+  io[0] = id;
+  io[1] = (int32_t)pos;
+  graph_.launch();
+  be_->sync();
+  if (cache_->all_resident())
+    cache_->count_hits((uint64_t)plan_.spec.L * plan_.spec.K);
+  else
+    cache_->read_device_counters();
+  if (logits) std::memcpy(logits, step_logits_.get(), (size_t)plan_.spec.V * sizeof(float));
+}
+
+void Model::record_decode(const PrefillBuffers& b) {
+  const ModelSpec& s = plan_.spec;
+  if (!step_io_.get()) {
+    step_io_ = PinnedBuffer(*be_, 2 * sizeof(int32_t), "the decode step's token and position");
+    step_logits_ = PinnedBuffer(*be_, (size_t)s.V * sizeof(float), "the decode step's logits");
+    step_pos_ = DeviceBuffer(*be_, sizeof(int32_t), "the decode step's position");
+  }
+  auto* io = reinterpret_cast<int32_t*>(step_io_.get());
+  const CacheStats stats = cache_->stats();  // the recording computes nothing: the replays count
+  be_->sync();
+  be_->capture_begin();
+  try {
+    be_->upload(step_pos_.get(), io + 1, sizeof(int32_t));
+    be_->set_position_source(step_pos_.as<int32_t>(), cfg_.ctx);
+    forward_->run_chunk(b, io, 1, 0, reinterpret_cast<float*>(step_logits_.get()), false);
+    be_->set_position_source(nullptr, 0);
+    graph_ = Graph(*be_, be_->capture_end());
+  } catch (...) {
+    be_->set_position_source(nullptr, 0);
+    be_->capture_abort();
+    cache_->set_stats(stats);
+    throw;
+  }
+  cache_->set_stats(stats);
 }
 
 void Model::run_borrowed(const int32_t* ids, int64_t T, int64_t pos0, float* logits, bool all_logits) {

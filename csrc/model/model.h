@@ -30,7 +30,11 @@ struct ModelConfig {
   bool prefill_auto = false;     // --prefill auto[:MAX]: the largest chunk <= prefill that fits
   bool gr_unfused = false;       // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
   std::string kv_type = "auto";  // f32 | f16 | auto (f16 where the backend keeps it, else f32)
-  Progress progress;             // long loads report here
+  bool decode_graph = true;      // record a decode step as one graph where the host decides nothing in
+                                 // it (a GPU, every expert resident or resolved on the device)
+  std::string decode_resolve = "auto";  // a bounded cache's decode: "device" (resolve_experts), "host"
+                                        // (prepare, one round trip a layer), auto: device where it can
+  Progress progress;                    // long loads report here
 };
 
 struct ChunkStats {
@@ -94,8 +98,17 @@ class Model {
   // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
   // the last position's (none when logits is null).
   void forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits);
+  // Whether decode steps replay one recorded graph (decode_graph on a backend with graphs and an
+  // all-resident cache); true once the first step recorded it.
+  bool decode_graph_active() const { return bool(graph_); }
+  // "resident", "device" or "host": how the next decode step finds its experts.
+  const char* decode_resolution() const;
 
  private:
+  void decode(int32_t id, int64_t pos, float* logits, bool all_logits);
+  // Whether this decode step resolves its experts on the device (design (b)).
+  bool resolve_on_device() const;
+  void record_decode(const PrefillBuffers& b);
   void run_borrowed(const int32_t* ids, int64_t T, int64_t pos0, float* logits, bool all_logits);
   void check_guards(const uint8_t* tail, size_t n, int64_t T);
 
@@ -109,6 +122,12 @@ class Model {
   DeviceBuffer decode_region_;  // layout(1, src), allocated once
   DeviceBuffer own_region_;     // all-resident cache: the chunk region has no slots to borrow
   std::unique_ptr<ForwardPass> forward_;
+  // The recorded decode step: its token id and position are read from step_io_ (pinned: id, pos)
+  // and its logits land in step_logits_ (pinned), where the replays find them.
+  Graph graph_;
+  PinnedBuffer step_io_, step_logits_;
+  DeviceBuffer step_pos_;  // the position the graph's ops add (Backend::set_position_source)
+  bool graph_failed_ = false;
   LayerHook layer_hook_;
   ChunkStats chunk_stats_;
   int64_t chunk_ = 0;

@@ -119,11 +119,13 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   add("moe.offsets", "i32", {s.E + 1}, 4);
   add("moe.rows", "i32", {T * s.K}, 4);
   if (p.moe == MoeLayout::Fused) {
-    // One expert at a time: at most T tokens route to it.
-    add("moe.x", "f32", {T, s.D}, 4);
-    add("moe.gate", "f32", {T, s.F}, 4);
-    add("moe.up", "f32", {T, s.F}, 4);
-    add("moe.down", "f32", {T, s.D}, 4);
+    // One expert at a time: at most T tokens route to it. A decode step runs its K experts at once
+    // (every row found by id on the device): K rows. max(T, K) keeps the plan growing with T.
+    const int64_t fr = std::max(T, s.K);
+    add("moe.x", "f32", {fr, s.D}, 4);
+    add("moe.gate", "f32", {fr, s.F}, 4);
+    add("moe.up", "f32", {fr, s.F}, 4);
+    add("moe.down", "f32", {fr, s.D}, 4);
   } else {
     // All experts in one pass: every (token, k) row gathered, as q8_0 blocks for integer kernels
     // (rows wide enough to hold the down projection's requantized input, F, after gate/up have

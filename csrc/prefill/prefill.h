@@ -72,7 +72,8 @@ struct PrefillBuffers {
   float* topk_w = nullptr;         // T x K
   int32_t* expert_off = nullptr;   // E + 1 prefix offsets into expert_rows
   int32_t* expert_rows = nullptr;  // T x K entries (t * K + k), grouped by expert
-  float* xg = nullptr;             // fused: T x D one expert's gathered input; MMQ: T*K x D float input rows
+  float* xg = nullptr;             // fused: max(T, K) x D, one expert's gathered input (or a decode
+                                   // step's K experts at once); MMQ: T*K x D float input rows
                                    // (only for float gate/up weights)
   uint8_t* xq = nullptr;           // MMQ: T*K rows of q8_0 gathered activations (only for integer kernels)
   size_t xq_row_bytes = 0;         // the stride of xq's rows

@@ -122,7 +122,12 @@ class Model:
     (0: STRATA_THREADS, else every core). gr_unfused: carve the normalized input xn, a debug/A-B
     switch with byte-identical logits (None: from STRATA_GR_UNFUSED). backend: run on this
     strata.Backend instead of one made from device and threads. progress: show a progress line on
-    stderr (when it is a terminal) for loads and prompts that take over a second.
+    stderr (when it is a terminal) for loads and prompts that take over a second. decode_graph: on a
+    GPU, run each decode token as one recorded CUDA graph where the host decides nothing in it (False:
+    op by op, to measure the difference). decode_resolve: how a bounded cache finds a decode token's
+    experts: 'device' (the GPU resolves hits and misses and reads the misses from page-locked host
+    memory itself), 'host' (one round trip per layer, copies by the copy engine) or 'auto' (device
+    where the source allows it).
 
     Ctrl-C (on the main thread) stops a load, a prompt or a token between two layers and raises
     KeyboardInterrupt; the Model stays usable.
@@ -141,6 +146,8 @@ class Model:
         gr_unfused: bool | None = None,
         backend: Backend | None = None,
         kv_type: str = "auto",
+        decode_graph: bool = True,
+        decode_resolve: str = "auto",
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -151,6 +158,10 @@ class Model:
             raise _core.ConfigError(f"device (--device) must be a name such as 'cpu' or 'cuda', got {device!r}")
         if source not in ("auto", "host", "mmap"):
             raise _core.ConfigError(f"source (--source) must be host, mmap or auto, got {source!r}")
+        if decode_resolve not in ("auto", "device", "host"):
+            raise _core.ConfigError(f"decode_resolve must be auto, device or host, got {decode_resolve!r}")
+        if not isinstance(decode_graph, bool):
+            raise _core.ConfigError(f"decode_graph must be True or False, got {decode_graph!r}")
         if gr_unfused is not None and not isinstance(gr_unfused, bool):
             raise _core.ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
         ctx = as_int(ctx, "ctx (-c/--ctx)", 1, 2**31 - 1, "KV cache length in tokens")
@@ -172,7 +183,7 @@ class Model:
         self._m = _core.Model(
             file, self.backend, device=self.backend.name, threads=threads, ctx=ctx, all_resident=(cache == "all"),
             cache_bytes=0 if cache in ("all", "auto") else int(cache), cache_auto=(cache == "auto"),
-            kv_type=kv_type, source=source, prefill=chunk,
+            kv_type=kv_type, decode_graph=decode_graph, decode_resolve=decode_resolve, source=source, prefill=chunk,
             prefill_auto=(mode == "auto"), gr_unfused=gr_unfused_from_env(gr_unfused), progress=bar,
             catch_sigint=_catch_sigint(),
         )

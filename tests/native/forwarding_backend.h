@@ -25,6 +25,7 @@ class ForwardingBackend : public Backend {
   bool host_is_device() const override { return cpu_->host_is_device(); }
   bool register_host(const void* p, size_t n) override { return cpu_->register_host(p, n); }
   void unregister_host(const void* p) override { cpu_->unregister_host(p); }
+  const void* device_view(const void* h) const override { return cpu_->device_view(h); }
   void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
   void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
   void upload_async(void* d, const void* s, size_t n, Stream st) override { cpu_->upload_async(d, s, n, st); }
@@ -80,6 +81,15 @@ class ForwardingBackend : public Backend {
   STRATA_FWD(group_by_expert, (const int32_t* a, int64_t b, int64_t c, int64_t d, int32_t* e, int32_t* f),
              (a, b, c, d, e, f))
   STRATA_FWD(swiglu, (float* a, const float* b, int64_t c), (a, b, c))
+  STRATA_FWD(matmul_experts,
+             (uint32_t a, const ExpertTable& b, int c, int64_t d, int64_t e, const int32_t* f,
+              const int32_t* g, int64_t h, const float* i, int64_t j, float* k, int64_t l),
+             (a, b, c, d, e, f, g, h, i, j, k, l))
+  STRATA_FWD(matmul_q8_experts,
+             (uint32_t a, const ExpertTable& b, int c, int64_t d, int64_t e, const int32_t* f,
+              const int32_t* g, int64_t h, const uint8_t* i, size_t j, float* k, int64_t l),
+             (a, b, c, d, e, f, g, h, i, j, k, l))
+  STRATA_FWD(resolve_experts, (const ExpertResolve& a), (a))
   STRATA_FWD(scatter_add,
              (const float* a, const int32_t* b, const float* c, int64_t d, int64_t e, int64_t f, float* g),
              (a, b, c, d, e, f, g))

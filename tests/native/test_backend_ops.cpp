@@ -516,6 +516,294 @@ TEST_P(Op, AsyncUploadOrderedByEvent) {
   expect_same(b.get(), want, "copy after wait");
 }
 
+// A row's matmul result does not depend on how many tokens the call had nor where the row sat, in
+// each phase (invariant 4 on a backend whose kernels depend on the phase): rows of a 40-token call
+// equal the same rows computed in calls of 1, 7, 9 and 17 tokens, bit for bit.
+TEST_P(Op, MatmulRowsIndependentOfTokenCount) {
+  std::mt19937 rng(17);
+  const int64_t rows = 37, T = 40;
+  for (Phase ph : {Phase::Prompt, Phase::Decode}) {
+    be().set_phase(ph);
+    for (QType t : kAllTypes) {
+      const int64_t cols = cols_of(t), ldx = (cols + 3) / 4 * 4;
+      const auto W = random_weights(t, rows, cols, rng);
+      const auto x = randf(rng, T * ldx, -2.f, 2.f);
+      Dev<uint8_t> dW(be(), W, "W");
+      Dev<float> dx(be(), x, "X"), Y(be(), T * rows, "Y");
+      be().matmul((uint32_t)t, dW.p(), rows, cols, dx.p(), ldx, T, Y.p(), rows);
+      const auto all = Y.get();
+      for (int64_t n : {1, 7, 9, 17}) {
+        const int64_t first = T - n - 3;  // rows that sat elsewhere in the big call's tiles
+        Dev<float> y(be(), n * rows, "Y part");
+        be().matmul((uint32_t)t, dW.p(), rows, cols, dx.p() + first * ldx, ldx, n, y.p(), rows);
+        const std::vector<float> want(all.begin() + first * rows, all.begin() + (first + n) * rows);
+        expect_same(y.get(), want,
+                    str("matmul ", quant_traits(t).name, " phase ", (int)ph, ": ", n, " tokens against 40"));
+      }
+    }
+  }
+  be().set_phase(Phase::Any);
+}
+
+// matmul_experts (and its q8_0 twin) find each row's expert through the table, resident at a stride
+// or in permuted cache slots, and give per row the bits of the decode matmul on that expert's matrix.
+TEST_P(Op, MatmulExpertsMatchesPerExpertMatmul) {
+  std::mt19937 rng(18);
+  const int64_t E = 5, K = 3, T = 2, n = T * K;
+  be().set_phase(Phase::Decode);
+  // Rows sorted by expert as group_by_expert leaves them: order[i] = t * K + k.
+  const std::vector<int32_t> ids = {4, 0, 2, 2, 3, 0};  // token 0: 4 0 2; token 1: 2 3 0
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  for (QType t : kAllTypes) {
+    for (const bool slotted : {false, true}) {
+      const int64_t rows = 37, cols = cols_of(t);
+      const size_t mb = rows * row_bytes(t, cols);
+      std::vector<std::vector<uint8_t>> W(E);
+      for (auto& w : W) w = random_weights(t, rows, cols, rng);
+      // Resident: experts back to back. Slotted: expert e in slot perm[e] (matrix at offset 256 of
+      // a slot), expert 1 absent; slots a whole number of 256 bytes apart.
+      const size_t slot_bytes = (mb + 256 + 255) / 256 * 256;
+      const std::vector<int32_t> perm = {2, -1, 0, 4, 1};
+      std::vector<uint8_t> mem(slotted ? 5 * slot_bytes : E * mb, 0);
+      for (int64_t e = 0; e < E; ++e) {
+        if (slotted && perm[e] < 0) continue;
+        std::memcpy(&mem[slotted ? perm[e] * slot_bytes + 256 : e * mb], W[e].data(), mb);
+      }
+      Dev<uint8_t> dmem(be(), mem, "experts");
+      Dev<int32_t> dslots(be(), perm, "slot table"), dids(be(), ids, "ids"), dorder(be(), order, "order");
+      ExpertTable tab;
+      tab.E = E;
+      const int m = slotted ? 1 : 2;  // any of gate/up/down: the table's matrix m
+      if (slotted) {
+        tab.slots = dslots.p();
+        tab.arena = dmem.p();
+        tab.slot_bytes = slot_bytes;
+        tab.off[m] = 256;
+      } else {
+        tab.base[m] = dmem.p();
+        tab.stride[m] = mb;
+      }
+      const int64_t ldx = cols + 4, ldy = rows + 3;
+      const auto x = randf(rng, n * ldx, -2.f, 2.f);
+      Dev<float> dx(be(), x, "X"), Y(be(), n * ldy, "Y");
+      be().matmul_experts((uint32_t)t, tab, m, rows, cols, dids.p(), dorder.p(), n, dx.p(), ldx, Y.p(), ldy);
+      const auto y = Y.get();
+      const std::string what =
+          str("matmul_experts ", quant_traits(t).name, slotted ? " slotted" : " resident");
+      for (int64_t i = 0; i < n; ++i) {
+        Dev<uint8_t> dw(be(), W[ids[order[i]]], "W");
+        Dev<float> yi(be(), rows, "Y row");
+        be().matmul((uint32_t)t, dw.p(), rows, cols, dx.p() + i * ldx, ldx, 1, yi.p(), rows);
+        expect_same(std::vector<float>(y.begin() + i * ldy, y.begin() + i * ldy + rows), yi.get(),
+                    str(what, " row ", i));
+      }
+      expect_gaps_untouched(y, n, rows, ldy, what);
+      if (uses_matmul_q8((uint32_t)t)) {
+        const size_t xrb = cols / 32 * 34 + 2;
+        std::vector<uint8_t> xq(n * xrb, kPoison);
+        for (int64_t i = 0; i < n; ++i) ref::quantize_q8_0(&x[i * ldx], &xq[i * xrb], cols);
+        Dev<uint8_t> dxq(be(), xq, "Xq");
+        Y.poison();
+        be().matmul_q8_experts((uint32_t)t, tab, m, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb, Y.p(),
+                               ldy);
+        const auto yq = Y.get();
+        for (int64_t i = 0; i < n; ++i) {
+          Dev<uint8_t> dw(be(), W[ids[order[i]]], "W");
+          Dev<float> yi(be(), rows, "Y row");
+          be().matmul_q8((uint32_t)t, dw.p(), rows, cols, dxq.p() + i * xrb, xrb, 1, yi.p(), rows);
+          expect_same(std::vector<float>(yq.begin() + i * ldy, yq.begin() + i * ldy + rows), yi.get(),
+                      str("matmul_q8_experts ", quant_traits(t).name, slotted ? " slotted" : " resident",
+                          " row ", i));
+        }
+      }
+      if (slotted) {  // a row whose expert is not resident: the CPU refuses, a GPU writes NaN rows
+        const std::vector<int32_t> absent = {1};
+        const std::vector<int32_t> zero = {0};
+        Dev<int32_t> da(be(), absent, "ids"), dz(be(), zero, "order");
+        Dev<float> y1(be(), rows, "Y");
+        if (be().host_is_device()) {
+          EXPECT_THROW(be().matmul_experts((uint32_t)t, tab, m, rows, cols, da.p(), dz.p(), 1, dx.p(), ldx,
+                                           y1.p(), rows),
+                       Error);
+        } else {
+          be().matmul_experts((uint32_t)t, tab, m, rows, cols, da.p(), dz.p(), 1, dx.p(), ldx, y1.p(), rows);
+          for (float v : y1.get()) ASSERT_TRUE(std::isnan(v)) << what << ": an absent expert's row";
+        }
+      }
+    }
+  }
+  be().set_phase(Phase::Any);
+}
+
+// With a position source the position ops add the device's int32 to pos0 as they run: the same bits
+// as passing the position itself, for launches sized for any position below max_pos.
+TEST_P(Op, PositionSourceMatchesHostPositions) {
+  if (!be().supports_graphs()) {
+    std::vector<int32_t> p = {3};
+    Dev<int32_t> dp(be(), p, "pos");
+    EXPECT_THROW(be().set_position_source(dp.p(), 10), UnsupportedError);
+    return;
+  }
+  std::mt19937 rng(19);
+  const int64_t H = 6, KV = 2, hd = 64, width = KV * hd, ctx = 300;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  for (int32_t pos : {0, 5, 130, 299}) {
+    const auto q = randf(rng, H * hd, -2.f, 2.f), k = randf(rng, width, -1.f, 1.f);
+    auto kc = randf(rng, ctx * width, -1.f, 1.f), vc = randf(rng, ctx * width, -1.f, 1.f);
+    std::vector<int32_t> p = {pos};
+    Dev<int32_t> dp(be(), p, "pos");
+    Dev<float> dq1(be(), q, "q"), dq2(be(), q, "q"), dk(be(), k, "k");
+    Dev<float> kc1(be(), kc, "k cache"), kc2(be(), kc, "k cache"), dv(be(), vc, "v cache");
+    Dev<float> o1(be(), H * hd, "out"), o2(be(), H * hd, "out");
+    const RopeParams rope{hd, 1e6f, true};
+    be().head_norm_rope(dq1.p(), 1, H, hd, nullptr, 1e-6f, pos, rope);
+    be().kv_store(kc1.p(), KvType::F32, pos, 1, width, dk.p());
+    be().attention(dq1.p(), kc1.p(), dv.p(), KvType::F32, 1, pos, H, KV, hd, scale, o1.p());
+    be().set_position_source(dp.p(), ctx);
+    be().head_norm_rope(dq2.p(), 1, H, hd, nullptr, 1e-6f, 0, rope);
+    be().kv_store(kc2.p(), KvType::F32, 0, 1, width, dk.p());
+    be().attention(dq2.p(), kc2.p(), dv.p(), KvType::F32, 1, 0, H, KV, hd, scale, o2.p());
+    be().set_position_source(nullptr, 0);
+    expect_same(dq2.get(), dq1.get(), str("head_norm_rope from the position source at ", pos));
+    expect_same(kc2.get(), kc1.get(), str("kv_store from the position source at ", pos));
+    expect_same(o2.get(), o1.get(), str("attention from the position source at ", pos));
+  }
+}
+
+// A recorded graph replays its work on what its pinned inputs hold at launch time; the uploads and
+// downloads recorded in it move the bytes then.
+TEST_P(Op, GraphReplaysWithNewInputs) {
+  if (!be().supports_graphs()) {
+    EXPECT_THROW(be().capture_begin(), UnsupportedError);
+    return;
+  }
+  const int64_t n = 1000;
+  PinnedBuffer in(be(), n * sizeof(float), "in"), out(be(), n * sizeof(float), "out");
+  Dev<float> a(be(), n, "a"), b(be(), n, "b");
+  b.set(std::vector<float>(n, 0.5f));
+  be().capture_begin();
+  be().upload(a.p(), in.get(), n * sizeof(float));
+  be().add(a.p(), b.p(), n);
+  be().download(out.get(), a.p(), n * sizeof(float));
+  Graph g(be(), be().capture_end());
+  for (float base : {1.0f, -7.0f, 100.0f}) {
+    auto* pi = reinterpret_cast<float*>(in.get());
+    for (int64_t i = 0; i < n; ++i) pi[i] = base + (float)i;
+    g.launch();
+    be().sync();
+    const auto* po = reinterpret_cast<const float*>(out.get());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(po[i], base + (float)i + 0.5f) << "replay with base " << base;
+  }
+}
+
+// resolve_experts: the backend's resolution of a layer's experts against the sequential reference
+// on the same random state (some slots pinned, some empty, some holding other layers' experts, ties
+// in the ticks), over several calls: the same table, keys, ticks, counters, job list and slot bytes.
+TEST_P(Op, ResolveExpertsMatchesReference) {
+  std::mt19937 rng(20);
+  const int64_t L = 3, E = 11, S = 9;
+  // Each expert of the source: 3 segments of the slot image, 16-byte multiples and not.
+  for (const bool odd : {false, true}) {
+    const size_t seg[3] = {odd ? 37u : 64u, odd ? 101u : 128u, odd ? 3u : 48u};
+    const size_t off[3] = {0, 80, 224}, slot_bytes = 288;
+    const size_t stride = seg[0] + seg[1] + seg[2];
+    PinnedBuffer src(be(), L * E * stride + 64, "expert source");
+    for (size_t i = 0; i < L * E * stride + 64; ++i) src.get()[i] = (uint8_t)rng();
+    // Host state, mirrored on the device.
+    std::vector<int32_t> table(L * E, -1), key(S, -1);
+    std::vector<uint64_t> last(S, 0);
+    std::vector<uint8_t> held(S, 0), pinned(S, 0), arena(S * slot_bytes, 0);
+    for (int32_t s = 0; s < (int32_t)S; ++s) {
+      if (s % 4 == 3) continue;  // empty
+      int32_t k;
+      do k = (int32_t)(rng() % (L * E));
+      while (table[k] >= 0);
+      table[k] = s;
+      key[s] = k;
+      last[s] = 1 + rng() % 5;  // ties
+    }
+    pinned[1] = 1;
+    uint64_t tick = 10, counters[kResolveCounters] = {};
+    Dev<int32_t> dtable(be(), table, "table"), dkey(be(), key, "key");
+    Dev<uint64_t> dlast(be(), last, "last"), dtick(be(), std::vector<uint64_t>{tick}, "tick"),
+        dcounters(be(), std::vector<uint64_t>(kResolveCounters, 0), "counters");
+    Dev<uint8_t> dheld(be(), held, "held"), dpinned(be(), pinned, "pinned"), darena(be(), arena, "arena");
+    Dev<int32_t> djobs(be(), std::vector<int32_t>(1 + 2 * E, 0), "jobs");
+    const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
+    ASSERT_NE(view, nullptr) << "pinned memory has no device view";
+    for (int call = 0; call < 4; ++call) {
+      const int64_t layer = call % L, n = 4;
+      std::vector<int32_t> ids(n), order(n);
+      for (auto& e : ids) e = (int32_t)(rng() % E);
+      ids[3] = ids[0];  // named twice
+      for (int32_t i = 0; i < n; ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+      Dev<int32_t> dids(be(), ids, "ids"), dorder(be(), order, "order");
+      ExpertResolve r;
+      r.layer = layer;
+      r.E = E;
+      r.n_slots = S;
+      r.n = n;
+      r.slot_bytes = slot_bytes;
+      r.layer_bytes = stride;
+      for (int m = 0; m < 3; ++m) {
+        r.src_stride[m] = stride;
+        r.bytes[m] = seg[m];
+        r.off[m] = off[m];
+      }
+      // The reference on host memory.
+      std::vector<int32_t> jobs(1 + 2 * E, 0);
+      ExpertResolve h = r;
+      h.ids = ids.data();
+      h.order = order.data();
+      h.table = table.data();
+      h.key = key.data();
+      h.last = last.data();
+      h.tick = &tick;
+      h.held = held.data();
+      h.pinned = pinned.data();
+      h.counters = counters;
+      h.jobs = jobs.data();
+      h.arena = arena.data();
+      size_t o = layer * E * stride;
+      for (int m = 0; m < 3; ++m) h.src[m] = src.get() + o, o += seg[m];
+      resolve_experts_reference(h, [](void* d, const void* x, size_t k) { std::memcpy(d, x, k); });
+      // The backend on its memory.
+      ExpertResolve d = r;
+      d.ids = dids.p();
+      d.order = dorder.p();
+      d.table = dtable.p();
+      d.key = dkey.p();
+      d.last = dlast.p();
+      d.tick = dtick.p();
+      d.held = dheld.p();
+      d.pinned = dpinned.p();
+      d.counters = dcounters.p();
+      d.jobs = djobs.p();
+      d.arena = darena.p();
+      o = layer * E * stride;
+      for (int m = 0; m < 3; ++m) d.src[m] = view + o, o += seg[m];
+      be().resolve_experts(d);
+      const std::string what = str("resolve_experts call ", call, odd ? " (unaligned segments)" : "");
+      expect_same(dtable.get(), table, what + ": table");
+      expect_same(dkey.get(), key, what + ": keys");
+      expect_same(dlast.get(), last, what + ": ticks");
+      expect_same(dtick.get(), std::vector<uint64_t>{tick}, what + ": clock");
+      expect_same(dheld.get(), held, what + ": held (all clear)");
+      expect_same(dcounters.get(), std::vector<uint64_t>(counters, counters + kResolveCounters),
+                  what + ": counters");
+      const auto dj = djobs.get();
+      expect_same(std::vector<int32_t>(dj.begin(), dj.begin() + 1 + 2 * jobs[0]),
+                  std::vector<int32_t>(jobs.begin(), jobs.begin() + 1 + 2 * jobs[0]), what + ": jobs");
+      expect_same(darena.get(), arena, what + ": slot bytes");
+    }
+    EXPECT_GT(counters[1], 0u) << "no miss: the fill was not exercised";
+    EXPECT_GT(counters[3], 0u) << "no eviction";
+  }
+}
+
 #if defined(STRATA_HAVE_CUDA)
 // Without a GPU (or a driver) the CUDA backend is an UnsupportedError with a one-line reason.
 TEST(CudaBackend, NoDeviceIsUnsupported) {

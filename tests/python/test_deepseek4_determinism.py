@@ -201,3 +201,31 @@ def test_reused_kv_cache_only_when_it_holds_the_whole_beginning(ds4_dir):
     ext = m.generate(c, max_tokens=8, temperature=0, reuse_kv=True)
     assert ext.stats["prompt_reused"] == held
     assert ext.tokens == fresh.generate(c, max_tokens=8, temperature=0).tokens
+
+
+def test_decode_paths_give_the_prompt_paths_tokens(ds4_dir):
+    """A decode step runs its experts gathered (matmul_experts), resident or resolved on the host or on
+    the device when the cache is bounded; a prompt runs them one by one. The HC = 4 read and the
+    clamped SwiGLU (limit 0.3: it bites) are the same in every path: greedy decoding gives the same
+    tokens in every configuration, each the argmax of the prompt path's logits at its position. F32
+    experts: the fused and MMQ layouts compute alike, so the all-resident run joins the comparison."""
+    path = os.path.join(ds4_dir, "decode.gguf")
+    make_deepseek4(path, seed=5, swiglu_limit=0.3)
+    info = strata.ModelInfo(path)
+    spec, region = info.spec, info.layout(16, True)["slots"]
+    bounded = f"{(region + spec['top_k'] + 1) * spec['slot_bytes']}b"
+    ids = [int(x) for x in np.random.default_rng(4).integers(1, 500, 110)]  # + 24: past position 128
+    runs = {}
+    configs = {"resident": dict(expert_cache="all"), "bounded-host": dict(expert_cache=bounded, decode_resolve="host"),
+               "bounded-device": dict(expert_cache=bounded, decode_resolve="device")}
+    for name, kw in configs.items():
+        m = build(path, prefill=16, **kw)
+        out = m.generate(ids, max_tokens=24, temperature=0.0)
+        assert out.stats["stop_reason"] == "max_tokens"
+        runs[name] = out.tokens
+        if name == "bounded-device":
+            assert m._m.decode_resolution == "device" and m.cache["misses"] > 0
+    want = runs["resident"]
+    assert all(got == want for got in runs.values()), runs
+    prompt_logits = build(path, prefill=16, expert_cache=bounded).logits(ids + want[:-1])
+    assert prompt_logits[len(ids) - 1:].argmax(axis=1).tolist() == want

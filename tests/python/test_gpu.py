@@ -109,7 +109,9 @@ def test_gpu_greedy_tokens_match_cpu_with_f32_kv(mix_path, mix):
 
 
 def test_gpu_logits_do_not_depend_on_memory(mix_path):
-    """Invariant 4 on the GPU: cache size, source, chunk size and GR mode leave the logits' bytes."""
+    """Invariant 4 on the GPU: cache size, source, chunk size and GR mode leave the logits' bytes.
+    A prompt runs its matmuls on tensor cores whatever the chunk's token count (decode on GEMV), and
+    a row's result does not depend on the chunk it sat in (the op harness checks each kernel)."""
     path = mix_path("q4_k")
     probe = gpu(path, expert_cache="all")
     slot = probe.spec["slot_bytes"]
@@ -141,3 +143,47 @@ def test_gpu_expert_cache_auto_and_describe(mix_path):
     m = gpu(mix_path("q8_0"))
     assert "free" in m.backend.describe()
     assert m.cache["all_resident"]  # a tiny model fits: every expert resident
+
+
+@pytest.mark.parametrize("mix", ["q4_k", "f16"])
+def test_gpu_decode_graph_matches_op_by_op(mix_path, mix):
+    """A decode step replayed from one recorded CUDA graph (every expert resident) computes what the
+    same step queued op by op does: sampled tokens (temperature 1, seeded: any change of the
+    probabilities shows) are identical, over positions the recording never saw."""
+    path = mix_path(mix)
+    kw = dict(max_tokens=40, temperature=1.0, seed=7)
+    g = gpu(path, expert_cache="all", ctx=128)
+    with_graph = g.generate(PROMPT[:8], **kw)
+    assert g._m.decode_graph_active
+    plain = gpu(path, expert_cache="all", ctx=128, decode_graph=False)
+    without = plain.generate(PROMPT[:8], **kw)
+    assert not plain._m.decode_graph_active
+    assert with_graph.tokens == without.tokens
+    assert g.cache["hits"] > 0 and g.cache["misses"] == 0
+
+
+@pytest.mark.parametrize("source", ["host", "mmap"])
+def test_gpu_bounded_cache_decode_device_and_host_resolution_match(mix_path, source):
+    """A bounded cache's decode resolved on the GPU (design (b): resolve_experts and the zero-copy
+    fill, replayed as one graph) and on the host (design (a)) choose the same slots: the same tokens,
+    stats and slot table, as a cache holding every expert gives the same tokens. The mmap source
+    cannot be read by kernels, so there both run design (a)."""
+    path = mix_path("q4_k")
+    probe = gpu(path, expert_cache="all")
+    slot = probe.spec["slot_bytes"]
+    region = probe.info.layout(16, True)["slots"]
+    kw = dict(max_tokens=24, temperature=1.0, seed=3)
+    big = gpu(path, expert_cache=64, prefill=16, source=source).generate(PROMPT[:8], **kw)
+    runs = {}
+    for how in ("device", "host"):
+        m = gpu(path, expert_cache=f"{(region + probe.spec['top_k'] + 1) * slot}b", prefill=16, source=source,
+                decode_resolve="auto" if how == "device" else "host")
+        want = "device" if how == "device" and source == "host" else "host"
+        assert m._m.decode_resolution == want
+        out = m.generate(PROMPT[:8], **kw)
+        assert m._m.decode_graph_active == (want == "device")
+        c = m.cache
+        runs[how] = (out.tokens, c["hits"], c["misses"], c["bytes_streamed"], m._m.slot_index())
+        assert out.tokens == big.tokens
+        assert c["misses"] > 0
+    assert runs["device"] == runs["host"]

@@ -130,7 +130,8 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
     # the MoE buffers of the layout that was chosen, and only those
     if plan["kind"] == "fused":
         assert "moe.x" in by and "moe.xq" not in by
-        rows = T  # one expert at a time: at most T tokens route to it
+        # one expert at a time: at most T tokens route to it; a decode step runs its K experts at once
+        rows = max(T, K)
     else:
         # Weights with an integer kernel read q8_0 rows; float weights read float rows (never quantized).
         types = shape["expert_types"]

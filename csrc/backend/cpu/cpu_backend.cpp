@@ -69,6 +69,7 @@ class CpuBackend final : public Backend {
   bool has_ds4_ops() const override { return true; }
   // The CPU reads host memory where it is: there is nothing to register.
   bool register_host(const void*, size_t) override { return false; }
+  const void* device_view(const void* host) const override { return host; }
   void unregister_host(const void*) override {}
 
   // Zero-byte copies may come with null pointers (an empty guard tail), which memcpy may not see.
@@ -172,6 +173,28 @@ class CpuBackend final : public Backend {
   void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
               int64_t T, float* Y, int64_t ldy) override {
     strata::matmul(quant_traits(type, "matmul weight").type, W, rows, cols, X, ldx, T, Y, ldy, pool_);
+  }
+
+  void matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                      const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
+                      float* Y, int64_t ldy) override {
+    const QType q = quant_traits(type, "matmul_experts weight").type;
+    for_expert_runs(t, m, ids, order, n, [&](const uint8_t* W, int64_t i, int64_t k) {
+      strata::matmul(q, W, rows, cols, X + i * ldx, ldx, k, Y + i * ldy, ldy, pool_);
+    });
+  }
+  void matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                         const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
+                         size_t xrow_bytes, float* Y, int64_t ldy) override {
+    const QType q = quant_traits(type, "matmul_q8_experts weight").type;
+    for_expert_runs(t, m, ids, order, n, [&](const uint8_t* W, int64_t i, int64_t k) {
+      strata::matmul_q8(q, W, rows, cols, Xq + i * xrow_bytes, (int64_t)xrow_bytes, k, Y + i * ldy, ldy,
+                        pool_);
+    });
+  }
+
+  void resolve_experts(const ExpertResolve& r) override {
+    resolve_experts_reference(r, [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); });
   }
 
   void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps,
@@ -339,6 +362,24 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // fn(W, i, k) for each run of k consecutive rows i.. on one expert (rows sorted by expert: one run
+  // each), W its matrix m.
+  template <class Fn>
+  static void for_expert_runs(const ExpertTable& t, int m, const int32_t* ids, const int32_t* order,
+                              int64_t n, Fn fn) {
+    STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_experts: matrix ", m, " is not 0, 1 or 2");
+    for (int64_t i = 0; i < n;) {
+      const int32_t e = ids[order[i]];
+      STRATA_CHECK(e >= 0 && e < t.E, ConfigError, "matmul_experts: expert ", e, " out of range [0, ", t.E,
+                   ")");
+      int64_t j = i + 1;
+      while (j < n && ids[order[j]] == e) ++j;
+      const uint8_t* W = expert_matrix(t, m, e);
+      STRATA_CHECK(W != nullptr, Error, "internal error: matmul_experts: expert ", e, " is not resident");
+      fn(W, i, j - i);
+      i = j;
+    }
+  }
   ThreadPool pool_;
   std::atomic<size_t> live_{0};
   EventId next_event_ = 0;

@@ -49,10 +49,11 @@ __device__ __forceinline__ Fold fold(float& m, float& l, float m_b, float l_b) {
 
 struct Shape {
   int64_t T, pos0, H, KV, hd;
-  int64_t group;  // query heads per kv head
-  int gr;         // of them in one block (grid z splits the rest)
-  int qt;         // queries in one block
-  int ksub;       // keys staged in shared memory at a time
+  const int32_t* pos_dev;  // added to pos0 when set (PosSource)
+  int64_t group;           // query heads per kv head
+  int gr;                  // of them in one block (grid z splits the rest)
+  int qt;                  // queries in one block
+  int ksub;                // keys staged in shared memory at a time
   float scale;
 };
 
@@ -65,6 +66,9 @@ __global__ void __launch_bounds__(kThreads)
     attention_kernel(const float* q, const KvT* kc, const KvT* vc, Shape sh, float* out, float* part_ml,
                      float* part_acc) {
   extern __shared__ float smem[];
+  const int64_t pos0 = sh.pos0 + (sh.pos_dev ? *sh.pos_dev : 0);
+  // A launch sized for the largest position (a recorded graph) has key blocks past this one's keys.
+  if (kSplit && (int64_t)blockIdx.x >= ceil_div(pos0 + 1, kKeyBlock)) return;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t hd = sh.hd, kvh = blockIdx.y;
   const int g0 = blockIdx.z * sh.gr;
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
 
   auto token = [&](int r) { return t0 + r / ng; };
   auto head = [&](int r) { return kvh * sh.group + g0 + r % ng; };
-  auto n_keys = [&](int r) { return sh.pos0 + token(r) + 1; };
+  auto n_keys = [&](int r) { return pos0 + token(r) + 1; };
 
   for (int64_t e = threadIdx.x; e < RH; e += kThreads) {
     const int r = (int)(e / hd);
@@ -108,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
     row_l[r] = 0.0f;
   }
 
-  const int64_t keys = kSplit ? sh.pos0 + 1 : sh.pos0 + t0 + nq;  // the most any row sees
+  const int64_t keys = kSplit ? pos0 + 1 : pos0 + t0 + nq;  // the most any row sees
   const int64_t jb_begin = kSplit ? blockIdx.x : 0,
                 jb_end = kSplit ? jb_begin + 1 : ceil_div(keys, kKeyBlock);
   for (int64_t jb = jb_begin; jb < jb_end; ++jb) {
@@ -198,9 +202,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The decode combine: per head, the key blocks' partials folded in key order, one thread per dim.
-__global__ void __launch_bounds__(kThreads) combine_kernel(const float* part_ml, const float* part_acc,
-                                                           int64_t nb, int64_t H, int64_t hd, float* out) {
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
+                   int64_t H, int64_t hd, float* out) {
   const int64_t h = blockIdx.x;
+  const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, kKeyBlock);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
     for (int64_t jb = 0; jb < nb; ++jb) {
@@ -212,13 +218,17 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float* part_ml,
   }
 }
 
-__global__ void kv_store_f32_kernel(float* dst, const float* src, int64_t n) {
+__global__ void kv_store_f32_kernel(float* dst, const int32_t* pos_dev, int64_t width, const float* src,
+                                    int64_t n) {
+  if (pos_dev) dst += (int64_t)*pos_dev * width;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     dst[i] = src[i];
 }
 
-__global__ void kv_store_f16_kernel(uint16_t* dst, const float* src, int64_t n) {
+__global__ void kv_store_f16_kernel(uint16_t* dst, const int32_t* pos_dev, int64_t width, const float* src,
+                                    int64_t n) {
+  if (pos_dev) dst += (int64_t)*pos_dev * width;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     dst[i] = __half_as_ushort(__float2half_rn(src[i]));
@@ -229,7 +239,8 @@ __global__ void kv_store_f16_kernel(uint16_t* dst, const float* src, int64_t n) 
 bool attention_should_split(int64_t T) { return T == 1; }
 
 // Rows per block and queries per block: at most kMaxRows rows and kMaxRowFloats row floats.
-Shape make_shape(int64_t T, int64_t pos0, int64_t H, int64_t KV, int64_t hd, float scale, bool split) {
+Shape make_shape(int64_t T, int64_t pos0, const int32_t* pos_dev, int64_t H, int64_t KV, int64_t hd,
+                 float scale, bool split) {
   STRATA_CHECK(H > 0 && KV > 0 && H % KV == 0, ConfigError, "attention: ", H,
                " query heads are not a multiple of ", KV, " kv heads");
   STRATA_CHECK(hd > 0 && hd <= kMaxRowFloats, UnsupportedError, "attention: head_dim ", hd,
@@ -237,6 +248,7 @@ Shape make_shape(int64_t T, int64_t pos0, int64_t H, int64_t KV, int64_t hd, flo
   Shape s{};
   s.T = T;
   s.pos0 = pos0;
+  s.pos_dev = pos_dev;
   s.H = H;
   s.KV = KV;
   s.hd = hd;
@@ -255,21 +267,23 @@ size_t smem_bytes(const Shape& s) {
 }
 
 template <class KvT>
-void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64_t pos0, int64_t H,
-                  int64_t KV, int64_t hd, float scale, float* out, void* scratch, cudaStream_t st) {
+void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64_t pos0, const PosSource& ps,
+                  int64_t H, int64_t KV, int64_t hd, float scale, float* out, void* scratch,
+                  cudaStream_t st) {
   const bool split = attention_should_split(T);
-  const Shape s = make_shape(T, pos0, H, KV, hd, scale, split);
+  const Shape s = make_shape(T, pos0, ps.dev, H, KV, hd, scale, split);
   const size_t smem = smem_bytes(s);
   const unsigned chunks = (unsigned)ceil_div(s.group, s.gr);
   if (split) {
-    const int64_t nb = ceil_div(pos0 + 1, kKeyBlock);
+    // With a position source the grid covers every position below max_pos; blocks past the keys return.
+    const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kKeyBlock) : ceil_div(pos0 + 1, kKeyBlock);
     float* part_ml = static_cast<float*>(scratch);
     float* part_acc = part_ml + nb * H * 2;
     attention_kernel<KvT, true><<<dim3(grid_x(nb), (unsigned)KV, chunks), kThreads, smem, st>>>(
         q, kc, vc, s, out, part_ml, part_acc);
     STRATA_CUDA_LAUNCH_CHECK();
     combine_kernel<<<grid_x(H), (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st>>>(
-        part_ml, part_acc, nb, H, hd, out);
+        part_ml, part_acc, pos0, ps.dev, H, hd, out);
     STRATA_CUDA_LAUNCH_CHECK();
   } else {
     attention_kernel<KvT, false>
@@ -281,15 +295,17 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
 
 }  // namespace
 
-void launch_kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src,
-                     cudaStream_t s) {
+void launch_kv_store(void* cache, KvType t, int64_t pos0, const PosSource& ps, int64_t T, int64_t width,
+                     const float* src, cudaStream_t s) {
   const int64_t n = T * width;
   if (n <= 0) return;
   const unsigned blocks = (unsigned)std::min<int64_t>(ceil_div(n, kThreads), 4096);
   if (t == KvType::F32) {
-    kv_store_f32_kernel<<<blocks, kThreads, 0, s>>>(static_cast<float*>(cache) + pos0 * width, src, n);
+    kv_store_f32_kernel<<<blocks, kThreads, 0, s>>>(static_cast<float*>(cache) + pos0 * width, ps.dev, width,
+                                                    src, n);
   } else {
-    kv_store_f16_kernel<<<blocks, kThreads, 0, s>>>(static_cast<uint16_t*>(cache) + pos0 * width, src, n);
+    kv_store_f16_kernel<<<blocks, kThreads, 0, s>>>(static_cast<uint16_t*>(cache) + pos0 * width, ps.dev,
+                                                    width, src, n);
   }
   STRATA_CUDA_LAUNCH_CHECK();
 }
@@ -299,15 +315,19 @@ size_t attention_scratch_bytes(int64_t T, int64_t pos0, int64_t n_head, int64_t 
   return (size_t)(ceil_div(pos0 + 1, kKeyBlock) * n_head * (head_dim + 2)) * sizeof(float);
 }
 
+size_t attention_scratch_max_bytes(int64_t max_pos, int64_t n_head, int64_t head_dim) {
+  return attention_scratch_bytes(1, std::max<int64_t>(max_pos, 1) - 1, n_head, head_dim);
+}
+
 void launch_attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
-                      int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, float* out,
-                      void* scratch, cudaStream_t s) {
+                      const PosSource& ps, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
+                      float* out, void* scratch, cudaStream_t s) {
   if (T <= 0) return;
   if (t == KvType::F32)
-    launch_typed(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, n_head, n_kv_head,
-                 head_dim, scale, out, scratch, s);
+    launch_typed(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, ps, n_head,
+                 n_kv_head, head_dim, scale, out, scratch, s);
   else
-    launch_typed(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), T, pos0, n_head,
+    launch_typed(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), T, pos0, ps, n_head,
                  n_kv_head, head_dim, scale, out, scratch, s);
 }
 

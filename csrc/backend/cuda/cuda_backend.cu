@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embed.cuh"
+#include "backend/cuda/expert_resolve.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/quantize.cuh"
@@ -145,6 +146,17 @@ class CudaBackend final : public Backend {
     }
     return true;
   }
+  // Pinned and registered pages are mapped into the device's address space (unified addressing):
+  // kernels read them at the address cudaHostGetDevicePointer gives. Null where it gives none.
+  const void* device_view(const void* host) const override {
+    use();
+    void* d = nullptr;
+    if (cudaHostGetDevicePointer(&d, const_cast<void*>(host), 0) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return d;
+  }
   void unregister_host(const void* p) override {
     report(cudaHostUnregister(const_cast<void*>(p)), "cudaHostUnregister");
   }
@@ -152,17 +164,18 @@ class CudaBackend final : public Backend {
   // ---- the link ----
   // Queued on the compute stream, then waited for: ordered after the compute work already queued
   // (which may still read dst), and the bytes have arrived when the call returns.
+  // While a graph is being recorded both only queue the copy (the graph replays it; see capture_begin).
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     use();
     STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_));
-    STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    if (!capturing_) STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
   void download(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     use();
     STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
-    STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    if (!capturing_) STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
   void upload_async(void* dst, const void* src, size_t bytes, Stream s) override {
     if (bytes == 0) return;
@@ -232,6 +245,54 @@ class CudaBackend final : public Backend {
     STRATA_CUDA_CHECK(cudaStreamSynchronize(copy_));
   }
 
+  // ---- graphs: a GraphId is 1 + its index in graphs_ ----
+  bool supports_graphs() const override { return true; }
+  void capture_begin() override {
+    use();
+    STRATA_CHECK(!capturing_, Error, "cuda backend: a graph is already being recorded");
+    // Relaxed: the host may call unrelated CUDA functions (events, memory queries) meanwhile.
+    STRATA_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+  }
+  GraphId capture_end() override {
+    use();
+    STRATA_CHECK(capturing_, Error, "cuda backend: capture_end without capture_begin");
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    STRATA_CUDA_CHECK(cudaStreamEndCapture(compute_, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    STRATA_CUDA_CHECK(e);
+    graphs_.push_back(exec);
+    return graphs_.size();
+  }
+  void capture_abort() override {
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    report(cudaStreamEndCapture(compute_, &g), "cudaStreamEndCapture");
+    if (g) report(cudaGraphDestroy(g), "cudaGraphDestroy");
+  }
+  void graph_launch(GraphId id) override {
+    use();
+    STRATA_CHECK(id != 0 && id <= graphs_.size() && graphs_[id - 1] != nullptr, ConfigError,
+                 "cuda backend: graph ", id, " is not a live graph of this backend");
+    STRATA_CUDA_CHECK(cudaGraphLaunch(graphs_[id - 1], compute_));
+  }
+  void graph_destroy(GraphId id) override {  // runs in ~Graph: logs, never throws
+    if (id == 0 || id > graphs_.size() || graphs_[id - 1] == nullptr) return;
+    report(cudaGraphExecDestroy(graphs_[id - 1]), "cudaGraphExecDestroy");
+    graphs_[id - 1] = nullptr;
+  }
+  void set_position_source(const int32_t* dev, int64_t max_pos) override {
+    pos_ = cuda::PosSource{dev, max_pos};
+  }
+  void reserve_scratch(int64_t ctx, int64_t max_rows, int64_t n_head, int64_t head_dim) override {
+    scratch(std::max(cuda::attention_scratch_max_bytes(ctx, n_head, head_dim),
+                     cuda::scatter_add_scratch_bytes(max_rows)));
+  }
+
   // ---- ops, on the compute stream ----
   void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T,
              float* out) override {
@@ -274,23 +335,43 @@ class CudaBackend final : public Backend {
   void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
               int64_t T, float* Y, int64_t ldy) override {
     use();
-    cuda::launch_matmul(type, W, rows, cols, X, ldx, T, Y, ldy, compute_);
+    // A prompt always on tensor cores and decode always on GEMV, whatever the number of tokens: a
+    // row's result then never depends on the chunking (see Phase).
+    if (phase() == Phase::Any)
+      cuda::launch_matmul(type, W, rows, cols, X, ldx, T, Y, ldy, compute_);
+    else
+      cuda::launch_matmul_path(
+          phase() == Phase::Prompt ? cuda::MatmulPath::TensorCore : cuda::MatmulPath::Gemv, type, W, rows,
+          cols, X, ldx, T, Y, ldy, compute_);
+  }
+  void matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                      const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
+                      float* Y, int64_t ldy) override {
+    use();
+    cuda::launch_matmul_experts(type, t, m, rows, cols, ids, order, n, X, ldx, Y, ldy, compute_);
+  }
+  void matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                         const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
+                         size_t xrow_bytes, float* Y, int64_t ldy) override {
+    use();
+    cuda::launch_matmul_q8_experts(type, t, m, rows, cols, ids, order, n, Xq, xrow_bytes, Y, ldy, compute_);
   }
   void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
                       int64_t pos0, const RopeParams& rope) override {
     use();
-    cuda::launch_head_norm_rope(x, T, n_heads, head_dim, w, eps, pos0, rope, compute_);
+    cuda::launch_head_norm_rope(x, T, n_heads, head_dim, w, eps, pos0, pos_.dev, rope, compute_);
   }
   bool supports_kv(KvType t) const override { return t == KvType::F32 || t == KvType::F16; }
   void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) override {
     use();
-    cuda::launch_kv_store(cache, t, pos0, T, width, src, compute_);
+    cuda::launch_kv_store(cache, t, pos0, pos_, T, width, src, compute_);
   }
   void attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0, int64_t H,
                  int64_t KV, int64_t hd, float scale, float* out) override {
     use();
-    void* ws = scratch(cuda::attention_scratch_bytes(T, pos0, H, hd));
-    cuda::launch_attention(q, kc, vc, t, T, pos0, H, KV, hd, scale, out, ws, compute_);
+    void* ws = scratch(pos_.dev ? cuda::attention_scratch_max_bytes(pos_.max_pos, H, hd)
+                                : cuda::attention_scratch_bytes(T, pos0, H, hd));
+    cuda::launch_attention(q, kc, vc, t, T, pos0, pos_, H, KV, hd, scale, out, ws, compute_);
   }
   void add(float* x, const float* y, int64_t n) override {
     use();
@@ -305,6 +386,10 @@ class CudaBackend final : public Backend {
                        int32_t* rows) override {
     use();
     cuda::launch_group_by_expert(ids, T, K, E, off, rows, compute_);
+  }
+  void resolve_experts(const ExpertResolve& r) override {
+    use();
+    cuda::launch_resolve_experts(r, compute_);
   }
   void swiglu(float* g, const float* u, int64_t n) override {
     use();
@@ -347,6 +432,8 @@ class CudaBackend final : public Backend {
   // stream, since queued kernels may still read the old buffer.
   void* scratch(size_t bytes) {
     if (bytes <= scratch_bytes_) return scratch_;
+    STRATA_CHECK(!capturing_, Error, "internal error: an op needs ", bytes,
+                 " bytes of scratch while a graph is recorded; reserve_scratch was not called for it");
     const size_t want = std::max(align_up(bytes, size_t{1} << 20), 2 * scratch_bytes_);
     STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
     if (scratch_) STRATA_CUDA_CHECK(cudaFree(scratch_));
@@ -373,6 +460,9 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t ev : events_)
       if (ev) report(cudaEventDestroy(ev), "cudaEventDestroy");
     events_.clear();
+    for (cudaGraphExec_t g : graphs_)
+      if (g) report(cudaGraphExecDestroy(g), "cudaGraphExecDestroy");
+    graphs_.clear();
     if (scratch_) report(cudaFree(scratch_), "cudaFree");
     scratch_ = nullptr;
     if (compute_) report(cudaStreamDestroy(compute_), "cudaStreamDestroy");
@@ -389,6 +479,9 @@ class CudaBackend final : public Backend {
   std::vector<EventId> free_ids_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  std::vector<cudaGraphExec_t> graphs_;  // nullptr: destroyed
+  bool capturing_ = false;
+  cuda::PosSource pos_;
 };
 
 }  // namespace

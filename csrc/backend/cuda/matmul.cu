@@ -53,6 +53,43 @@ void launch_matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, con
   launch_matmul_path(path, type, W, rows, cols, X, ldx, T, Y, ldy, s);
 }
 
+void launch_matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                           const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
+                           float* Y, int64_t ldy, cudaStream_t s) {
+  dispatch_matmul_format(type, "matmul_experts weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    check_shape("matmul_experts", rows, cols, n, ldy);
+    STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_experts: matrix ", m, " is not 0, 1 or 2");
+    STRATA_CHECK(ldx >= cols, ConfigError, "matmul_experts: ldx=", ldx, " is smaller than cols=", cols);
+    STRATA_CHECK(n <= 65535, ConfigError, "matmul_experts: ", n, " rows exceed one launch (65535)");
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul_experts: activations at ", X,
+                 " are not 4-byte aligned");
+    if (rows == 0 || n == 0) return;
+    ExpertsArgs g{t, m, row_bytes(F::kType, cols), rows, cols, ids, order, n, X, ldx, nullptr, 0, Y, ldy};
+    launch_gemv_experts<F>(g, s);
+  });
+}
+
+void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                              const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
+                              size_t xrow_bytes, float* Y, int64_t ldy, cudaStream_t s) {
+  dispatch_matmul_q8_format(type, "matmul_q8_experts weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    check_shape("matmul_q8_experts", rows, cols, n, ldy);
+    STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_q8_experts: matrix ", m, " is not 0, 1 or 2");
+    STRATA_CHECK(xrow_bytes >= static_cast<size_t>(cols / kQK8_0 * kQ8_0Bytes), ConfigError,
+                 "matmul_q8_experts: xrow_bytes=", xrow_bytes, " is smaller than a row of ", cols / kQK8_0,
+                 " q8_0 blocks");
+    STRATA_CHECK(n <= 65535, ConfigError, "matmul_q8_experts: ", n, " rows exceed one launch (65535)");
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(Xq) % 2 == 0 && xrow_bytes % 2 == 0, ConfigError,
+                 "matmul_q8_experts: q8_0 activation rows are not 2-byte aligned");
+    if (rows == 0 || n == 0) return;
+    ExpertsArgs g{t, m,  row_bytes(F::kType, cols), rows, cols, ids, order, n, nullptr, 0, Xq, xrow_bytes,
+                  Y, ldy};
+    launch_mmq_experts<F>(g, s);
+  });
+}
+
 void launch_matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
                       size_t xrow_bytes, int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
   dispatch_matmul_q8_format(type, "matmul_q8 weight", [&](auto fmt) {

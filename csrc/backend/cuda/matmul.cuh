@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/backend.h"
+
 namespace strata::cuda {
 
 // Y[t * ldy + r] = W[r, :] . X[t * ldx, :] for r < rows, t < T; W holds `rows` rows of `cols`
@@ -18,6 +20,17 @@ void launch_matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, con
 // so Y equals the CPU's matmul_q8 bit for bit.
 void launch_matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
                       size_t xrow_bytes, int64_t T, float* Y, int64_t ldy, cudaStream_t s);
+
+// The routed experts' matmuls (Backend::matmul_experts and the MMQ layout's q8_0 twin): row i of X
+// (Xq) times matrix m of expert ids[order[i]] found through t, into row i of Y; per row the GEMV
+// kernel's (the small-tile integer kernel's) float operations, so a row equals launch_matmul's
+// decode result (launch_matmul_q8's) on that expert's matrix. NaN rows for an expert not resident.
+void launch_matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                           const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
+                           float* Y, int64_t ldy, cudaStream_t s);
+void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
+                              const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
+                              size_t xrow_bytes, float* Y, int64_t ldy, cudaStream_t s);
 
 // The kernels of launch_matmul. Gemv: fp32 products of the exact weights, for few tokens (each weight
 // byte read once, bound by memory). TensorCore: fp16 weights and activations on mma.sync with fp32

@@ -60,12 +60,12 @@ __device__ __forceinline__ void stage_x(float* xs, const MatmulArgs& a, int64_t 
   }
 }
 
+// One block's work: rows r0 .. r0 + kRows of the matmul a.
 template <class F, int Tn>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec) {
+__device__ __forceinline__ void gemv_block(const MatmulArgs& a, bool x_vec, int64_t r0) {
   using C = Cfg<F, Tn>;
   __shared__ __align__(16) uint8_t smem[C::kStages * C::kStageBytes];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int nrows = static_cast<int>(min64(kRows, a.rows - r0));
   const int64_t nchunks = ceil_div(a.cols, kChunk);
   const uint8_t* wrows = a.W + r0 * a.rb;
@@ -158,6 +158,26 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec
   }
 }
 
+template <class F, int Tn>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec) {
+  gemv_block<F, Tn>(a, x_vec, static_cast<int64_t>(blockIdx.x) * kRows);
+}
+
+// matmul_experts: block (x, i) computes rows x * kRows.. of row i's expert matrix against X row i,
+// the same work (and float operations) as gemv_kernel<F, 1> on that matrix.
+template <class F>
+__global__ void __launch_bounds__(kThreads) gemv_experts_kernel(ExpertsArgs g, bool x_vec) {
+  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
+  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
+    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + kRows); r += kThreads)
+      g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const MatmulArgs a{W, g.rb, g.rows, g.cols, g.X + i * g.ldx, g.ldx, 1, g.Y + i * g.ldy, g.ldy};
+  gemv_block<F, 1>(a, x_vec, r0);
+}
+
 }  // namespace gemv
 
 template <class F>
@@ -180,6 +200,14 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
       gemv_kernel<F, 8><<<grid, kThreads, 0, s>>>(g, x_vec);
     STRATA_CUDA_LAUNCH_CHECK();
   }
+}
+
+template <class F>
+void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
+  using namespace gemv;
+  const dim3 grid(grid_x(ceil_div(g.rows, kRows)), static_cast<unsigned>(g.n));
+  gemv_experts_kernel<F><<<grid, kThreads, 0, s>>>(g, x_rows_aligned(g.X, g.ldx));
+  STRATA_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace strata::cuda

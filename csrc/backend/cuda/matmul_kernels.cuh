@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "quant/quant.h"
 #include "quant/unit_decode.h"
@@ -43,6 +44,34 @@ struct MatmulQ8Args {
   int64_t ldy;
 };
 
+// The routed experts' matmuls (matmul_experts, matmul_q8_experts): row i of X (or Xq) times matrix m
+// of expert ids[order[i]], found through the table t, into row i of Y; W rows rb bytes apart.
+struct ExpertsArgs {
+  ExpertTable t;
+  int m;
+  size_t rb;
+  int64_t rows, cols;
+  const int32_t* ids;
+  const int32_t* order;
+  int64_t n;
+  const float* X;
+  int64_t ldx;
+  const uint8_t* Xq;
+  size_t xrb;
+  float* Y;
+  int64_t ldy;
+};
+
+// Expert e's matrix m, or null when it is out of range or not resident (device side of expert_matrix).
+__device__ __forceinline__ const uint8_t* expert_matrix_dev(const ExpertTable& t, int m, int32_t e) {
+  if (e < 0 || e >= t.E) return nullptr;
+  if (t.slots) {
+    const int32_t s = t.slots[e];
+    return s < 0 ? nullptr : t.arena + static_cast<size_t>(s) * t.slot_bytes + t.off[m];
+  }
+  return t.base[m] + static_cast<size_t>(e) * t.stride[m];
+}
+
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Activation rows 16-byte aligned (X and ldx): the kernels read them 16 bytes at a time.
@@ -58,6 +87,10 @@ template <class F>
 void launch_mma(const MatmulArgs& a, cudaStream_t s);
 template <class F>
 void launch_mmq(const MatmulQ8Args& a, cudaStream_t s);
+template <class F>
+void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s);
+template <class F>
+void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s);
 
 // Calls fn(F{}) with the decoder of ggml type `type`; UnsupportedError naming `what` otherwise.
 template <class Fn>

@@ -46,16 +46,15 @@ struct Cfg {
   static constexpr int kWdBlock = Tl::kRB + 1;  // weight scales of block b at b * kWdBlock + row
 };
 
+// One block's work: rows r0.. by tokens t0.. of the matmul a.
 template <class F, class Tl>
-__global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
+__device__ __forceinline__ void mmq_block(const MatmulQ8Args& a, int64_t r0, int64_t t0) {
   using C = Cfg<F, Tl>;
   __shared__ __align__(16) uint8_t wraw[Tl::kRB * C::kWStride];
   __shared__ __align__(16) uint8_t xraw[Tl::kTB * C::kXStride];
   __shared__ int iv[Tl::kNB * C::kIvBlock];
   __shared__ float wd[Tl::kNB * C::kWdBlock], wdmin[Tl::kNB * C::kWdBlock];
   const int tid = threadIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * Tl::kRB,
-                t0 = static_cast<int64_t>(blockIdx.y) * Tl::kTB;
   const int nrows = static_cast<int>(min64(Tl::kRB, a.rows - r0));
   const int ntok = static_cast<int>(min64(Tl::kTB, a.T - t0));
   const int64_t nblk = a.cols / kQK, nchunks = ceil_div(nblk, Tl::kNB);
@@ -142,6 +141,27 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
 }
 
 template <class F, class Tl>
+__global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
+  mmq_block<F, Tl>(a, static_cast<int64_t>(blockIdx.x) * Tl::kRB, static_cast<int64_t>(blockIdx.y) * Tl::kTB);
+}
+
+// matmul_q8_experts: block (x, i) is mmq_kernel<F, SmallTile<1>>'s block x on row i's expert matrix
+// against q8_0 row i.
+template <class F>
+__global__ void __launch_bounds__(kThreads) mmq_experts_kernel(ExpertsArgs g) {
+  using Tl = SmallTile<1>;
+  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * Tl::kRB;
+  const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
+  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
+    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + Tl::kRB); r += kThreads)
+      g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const MatmulQ8Args a{W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.xrb, 1, g.Y + i * g.ldy, g.ldy};
+  mmq_block<F, Tl>(a, r0, 0);
+}
+
+template <class F, class Tl>
 void launch_tile(const MatmulQ8Args& a, cudaStream_t s) {
   const int64_t per_launch = kMaxGridY * Tl::kTB;  // tokens within CUDA's grid y limit
   for (int64_t t0 = 0; t0 < a.T; t0 += per_launch) {
@@ -170,6 +190,14 @@ void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
     launch_tile<F, SmallTile<8>>(a, s);
   else
     launch_tile<F, LargeTile>(a, s);
+}
+
+template <class F>
+void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s) {
+  using namespace mmq;
+  const dim3 grid(grid_x(ceil_div(g.rows, SmallTile<1>::kRB)), static_cast<unsigned>(g.n));
+  mmq_experts_kernel<F><<<grid, kThreads, 0, s>>>(g);
+  STRATA_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace strata::cuda

@@ -54,7 +54,7 @@ struct InvFreq {
 // and sum rounded on its own as on the CPU.
 __global__ void __launch_bounds__(kRopeThreads)
     head_norm_rope_kernel(float* x, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
-                          int64_t half, InvFreq inv_freq) {
+                          const int32_t* pos_dev, int64_t half, InvFreq inv_freq) {
   extern __shared__ float sh[];  // hd floats
   __shared__ float red[kWarp];
   const int64_t th = blockIdx.x;
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = __fmul_rn(__fmul_rn(sh[i], g), w[i]);
   }
   __syncthreads();
-  const float pos = (float)(pos0 + th / n_heads);
+  const float pos = (float)(pos0 + (pos_dev ? *pos_dev : 0) + th / n_heads);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     float s, c;
     sincosf(__fmul_rn(pos, inv_freq.v[i]), &s, &c);
@@ -103,7 +103,7 @@ void launch_gather(const float* x, int64_t D, const int32_t* rows, int64_t div, 
 }
 
 void launch_head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps,
-                           int64_t pos0, const RopeParams& rope, cudaStream_t s) {
+                           int64_t pos0, const int32_t* pos_dev, const RopeParams& rope, cudaStream_t s) {
   STRATA_CHECK(rope.neox && rope.n_dims % 2 == 0 && rope.n_dims <= hd, UnsupportedError,
                "head_norm_rope: only NEOX rotation of an even number of dims <= head_dim is implemented");
   const int64_t half = rope.n_dims / 2;
@@ -115,8 +115,8 @@ void launch_head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, con
     inv.v[i] = 1.0f / std::pow(rope.freq_base, (float)(2 * i) / (float)rope.n_dims);
   const size_t smem = (size_t)hd * sizeof(float);
   STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, "head_norm_rope: head_dim ", hd, " is too large");
-  head_norm_rope_kernel<<<grid_x(T * n_heads), kRopeThreads, smem, s>>>(x, n_heads, hd, w, eps, pos0, half,
-                                                                        inv);
+  head_norm_rope_kernel<<<grid_x(T * n_heads), kRopeThreads, smem, s>>>(x, n_heads, hd, w, eps, pos0, pos_dev,
+                                                                        half, inv);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

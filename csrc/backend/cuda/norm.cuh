@@ -14,8 +14,9 @@ void launch_apply_norm(const float* x, const float* grs, const float* w, int64_t
                        int64_t div, int64_t n, float* out, cudaStream_t s);
 void launch_gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out,
                    cudaStream_t s);
-// NEOX rotation only (UnsupportedError otherwise), as the CPU backend.
+// NEOX rotation only (UnsupportedError otherwise), as the CPU backend. Positions pos0 + t, plus the
+// int32 at pos_dev when it is set (read when the kernel runs: a recorded graph serves every position).
 void launch_head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
-                           int64_t pos0, const RopeParams& rope, cudaStream_t s);
+                           int64_t pos0, const int32_t* pos_dev, const RopeParams& rope, cudaStream_t s);
 
 }  // namespace strata::cuda

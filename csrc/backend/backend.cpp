@@ -1,0 +1,83 @@
+// The Backend surface's defaults for what only some backends have (graphs, a position source).
+#include "backend/backend.h"
+
+#include "core/error.h"
+
+namespace strata {
+
+void Backend::capture_begin() {
+  throw UnsupportedError(str("the ", name(), " backend does not record graphs"));
+}
+GraphId Backend::capture_end() {
+  throw UnsupportedError(str("the ", name(), " backend does not record graphs"));
+}
+void Backend::graph_launch(GraphId) {
+  throw UnsupportedError(str("the ", name(), " backend does not record graphs"));
+}
+void Backend::set_position_source(const int32_t* dev, int64_t) {
+  STRATA_CHECK(dev == nullptr, UnsupportedError, "the ", name(),
+               " backend reads positions from the host only (no position source)");
+}
+
+const uint8_t* expert_matrix(const ExpertTable& t, int m, int64_t e) {
+  if (t.slots) {
+    const int32_t s = t.slots[e];
+    return s < 0 ? nullptr : t.arena + (size_t)s * t.slot_bytes + t.off[m];
+  }
+  return t.base[m] + (size_t)e * t.stride[m];
+}
+
+void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const void*, size_t)) {
+  const int64_t base = r.layer * r.E;
+  auto victim = [&]() {
+    int32_t best = -1;
+    for (int32_t s = 0; s < (int32_t)r.n_slots; ++s)
+      if (!r.pinned[s] && !r.held[s] && (best < 0 || r.last[s] < r.last[best])) best = s;
+    return best;
+  };
+  int32_t& jobs = r.jobs[0];
+  jobs = 0;
+  for (int64_t i = 0; i < r.n; ++i) {
+    const int32_t e = r.ids[r.order[i]];
+    if (e < 0 || e >= r.E) {
+      ++r.counters[4];
+      continue;
+    }
+    int32_t s = r.table[base + e];
+    if (s >= 0) {
+      if (r.held[s]) continue;  // named twice
+      ++r.counters[0];
+    } else {
+      s = victim();
+      if (s < 0) {
+        ++r.counters[4];
+        continue;
+      }
+      if (r.key[s] >= 0) {
+        r.table[r.key[s]] = -1;
+        ++r.counters[3];
+      }
+      r.key[s] = (int32_t)(base + e);
+      r.table[base + e] = s;
+      ++r.counters[1];
+      r.counters[2] += r.layer_bytes;
+      r.jobs[1 + 2 * jobs] = s;
+      r.jobs[2 + 2 * jobs] = e;
+      ++jobs;
+    }
+    r.held[s] = 1;
+    r.last[s] = ++*r.tick;
+  }
+  for (int32_t j = 0; j < jobs; ++j) {
+    uint8_t* dst = r.arena + (size_t)r.jobs[1 + 2 * j] * r.slot_bytes;
+    const size_t e = (size_t)r.jobs[2 + 2 * j];
+    for (int m = 0; m < 3; ++m)
+      if (r.bytes[m]) copy(dst + r.off[m], r.src[m] + e * r.src_stride[m], r.bytes[m]);
+  }
+  for (int64_t i = 0; i < r.n; ++i) {
+    const int32_t e = r.ids[r.order[i]];
+    if (e >= 0 && e < r.E && r.table[base + e] >= 0) r.held[r.table[base + e]] = 0;
+  }
+}
+
+}  // namespace strata
