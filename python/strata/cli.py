@@ -223,7 +223,8 @@ def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
         f"decode   {_n(stats['generated'], 'token')}, "
         + (f"{_n(stats['decode_passes'], 'pass', 'passes')} in {_fmt_ms(stats['decode_ms'])} "
            f"({stats['decode_tps']:.2f} tok/s)" if stats["decode_passes"] else "no pass after the prompt's")
-        + f", stop: {stats['stop_reason'] or 'none'}",
+        + f", stop: {stats['stop_reason'] or 'none'}"
+        + (f"; {stats['decode_path']}" if stats.get("decode_passes") and stats.get("decode_path") else ""),
         f"experts  source {c.get('source')}, cache "
         + ("all resident" if c.get("all_resident") else
            f"{c.get('slots')} slots x {_fmt_bytes(c.get('slot_bytes', 0))}"),
@@ -520,7 +521,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
     res = {
         "model": path, "device": m.device, "threads": m.threads, "load_s": load_s,
         "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"], "generated": st["generated"],
-        "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"],
+        "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"], "decode_path": st["decode_path"],
         **{k: v for k, v in st.items() if k.startswith("cache_")},
     }
     rows = [
@@ -530,7 +531,8 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
         ("load", f"{load_s:.2f} s"),
         ("prompt", f"{st['prompt_tokens']} tokens, {st['prompt_tps']:.1f} tok/s ({st['prompt_chunks']} chunks of up "
                    f"to {st['prompt_chunk']})"),
-        ("decode", f"{st['generated']} tokens, {st['decode_tps']:.2f} tok/s (stop: {st['stop_reason']})"),
+        ("decode", f"{st['generated']} tokens, {st['decode_tps']:.2f} tok/s (stop: {st['stop_reason']}; "
+                   f"{st['decode_path']})"),
         ("experts", f"source {st['cache_source']}, hits {st['cache_hits']}, misses {st['cache_misses']}, "
                     f"streamed {_fmt_bytes(st['cache_bytes_streamed'])}"),
     ]

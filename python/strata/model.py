@@ -396,6 +396,11 @@ class Model:
         """The generation's stats and the cache's into `stats`, which become last_stats."""
         stats.update(gen.stats())
         stats.update({f"cache_{k}": v for k, v in self.cache.items()})
+        # How decode steps ran: one recorded graph or op by op; experts resident, resolved on the
+        # device or on the host.
+        stats["decode_path"] = (("graph" if self._m.decode_graph_active else "op by op") + ", experts "
+                                + {"resident": "resident", "device": "resolved on the device",
+                                   "host": "resolved on the host"}[self._m.decode_resolution])
         self._last_stats = stats
 
     @property

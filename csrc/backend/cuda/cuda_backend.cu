@@ -110,7 +110,8 @@ class CudaBackend final : public Backend {
   void* alloc_pinned(size_t bytes, const char* what) override {
     use();
     void* p = nullptr;
-    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    const cudaError_t e =
+        cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable | cudaHostAllocMapped);
     if (e != cudaSuccess) {
       cudaGetLastError();
       if (e != cudaErrorMemoryAllocation) cuda::fail(e, "cudaHostAlloc", __FILE__, __LINE__);
@@ -131,13 +132,14 @@ class CudaBackend final : public Backend {
     STRATA_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
   }
   bool host_is_device() const override { return false; }
-  // A read-only file mapping page-locked in place: the copy engine reads it at full speed and no
-  // second copy of the experts is made. Fails (false) where the system does not allow it, e.g. a
-  // locked-memory limit; the caller then makes a pinned copy.
+  // A read-only file mapping page-locked in place (and mapped: kernels read it too, device_view): the
+  // copy engine reads it at full speed and no second copy of the experts is made. Fails (false) where
+  // the system does not allow it, e.g. a locked-memory limit; the caller then makes a pinned copy.
   bool register_host(const void* p, size_t bytes) override {
     use();
     const cudaError_t e =
-        cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+        cudaHostRegister(const_cast<void*>(p), bytes,
+                         cudaHostRegisterPortable | cudaHostRegisterMapped | cudaHostRegisterReadOnly);
     if (e != cudaSuccess) {
       cudaGetLastError();
       log(LogLevel::Info, "cuda backend: cudaHostRegister of the file mapping (", mib_str(bytes),
