@@ -48,9 +48,13 @@ std::vector<uint8_t> weights(QType t, int64_t rows, int64_t cols, std::mt19937& 
       const uint16_t b =
           static_cast<uint16_t>(bits_from_f32(static_cast<float>(rng() % 1000) / 1000.0f) >> 16);
       std::memcpy(&w[off], &b, 2);
-    } else if (t == QType::F16 || t == QType::Q8_0 || t == QType::Q4_K || t == QType::IQ2_XS) {
+    } else if (t == QType::F16 || t == QType::Q8_0 || t == QType::Q4_K || t == QType::IQ2_XS ||
+               t == QType::IQ2_XXS) {
       std::memcpy(&w[off], &h, 2);
       if (t == QType::Q4_K) std::memcpy(&w[off + 2], &h, 2);
+    } else if (t == QType::Q2_K) {
+      std::memcpy(&w[off + q.type_size - 4], &h, 2);
+      std::memcpy(&w[off + q.type_size - 2], &h, 2);
     } else if (t == QType::Q6_K) {
       std::memcpy(&w[off + q.type_size - 2], &h, 2);
     }
@@ -146,8 +150,8 @@ int main(int argc, char** argv) {
   std::string json = str("{\"device\": \"", prop.name, "\", \"sms\": ", prop.multiProcessorCount,
                          ", \"runs\": ", runs, ", \"cells\": [");
   bool first = true;
-  for (QType t :
-       {QType::F32, QType::F16, QType::BF16, QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS}) {
+  for (QType t : {QType::F32, QType::F16, QType::BF16, QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS,
+                  QType::Q2_K, QType::IQ2_XXS}) {
     const QuantTraits& q = quant_traits(t);
     if (!only.empty() && ("," + only + ",").find(str(",", q.name, ",")) == std::string::npos) continue;
     for (const auto& shape : shapes) {

@@ -41,6 +41,8 @@ py::dict spec_dict(const ModelPlan& p) {
   d["params_total"] = s.params_total;
   d["params_active"] = s.params_active;
   d["slot_bytes"] = p.experts.slot_bytes;
+  d["hc"] = s.HC;
+  d["details"] = s.details;  // architecture-specific (label, value) lines for `strata info`
   return d;
 }
 
@@ -129,6 +131,18 @@ PrefillShape shape_of(const py::dict& shape) {
   s.head_dim = shape["head_dim"].cast<int64_t>();
   s.expert_types = shape["expert_types"].cast<std::vector<uint32_t>>();
   s.gr_unfused = shape["unfused"].cast<bool>();
+  // DeepSeek V4's scratch: q_lora, o_groups, o_lora, comp_lanes, idx_*, shared_ffn.
+  if (shape.contains("v4")) {
+    const py::dict v = shape["v4"].cast<py::dict>();
+    s.v4.q_lora = v["q_lora"].cast<int64_t>();
+    s.v4.o_groups = v["o_groups"].cast<int64_t>();
+    s.v4.o_lora = v["o_lora"].cast<int64_t>();
+    s.v4.comp_lanes = v["comp_lanes"].cast<int64_t>();
+    s.v4.idx_heads = v["idx_heads"].cast<int64_t>();
+    s.v4.idx_dim = v["idx_dim"].cast<int64_t>();
+    s.v4.idx_topk = v["idx_topk"].cast<int64_t>();
+    s.v4.shared_ffn = v["shared_ffn"].cast<int64_t>();
+  }
   set_expert_kernels(s, uses_matmul_q8);
   return s;
 }

@@ -58,6 +58,10 @@ void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, co
   if (reuse && reuse != this && m_.kv_owner() == reuse) {
     const int64_t valid = std::min<int64_t>(reuse->kv_valid(), n - 1);
     while (from < valid && reuse->tokens_[from] == prompt[from]) ++from;
+    // An architecture's own cache layout (DeepSeek V4's window and compressor rings) holds the state
+    // after its last position only: positions past a shorter common beginning have overwritten rows
+    // that beginning's continuation reads. Only the whole of it can be kept.
+    if (!m_.spec().kv_layers.empty() && from < reuse->kv_valid()) from = 0;
   }
   const int64_t run = n - from;
   stats_.prompt_reused = from;

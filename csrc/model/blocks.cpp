@@ -25,6 +25,23 @@ void matmul(Backend& be, const DenseMatrix& m, const float* x, int64_t T, float*
 }
 }  // namespace
 
+const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
+                        const HcSite& site, bool head, const float* w, float* stage, int64_t first) {
+  const int64_t HC = b.HC, n = T - first;
+  const float* R = b.R + first * HC * D;
+  float* grs = b.grs + first * HC;
+  be.matmul(site.fn.type, site.fn.data, site.fn.rows, site.fn.cols, R, HC * D, n, b.hc_mix, site.fn.rows);
+  be.hc_pre(b.hc_mix, R, n, HC, D, eps, site.scale, site.base, site.hc_eps, site.iters, grs,
+            head ? nullptr : b.hc_post, head ? nullptr : b.hc_comb);
+  float* out = b.xn ? b.xn : stage;
+  be.apply_norm_hc(R, grs, w, D, HC, nullptr, 1, n, out);
+  return out;
+}
+
+void hc_update(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D) {
+  be.hc_post(b.R, b.proj, b.hc_post, b.hc_comb, T, b.HC, D);
+}
+
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
                      const AttentionShape& a, const float* x, int64_t T, int64_t pos0) {
   Backend& be = ctx.be;
@@ -84,6 +101,35 @@ void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done
   }
 }
 
+// The routed experts' input rows (`rows`: K per token, as expert_rows) as floats: the fused GR read
+// R * grs * w, collapsing the streams when HC > 1; with an unfused plan the rows of xn.
+void expert_input(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                  const int32_t* rows, int64_t n, float* out) {
+  if (b.xn)
+    be.gather(b.xn, D, rows, K, n, out);
+  else if (b.HC > 1)
+    be.apply_norm_hc(b.R, b.grs, ffn_norm, D, b.HC, rows, K, n, out);
+  else
+    be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, out);
+}
+
+// The same rows as q8_0 rows `rb` bytes apart, for the integer kernels.
+void expert_input_q8(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                     const int32_t* rows, int64_t n, uint8_t* out, size_t rb) {
+  if (!b.xn && b.HC > 1)
+    be.quantize_q8_0_hc(b.R, b.grs, ffn_norm, D, b.HC, rows, K, n, out, rb);
+  else
+    be.quantize_q8_0(b.xn ? b.xn : b.R, b.xn ? nullptr : b.grs, ffn_norm, D, rows, K, n, out, rb);
+}
+
+// SwiGLU of the experts' gate (in place) and up; swiglu_limit > 0 clamps both first (DeepSeek V4).
+void expert_swiglu(Backend& be, float* g, const float* u, int64_t n, float swiglu_limit) {
+  if (swiglu_limit > 0)
+    be.swiglu_clamp(g, u, n, swiglu_limit);
+  else
+    be.swiglu(g, u, n);
+}
+
 // A decode step's experts all at once: each matrix is one matmul_experts over the token's K rows,
 // the device finding every expert's weights by id (ExpertCache::table). The float operations per row
 // are the per-expert path's, in the same order (the rows are sorted by expert, so scatter_add adds
@@ -93,7 +139,7 @@ void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done
 // resolve_experts, again nothing on the host) or on the host first (design (a): one download,
 // prepare, copies on the copy engine).
 void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-                  const float* ffn_norm) {
+                  const float* ffn_norm, float swiglu_limit) {
   Backend& be = ctx.be;
   ExpertCache& cache = ctx.cache;
   const ModelSpec& s = ctx.spec;
@@ -112,30 +158,20 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     for (int32_t e : r.ids) cache.wait(l, e);
   }
   const ExpertTable tab = cache.table(l);
-  const bool fused_read = b.xn == nullptr;
   const int32_t* ids = b.topk_ids;
   const int32_t* order = b.expert_rows;
   if (b.moe == MoeLayout::Fused) {
-    if (fused_read)
-      be.apply_norm(b.R, b.grs, ffn_norm, D, order, K, n, b.xg);
-    else
-      be.gather(b.xn, D, order, K, n, b.xg);
+    expert_input(be, b, ffn_norm, D, K, order, n, b.xg);
     be.matmul_experts(xl.gate.type, tab, 0, F, D, ids, order, n, b.xg, D, b.hg, F);
     be.matmul_experts(xl.up.type, tab, 1, F, D, ids, order, n, b.xg, D, b.hu, F);
-    be.swiglu(b.hg, b.hu, n * F);
+    expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
     be.matmul_experts(xl.down.type, tab, 2, D, F, ids, order, n, b.hg, F, b.yd, D);
   } else {
     const size_t xrb = b.xq_row_bytes;
     const bool q8_in = uses_matmul_q8(xl.gate.type) || uses_matmul_q8(xl.up.type);
     const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
-    const float* src = fused_read ? b.R : b.xn;
-    if (q8_in) be.quantize_q8_0(src, fused_read ? b.grs : nullptr, ffn_norm, D, order, K, n, b.xq, xrb);
-    if (float_in) {
-      if (fused_read)
-        be.apply_norm(b.R, b.grs, ffn_norm, D, order, K, n, b.xg);
-      else
-        be.gather(b.xn, D, order, K, n, b.xg);
-    }
+    if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, order, n, b.xq, xrb);
+    if (float_in) expert_input(be, b, ffn_norm, D, K, order, n, b.xg);
     auto mm = [&](uint32_t type, int m, int64_t rows, int64_t cols, const float* x, float* y) {
       if (uses_matmul_q8(type))
         be.matmul_q8_experts(type, tab, m, rows, cols, ids, order, n, b.xq, xrb, y, rows);
@@ -144,7 +180,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     };
     mm(xl.gate.type, 0, F, D, b.xg, b.hg);
     mm(xl.up.type, 1, F, D, b.xg, b.hu);
-    be.swiglu(b.hg, b.hu, n * F);
+    expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
     if (uses_matmul_q8(xl.down.type)) be.quantize_q8_0(b.hg, nullptr, nullptr, F, nullptr, 1, n, b.xq, xrb);
     mm(xl.down.type, 2, D, F, b.hg, b.yd);
   }
@@ -156,17 +192,16 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
 }  // namespace
 
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-               const float* ffn_norm) {
+               const float* ffn_norm, float swiglu_limit) {
   Backend& be = ctx.be;
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K;
   if (be.phase() == Phase::Decode && T == 1 && (ctx.cache.all_resident() || ctx.cache.free_slots() >= K)) {
-    moe_gathered(ctx, b, l, T, ffn_norm);
+    moe_gathered(ctx, b, l, T, ffn_norm, swiglu_limit);
     return;
   }
   const Routed r = routed_experts(be, b, s.E);
-  const bool fused_read = b.xn == nullptr;  // default GR mode: read R * grs * w by row index
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   if (b.moe == MoeLayout::Fused) {
     // One expert at a time in ascending id: the order of the sums into proj is fixed.
@@ -174,13 +209,10 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
         ctx.cache, l, r,
         [&](int32_t, int64_t o, int64_t n, const ExpertView& v) {
           const int32_t* rows = b.expert_rows + o;
-          if (fused_read)
-            be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, b.xg);
-          else
-            be.gather(b.xn, D, rows, K, n, b.xg);
+          expert_input(be, b, ffn_norm, D, K, rows, n, b.xg);
           be.matmul(xl.gate.type, v.gate, F, D, b.xg, D, n, b.hg, F);
           be.matmul(xl.up.type, v.up, F, D, b.xg, D, n, b.hu, F);
-          be.swiglu(b.hg, b.hu, n * F);
+          expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
           be.matmul(xl.down.type, v.down, D, F, b.hg, F, n, b.yd, D);
           be.scatter_add(b.yd, rows, b.topk_w, K, n, D, b.proj);
         },
@@ -195,15 +227,8 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
   const bool q8_down = uses_matmul_q8(xl.down.type);
   const size_t xrb = b.xq_row_bytes;
-  const float* src = fused_read ? b.R : b.xn;
-  if (q8_in)
-    be.quantize_q8_0(src, fused_read ? b.grs : nullptr, ffn_norm, D, b.expert_rows, K, n_rows, b.xq, xrb);
-  if (float_in) {
-    if (fused_read)
-      be.apply_norm(b.R, b.grs, ffn_norm, D, b.expert_rows, K, n_rows, b.xg);
-    else
-      be.gather(b.xn, D, b.expert_rows, K, n_rows, b.xg);
-  }
+  if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xq, xrb);
+  if (float_in) expert_input(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xg);
   auto mm = [&](uint32_t type, const uint8_t* W, int64_t rows, int64_t cols, const uint8_t* xq,
                 const float* x, int64_t n, float* y) {
     if (uses_matmul_q8(type))
@@ -224,7 +249,7 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
       [&](int64_t r0, int64_t r1) {
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
         // (gate/up have read them), then down, expert by expert.
-        be.swiglu(b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F);
+        expert_swiglu(be, b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F, swiglu_limit);
         if (q8_down)
           be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, at(b.xq, r0 * xrb), xrb);
         for (int32_t e : r.ids) {

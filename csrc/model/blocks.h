@@ -21,6 +21,27 @@ struct DenseMatrix {
 const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps, const float* w,
                      float* stage);
 
+// One hyper-connection site (HC > 1 streams): the mixing projection of the flattened streams and
+// the scale and base of its pre / post / comb parts; eps and Sinkhorn iterations from the spec.
+struct HcSite {
+  DenseMatrix fn;                // (2 + HC) HC rows of HC * D (the head's: HC rows)
+  const float* scale = nullptr;  // 3 (the head's: 1)
+  const float* base = nullptr;   // (2 + HC) HC (the head's: HC)
+  float hc_eps = 1e-6f;
+  int64_t iters = 1;
+};
+
+// The GR read of HC > 1 streams at a sublayer site: the site's weights per token (grs = the collapse
+// weights times the RMS scale of the collapsed input; b.hc_post and b.hc_comb unless the site is the
+// head), then the normalized input R * grs * w summed over the streams, returned where gr_read returns
+// it (xn when carved, else staged in `stage`). `first` skips rows (the head reads only the last).
+const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
+                        const HcSite& site, bool head, const float* w, float* stage, int64_t first = 0);
+
+// After a sublayer whose output y (T x D) is in b.proj: each stream becomes post * y plus the
+// combination of the old streams (b.hc_post, b.hc_comb from this site's gr_read_hc).
+void hc_update(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D);
+
 struct AttentionWeights {
   DenseMatrix q, k, v, o;
   const float* q_norm = nullptr;  // per-head RMSNorm weights (may be null)
@@ -48,8 +69,10 @@ void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& rou
 // per-(token, k) outputs are added in a fixed order (ascending expert, then token), so the result does
 // not depend on which experts were resident. `ffn_norm` is the GR read's weight (the fused read
 // gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
+// With b.HC > 1 the fused read collapses the streams (apply_norm_hc); swiglu_limit > 0 clamps the
+// gate and up projections (DeepSeek V4).
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-               const float* ffn_norm);
+               const float* ffn_norm, float swiglu_limit = 0.f);
 
 // A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
 // which may throw Interrupted to stop the pass.

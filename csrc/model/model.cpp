@@ -62,8 +62,8 @@ AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, s
   AutoCache a;
   a.reserve = std::max<size_t>(size_t(512) << 20, total_bytes / 32);
   const int64_t chunk = std::min(cfg.prefill, cfg.ctx);
-  a.others = s.dense_bytes + KVCache::bytes(kv, s.L, cfg.ctx, s.n_kv_head * s.head_dim) +
-             plan.prefill.bytes_needed(1, true) + (size_t)kHeadRows * s.V * sizeof(float);
+  a.others = s.dense_bytes + KVCache::bytes(kv, s, cfg.ctx) + plan.prefill.bytes_needed(1, true) +
+             (size_t)kHeadRows * s.V * sizeof(float);
   const size_t avail = free_bytes > a.others + a.reserve ? free_bytes - a.others - a.reserve : 0;
   // Every expert resident, plus the prompt scratch that then has no slots to borrow.
   if (avail >= plan.experts.total_bytes() + plan.prefill.bytes_needed(chunk, false)) {
@@ -92,6 +92,10 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
   STRATA_CHECK(cfg_.prefill >= 1, ConfigError, "--prefill must be at least 1 token, got ", cfg_.prefill);
   const ModelSpec& s = plan_.spec;
   const Prefill& pf = plan_.prefill;
+  STRATA_CHECK(!s.ds4 || be_->has_ds4_ops(), UnsupportedError, plan_.file->path(),
+               ": DeepSeek V4 needs ops the ", be_->name(),
+               " backend does not have yet (hyper-connections, compressed attention, V4 routing); run it "
+               "with --device cpu");
   const ExpertLayout& xl = plan_.experts;
 
   KvType kv = be_->supports_kv(KvType::F16) ? KvType::F16 : KvType::F32;
@@ -141,7 +145,7 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
                UnsupportedError, "decode_resolve 'device': the ", be_->name(),
                " backend cannot read this expert source (", src_ ? src_->describe() : "none",
                ") from its kernels; use decode_resolve 'host' or 'auto', or --source host");
-  kv_ = std::make_unique<KVCache>(*be_, kv, s.L, cfg_.ctx, s.n_kv_head * s.head_dim);
+  kv_ = std::make_unique<KVCache>(*be_, kv, s, cfg_.ctx);
   decode_region_ = DeviceBuffer(*be_, pf.bytes_needed(1, has_source()), "the decode scratch");
 
   chunk_ = std::min(cfg_.prefill, cfg_.ctx);

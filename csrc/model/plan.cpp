@@ -1,6 +1,7 @@
 // ModelPlan: spec, expert layout and prefill plan from the header.
 #include "model/plan.h"
 
+#include "model/deepseek4.h"
 #include "quant/quant.h"
 
 namespace strata {
@@ -20,7 +21,7 @@ ExpertTensor expert_tensor(const WeightRef& w, int64_t E) {
 PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused) {
   PrefillShape p;
   p.D = s.D;
-  p.HC = 1;
+  p.HC = s.HC;
   p.E = s.E;
   p.K = s.K;
   p.F = s.F;
@@ -30,6 +31,18 @@ PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused) {
   for (const auto& l : s.layers)
     for (const WeightRef* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) p.expert_types.push_back(w->type());
   p.gr_unfused = gr_unfused;
+  if (const Ds4Spec* d = s.ds4.get()) {
+    p.v4.q_lora = d->q_lora;
+    p.v4.o_groups = d->o_groups;
+    p.v4.o_lora = d->o_lora;
+    p.v4.comp_lanes = d->any_ratio(4) ? 2 : d->any_ratio(128) ? 1 : 0;
+    if (d->any_ratio(4)) {
+      p.v4.idx_heads = d->idx_heads;
+      p.v4.idx_dim = d->idx_dim;
+      p.v4.idx_topk = d->idx_topk;
+    }
+    p.v4.shared_ffn = d->shared_ffn;
+  }
   set_expert_kernels(p, uses_matmul_q8);
   return p;
 }

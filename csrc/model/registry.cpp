@@ -5,9 +5,10 @@
 namespace strata {
 
 extern const Architecture kQwen3Moe;
+extern const Architecture kDeepseek4;
 
 namespace {
-const Architecture* const kArchitectures[] = {&kQwen3Moe};
+const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4};
 }  // namespace
 
 const Architecture& find_architecture(const std::string& name, const std::string& path) {

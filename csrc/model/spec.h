@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -21,6 +22,17 @@ struct LayerSpec {
   WeightRef gate_exps, up_exps, down_exps;
 };
 
+struct Ds4Spec;  // model/deepseek4.h
+
+// One tensor of a layer's KV cache in an architecture's own cache layout: rows of `width` float32,
+// `rows` of them plus ceil(ctx / ctx_div) when ctx_div > 0.
+struct KvTensorSpec {
+  std::string name;
+  int64_t rows = 0;
+  int64_t ctx_div = 0;
+  int64_t width = 0;
+};
+
 struct ModelSpec {
   std::string arch, name;
   int64_t L = 0, D = 0, V = 0;
@@ -31,6 +43,16 @@ struct ModelSpec {
   bool norm_topk = true;
   WeightRef token_embd, output_norm, output;  // output may alias token_embd (tied)
   std::vector<LayerSpec> layers;
+  int64_t HC = 1;  // residual streams per token
+
+  // The KV cache per layer when the architecture lays it out itself (DeepSeek V4: the raw window,
+  // compressed rows, indexer keys, compressor state); empty: keys and values, ctx rows of
+  // n_kv_head * head_dim each.
+  std::vector<std::vector<KvTensorSpec>> kv_layers;
+  // Architecture-specific lines for `strata info`: (label, value).
+  std::vector<std::pair<std::string, std::string>> details;
+  // DeepSeek V4's hyperparameters and tensors beyond the common ones (null for other architectures).
+  std::shared_ptr<const Ds4Spec> ds4;
 
   // Totals for `strata info`.
   uint64_t dense_bytes = 0, expert_bytes = 0;

@@ -34,6 +34,14 @@ Prefill::Prefill(PrefillShape shape) : shape_(std::move(shape)) {
                    s.n_kv_head > 0 && s.head_dim > 0,
                ConfigError, "prefill shape out of range: D=", s.D, " HC=", s.HC, " E=", s.E, " K=", s.K,
                " F=", s.F, " heads=", s.n_head, "/", s.n_kv_head, " head_dim=", s.head_dim);
+  const PrefillV4& v = s.v4;
+  STRATA_CHECK(
+      v.q_lora == 0 || (v.o_groups > 0 && v.o_lora > 0 && v.comp_lanes >= 0 && v.comp_lanes <= 2 &&
+                        v.shared_ffn > 0 && v.idx_heads >= 0 && v.idx_dim >= 0 && v.idx_topk >= 0 &&
+                        (v.idx_heads > 0) == (v.idx_dim > 0) && (v.idx_heads > 0) == (v.idx_topk > 0)),
+      ConfigError, "prefill V4 shape out of range: q_lora=", v.q_lora, " o_groups=", v.o_groups,
+      " o_lora=", v.o_lora, " comp_lanes=", v.comp_lanes, " indexer=", v.idx_heads, "x", v.idx_dim, " top-",
+      v.idx_topk, " shared_ffn=", v.shared_ffn);
 }
 
 bool Prefill::fused_supported() const {
@@ -73,10 +81,36 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   add("R", "f32", {T, s.HC, s.D}, 4);
   add("grs", "f32", {T, s.HC}, 4);
   if (s.gr_unfused) add("xn", "f32", {T, s.D}, 4);
-  add("attn.q", "f32", {T, s.n_head, s.head_dim}, 4);
-  add("attn.k", "f32", {T, s.n_kv_head, s.head_dim}, 4);
-  add("attn.v", "f32", {T, s.n_kv_head, s.head_dim}, 4);
-  add("attn.out", "f32", {T, Hd}, 4);
+  const PrefillV4& v4 = s.v4;
+  if (v4.q_lora > 0) {
+    // DeepSeek V4: the hyper-connection weights of the current site, the token ids for hash routing,
+    // low-rank Q, the shared KV row, grouped output, the compressor and indexer projections.
+    add("hc.mix", "f32", {T, (2 + s.HC) * s.HC}, 4);
+    add("hc.post", "f32", {T, s.HC}, 4);
+    add("hc.comb", "f32", {T, s.HC, s.HC}, 4);
+    add("tokens", "i32", {T}, 4);
+    add("attn.qa", "f32", {T, v4.q_lora}, 4);
+    add("attn.q", "f32", {T, s.n_head, s.head_dim}, 4);
+    add("attn.kv", "f32", {T, s.head_dim}, 4);
+    add("attn.out", "f32", {T, s.n_head, s.head_dim}, 4);
+    add("attn.oa", "f32", {T, v4.o_groups * v4.o_lora}, 4);
+    if (v4.comp_lanes > 0) {
+      add("comp.kv", "f32", {T, v4.comp_lanes * s.head_dim}, 4);
+      add("comp.score", "f32", {T, v4.comp_lanes * s.head_dim}, 4);
+    }
+    if (v4.idx_heads > 0) {
+      add("index.kv", "f32", {T, 2 * v4.idx_dim}, 4);
+      add("index.score", "f32", {T, 2 * v4.idx_dim}, 4);
+      add("index.q", "f32", {T, v4.idx_heads, v4.idx_dim}, 4);
+      add("index.w", "f32", {T, v4.idx_heads}, 4);
+      add("index.sel", "i32", {T, v4.idx_topk}, 4);
+    }
+  } else {
+    add("attn.q", "f32", {T, s.n_head, s.head_dim}, 4);
+    add("attn.k", "f32", {T, s.n_kv_head, s.head_dim}, 4);
+    add("attn.v", "f32", {T, s.n_kv_head, s.head_dim}, 4);
+    add("attn.out", "f32", {T, Hd}, 4);
+  }
   (void)KVd;
   add("proj", "f32", {T, s.D}, 4);
   add("router.logits", "f32", {T, s.E}, 4);
@@ -107,6 +141,11 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
     add("moe.up", "f32", {T * s.K, s.F}, 4);
     add("moe.down", "f32", {T * s.K, s.D}, 4);
   }
+  if (v4.q_lora > 0) {
+    add("shexp.gate", "f32", {T, v4.shared_ffn}, 4);
+    add("shexp.up", "f32", {T, v4.shared_ffn}, 4);
+    add("shexp.out", "f32", {T, s.D}, 4);
+  }
   size_t off = 0;
   for (auto& b : p.buffers) {
     b.offset = off;
@@ -128,6 +167,7 @@ PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool
   PrefillBuffers b;
   b.T = T;
   b.moe = p.moe;
+  b.HC = shape_.HC;
   for (const auto& s : p.buffers) {
     void* ptr = base + s.offset;
     const std::string& n = s.name;
@@ -169,6 +209,40 @@ PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool
       b.hu = f;
     else if (n == "moe.down")
       b.yd = f;
+    else if (n == "hc.mix")
+      b.hc_mix = f;
+    else if (n == "hc.post")
+      b.hc_post = f;
+    else if (n == "hc.comb")
+      b.hc_comb = f;
+    else if (n == "tokens")
+      b.tokens = i;
+    else if (n == "attn.qa")
+      b.qa = f;
+    else if (n == "attn.kv")
+      b.kv = f;
+    else if (n == "attn.oa")
+      b.oa = f;
+    else if (n == "comp.kv")
+      b.comp_kv = f;
+    else if (n == "comp.score")
+      b.comp_score = f;
+    else if (n == "index.kv")
+      b.idx_kv = f;
+    else if (n == "index.score")
+      b.idx_score = f;
+    else if (n == "index.q")
+      b.idx_q = f;
+    else if (n == "index.w")
+      b.idx_w = f;
+    else if (n == "index.sel")
+      b.idx_sel = i;
+    else if (n == "shexp.gate")
+      b.sh_gate = f;
+    else if (n == "shexp.up")
+      b.sh_up = f;
+    else if (n == "shexp.out")
+      b.sh_out = f;
     else
       throw Error(str("prefill carve: buffer '", n, "' has no destination"));
   }

@@ -7,6 +7,16 @@
 
 namespace strata {
 
+// DeepSeek V4's attention, compressor, indexer, shared-expert and hyper-connection scratch; all zero
+// for other architectures.
+struct PrefillV4 {
+  int64_t q_lora = 0;  // > 0: a V4 plan
+  int64_t o_groups = 0, o_lora = 0;
+  int64_t comp_lanes = 0;  // the widest compressor: 2 (some ratio-4 layer), 1 (ratio 128 only), 0 (none)
+  int64_t idx_heads = 0, idx_dim = 0, idx_topk = 0;  // the indexer (0 without ratio-4 layers)
+  int64_t shared_ffn = 0;
+};
+
 // The shapes Prefill sizes from; model/ fills it from the GGUF, tests fill it at random.
 struct PrefillShape {
   int64_t D = 0;         // hidden size
@@ -20,6 +30,7 @@ struct PrefillShape {
   // some layer's gate/up use the integer kernel (q8_0 input rows) / the float matmul (f32 input
   // rows); some layer's down uses the integer kernel (its input requantized into the q8_0 rows).
   bool q8_gate_up = true, float_gate_up = false, q8_down = true;
+  PrefillV4 v4;
 };
 
 // Fills the MMQ flags of `s` from its expert_types and the kernel predicate (uses_matmul_q8).
@@ -69,6 +80,25 @@ struct PrefillBuffers {
   float* hg = nullptr;             // rows x F gate, then silu(gate) * up
   float* hu = nullptr;             // rows x F up
   float* yd = nullptr;             // rows x D expert down output
+  // DeepSeek V4 (PrefillShape::v4):
+  int64_t HC = 1;
+  float* hc_mix = nullptr;    // T x (2 + HC) HC: the mixing projection of the flattened streams
+  float* hc_post = nullptr;   // T x HC expand weights
+  float* hc_comb = nullptr;   // T x HC x HC stream combination (after Sinkhorn)
+  int32_t* tokens = nullptr;  // T token ids (the hash-routed layers read them)
+  float* qa = nullptr;        // T x q_lora low-rank query
+  float* kv = nullptr;        // T x hd the shared key/value row
+  float* oa = nullptr;        // T x groups * o_lora grouped output projection
+  float* comp_kv = nullptr;   // T x lanes * hd compressor projections
+  float* comp_score = nullptr;
+  float* idx_kv = nullptr;  // T x 2 * idx_dim indexer compressor projections
+  float* idx_score = nullptr;
+  float* idx_q = nullptr;      // T x idx_heads x idx_dim
+  float* idx_w = nullptr;      // T x idx_heads
+  int32_t* idx_sel = nullptr;  // T x idx_topk compressed rows picked (-1: none)
+  float* sh_gate = nullptr;    // T x shared_ffn
+  float* sh_up = nullptr;
+  float* sh_out = nullptr;  // T x D
 };
 
 class Prefill {

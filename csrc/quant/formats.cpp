@@ -73,6 +73,38 @@ inline void block_iq2_xs(const BlockIQ2_XS& b, float* y) {
   }
 }
 
+// gguf: d*sc and dmin*m rounded to float32 per 16-element group, then (d*sc)*q - dmin*m.
+inline void block_q2_k(const BlockQ2_K& b, float* y) {
+  const float d = fp16_to_f32(b.d), dmin = fp16_to_f32(b.dmin);
+  for (int j = 0; j < 8; ++j) {
+    for (int h = 0; h < 2; ++h) {
+      const int g = 2 * j + h;
+      const float dl = d * static_cast<float>(q2_k_scale(b, g)),
+                  ml = dmin * static_cast<float>(q2_k_min(b, g));
+      for (int l = 16 * h; l < 16 * h + 16; ++l)
+        y[j * 32 + l] = dl * static_cast<float>(q2_k_q(b, j, l)) - ml;
+    }
+  }
+}
+
+// gguf: db = d * (0.5 + scale) * 0.25, then (db * grid) * (+-1), as IQ2_XS.
+inline void block_iq2_xxs(const BlockIQ2_XXS& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t grid_word = iq2_xxs_word(b, j, 0), sign_word = iq2_xxs_word(b, j, 1);
+    const float db = iq2_xs_group_scale(d, iq2_xxs_scale(sign_word));
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t grid = kIq2xxsGrid[iq2_xxs_grid_index(grid_word, k)];
+      const uint8_t signs = kIq2xsSigns[iq2_xxs_sign_index(sign_word, k)];
+      float* out = y + j * 32 + k * 8;
+      for (int e = 0; e < 8; ++e) {
+        const float v = db * static_cast<float>(iq2_xs_grid_value(grid, e));
+        out[e] = v * kPlusMinus[iq2_xs_negative(signs, e)];
+      }
+    }
+  }
+}
+
 inline void block_f16(const uint16_t& h, float* y) { *y = fp16_to_f32(h); }
 inline void block_bf16(const uint16_t& h, float* y) { *y = bf16_to_f32(h); }
 
@@ -82,6 +114,10 @@ void row_bf16(const void* src, float* dst, int64_t n) { blocks<uint16_t, 1, bloc
 void row_q8_0(const void* src, float* dst, int64_t n) { blocks<BlockQ8_0, kQK8_0, block_q8_0>(src, dst, n); }
 void row_q4_k(const void* src, float* dst, int64_t n) { blocks<BlockQ4_K, kQK_K, block_q4_k>(src, dst, n); }
 void row_q6_k(const void* src, float* dst, int64_t n) { blocks<BlockQ6_K, kQK_K, block_q6_k>(src, dst, n); }
+void row_q2_k(const void* src, float* dst, int64_t n) { blocks<BlockQ2_K, kQK_K, block_q2_k>(src, dst, n); }
+void row_iq2_xxs(const void* src, float* dst, int64_t n) {
+  blocks<BlockIQ2_XXS, kQK_K, block_iq2_xxs>(src, dst, n);
+}
 void row_iq2_xs(const void* src, float* dst, int64_t n) {
   blocks<BlockIQ2_XS, kQK_K, block_iq2_xs>(src, dst, n);
 }
@@ -91,9 +127,11 @@ void row_iq2_xs(const void* src, float* dst, int64_t n) {
 #if defined(__x86_64__)
 #define SIMD(f, D) dequant_row_avx2<D>
 #define AVX2(f) f##_avx2
+#define AVX2_OR_SCALAR(f) f##_avx2
 #else
 #define SIMD(f, D) f
 #define AVX2(f) nullptr
+#define AVX2_OR_SCALAR(f) f##_scalar
 #endif
 
 // The one place that knows the formats; order is the order of the "supported" list in errors.
@@ -109,9 +147,15 @@ constexpr QuantTraits kTraits[] = {
      mmq_q6_k_scalar, AVX2(mmq_q6_k)},
     {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs, DecIQ2_XS), false,
      AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs)},
+    // No AVX2 decoders yet (the portable rows fill both slots); Q2_K has no AVX2 integer kernel yet.
+    {QType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), row_q2_k, row_q2_k, false, nullptr, mmq_q2_k_scalar,
+     mmq_q2_k_scalar},
+    {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, row_iq2_xxs, false, nullptr,
+     mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs)},
 };
 #undef SIMD
 #undef AVX2
+#undef AVX2_OR_SCALAR
 
 }  // namespace
 

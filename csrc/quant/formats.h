@@ -10,6 +10,7 @@
 #include "core/half.h"
 #include "core/host_device.h"
 #include "quant/iq2xs_grid.h"
+#include "quant/iq2xxs_grid.h"
 
 namespace strata {
 
@@ -162,5 +163,54 @@ static_assert([] {
     for (int e = 0; e < 8; ++e) m = iq2_xs_grid_value(entry, e) > m ? iq2_xs_grid_value(entry, e) : m;
   return m;
 }() == kIq2xsGridMax);
+
+// ---- Q2_K: sixteen 16-element groups g with a 4-bit scale (low nibble of scales[g]) and a 4-bit
+// min (high nibble); 2-bit q. x = (d * sc_g) * q - dmin * m_g (gguf rounds d * sc_g and dmin * m_g
+// to float32 first). ----
+
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];  // scale | min << 4, per 16 elements
+  uint8_t qs[kQK_K / 4];       // four 2-bit quants per byte
+  uint16_t d;
+  uint16_t dmin;
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+
+// 32-element block j (0..7): its quants are the bits [shift, shift + 2) of qs[qs], ..., qs[qs + 31];
+// elements 0-15 take group 2j, elements 16-31 group 2j + 1.
+struct Q2_KSub {
+  int qs, shift;
+};
+STRATA_HD constexpr Q2_KSub q2_k_sub(int j) { return {(j / 4) * 32, (j % 4) * 2}; }
+constexpr int kQ2_KMask = 3;
+
+// Element l of 32-element block j, in [0, 3].
+STRATA_HD constexpr int q2_k_q(const BlockQ2_K& b, int j, int l) {
+  const Q2_KSub s = q2_k_sub(j);
+  return (b.qs[s.qs + l] >> s.shift) & kQ2_KMask;
+}
+STRATA_HD constexpr int q2_k_scale(const BlockQ2_K& b, int g) { return b.scales[g] & 0xF; }
+STRATA_HD constexpr int q2_k_min(const BlockQ2_K& b, int g) { return b.scales[g] >> 4; }
+
+// ---- IQ2_XXS: eight 32-element blocks j, each two 32-bit words: the first holds four 8-bit
+// indices k into kIq2xxsGrid (eight magnitudes each, for elements 8k..8k+7), the second four 7-bit
+// sign indices (bits 7k..7k+6, into iq2_xs_signs) and a 4-bit scale sc (bits 28..31).
+// x = (d * (0.5 + sc) * 0.25) * magnitude * (+1 or -1), as IQ2_XS. ----
+
+struct BlockIQ2_XXS {
+  uint16_t d;
+  uint16_t qs[kQK_K / 8];  // per 32-block: grid word (low, high half), sign/scale word (low, high)
+};
+static_assert(sizeof(BlockIQ2_XXS) == 66);
+
+// Word w (0: grid indices, 1: signs and scale) of 32-element block j.
+STRATA_HD constexpr uint32_t iq2_xxs_word(const BlockIQ2_XXS& b, int j, int w) {
+  return static_cast<uint32_t>(b.qs[4 * j + 2 * w]) | (static_cast<uint32_t>(b.qs[4 * j + 2 * w + 1]) << 16);
+}
+STRATA_HD constexpr int iq2_xxs_grid_index(uint32_t grid_word, int k) {
+  return (grid_word >> (8 * k)) & 0xFF;
+}
+STRATA_HD constexpr int iq2_xxs_sign_index(uint32_t sign_word, int k) { return (sign_word >> (7 * k)) & 127; }
+STRATA_HD constexpr int iq2_xxs_scale(uint32_t sign_word) { return static_cast<int>(sign_word >> 28); }
 
 }  // namespace strata

@@ -17,6 +17,14 @@ namespace strata::quant_detail {
                          int64_t);
 STRATA_QUANT_KERNELS(STRATA_DECLARE)
 #undef STRATA_DECLARE
+// Integer kernels of types with no AVX2 decoder: IQ2_XXS has an AVX2 integer kernel; Q2_K not yet (the
+// table holds its scalar kernel in both slots).
+void mmq_q2_k_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,
+                     int64_t);
+void mmq_iq2_xxs_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,
+                        int64_t);
+void mmq_iq2_xxs_avx2(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,
+                      int64_t);
 void gemv_f16_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);
 void gemv_bf16_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);
 

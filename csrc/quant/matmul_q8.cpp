@@ -116,6 +116,49 @@ void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
               });
 }
 
+void mmq_q2_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ2_K& blk = reinterpret_cast<const BlockQ2_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                int32_t s = 0, sm = 0;
+                for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element groups
+                  int32_t sq = 0, sx = 0;
+                  for (int l = 16 * h; l < 16 * h + 16; ++l) {
+                    sq += q2_k_q(blk, j, l) * x[l];
+                    sx += x[l];
+                  }
+                  s += q2_k_scale(blk, 2 * j + h) * sq;
+                  sm += q2_k_min(blk, 2 * j + h) * sx;
+                }
+                acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+                return std::fma(-(fp16_to_f32(blk.dmin) * dx), static_cast<float>(sm), acc);
+              });
+}
+
+void mmq_iq2_xxs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                        int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockIQ2_XXS& blk = reinterpret_cast<const BlockIQ2_XXS*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                const uint32_t grid_word = iq2_xxs_word(blk, j, 0), sign_word = iq2_xxs_word(blk, j, 1);
+                int32_t s = 0;
+                for (int k = 0; k < 4; ++k) {
+                  const uint64_t grid = kIq2xxsGrid[iq2_xxs_grid_index(grid_word, k)];
+                  const uint8_t signs = kIq2xsSigns[iq2_xxs_sign_index(sign_word, k)];
+                  for (int e = 0; e < 8; ++e) {
+                    const int v = iq2_xs_grid_value(grid, e);
+                    s += (iq2_xs_negative(signs, e) ? -v : v) * x[8 * k + e];
+                  }
+                }
+                const int odd = 2 * iq2_xxs_scale(sign_word) + 1;
+                return std::fma((fp16_to_f32(blk.d) * dx) * kIq2xsOddScaleUnit, static_cast<float>(odd * s),
+                                acc);
+              });
+}
+
 #if defined(__x86_64__)
 namespace {
 
@@ -232,6 +275,25 @@ STRATA_SIMD inline __m256i iq2_xs_sign_bytes(const BlockIQ2_XS& b, int j) {
   return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
 }
 
+// The same for IQ2_XXS's 32-block j (its grid shares IQ2_XS's largest magnitude).
+static_assert([] {
+  int m = 0;
+  for (uint64_t entry : kIq2xxsGrid)
+    for (int e = 0; e < 8; ++e) m = iq2_xs_grid_value(entry, e) > m ? iq2_xs_grid_value(entry, e) : m;
+  return m;
+}() == kIq2xsGridMax);
+STRATA_SIMD inline __m256i iq2_xxs_grid_bytes(const BlockIQ2_XXS& b, int j) {
+  const uint32_t w = iq2_xxs_word(b, j, 0);
+  const auto e = [&](int k) { return static_cast<long long>(kIq2xxsGrid[iq2_xxs_grid_index(w, k)]); };
+  return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+}
+STRATA_SIMD inline __m256i iq2_xxs_sign_bytes(const BlockIQ2_XXS& b, int j) {
+  const uint32_t w = iq2_xxs_word(b, j, 1);
+  const auto e = [&](int k) { return static_cast<long long>(kIq2xsSignBytes[iq2_xxs_sign_index(w, k)]); };
+  return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+}
+inline int iq2_xxs_odd(const BlockIQ2_XXS& b, int j) { return 2 * iq2_xxs_scale(iq2_xxs_word(b, j, 1)) + 1; }
+
 // A type's kernel: kSubs 32-blocks per weight block; Pre holds one row's decoded block header;
 // dot() gives 8 int32 partials summing to the 32-block's integer term (scales that vary inside
 // the weight block applied); update() adds the block to the lane accumulators.
@@ -331,6 +393,30 @@ struct KIQ2_XS {
     const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 1)),
                                         _mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 0)));
     return _mm256_madd_epi16(p16, sc);
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    const __m256 ddx = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_set1_ps(kIq2xsOddScaleUnit));
+    return _mm256_fmadd_ps(ddx, _mm256_cvtepi32_ps(isum), acc);
+  }
+};
+
+struct KIQ2_XXS {
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(BlockIQ2_XXS);
+  struct Pre {
+    float d;
+    const BlockIQ2_XXS* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockIQ2_XXS* b = reinterpret_cast<const BlockIQ2_XXS*>(blk);
+    return {h2f(b->d), b};
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    const __m256i p16 =
+        _mm256_maddubs_epi16(iq2_xxs_grid_bytes(*p.b, j), _mm256_sign_epi8(x, iq2_xxs_sign_bytes(*p.b, j)));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(static_cast<int16_t>(iq2_xxs_odd(*p.b, j))));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
@@ -530,6 +616,40 @@ struct IlIQ2_XS {
   }
 };
 
+// scr = signed grid value + kIq2xsGridMax in [0, 86]; one scale per 32-block.
+struct IlIQ2_XXS {
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockIQ2_XXS* blk = reinterpret_cast<const BlockIQ2_XXS*>(w);
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockIQ2_XXS& wb = blk[b / kBlocksK];
+      const int j = static_cast<int>(b % kBlocksK);
+      const __m256i v = _mm256_sign_epi8(iq2_xxs_grid_bytes(wb, j), iq2_xxs_sign_bytes(wb, j));
+      store32(scr + b * 32, _mm256_add_epi8(v, _mm256_set1_epi8(kIq2xsGridMax)));
+    }
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KIQ2_XXS::Pre* p, int j, const uint8_t* const* a,
+                               const int8_t* const* xv, const __m256i* hs, __m256i* isum) {
+    int odd[MR];
+    for (int r = 0; r < MR; ++r) {
+      odd[r] = iq2_xxs_odd(*p[r].b, j);
+      const __m256i c = _mm256_set1_epi32(pair16(kIq2xsGridMax * odd[r], kIq2xsGridMax * odd[r]));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+    }
+    for (int k = 0; k < 8; ++k) {
+      __m256i x[NV];
+      for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i aw = bcast4(a[r] + 4 * k), scv = _mm256_set1_epi16(static_cast<int16_t>(odd[r]));
+        for (int v = 0; v < NV; ++v)
+          isum[r * NV + v] =
+              _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
+      }
+    }
+  }
+};
+
 // out[(r * NV + v) * 8 + t] = row r . token 8(g + v) + t over nwb weight blocks.
 template <class K, class IL, int MR, int NV>
 STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi,
@@ -612,6 +732,10 @@ template <>
 struct Il<KIQ2_XS> {
   using type = IlIQ2_XS;
 };
+template <>
+struct Il<KIQ2_XXS> {
+  using type = IlIQ2_XXS;
+};
 
 template <class K>
 void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
@@ -645,6 +769,10 @@ void mmq_q6_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const u
 void mmq_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                      int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KIQ2_XS>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_iq2_xxs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                      int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KIQ2_XXS>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 #endif
 

@@ -11,7 +11,17 @@
 namespace strata {
 
 // Values are ggml type ids, as stored in GGUF tensor infos.
-enum class QType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 8, Q4_K = 12, Q6_K = 14, IQ2_XS = 17, BF16 = 30 };
+enum class QType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q8_0 = 8,
+  Q2_K = 10,
+  Q4_K = 12,
+  Q6_K = 14,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  BF16 = 30
+};
 
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
 // y[r] = row r of W (rows row_bytes apart) . x, for r < rows: matmul's order for T = 1.
@@ -81,9 +91,12 @@ void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const f
 //   Q4_K:   a = fma(d * dx, (float)(sc * S(q4)), a); a = fma(-(dmin * dx), (float)(m * S(1)), a)
 //   Q6_K:   a = fma(d * dx, (float)(sc_lo * S_lo(q6 - 32) + sc_hi * S_hi(q6 - 32)), a)
 //   IQ2_XS: a = fma((d * dx) * 0.125f, (float)((2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g)), a)
+//   IQ2_XXS: a = fma((d * dx) * 0.125f, (float)((2 s + 1) S(g)), a)
+//   Q2_K:   a = fma(d * dx, (float)(sc_lo S_lo(q2) + sc_hi S_hi(q2)), a);
+//           a = fma(-(dmin * dx), (float)(m_lo S_lo(1) + m_hi S_hi(1)), a)
 // (sc, m: the 32-block's 6-bit scale and min; sc_lo/hi: the int8 scales of its halves; g: grid
-// magnitude times sign; s_lo/hi: 4-bit scales). So results do not depend on T, the thread count,
-// the rows subset or the CPU.
+// magnitude times sign; s_lo/hi, s: 4-bit scales; Q2_K: the 4-bit scales and mins of its halves).
+// So results do not depend on T, the thread count, the rows subset or the CPU.
 bool has_matmul_q8(QType t);
 
 // The kernel choice for a weight type, tried in this order by the MoE block: the integer kernel

@@ -176,12 +176,39 @@ static_assert([] {
   return true;
 }());
 
+// The IQ2_XXS codebook likewise: quant/iq2xxs_grid.h on the host, a copy in device memory on the GPU.
+#if defined(__CUDACC__)
+struct Iq2xxsGridCopy {
+  uint64_t v[256];
+};
+constexpr Iq2xxsGridCopy make_iq2xxs_grid_copy() {
+  Iq2xxsGridCopy g{};
+  for (int i = 0; i < 256; ++i) g.v[i] = kIq2xxsGrid[i];
+  return g;
+}
+__device__ const Iq2xxsGridCopy kIq2xxsGridOnDevice = make_iq2xxs_grid_copy();
+#endif
+STRATA_HD inline uint64_t iq2_xxs_grid(int i) {
+#if defined(__CUDA_ARCH__)
+  return kIq2xxsGridOnDevice.v[i];
+#else
+  return kIq2xxsGrid[i];
+#endif
+}
+static_assert([] {
+  for (uint64_t entry : kIq2xxsGrid)
+    for (int e = 0; e < 8; ++e)
+      if (iq2_xs_grid_value(entry, e) == 0) return false;
+  return true;
+}());
+
 // One 32-element block of a weight row as matmul_q8 sees it: int8 lanes, four to a word, and the
 // scales that quant.h's formula applies to their sums.
 struct Q8Weights {
   uint32_t q[8];
   float d = 0.0f, dmin = 0.0f;
   int k0 = 0, k1 = 0, m = 0;  // integer scales: of elements 0-15, of 16-31, of the min term
+  int m1 = 0;                 // Q2_K: the min of elements 16-31 (m: of 0-15)
 };
 // One q8_0 activation block: its int8 lanes, four to a word, and (where the format needs it) their sum.
 struct Q8Act {
@@ -429,6 +456,121 @@ struct IQ2_XS {
     iv[0] = w.k0 * lo + w.k1 * hi;
   }
   // a = fma((d * dx) * 0.125f, (2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g), a)
+  STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int iv[kPairs], float a) {
+    return fma_rn(mul(mul(w.d, dx), kIq2xsOddScaleUnit), static_cast<float>(iv[0]), a);
+  }
+};
+
+// gguf: d*sc and dmin*m rounded to float32 per 16-element group, then (d*sc)*q - dmin*m.
+struct Q2_K {
+  static constexpr QType kType = QType::Q2_K;
+  static constexpr int kBlock = kQK_K, kBytes = sizeof(BlockQ2_K);
+  static constexpr int kScales = offsetof(BlockQ2_K, scales), kQs = offsetof(BlockQ2_K, qs),
+                       kD = offsetof(BlockQ2_K, d), kDmin = offsetof(BlockQ2_K, dmin);
+  static constexpr uint32_t kMask = kQ2_KMask * kOnes;
+  STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
+    const Q2_KSub s = q2_k_sub(u / 2);  // the 32-element block; u % 2 is its half, u the group
+    const uint32_t sm = ld8(b + kScales + u);
+    const float ds = mul(half_float(ld16(b + kD)), static_cast<float>(sm & 0xF));
+    const float dm = mul(half_float(ld16(b + kDmin)), static_cast<float>(sm >> 4));
+    uint32_t w[4];
+    ld_words<4>(b + kQs + s.qs + kUnit * (u % 2), w);
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t q = (w[i] >> s.shift) & kMask;
+      STRATA_UNROLL
+      for (int k = 0; k < 4; ++k) v[4 * i + k] = sub(mul(ds, u8_float(q, k)), dm);
+    }
+  }
+
+  static constexpr int kPairs = 2;
+  static constexpr bool kNeedsXSum = false;  // the min term needs the sums of the halves: q8_ints
+  STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
+    w.d = half_float(ld16(b + kD));
+    w.dmin = half_float(ld16(b + kDmin));
+    const uint32_t lo = ld8(b + kScales + 2 * j), hi = ld8(b + kScales + 2 * j + 1);
+    w.k0 = static_cast<int>(lo & 0xF);
+    w.m = static_cast<int>(lo >> 4);
+    w.k1 = static_cast<int>(hi & 0xF);
+    w.m1 = static_cast<int>(hi >> 4);
+    const Q2_KSub s = q2_k_sub(j);
+    ld_words<8>(b + kQs + s.qs, w.q);
+    STRATA_UNROLL
+    for (int i = 0; i < 8; ++i) w.q[i] = (w.q[i] >> s.shift) & kMask;
+  }
+  STRATA_HD static void q8_ints(const Q8Weights& w, const Q8Act& x, int iv[kPairs]) {
+    int lo = 0, hi = 0, xlo = 0, xhi = 0;
+    STRATA_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      lo = dp4a(w.q[i], x.q[i], lo);
+      hi = dp4a(w.q[i + 4], x.q[i + 4], hi);
+      xlo = dp4a(kOnes, x.q[i], xlo);
+      xhi = dp4a(kOnes, x.q[i + 4], xhi);
+    }
+    iv[0] = w.k0 * lo + w.k1 * hi;
+    iv[1] = w.m * xlo + w.m1 * xhi;
+  }
+  // a = fma(d * dx, sc_lo S_lo(q2) + sc_hi S_hi(q2), a); a = fma(-(dmin * dx), m_lo S_lo(1) + m_hi S_hi(1),
+  // a)
+  STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int iv[kPairs], float a) {
+    a = fma_rn(mul(w.d, dx), static_cast<float>(iv[0]), a);
+    return fma_rn(-mul(w.dmin, dx), static_cast<float>(iv[1]), a);
+  }
+};
+
+// gguf: db = d * (0.5 + scale) * 0.25 per 32-element block, then (db * grid) * (+-1), as IQ2_XS.
+struct IQ2_XXS {
+  static constexpr QType kType = QType::IQ2_XXS;
+  static constexpr int kBlock = kQK_K, kBytes = sizeof(BlockIQ2_XXS);
+  static constexpr int kD = offsetof(BlockIQ2_XXS, d), kQs = offsetof(BlockIQ2_XXS, qs);
+  // Word w (0: grid indices, 1: signs and scale) of 32-element block j, from two 16-bit reads.
+  STRATA_HD static uint32_t word(const uint8_t* b, int j, int w) {
+    const uint8_t* p = b + kQs + 8 * j + 4 * w;
+    return ld16(p) | (ld16(p + 2) << 16);
+  }
+  STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
+    const int j = u / 2;
+    const uint32_t grid_word = word(b, j, 0), sign_word = word(b, j, 1);
+    const float db = iq2_xs_group_scale(half_float(ld16(b + kD)), iq2_xxs_scale(sign_word));
+    STRATA_UNROLL
+    for (int c = 0; c < 2; ++c) {  // the unit's two codes of 8 elements
+      const int k = 2 * (u % 2) + c;
+      const uint64_t grid = iq2_xxs_grid(iq2_xxs_grid_index(grid_word, k));
+      const uint8_t signs = iq2_xs_signs(iq2_xxs_sign_index(sign_word, k));
+      STRATA_UNROLL
+      for (int e = 0; e < 8; ++e) {
+        const float x = mul(db, u8_float(static_cast<uint32_t>(grid >> (e < 4 ? 0 : 32)), e % 4));
+        v[8 * c + e] = iq2_xs_negative(signs, e) ? -x : x;  // gguf multiplies by -1: the same value
+      }
+    }
+  }
+
+  static constexpr int kPairs = 1;
+  static constexpr bool kNeedsXSum = false;
+  STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
+    w.d = half_float(ld16(b + kD));
+    const uint32_t grid_word = word(b, j, 0), sign_word = word(b, j, 1);
+    w.k0 = 2 * iq2_xxs_scale(sign_word) + 1;
+    STRATA_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t grid = iq2_xxs_grid(iq2_xxs_grid_index(grid_word, k));
+      const uint32_t signs = iq2_xs_signs(iq2_xxs_sign_index(sign_word, k));
+      STRATA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        // As IQ2_XS: the sign nibble spread to bytes, then -m = (m ^ 0xFF) + 1 per byte.
+        const uint32_t neg = ((((signs >> (4 * h)) & 0xF) * 0x00204081u) & kOnes) * 0xFFu;
+        const uint32_t mag = static_cast<uint32_t>(grid >> (32 * h));
+        w.q[2 * k + h] = (mag ^ neg) + (neg & kOnes);
+      }
+    }
+  }
+  STRATA_HD static void q8_ints(const Q8Weights& w, const Q8Act& x, int iv[kPairs]) {
+    int s = 0;
+    STRATA_UNROLL
+    for (int i = 0; i < 8; ++i) s = dp4a(w.q[i], x.q[i], s);
+    iv[0] = w.k0 * s;
+  }
+  // a = fma((d * dx) * 0.125f, (2 s + 1) S(g), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int iv[kPairs], float a) {
     return fma_rn(mul(mul(w.d, dx), kIq2xsOddScaleUnit), static_cast<float>(iv[0]), a);
   }

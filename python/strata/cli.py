@@ -389,6 +389,7 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
         ("architecture", f"{s['arch']} ({s['name']})" if s["name"] else s["arch"]),
         ("layers / hidden / vocab", f"{s['layers']} / {s['hidden']} / {s['vocab']}"),
         ("attention", f"{s['heads']} heads, {s['kv_heads']} kv heads, head_dim {s['head_dim']}"),
+        *[(k, v) for k, v in s.get("details", [])],
         ("experts", f"{s['experts']} per layer, top-{s['top_k']}, ffn {s['expert_ffn']}"),
         ("trained context", f"{s['ctx_train']} tokens"),
         ("parameters", f"{s['params_total'] / 1e9:.3f} B total, {s['params_active'] / 1e9:.3f} B active per token"),

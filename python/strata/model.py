@@ -305,7 +305,8 @@ class Model:
         None or -1 for a random one. Bad values raise strata.ConfigError before any work; Ctrl-C
         raises KeyboardInterrupt, with the stats so far in `last_stats` (stop_reason "interrupted").
         reuse_kv: the prompt's tokens that begin as the last generation's did (a chat's history)
-        are not run again when the KV cache still holds them (stats: prompt_reused). The logits are
+        are not run again when the KV cache still holds them (stats: prompt_reused); with DeepSeek V4,
+        whose cache keeps rings of the latest positions, only when they begin with all it holds. The logits are
         those of a full run, except that with a streamed expert cache the shorter rest may take the
         other MoE layout (within its tolerance).
         """

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "core/half.h"
 #include "quant/iq2xs_grid.h"
+#include "quant/iq2xxs_grid.h"
 #include "quant/quant.h"
 
 namespace strata::ref {
@@ -75,10 +76,11 @@ inline float half_at(const uint8_t* p) {
 }
 
 // One weight row's 32-element block b, written as coef[0] * sum(wq[i] * x[i]) over i < 16 plus
-// coef[1] * (the same over i >= 16) plus coef[2] * sum(x[i]), with wq integers.
+// coef[1] * (the same over i >= 16) plus coef[2] * sum(x[i]) over i < 16 plus coef[3] * (the same
+// over i >= 16), with wq integers.
 struct IntBlock {
   int wq[32];
-  double coef[3];
+  double coef[4];
 };
 
 inline IntBlock int_block(QType t, const uint8_t* row, int64_t b) {
@@ -96,7 +98,7 @@ inline IntBlock int_block(QType t, const uint8_t* row, int64_t b) {
     q4k_scale_min((int)j, blk + 4, sc, m);
     for (int i = 0; i < 32; ++i) r.wq[i] = (blk[16 + (j / 2) * 32 + i] >> (4 * (j % 2))) & 0xF;
     r.coef[0] = r.coef[1] = (double)half_at(blk) * sc;
-    r.coef[2] = -(double)half_at(blk + 2) * m;
+    r.coef[2] = r.coef[3] = -(double)half_at(blk + 2) * m;
   } else if (t == QType::Q6_K) {
     const uint8_t* blk = row + sb * 210;
     const int64_t h = j / 4, k = j % 4;  // half of 128, group of 32 in it
@@ -119,6 +121,26 @@ inline IntBlock int_block(QType t, const uint8_t* row, int64_t b) {
     const uint8_t s = blk[66 + j];
     r.coef[0] = half_at(blk) * 0.125 * (2 * (s & 0xF) + 1);
     r.coef[1] = half_at(blk) * 0.125 * (2 * (s >> 4) + 1);
+  } else if (t == QType::Q2_K) {  // scales[16], qs[64], d, dmin
+    const uint8_t* blk = row + sb * 84;
+    for (int i = 0; i < 32; ++i) r.wq[i] = (blk[16 + (j / 4) * 32 + i] >> (2 * (j % 4))) & 3;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t sm = blk[2 * j + h];
+      r.coef[h] = (double)half_at(blk + 80) * (sm & 0xF);
+      r.coef[2 + h] = -(double)half_at(blk + 82) * (sm >> 4);
+    }
+  } else if (t == QType::IQ2_XXS) {  // d, then per 32-block a grid word and a sign/scale word
+    const uint8_t* blk = row + sb * 66 + 2 + j * 8;
+    uint32_t gw, sw;
+    std::memcpy(&gw, blk, 4);
+    std::memcpy(&sw, blk + 4, 4);
+    for (int g = 0; g < 4; ++g) {
+      const unsigned s7 = (sw >> (7 * g)) & 127, signs = s7 | ((std::popcount(s7) & 1u) << 7);
+      for (int i = 0; i < 8; ++i)
+        r.wq[g * 8 + i] =
+            (int)((kIq2xxsGrid[(gw >> (8 * g)) & 0xFF] >> (8 * i)) & 0xFF) * ((signs >> i) & 1 ? -1 : 1);
+    }
+    r.coef[0] = r.coef[1] = half_at(row + sb * 66) * 0.125 * (2 * (sw >> 28) + 1);
   }
   return r;
 }
@@ -130,12 +152,12 @@ inline Val dot_q8(QType t, const uint8_t* wrow, const uint8_t* xrow, int64_t col
     const IntBlock w = int_block(t, wrow, b);
     const double dx = half_at(xrow + b * 34);
     const int8_t* xq = reinterpret_cast<const int8_t*>(xrow + b * 34 + 2);
-    int64_t s[3] = {0, 0, 0};
+    int64_t s[4] = {0, 0, 0, 0};
     for (int i = 0; i < 32; ++i) {
       s[i / 16] += w.wq[i] * xq[i];
-      s[2] += xq[i];
+      s[2 + i / 16] += xq[i];
     }
-    for (int c = 0; c < 3; ++c) {
+    for (int c = 0; c < 4; ++c) {
       out.v += w.coef[c] * dx * s[c];
       out.mag += std::fabs(w.coef[c] * dx * s[c]);
     }

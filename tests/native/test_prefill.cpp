@@ -38,6 +38,19 @@ PrefillShape make_shape(int64_t D, int64_t HC, int64_t E, int64_t K, int64_t F, 
   return s;
 }
 
+// DeepSeek V4's scratch on a shape: low-rank Q, grouped output, compressors of `lanes`, an indexer.
+PrefillShape v4(PrefillShape s, int64_t lanes, int64_t idx_heads) {
+  s.v4.q_lora = 24;
+  s.v4.o_groups = 2;
+  s.v4.o_lora = 12;
+  s.v4.comp_lanes = lanes;
+  s.v4.idx_heads = idx_heads;
+  s.v4.idx_dim = idx_heads ? 32 : 0;
+  s.v4.idx_topk = idx_heads ? 5 : 0;
+  s.v4.shared_ffn = 40;
+  return s;
+}
+
 // Small enough that T = 65536 stays around 200 MB in the largest layout.
 std::vector<std::pair<std::string, PrefillShape>> shapes() {
   return {
@@ -45,6 +58,9 @@ std::vector<std::pair<std::string, PrefillShape>> shapes() {
       {"qwen-like-unfused", make_shape(64, 1, 8, 2, 32, 4, 2, 16, true)},
       {"hc4-unfused", make_shape(32, 4, 4, 4, 96, 2, 1, 16, true)},  // K == E, F not a power of two
       {"hc4-fused-gr", make_shape(96, 4, 5, 1, 32, 6, 3, 18, false)},
+      {"v4-indexer-unfused", v4(make_shape(32, 4, 4, 2, 32, 2, 1, 16, true), 2, 3)},
+      {"v4-hca-only", v4(make_shape(32, 4, 5, 3, 32, 4, 1, 18, false), 1, 0)},
+      {"v4-window-only", v4(make_shape(64, 4, 3, 1, 32, 2, 1, 16, false), 0, 0)},
   };
 }
 
@@ -95,13 +111,33 @@ const void* pointer_of(const PrefillBuffers& b, const std::string& n) {
   if (n == "moe.gate") return b.hg;
   if (n == "moe.up") return b.hu;
   if (n == "moe.down") return b.yd;
+  if (n == "hc.mix") return b.hc_mix;
+  if (n == "hc.post") return b.hc_post;
+  if (n == "hc.comb") return b.hc_comb;
+  if (n == "tokens") return b.tokens;
+  if (n == "attn.qa") return b.qa;
+  if (n == "attn.kv") return b.kv;
+  if (n == "attn.oa") return b.oa;
+  if (n == "comp.kv") return b.comp_kv;
+  if (n == "comp.score") return b.comp_score;
+  if (n == "index.kv") return b.idx_kv;
+  if (n == "index.score") return b.idx_score;
+  if (n == "index.q") return b.idx_q;
+  if (n == "index.w") return b.idx_w;
+  if (n == "index.sel") return b.idx_sel;
+  if (n == "shexp.gate") return b.sh_gate;
+  if (n == "shexp.up") return b.sh_up;
+  if (n == "shexp.out") return b.sh_out;
   ADD_FAILURE() << "plan buffer '" << n << "' has no PrefillBuffers field";
   return nullptr;
 }
 
 std::vector<const void*> all_pointers(const PrefillBuffers& b) {
-  return {b.R,        b.grs,    b.xn,         b.q,           b.k,  b.v,  b.attn, b.proj, b.router,
-          b.topk_ids, b.topk_w, b.expert_off, b.expert_rows, b.xg, b.xq, b.hg,   b.hu,   b.yd};
+  return {b.R,         b.grs,    b.xn,       b.q,       b.k,          b.v,           b.attn,
+          b.proj,      b.router, b.topk_ids, b.topk_w,  b.expert_off, b.expert_rows, b.xg,
+          b.xq,        b.hg,     b.hu,       b.yd,      b.hc_mix,     b.hc_post,     b.hc_comb,
+          b.tokens,    b.qa,     b.kv,       b.oa,      b.comp_kv,    b.comp_score,  b.idx_kv,
+          b.idx_score, b.idx_q,  b.idx_w,    b.idx_sel, b.sh_gate,    b.sh_up,       b.sh_out};
 }
 
 }  // namespace
@@ -159,6 +195,13 @@ TEST(Prefill, CarveWritesStayInsideExactRegion) {
         // the pointers that must be absent are: xn unless unfused; the other layout's MoE buffer
         EXPECT_EQ(b.xn != nullptr, shape.gr_unfused);
         EXPECT_NE(b.grs, nullptr);
+        EXPECT_EQ(b.HC, shape.HC);
+        // a V4 plan carves its buffers, and only the ones its compressors and indexer use
+        const bool is_v4 = shape.v4.q_lora > 0;
+        EXPECT_EQ(b.hc_comb != nullptr, is_v4);
+        EXPECT_EQ(b.k == nullptr, is_v4);
+        EXPECT_EQ(b.comp_kv != nullptr, shape.v4.comp_lanes > 0);
+        EXPECT_EQ(b.idx_sel != nullptr, shape.v4.idx_heads > 0);
         if (b.moe == MoeLayout::Fused) {
           EXPECT_NE(b.xg, nullptr);
           EXPECT_EQ(b.xq, nullptr);
@@ -244,4 +287,21 @@ TEST(Prefill, RejectsBadShapesAndChunks) {
   const Prefill pf(shapes()[0].second);
   EXPECT_THROW(pf.layout(0, true), ConfigError);
   EXPECT_THROW(pf.bytes_needed(-1, false), ConfigError);
+}
+
+TEST(Prefill, RejectsBadV4Shapes) {
+  const PrefillShape ok = v4(make_shape(32, 4, 4, 2, 32, 2, 1, 16, false), 2, 3);
+  EXPECT_NO_THROW(Prefill{ok});
+  PrefillShape s = ok;
+  s.v4.o_groups = 0;
+  EXPECT_THROW(Prefill{s}, ConfigError);
+  s = ok;
+  s.v4.comp_lanes = 3;
+  EXPECT_THROW(Prefill{s}, ConfigError);
+  s = ok;
+  s.v4.idx_topk = 0;  // an indexer with no top-k
+  EXPECT_THROW(Prefill{s}, ConfigError);
+  s = ok;
+  s.v4.shared_ffn = 0;
+  EXPECT_THROW(Prefill{s}, ConfigError);
 }

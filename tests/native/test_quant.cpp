@@ -19,8 +19,8 @@ using namespace strata;
 
 namespace {
 
-const QType kAll[] = {QType::F32,  QType::F16,  QType::BF16,  QType::Q8_0,
-                      QType::Q4_K, QType::Q6_K, QType::IQ2_XS};
+const QType kAll[] = {QType::F32,  QType::F16,    QType::BF16, QType::Q8_0,   QType::Q4_K,
+                      QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
 
 // Byte offsets of each block's fp16 fields, which random bytes must not turn into inf/nan.
 std::vector<size_t> half_fields(QType t) {
@@ -35,6 +35,10 @@ std::vector<size_t> half_fields(QType t) {
       return {208};
     case QType::IQ2_XS:
       return {0};
+    case QType::IQ2_XXS:
+      return {0};
+    case QType::Q2_K:
+      return {80, 82};
     default:
       return {};
   }
@@ -99,10 +103,10 @@ TEST(Quant, UnsupportedTypeNamesItAndTheFix) {
     quant_traits(21, "blk.0.ffn_down_exps.weight");
     FAIL() << "no throw";
   } catch (const UnsupportedError& e) {
-    EXPECT_STREQ(
-        e.what(),
-        "blk.0.ffn_down_exps.weight: quant type IQ3_S (21) is not supported by strata; "
-        "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS. Re-quantize the model with one of them.");
+    EXPECT_STREQ(e.what(),
+                 "blk.0.ffn_down_exps.weight: quant type IQ3_S (21) is not supported by strata; "
+                 "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS. Re-quantize the model "
+                 "with one of them.");
   }
   EXPECT_THROW(quant_traits(99, "x"), UnsupportedError);
 }
@@ -277,7 +281,7 @@ TEST(Quant, MatmulRejectsBadShapes) {
 
 namespace {
 
-const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS};
+const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
 
 // T rows of q8_0 blocks of x (cols wide), xrb bytes apart, and their dequantized values.
 std::vector<uint8_t> quantize_x(const std::vector<float>& x, int64_t T, int64_t cols, int64_t xrb,

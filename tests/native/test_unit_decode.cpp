@@ -26,7 +26,8 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
   for (auto& b : w) b = static_cast<uint8_t>(rng());
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<size_t> halves;
-  if (t == QType::F16 || t == QType::Q8_0 || t == QType::IQ2_XS) halves = {0};
+  if (t == QType::F16 || t == QType::Q8_0 || t == QType::IQ2_XS || t == QType::IQ2_XXS) halves = {0};
+  if (t == QType::Q2_K) halves = {80, 82};
   if (t == QType::Q4_K) halves = {0, 2};
   if (t == QType::Q6_K) halves = {208};
   for (size_t off = 0; off < w.size(); off += q.type_size) {
@@ -88,6 +89,8 @@ TEST(UnitDecode, UnitsEqualDequantRow) {
   check_units<unit::Q4_K>(3 * 256, rng);
   check_units<unit::Q6_K>(3 * 256, rng);
   check_units<unit::IQ2_XS>(3 * 256, rng);
+  check_units<unit::Q2_K>(3 * 256, rng);
+  check_units<unit::IQ2_XXS>(3 * 256, rng);
 }
 
 // Every byte pattern of the Q4_K and Q6_K fields at once: the quants decoded from random bytes above
@@ -144,6 +147,8 @@ TEST(UnitDecode, IntegerBlocksRebuildMatmulQ8) {
   check_q8<unit::Q4_K>(3 * 256, rng);
   check_q8<unit::Q6_K>(3 * 256, rng);
   check_q8<unit::IQ2_XS>(3 * 256, rng);
+  check_q8<unit::Q2_K>(3 * 256, rng);
+  check_q8<unit::IQ2_XXS>(3 * 256, rng);
 }
 
 }  // namespace

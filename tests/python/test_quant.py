@@ -12,8 +12,9 @@ import strata
 from strata import _core
 
 # ggml type -> byte offsets of each block's fp16 fields (kept finite so no inf/nan appears).
-HALF_FIELDS = {G.F16: [0], G.Q8_0: [0], G.Q4_K: [0, 2], G.Q6_K: [208], G.IQ2_XS: [0]}
-TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS]
+HALF_FIELDS = {G.F16: [0], G.Q8_0: [0], G.Q4_K: [0, 2], G.Q6_K: [208], G.IQ2_XS: [0], G.Q2_K: [80, 82],
+               G.IQ2_XXS: [0]}
+TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS]
 
 
 def random_blocks(qtype: G, n_elems: int, rng: np.random.Generator) -> np.ndarray:
@@ -100,7 +101,7 @@ def test_size_mismatches_raise_config_error():
         _core.matmul(int(G.Q8_0), np.zeros(34, np.uint8), 2, 32, np.zeros((1, 32), np.float32))
 
 
-Q8_TYPES = [G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS]
+Q8_TYPES = [G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS]
 
 
 def q8_0_roundtrip(x: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
+#include "backend/cpu/ds4_ops.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
@@ -65,6 +66,7 @@ class CpuBackend final : public Backend {
     host_memory(free_bytes, total_bytes);
   }
   bool host_is_device() const override { return true; }
+  bool has_ds4_ops() const override { return true; }
   // The CPU reads host memory where it is: there is nothing to register.
   bool register_host(const void*, size_t) override { return false; }
   const void* device_view(const void* host) const override { return host; }
@@ -302,6 +304,63 @@ class CpuBackend final : public Backend {
     });
   }
 
+  // DeepSeek V4's ops: backend/cpu/ds4_ops.h.
+  void apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                     const int32_t* rows, int64_t div, int64_t n, float* out) override {
+    cpu_apply_norm_hc(x, grs, w, D, HC, rows, div, n, out, pool_);
+  }
+  void quantize_q8_0_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                        const int32_t* rows, int64_t div, int64_t n, uint8_t* out,
+                        size_t out_row_bytes) override {
+    cpu_quantize_q8_0_hc(x, grs, w, D, HC, rows, div, n, out, out_row_bytes, pool_);
+  }
+  void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
+              const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
+              float* comb) override {
+    cpu_hc_pre(mix, x, T, HC, D, eps, scale, base, hc_eps, iters, grs, post, comb, pool_);
+  }
+  void hc_post(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
+               int64_t D) override {
+    cpu_hc_post(x, y, post, comb, T, HC, D, pool_);
+  }
+  void hc_expand(const float* y, int64_t T, int64_t HC, int64_t D, float* x) override {
+    cpu_hc_expand(y, T, HC, D, x, pool_);
+  }
+  void rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps) override {
+    cpu_rms_norm(x, rows, D, w, eps, pool_);
+  }
+  void rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs, const float* inv_freq,
+                 float mscale, int64_t pos0, int64_t pos_step, bool inverse) override {
+    cpu_rope_tail(x, rows, n_heads, hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse, pool_);
+  }
+  void ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T,
+                  const float* src) override {
+    cpu_ring_store(ring, slots, width, pos0, T, src);
+  }
+  void compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
+                     const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
+                     float* out) override {
+    cpu_compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out, pool_);
+  }
+  void attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
+                      int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
+                      int64_t pos0, int64_t H, int64_t hd, float scale, float* out) override {
+    cpu_attention_sink(q, kv, win, window, comp, ratio, sel, topk, sinks, T, pos0, H, hd, scale, out, pool_);
+  }
+  void indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
+                    int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale,
+                    int32_t* sel) override {
+    cpu_indexer_topk(q, w, keys, T, pos0, n_heads, dim, ratio, topk, scale, sel, pool_);
+  }
+  void router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
+                 const int32_t* table, const int32_t* tokens, bool norm, float scale, int32_t* ids,
+                 float* weights) override {
+    cpu_router_v4(logits, T, E, K, bias, table, tokens, norm, scale, ids, weights, pool_);
+  }
+  void swiglu_clamp(float* g, const float* u, int64_t n, float limit) override {
+    cpu_swiglu_clamp(g, u, n, limit, pool_);
+  }
+
  private:
   // fn(W, i, k) for each run of k consecutive rows i.. on one expert (rows sorted by expert: one run
   // each), W its matrix m.
@@ -329,5 +388,10 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+void unsupported_backend_op(const Backend& be, const char* op) {
+  throw UnsupportedError(str("the ", be.name(), " backend has no ", op,
+                             " op yet (DeepSeek V4 needs it); run this model with --device cpu"));
+}
 
 }  // namespace strata

@@ -17,6 +17,7 @@
 #include "backend/cuda/common.cuh"
 #include "core/error.h"
 #include "quant/iq2xs_grid.h"
+#include "quant/iq2xxs_grid.h"
 #include "quant/quant.h"
 
 namespace strata::cuda {
@@ -56,6 +57,17 @@ constexpr Iq2xsGrid make_iq2xs_grid() {
   return g;
 }
 __device__ const Iq2xsGrid kIq2xsGridDev = make_iq2xs_grid();
+
+// The IQ2_XXS codebook likewise, from quant/iq2xxs_grid.h.
+struct Iq2xxsGrid {
+  uint64_t v[256];
+};
+constexpr Iq2xxsGrid make_iq2xxs_grid() {
+  Iq2xxsGrid g{};
+  for (int i = 0; i < 256; ++i) g.v[i] = kIq2xxsGrid[i];
+  return g;
+}
+__device__ const Iq2xxsGrid kIq2xxsGridDev = make_iq2xxs_grid();
 
 // ggml's ksigns_iq2xs[k]: the 7 sign bits of k plus an 8th that makes the count of minuses even.
 __device__ __forceinline__ unsigned iq2_xs_signs(unsigned k) { return k | ((__popc(k) & 1u) << 7); }
@@ -178,6 +190,48 @@ struct DecIQ2_XS {
   }
 };
 
+// BlockQ2_K: scales[16] (4-bit scale | 4-bit min << 4, per 16 elements), qs[64] (2-bit), d, dmin
+// (fp16). gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m.
+struct DecQ2_K {
+  static constexpr QType kType = QType::Q2_K;
+  static constexpr int64_t kBlock = kQK_K, kBytes = sizeof(BlockQ2_K);
+  static constexpr int kScales = offsetof(BlockQ2_K, scales), kQs = offsetof(BlockQ2_K, qs),
+                       kD = offsetof(BlockQ2_K, d), kDmin = offsetof(BlockQ2_K, dmin);
+  __device__ static float elem(const uint8_t* row, int64_t i) {
+    const uint8_t* b = row + (i / kQK_K) * kBytes;
+    const int r = static_cast<int>(i % kQK_K), j = r / 32, l = r % 32;
+    const int sm = b[kScales + 2 * j + l / 16];
+    const float ds = __fmul_rn(half_at(b + kD), static_cast<float>(sm & 0xF));
+    const float dm = __fmul_rn(half_at(b + kDmin), static_cast<float>(sm >> 4));
+    const int q = (b[kQs + (j / 4) * 32 + l] >> ((j % 4) * 2)) & 3;
+    return __fsub_rn(__fmul_rn(ds, static_cast<float>(q)), dm);
+  }
+};
+
+// BlockIQ2_XXS: d (fp16), then per 32 elements a word of four 8-bit grid indices and a word of four
+// 7-bit sign indices and a 4-bit scale (bits 28..31). gguf: db = d * (0.5 + scale) * 0.25, then
+// (db * grid) * (+-1), as IQ2_XS.
+struct DecIQ2_XXS {
+  static constexpr QType kType = QType::IQ2_XXS;
+  static constexpr int64_t kBlock = kQK_K, kBytes = sizeof(BlockIQ2_XXS);
+  static constexpr int kD = offsetof(BlockIQ2_XXS, d), kQs = offsetof(BlockIQ2_XXS, qs);
+  __device__ static uint32_t word(const uint8_t* b, int j, int w) {
+    const uint8_t* p = b + kQs + 8 * j + 4 * w;
+    return u16_at(p) | (static_cast<uint32_t>(u16_at(p + 2)) << 16);
+  }
+  __device__ static float elem(const uint8_t* row, int64_t i) {
+    const uint8_t* b = row + (i / kQK_K) * kBytes;
+    const int r = static_cast<int>(i % kQK_K), j = r / 32, k = (r % 32) / 8, e = r % 8;
+    const uint32_t grid_word = word(b, j, 0), sign_word = word(b, j, 1);
+    const int sc = static_cast<int>(sign_word >> 28);
+    const float db = __fmul_rn(__fmul_rn(half_at(b + kD), __fadd_rn(0.5f, static_cast<float>(sc))), 0.25f);
+    const int mag = static_cast<int>((kIq2xxsGridDev.v[(grid_word >> (8 * k)) & 0xFF] >> (8 * e)) & 0xFF);
+    const bool neg = (iq2_xs_signs((sign_word >> (7 * k)) & 127) >> e) & 1;
+    const float v = __fmul_rn(db, static_cast<float>(mag));
+    return __fmul_rn(v, neg ? -1.0f : 1.0f);  // a multiply, as numpy does
+  }
+};
+
 // ---- the type switch of embed and dequant_rows (the matmul kernels have theirs in matmul_kernels.cuh) ----
 
 // Calls f(Dec{}) with the decoder of ggml type `type`; UnsupportedError naming `what` otherwise.
@@ -198,6 +252,10 @@ void dispatch_type(uint32_t type, const char* what, F&& f) {
       return f(DecQ6_K{});
     case QType::IQ2_XS:
       return f(DecIQ2_XS{});
+    case QType::Q2_K:
+      return f(DecQ2_K{});
+    case QType::IQ2_XXS:
+      return f(DecIQ2_XXS{});
   }
   quant_traits(type, what);  // throws, naming the type and the supported ones
   throw UnsupportedError(str(what, ": the CUDA backend has no kernel for ggml type ", type));

@@ -14,9 +14,10 @@
 #include "quant/unit_decode.h"
 
 // The formats of the float-activation kernels (GEMV and tensor cores).
-#define STRATA_CUDA_MATMUL_FORMATS(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_K) X(Q6_K) X(IQ2_XS)
+#define STRATA_CUDA_MATMUL_FORMATS(X) \
+  X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_K) X(Q6_K) X(IQ2_XS) X(Q2_K) X(IQ2_XXS)
 // The formats of the integer kernels against q8_0 activations (uses_matmul_q8).
-#define STRATA_CUDA_MATMUL_Q8_FORMATS(X) X(Q8_0) X(Q4_K) X(Q6_K) X(IQ2_XS)
+#define STRATA_CUDA_MATMUL_Q8_FORMATS(X) X(Q8_0) X(Q4_K) X(Q6_K) X(IQ2_XS) X(Q2_K) X(IQ2_XXS)
 
 namespace strata::cuda {
 

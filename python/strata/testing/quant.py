@@ -8,7 +8,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
-QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XS")
+QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XS", "Q2_K", "IQ2_XXS")
 """Type names `encode` and `random_blocks` accept."""
 
 _QUANTIZABLE = ("F32", "F16", "BF16", "Q8_0")  # gguf.quants.quantize supports these
@@ -38,7 +38,7 @@ def encode(array: np.ndarray, qtype: str, rng: np.random.Generator) -> np.ndarra
     """`array` [..., n] as GGUF data of `qtype`: uint8 [..., row_bytes(qtype, n)].
 
     F32, F16, BF16 and Q8_0 are real encodings of `array` (gguf.quants.quantize). gguf cannot quantize
-    Q4_K, Q6_K or IQ2_XS: for those the blocks are random (`random_blocks`), only their scale follows
+    the K and IQ types: for those the blocks are random (`random_blocks`), only their scale follows
     the input's standard deviation.
     """
     array = np.asarray(array, dtype=np.float32)
@@ -101,9 +101,15 @@ def _blocks(qtype: str, n_blocks: int, d: float, rng: np.random.Generator) -> np
     """`n_blocks` random blocks of `qtype` with super-scale `d`, as uint8 [n_blocks, type_size]."""
     ts = GGML_QUANT_SIZES[qtype_of(qtype)][1]
     b = _raw_bytes(n_blocks * ts, rng).reshape(n_blocks, ts)
-    if qtype in ("Q8_0", "IQ2_XS"):
-        # Q8_0: f16 d, 32 x int8. IQ2_XS: f16 d, 32 x uint16 (9-bit grid, 7-bit sign index), 8 B 4-bit scales
+    if qtype in ("Q8_0", "IQ2_XS", "IQ2_XXS"):
+        # Q8_0: f16 d, 32 x int8. IQ2_XS: f16 d, 32 x uint16 (9-bit grid, 7-bit sign index), 8 B 4-bit scales.
+        # IQ2_XXS: f16 d, per 32 elements a word of four grid indices and one of signs and a 4-bit scale.
         _field(b, 0, "<f2")[:] = _f16(d)
+    elif qtype == "Q2_K":
+        # 16 B of 4-bit scales | mins, 64 B of 2-bit quants, f16 d, f16 dmin. dmin = 1.5 d makes the
+        # mean d*sc*1.5 - 1.5*d*m zero in expectation (scales and mins are independent and alike).
+        _field(b, 80, "<f2")[:] = _f16(d)
+        _field(b, 82, "<f2")[:] = _f16(1.5 * d)
     elif qtype == "Q4_K":
         # f16 d, f16 dmin, 12 B of 6-bit scales and mins, 128 B of 4-bit quants. min == scale and
         # dmin = 7.5 d make every value d*sc*(q - 7.5): mean 0. 16 random bits pick the scale field.

@@ -1,0 +1,343 @@
+// DeepSeek V4's spec reader: every hyperparameter from llama.cpp's deepseek4 metadata keys, every tensor
+// shape checked against them, the KV-cache layout and the lines `strata info` shows.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/ggml_types.h"
+#include "core/utf8.h"
+#include "model/deepseek4.h"
+#include "quant/quant.h"
+
+namespace strata {
+
+namespace {
+
+constexpr uint32_t kI32 = 26;  // ggml's I32: the hash tables
+// Bounds of V4's own hyperparameters beyond model/spec.h's limits: far above DeepSeek V4 (HC 4,
+// 20 Sinkhorn iterations, indexer top-512), low enough that the chunk plan's products fit in int64.
+constexpr int64_t kMaxHC = 16;
+constexpr int64_t kMaxSinkhornIters = 1 << 10;
+constexpr int64_t kMaxIndexTopk = 1 << 16;
+
+std::string shape_str(const std::vector<int64_t>& ne) {
+  std::string s;
+  for (auto v : ne) s += (s.empty() ? "" : ", ") + std::to_string(v);
+  return "[" + s + "]";
+}
+
+class Reader {
+ public:
+  explicit Reader(const gguf::File& f) : f_(f) {}
+
+  // A tensor of exactly this shape (ggml order) and a type strata computes with (or I32 when `i32`).
+  WeightRef need(const std::string& name, std::vector<int64_t> ne, bool i32 = false) const {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    STRATA_CHECK(t, FormatError, f_.path(), ": deepseek4 tensor '", name, "' is missing (expected shape ",
+                 shape_str(ne), " from the metadata)");
+    STRATA_CHECK(t->ne == ne, FormatError, f_.path(), ": tensor '", name, "' has shape ", shape_str(t->ne),
+                 ", expected ", shape_str(ne), " from the metadata");
+    if (i32) {
+      const char* tn = ggml_type_name(t->type);
+      STRATA_CHECK(t->type == kI32, FormatError, f_.path(), ": tensor '", name, "' must be I32, got ",
+                   tn ? tn : "unknown");
+    } else {
+      quant_traits(t->type, str(f_.path(), ": tensor '", name, "'"));
+    }
+    return WeightRef{t};
+  }
+  // Every number is bounded ([lo, hi]) before anything is derived from it (model/spec.h).
+  int64_t u(const std::string& key, int64_t lo, int64_t hi) const {
+    return read_count(f_, "deepseek4." + key, lo, hi);
+  }
+  int64_t u(const std::string& key, int64_t lo, int64_t hi, int64_t dflt) const {
+    return read_count(f_, "deepseek4." + key, lo, hi, dflt);
+  }
+  float fl(const std::string& key, double lo, double hi) const {
+    (void)f_.get_float("deepseek4." + key);  // required: FormatError naming the key when missing
+    return fl(key, lo, hi, 0.0);
+  }
+  float fl(const std::string& key, double lo, double hi, double dflt) const {
+    return (float)read_real(f_, "deepseek4." + key, lo, hi, dflt);
+  }
+  // A per-layer value given as an array (at least n entries) or one scalar for every layer, each
+  // finite and in [lo, hi]. n is bounded by the caller (block_count).
+  std::vector<double> per_layer(const std::string& key, int64_t n, bool required, double dflt, double lo,
+                                double hi) const {
+    const gguf::Value* v = f_.find("deepseek4." + key);
+    if (!v) {
+      STRATA_CHECK(!required, FormatError, f_.path(), ": metadata key 'deepseek4.", key, "' is missing");
+      return std::vector<double>(n, dflt);
+    }
+    std::vector<double> out;
+    if (!v->is_array()) {
+      out.assign(n, v->as_float());
+    } else {
+      for (int64_t x : v->ints) out.push_back((double)x);
+      for (double x : v->floats) out.push_back(x);
+    }
+    STRATA_CHECK((int64_t)out.size() >= n, FormatError, f_.path(), ": metadata 'deepseek4.", key, "' has ",
+                 out.size(), " entries, fewer than the ", n, " blocks");
+    for (int64_t l = 0; l < n; ++l)
+      STRATA_CHECK(std::isfinite(out[l]) && out[l] >= lo && out[l] <= hi, FormatError, f_.path(),
+                   ": metadata 'deepseek4.", key, "'[", l, "] = ", out[l], " is out of range [", lo, ", ", hi,
+                   "]; the file is corrupt or not a model strata can run");
+    return out;
+  }
+  const gguf::File& f() const { return f_; }
+
+ private:
+  const gguf::File& f_;
+};
+
+// "0-2, 5, 7" from a sorted list of layer indices.
+std::string ranges(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    s += str(s.empty() ? "" : ", ", v[i]);
+    if (j > i) s += str("-", v[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string num(double x) { return str(x); }
+
+}  // namespace
+
+ModelSpec read_deepseek4(const gguf::File& f) {
+  const Reader r(f);
+  ModelSpec s;
+  auto ds = std::make_shared<Ds4Spec>();
+  Ds4Spec& d = *ds;
+  s.arch = "deepseek4";
+  s.name = printable(f.get_string("general.name", ""));
+  // As llama.cpp: block_count counts the MTP blocks when their tensors are in the file.
+  const int64_t n_all = r.u("block_count", 1, limits::kLayers);
+  d.mtp_blocks = r.u("nextn_predict_layers", 0, n_all - 1, 0);
+  if (d.mtp_blocks > 0 && !f.find_tensor(str("blk.", n_all - d.mtp_blocks, ".nextn.eh_proj.weight")))
+    d.mtp_blocks = 0;
+  s.L = n_all - d.mtp_blocks;
+  s.D = r.u("embedding_length", 1, limits::kHidden);
+  s.n_head = r.u("attention.head_count", 1, limits::kHeads);
+  s.n_kv_head = r.u("attention.head_count_kv", 1, limits::kHeads, 1);
+  s.head_dim = r.u("attention.key_length", 2, limits::kHeadDim, s.D / s.n_head);
+  const int64_t vlen = r.u("attention.value_length", 1, limits::kHeadDim, s.head_dim);
+  d.rope_dim = r.u("rope.dimension_count", 2, limits::kHeadDim, s.head_dim);
+  s.E = r.u("expert_count", 1, limits::kExperts);
+  s.K = r.u("expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));
+  const std::vector<double> ffn = r.per_layer("expert_feed_forward_length", n_all, true, 0, 1, limits::kFfn);
+  s.F = (int64_t)ffn[0];
+  s.ctx_train = r.u("context_length", 1, limits::kContext, 4096);
+  s.rms_eps = r.fl("attention.layer_norm_rms_epsilon", 1e-30, 1.0, 1e-6);
+  s.rope_base = r.fl("rope.freq_base", 1.0, 1e30, 10000.0);
+  d.q_lora = r.u("attention.q_lora_rank", 1, limits::kHidden);
+  d.window = r.u("attention.sliding_window", 1, limits::kContext);
+  d.o_groups = r.u("attention.output_group_count", 1, limits::kHeads);
+  d.o_lora = r.u("attention.output_lora_rank", 1, limits::kHidden);
+  d.idx_heads = r.u("attention.indexer.head_count", 1, limits::kHeads);
+  d.idx_dim = r.u("attention.indexer.key_length", 2, limits::kHeadDim);
+  d.idx_topk = r.u("attention.indexer.top_k", 1, kMaxIndexTopk);
+  d.HC = r.u("hyper_connection.count", 1, kMaxHC);
+  d.sinkhorn_iters = r.u("hyper_connection.sinkhorn_iterations", 1, kMaxSinkhornIters);
+  d.hc_eps = r.fl("hyper_connection.epsilon", 0.0, 1.0);
+  d.hash_layers = r.u("hash_layer_count", 0, s.L);
+  const int64_t n_shared = r.u("expert_shared_count", 1, limits::kExpertsUsed);
+  d.routed_scale = r.fl("expert_weights_scale", 0.0, 1e6);
+  d.norm_weights = f.get_bool("deepseek4.expert_weights_norm", false);
+  s.norm_topk = d.norm_weights;
+  const int64_t gating = r.u("expert_gating_func", 0, INT32_MAX);
+  d.compress_rope_base = r.fl("attention.compress_rope_freq_base", 1.0, 1e30);
+  const std::string scaling = printable(f.get_string("deepseek4.rope.scaling.type", "none"));
+  if (scaling == "yarn") {
+    d.yarn_factor = r.fl("rope.scaling.factor", 1e-6, 1e6);
+    d.yarn_orig_ctx = r.u("rope.scaling.original_context_length", 1, limits::kContext, s.ctx_train);
+    // llama.cpp reads neither beta key for deepseek4 (it keeps 32 and 1); transformers and ds4 take
+    // the file's values. We take the file's values, which are 32 and 1 in every V4 file.
+    d.beta_fast = r.fl("rope.scaling.yarn_beta_fast", 1e-6, 1e6, 32.0);
+    d.beta_slow = r.fl("rope.scaling.yarn_beta_slow", 1e-6, 1e6, 1.0);
+  } else {
+    STRATA_CHECK(scaling == "none", UnsupportedError, f.path(), ": deepseek4.rope.scaling.type '", scaling,
+                 "' is not supported (yarn or none)");
+  }
+  const std::vector<double> ratios = r.per_layer("attention.compress_ratios", n_all, true, 0, 0, 1e9);
+  const std::vector<double> clamp_exp = r.per_layer("swiglu_clamp_exp", n_all, false, 0, 0, 1e6);
+  const std::vector<double> clamp_shexp = r.per_layer("swiglu_clamp_shexp", n_all, false, -1, -1, 1e6);
+
+  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.n_head % d.o_groups == 0 &&
+                   d.rope_dim % 2 == 0 && d.rope_dim <= s.head_dim && d.idx_dim >= d.rope_dim,
+               FormatError, f.path(), ": deepseek4 hyperparameters out of range: embedding_length=", s.D,
+               " head_count=", s.n_head, " key_length=", s.head_dim, " (in [2, ", limits::kHeadDim,
+               "]; embedding_length / head_count when absent) rope.dimension_count=", d.rope_dim,
+               " (even, at most key_length) output_group_count=", d.o_groups,
+               " (divides head_count) indexer.key_length=", d.idx_dim, " (at least rope.dimension_count)");
+  STRATA_CHECK(s.n_kv_head == 1 && vlen == s.head_dim, FormatError, f.path(),
+               ": deepseek4 attends one shared KV head with value_length == key_length; got head_count_kv=",
+               s.n_kv_head, " value_length=", vlen, " key_length=", s.head_dim);
+  STRATA_CHECK(gating == 4, UnsupportedError, f.path(), ": deepseek4.expert_gating_func ", gating,
+               " is not supported; DeepSeek V4 scores experts with sqrt(softplus) (4)");
+  for (int64_t l = 0; l < s.L; ++l)
+    STRATA_CHECK(ffn[l] == (double)s.F, UnsupportedError, f.path(),
+                 ": deepseek4.expert_feed_forward_length differs by layer (", ffn[l], " at ", l, ", ", s.F,
+                 " at 0); strata needs one width");
+  d.shared_ffn = s.F * n_shared;
+  s.HC = d.HC;
+
+  const gguf::TensorInfo& emb = f.tensor("token_embd.weight");
+  STRATA_CHECK(emb.ne.size() == 2 && emb.ne[0] == s.D, FormatError, f.path(),
+               ": tensor 'token_embd.weight' must be [", s.D, ", vocab]");
+  s.V = emb.ne[1];
+  STRATA_CHECK(s.V <= limits::kVocab, FormatError, f.path(), ": tensor 'token_embd.weight' has ", s.V,
+               " rows, more token ids than int32 holds");
+  s.token_embd = r.need("token_embd.weight", {s.D, s.V});
+  s.output_norm = r.need("output_norm.weight", {s.D});
+  s.output = r.need("output.weight", {s.D, s.V});
+  const int64_t hd = s.head_dim, H = s.n_head, HCD = d.HC * s.D, M = (2 + d.HC) * d.HC;
+  d.hc_head_fn = r.need("output_hc_fn.weight", {HCD, d.HC});
+  d.hc_head_base = r.need("output_hc_base.weight", {d.HC});
+  d.hc_head_scale = r.need("output_hc_scale.weight", {1});
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = str("blk.", l, ".");
+    Ds4Layer y;
+    STRATA_CHECK(ratios[l] == 0 || ratios[l] == 4 || ratios[l] == 128, UnsupportedError, f.path(),
+                 ": deepseek4.attention.compress_ratios[", l, "] = ", ratios[l],
+                 "; llama.cpp and strata run 0, 4 and 128");
+    y.ratio = (int64_t)ratios[l];
+    y.hash = l < d.hash_layers;
+    y.clamp_exp = (float)clamp_exp[l];
+    y.clamp_shexp = clamp_shexp[l] < 0 ? y.clamp_exp : (float)clamp_shexp[l];
+    y.attn_norm = r.need(p + "attn_norm.weight", {s.D});
+    y.sinks = r.need(p + "attn_sinks.weight", {H});
+    y.q_a = r.need(p + "attn_q_a.weight", {s.D, d.q_lora});
+    y.q_a_norm = r.need(p + "attn_q_a_norm.weight", {d.q_lora});
+    y.q_b = r.need(p + "attn_q_b.weight", {d.q_lora, H * hd});
+    y.kv = r.need(p + "attn_kv.weight", {s.D, hd});
+    y.kv_norm = r.need(p + "attn_kv_a_norm.weight", {hd});
+    y.o_a = r.need(p + "attn_output_a.weight", {H * hd / d.o_groups, d.o_groups * d.o_lora});
+    y.o_b = r.need(p + "attn_output_b.weight", {d.o_groups * d.o_lora, s.D});
+    y.hc_attn_fn = r.need(p + "hc_attn_fn.weight", {HCD, M});
+    y.hc_attn_base = r.need(p + "hc_attn_base.weight", {M});
+    y.hc_attn_scale = r.need(p + "hc_attn_scale.weight", {3});
+    y.hc_ffn_fn = r.need(p + "hc_ffn_fn.weight", {HCD, M});
+    y.hc_ffn_base = r.need(p + "hc_ffn_base.weight", {M});
+    y.hc_ffn_scale = r.need(p + "hc_ffn_scale.weight", {3});
+    if (y.ratio) {
+      const int64_t lanes = y.ratio == 4 ? 2 : 1;  // ratio 4 pools two overlapping windows
+      y.comp_kv = r.need(p + "attn_compressor_kv.weight", {s.D, lanes * hd});
+      y.comp_gate = r.need(p + "attn_compressor_gate.weight", {s.D, lanes * hd});
+      y.comp_ape = r.need(p + "attn_compressor_ape.weight", {lanes * hd, y.ratio});
+      y.comp_norm = r.need(p + "attn_compressor_norm.weight", {hd});
+    }
+    if (y.ratio == 4) {
+      y.idx_proj = r.need(p + "indexer.proj.weight", {s.D, d.idx_heads});
+      y.idx_q_b = r.need(p + "indexer.attn_q_b.weight", {d.q_lora, d.idx_heads * d.idx_dim});
+      y.idx_kv = r.need(p + "indexer_compressor_kv.weight", {s.D, 2 * d.idx_dim});
+      y.idx_gate = r.need(p + "indexer_compressor_gate.weight", {s.D, 2 * d.idx_dim});
+      y.idx_ape = r.need(p + "indexer_compressor_ape.weight", {2 * d.idx_dim, 4});
+      y.idx_norm = r.need(p + "indexer_compressor_norm.weight", {d.idx_dim});
+    }
+    y.router = r.need(p + "ffn_gate_inp.weight", {s.D, s.E});
+    if (y.hash)
+      y.tid2eid = r.need(p + "ffn_gate_tid2eid.weight", {s.K, s.V}, true);
+    else
+      y.probs_b = r.need(p + "exp_probs_b.bias", {s.E});
+    y.ffn_norm = r.need(p + "ffn_norm.weight", {s.D});
+    y.gate_shexp = r.need(p + "ffn_gate_shexp.weight", {s.D, d.shared_ffn});
+    y.up_shexp = r.need(p + "ffn_up_shexp.weight", {s.D, d.shared_ffn});
+    y.down_shexp = r.need(p + "ffn_down_shexp.weight", {d.shared_ffn, s.D});
+    LayerSpec ls;
+    ls.attn_norm = y.attn_norm;
+    ls.ffn_norm = y.ffn_norm;
+    ls.router = y.router;
+    ls.gate_exps = r.need(p + "ffn_gate_exps.weight", {s.D, s.F, s.E});
+    ls.up_exps = r.need(p + "ffn_up_exps.weight", {s.D, s.F, s.E});
+    ls.down_exps = r.need(p + "ffn_down_exps.weight", {s.F, s.D, s.E});
+    s.layers.push_back(ls);
+    d.layers.push_back(y);
+
+    // The cache: the raw window as a ring (position p in row p % window), and for compressed layers the
+    // compressed rows (one per `ratio` positions) with the projections of the tokens of the windows
+    // still open (a ring of lanes * ratio rows), likewise the indexer's keys for ratio 4.
+    std::vector<KvTensorSpec> kv{{"window", d.window, 0, hd}};
+    if (y.ratio) {
+      const int64_t lanes = y.ratio == 4 ? 2 : 1;
+      kv.push_back({"comp", 0, y.ratio, hd});
+      kv.push_back({"comp.state.kv", lanes * y.ratio, 0, lanes * hd});
+      kv.push_back({"comp.state.score", lanes * y.ratio, 0, lanes * hd});
+    }
+    if (y.ratio == 4) {
+      kv.push_back({"index", 0, 4, d.idx_dim});
+      kv.push_back({"index.state.kv", 8, 0, 2 * d.idx_dim});
+      kv.push_back({"index.state.score", 8, 0, 2 * d.idx_dim});
+    }
+    s.kv_layers.push_back(kv);
+  }
+
+  std::vector<int64_t> by_kind[3], hashed;
+  for (int64_t l = 0; l < s.L; ++l) {
+    const int64_t ra = d.layers[l].ratio;
+    by_kind[ra == 0 ? 0 : ra == 4 ? 1 : 2].push_back(l);
+    if (d.layers[l].hash) hashed.push_back(l);
+  }
+  s.details.push_back({"hyper-connections", str("HC ", d.HC, ", Sinkhorn ", d.sinkhorn_iters,
+                                                " iterations, eps ", num(d.hc_eps))});
+  s.details.push_back(
+      {"attention layout",
+       str(H, " heads x ", hd, " (rope on the last ", d.rope_dim, "), one shared KV head; q_lora ", d.q_lora,
+           "; output ", d.o_groups, " groups x ", d.o_lora, "; window ", d.window, "; sinks")});
+  if (!by_kind[0].empty()) s.details.push_back({"layers: window", ranges(by_kind[0])});
+  if (!by_kind[1].empty())
+    s.details.push_back({"layers: ratio 4 + indexer", str(ranges(by_kind[1]), " (indexer top-", d.idx_topk,
+                                                          " of ", d.idx_heads, " heads x ", d.idx_dim, ")")});
+  if (!by_kind[2].empty()) s.details.push_back({"layers: ratio 128", ranges(by_kind[2])});
+  s.details.push_back(
+      {"rope",
+       str("base ", num(s.rope_base), " (window layers); compressed layers base ", num(d.compress_rope_base),
+           d.yarn_factor > 0 ? str(", YaRN x", num(d.yarn_factor), " of ", d.yarn_orig_ctx, " (beta ",
+                                   num(d.beta_fast), "/", num(d.beta_slow), ")")
+                             : std::string())});
+  s.details.push_back(
+      {"routing",
+       str("sqrt(softplus) scores, top-", s.K, " on score + bias", d.norm_weights ? ", normalized" : "",
+           ", x", num(d.routed_scale),
+           hashed.empty() ? std::string("; no hash layers") : str("; hash-routed layers ", ranges(hashed)),
+           "; ", n_shared, " shared expert", n_shared > 1 ? "s" : "", " (ffn ", d.shared_ffn, ")")});
+  s.details.push_back({"swiglu clamp", str(num(d.layers[0].clamp_exp), " routed, ",
+                                           num(d.layers[0].clamp_shexp), " shared (layer 0)")});
+  if (d.mtp_blocks) s.details.push_back({"ignored", str(d.mtp_blocks, " MTP block(s)")});
+  s.ds4 = std::move(ds);
+  return s;
+}
+
+Ds4Rope ds4_rope(const Ds4Spec& s, float rope_base, bool compressed) {
+  // transformers' _compute_yarn_parameters (and ggml's rope_yarn): interpolate the low frequencies by
+  // the factor, keep the high ones, ramp between the correction dims; cos/sin are not scaled
+  // (transformers forces attention_factor 1, llama.cpp cancels ggml's mscale).
+  const int64_t n = s.rope_dim, half = n / 2;
+  const double base = compressed ? s.compress_rope_base : rope_base;
+  Ds4Rope r;
+  r.inv_freq.resize(half);
+  std::vector<float> pos_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    pos_freq[i] = std::pow((float)base, (float)(2 * i) / (float)n);
+    r.inv_freq[i] = 1.0f / pos_freq[i];
+  }
+  if (!compressed || s.yarn_factor <= 0) return r;
+  auto corr = [&](double rot) {
+    return n * std::log(s.yarn_orig_ctx / (rot * 2 * M_PI)) / (2 * std::log(base));
+  };
+  double lo = std::max(0.0, std::floor(corr(s.beta_fast))),
+         hi = std::min((double)n - 1, std::ceil(corr(s.beta_slow)));
+  if (lo == hi) hi += 0.001;
+  for (int64_t i = 0; i < half; ++i) {
+    const float ramp = std::clamp((float)((i - lo) / (hi - lo)), 0.0f, 1.0f);
+    const float extrap = 1.0f - ramp;
+    const float interp = 1.0f / (s.yarn_factor * pos_freq[i]);
+    r.inv_freq[i] = interp * (1.0f - extrap) + r.inv_freq[i] * extrap;
+  }
+  return r;
+}
+
+}  // namespace strata
