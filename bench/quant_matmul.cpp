@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
       for (int64_t T : {1, 8, 32, 64}) {
         std::vector<float> x(T * cols), y(T * rows);
         for (auto& v : x) v = static_cast<float>(rng() % 2000) / 1000.0f - 1.0f;
-        const size_t xrb = static_cast<size_t>(cols / 32 * 34);
+        const size_t xrb = row_bytes(QType::Q8_0, cols);
         std::vector<uint8_t> xq(T * xrb);
         for (int64_t i = 0; i < T; ++i) quantize_row_q8_0(x.data() + i * cols, xq.data() + i * xrb, cols);
         std::vector<std::pair<const char*, std::function<void()>>> paths = {

@@ -1,6 +1,7 @@
 // Backend: device memory, streams and events, the host->device link and the ops the architectures
 // need. The CPU backend (backend/cpu) is the reference; CUDA (backend/cuda) implements the same surface.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,10 @@ class Backend {
   // A line for `strata info` and --stats: "cpu, 16 threads" or the GPU's name and free memory.
   virtual std::string describe() const = 0;
   virtual int threads() const = 0;
+  // Ops stop early and throw Interrupted once *flag is true (null: never), within one piece of their
+  // work: a long CPU op ends within a second of a Ctrl-C. A backend whose ops run asynchronously may
+  // ignore it; the model also checks between layers.
+  virtual void set_interrupt(const std::atomic<bool>* /*flag*/) {}
 
   // ---- memory; prefer the owning DeviceBuffer / PinnedBuffer below to raw pairs ----
   // Device memory. CPU: aligned host memory. Throws MemoryError naming `what`.
@@ -48,6 +53,14 @@ class Backend {
   virtual void free_pinned(void* p) = 0;
   // Device (and pinned) allocations alive now: a failed load must bring this back to its start.
   virtual size_t live_allocations() const = 0;
+  // Device memory free and in total now (CPU: available and total RAM).
+  virtual void memory_info(size_t* free_bytes, size_t* total_bytes) const = 0;
+  // True where device memory is host memory (the CPU): nothing to pin, register or stage.
+  virtual bool host_is_device() const = 0;
+  // Page-locks existing host memory, read-only, so the copy engine reads it at full speed (a read-only
+  // file mapping). False, with nothing changed, where the backend or the system cannot.
+  virtual bool register_host(const void* p, size_t bytes) = 0;
+  virtual void unregister_host(const void* p) = 0;
 
   // ---- the link ----
   // Synchronous: returns when the bytes have arrived.
@@ -76,7 +89,8 @@ class Backend {
 
   // ---- ops; all pointers are device memory, all run on the compute stream ----
   // out[t, :] = dequantized row ids[t] of a [rows, D] table of ggml type `type`.
-  virtual void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) = 0;
+  virtual void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T,
+                     float* out) = 0;
   // grs[t] = 1 / sqrt(mean(x[t]^2) + eps) for x of T rows of D.
   virtual void rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs) = 0;
   // The GR read: out[i, :] = x[s, :] * grs[s] * w with s = rows ? rows[i] / div : i.
@@ -101,8 +115,8 @@ class Backend {
   virtual void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
                       int64_t T, float* Y, int64_t ldy) = 0;
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
-  virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
-                              int64_t pos0, const RopeParams& rope) = 0;
+  virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w,
+                              float eps, int64_t pos0, const RopeParams& rope) = 0;
   // Whether the backend keeps a KV cache of this element type.
   virtual bool supports_kv(KvType t) const = 0;
   // cache rows [pos0, pos0 + T) (rows of `width` elements of type t) = src (T x width floats),
@@ -137,7 +151,8 @@ std::unique_ptr<Backend> make_cpu_backend(int threads);
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Backend& be, size_t bytes, const char* what) : be_(&be), p_(be.alloc(bytes, what)), n_(bytes) {}
+  DeviceBuffer(Backend& be, size_t bytes, const char* what)
+      : be_(&be), p_(be.alloc(bytes, what)), n_(bytes) {}
   // A view of memory someone else owns (the CPU's resident weights): never freed.
   static DeviceBuffer borrow(const void* p, size_t bytes) {
     DeviceBuffer b;

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
+#include "bindings/interrupt.h"
 #include "core/log.h"
 #include "generate/generator.h"
 #include "model/model.h"
@@ -49,6 +50,8 @@ py::dict cache_dict(Model& m) {
   const ChunkStats& ch = m.chunk_stats();
   py::dict d;
   d["all_resident"] = c.all_resident();
+  d["source_kind"] = m.source_describe();
+  d["cache_bytes"] = m.config().all_resident ? 0 : m.config().cache_bytes;
   d["source"] = m.source_kind();
   d["slot_bytes"] = c.slot_bytes();
   d["slots"] = c.n_slots();
@@ -99,11 +102,15 @@ py::dict chunk_dict(const ChunkPlan& c) {
 py::dict stats_dict(const GenStats& s) {
   py::dict d;
   d["prompt_tokens"] = s.prompt_tokens;
+  d["prompt_total"] = s.prompt_total;
+  d["prompt_reused"] = s.prompt_reused;
   d["generated"] = s.generated;
   d["prompt_ms"] = s.prompt_ms;
   d["decode_ms"] = s.decode_ms;
   d["decode_passes"] = s.decode_passes;
   d["recomputed"] = s.recomputed;
+  d["prompt_chunk"] = s.prompt_chunk;
+  d["prompt_chunks"] = s.prompt_chunks;
   d["prompt_tps"] = s.prompt_tps();
   d["decode_tps"] = s.decode_tps();
   d["stop_reason"] = s.stop_reason;
@@ -174,31 +181,43 @@ void bind_model(py::module_& m) {
   py::class_<Model>(m, "Model")
       .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend,
                        const std::string& device, int threads, int64_t ctx, bool all_resident,
-                       size_t cache_bytes, const std::string& source, int64_t prefill, bool prefill_auto,
-                       bool gr_unfused, py::object progress) {
+                       size_t cache_bytes, bool cache_auto, const std::string& source, int64_t prefill,
+                       bool prefill_auto, bool gr_unfused, const std::string& kv_type, py::object progress,
+                       bool catch_sigint) {
              ModelConfig cfg;
              cfg.device = device;
              cfg.threads = threads;
              cfg.ctx = ctx;
              cfg.all_resident = all_resident;
              cfg.cache_bytes = cache_bytes;
+             cfg.cache_auto = cache_auto;
+             cfg.kv_type = kv_type;
              cfg.source = source;
              cfg.prefill = prefill;
              cfg.prefill_auto = prefill_auto;
              cfg.gr_unfused = gr_unfused;
-             if (!progress.is_none()) {
-               cfg.progress = [progress](uint64_t done, uint64_t total) {
-                 py::gil_scoped_acquire g;
-                 progress(done, total);
-               };
+             // The expert copy reports after each layer: there Ctrl-C stops the load, which frees
+             // what it allocated. (The callback is made here, with the GIL, as it holds `progress`.)
+             SigintScope scope(catch_sigint);
+             cfg.progress = [progress, stop = scope.flag()](uint64_t done, uint64_t total) {
+               if (stop && stop->load()) throw Interrupted();
+               if (progress.is_none()) return;
+               py::gil_scoped_acquire g;
+               progress(done, total);
+             };
+             try {
+               py::gil_scoped_release nogil;
+               return std::make_unique<Model>(std::move(file), cfg, std::move(backend));
+             } catch (const Interrupted&) {
+               scope.delivered();
+               throw;
              }
-             py::gil_scoped_release nogil;
-             return std::make_unique<Model>(std::move(file), cfg, std::move(backend));
            }),
            py::arg("file"), py::arg("backend") = nullptr, py::arg("device") = "cpu", py::arg("threads") = 0,
            py::arg("ctx") = 4096, py::arg("all_resident") = true, py::arg("cache_bytes") = 0,
-           py::arg("source") = "auto", py::arg("prefill") = 8192, py::arg("prefill_auto") = false,
-           py::arg("gr_unfused") = false, py::arg("progress") = py::none())
+           py::arg("cache_auto") = false, py::arg("source") = "auto", py::arg("prefill") = 8192,
+           py::arg("prefill_auto") = false, py::arg("gr_unfused") = false, py::arg("kv_type") = "auto",
+           py::arg("progress") = py::none(), py::arg("catch_sigint") = false)
       .def_property_readonly("plan", &Model::plan, py::return_value_policy::reference_internal)
       .def("cache_stats", &cache_dict)
       .def("reset_stats", &Model::reset_stats)
@@ -213,19 +232,26 @@ void bind_model(py::module_& m) {
              return out;
            })
       .def("slots_for", &Model::slots_for)
-      .def("logits",
-           [](Model& mo, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids) {
-             const int64_t n = ids.size();
-             py::array_t<float> out({n, mo.spec().V});
-             const int32_t* p = ids.data();
-             float* o = out.mutable_data();
-             py::gil_scoped_release nogil;
-             prompt_logits(mo, p, n, o);
-             return out;
-           });
+      .def(
+          "logits",
+          [](Model& mo, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
+             bool catch_sigint) {
+            const int64_t n = ids.size();
+            py::array_t<float> out({n, mo.spec().V});
+            const int32_t* p = ids.data();
+            float* o = out.mutable_data();
+            interruptible(catch_sigint, [&](const std::atomic<bool>* stop) {
+              RunControl rc;
+              rc.interrupt = stop;
+              prompt_logits(mo, p, n, o, rc);
+            });
+            return out;
+          },
+          py::arg("ids"), py::arg("catch_sigint") = false);
 
   py::class_<SamplerParams>(m, "SamplerParams")
       .def(py::init<>())
+      .def("check", &check_sampler_params, "ConfigError naming the first value out of range.")
       .def_readwrite("temperature", &SamplerParams::temperature)
       .def_readwrite("top_k", &SamplerParams::top_k)
       .def_readwrite("top_p", &SamplerParams::top_p)
@@ -242,16 +268,37 @@ void bind_model(py::module_& m) {
 
   py::class_<Generator>(m, "Generator")
       .def(py::init<Model&>(), py::keep_alive<1, 2>())
-      .def("begin",
-           [](Generator& g, const std::vector<int32_t>& prompt, const GenParams& p) {
-             py::gil_scoped_release nogil;
-             g.begin(prompt, p);
-           })
-      .def("next",
-           [](Generator& g) {
-             py::gil_scoped_release nogil;
-             return g.next();
-           })
+      .def(
+          "begin",
+          [](Generator& g, const std::vector<int32_t>& prompt, const GenParams& p, bool catch_sigint,
+             const py::object& progress, const Generator* reuse) {
+            RunControl rc;
+            if (!progress.is_none()) {
+              rc.progress = [&progress](double done, int64_t total) {
+                py::gil_scoped_acquire gil;
+                progress(done, total);
+              };
+            }
+            interruptible(catch_sigint, [&](const std::atomic<bool>* stop) {
+              rc.interrupt = stop;
+              g.begin(prompt, p, rc, reuse);
+            });
+          },
+          py::arg("prompt"), py::arg("params"), py::arg("catch_sigint") = false,
+          py::arg("progress") = py::none(), py::arg("reuse") = nullptr,
+          "Runs the prompt; progress(done, total) hears its tokens done. With catch_sigint (main thread, "
+          "Python's default SIGINT handler), Ctrl-C stops it between layers with KeyboardInterrupt. "
+          "reuse: an earlier Generator whose KV cache serves the prompt's common beginning.")
+      .def(
+          "next",
+          [](Generator& g, bool catch_sigint) {
+            return interruptible(catch_sigint, [&](const std::atomic<bool>* stop) {
+              RunControl rc;
+              rc.interrupt = stop;
+              return g.next(rc);
+            });
+          },
+          py::arg("catch_sigint") = false)
       .def("finish", &Generator::finish, py::arg("reason"))
       .def("stats", [](const Generator& g) { return stats_dict(g.stats()); });
 }

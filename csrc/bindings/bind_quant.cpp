@@ -86,9 +86,10 @@ void bind_quant(py::module_& m) {
         check_bytes(w, static_cast<size_t>(rows) * row_bytes(t, cols), "matmul_q8 weights");
         STRATA_CHECK(x.ndim() == 2 && x.shape(1) == cols, ConfigError, "matmul_q8: x must be (T, ", cols,
                      "), got ", x.ndim(), " dims with last ", x.ndim() ? x.shape(x.ndim() - 1) : 0);
-        STRATA_CHECK(cols % 32 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of 32");
+        STRATA_CHECK(cols % kQK8_0 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of ",
+                     kQK8_0);
         STRATA_CHECK(threads >= 1, ConfigError, "matmul_q8: threads=", threads, " must be at least 1");
-        const int64_t T = x.shape(0), xrb = cols / 32 * 34;
+        const int64_t T = x.shape(0), xrb = cols / kQK8_0 * kQ8_0Bytes;
         py::array_t<float> y({T, rows});
         {
           py::gil_scoped_release nogil;
@@ -106,8 +107,9 @@ void bind_quant(py::module_& m) {
       "quantize_q8_0",
       [](const Floats& x) {
         const int64_t n = x.size();
-        STRATA_CHECK(n % 32 == 0, ConfigError, "quantize_q8_0: ", n, " elements is not a multiple of 32");
-        py::array_t<uint8_t> out(n / 32 * 34);
+        STRATA_CHECK(n % kQK8_0 == 0, ConfigError, "quantize_q8_0: ", n, " elements is not a multiple of ",
+                     kQK8_0);
+        py::array_t<uint8_t> out(n / kQK8_0 * kQ8_0Bytes);
         quantize_row_q8_0(x.data(), out.mutable_data(), n);
         return out;
       },

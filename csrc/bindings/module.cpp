@@ -13,6 +13,14 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<strata::UnsupportedError>(m, "UnsupportedError", base.ptr());
   py::register_exception<strata::MemoryError>(m, "MemoryError", base.ptr());
   py::register_exception<strata::ConfigError>(m, "ConfigError", base.ptr());
+  // Ctrl-C stopped a pass: Python's own exception for it, with the Model left usable.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const strata::Interrupted&) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+    }
+  });
 #ifdef STRATA_HAVE_CUDA
   m.attr("has_cuda") = true;
 #else

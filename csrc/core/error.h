@@ -1,14 +1,19 @@
 // The one exception hierarchy of strata; the bindings map each class to a Python exception.
 #pragma once
+#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <sstream>
+
+#include "core/utf8.h"
 
 namespace strata {
 
+// Messages quote names and values from files, which may hold any bytes: the text is made valid
+// UTF-8 here, once, so no binding ever fails to decode it.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what) : std::runtime_error(valid_utf8(what)) {}
+  explicit Error(const char* what) : Error(std::string(what)) {}
 };
 // A file that is not a valid GGUF, or holds a value out of range.
 class FormatError : public Error {
@@ -31,6 +36,13 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A caller stopped a pass (Ctrl-C). Not an Error, as Python's KeyboardInterrupt is no Exception:
+// code that handles errors does not catch it; the bindings raise KeyboardInterrupt.
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+
 namespace detail {
 inline void cat(std::ostringstream&) {}
 template <class T, class... R>
@@ -50,7 +62,7 @@ std::string str(const A&... a) {
 
 }  // namespace strata
 
-#define STRATA_CHECK(cond, Exc, ...) \
-  do {                               \
+#define STRATA_CHECK(cond, Exc, ...)                              \
+  do {                                                            \
     if (!(cond)) throw ::strata::Exc(::strata::str(__VA_ARGS__)); \
   } while (0)

@@ -1,23 +1,26 @@
-// IEEE half and bfloat16 conversions, bit-exact with numpy's float16 and ggml's bf16.
+// IEEE half and bfloat16 conversions, bit-exact with numpy's float16 and ggml's bf16; host and
+// device code share them (STRATA_HD).
 #pragma once
 #include <cstdint>
 #include <cstring>
 
+#include "core/host_device.h"
+
 namespace strata {
 
-inline float f32_from_bits(uint32_t u) {
+STRATA_HD inline float f32_from_bits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline uint32_t bits_from_f32(float f) {
+STRATA_HD inline uint32_t bits_from_f32(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
 
 // Exact fp16 -> fp32 (every half is representable in float).
-inline float fp16_to_f32(uint16_t h) {
+STRATA_HD inline float fp16_to_f32(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
   uint32_t mant = h & 0x3ff;
@@ -43,13 +46,13 @@ inline float fp16_to_f32(uint16_t h) {
 }
 
 // fp32 -> fp16, round to nearest even (as numpy's astype(float16)).
-inline uint16_t f32_to_fp16(float f) {
+STRATA_HD inline uint16_t f32_to_fp16(float f) {
   uint32_t x = bits_from_f32(f);
   const uint16_t sign = (x >> 16) & 0x8000;
   x &= 0x7fffffff;
   if (x >= 0x7f800000u) return sign | 0x7c00 | (x > 0x7f800000u ? 0x200 : 0);
   if (x >= 0x477ff000u) return sign | 0x7c00;  // overflow to inf
-  if (x < 0x38800000u) {                        // subnormal or zero in half
+  if (x < 0x38800000u) {                       // subnormal or zero in half
     if (x < 0x33000000u) return sign;
     const uint32_t e = x >> 23;
     uint32_t m = (x & 0x7fffff) | 0x800000;
@@ -67,6 +70,6 @@ inline uint16_t f32_to_fp16(float f) {
   return sign | (uint16_t)r;
 }
 
-inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+STRATA_HD inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 
 }  // namespace strata

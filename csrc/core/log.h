@@ -15,7 +15,9 @@ inline std::atomic<int>& log_level_slot() {
   static std::atomic<int> level{static_cast<int>(LogLevel::Warn)};
   return level;
 }
-inline LogLevel log_level() { return static_cast<LogLevel>(log_level_slot().load(std::memory_order_relaxed)); }
+inline LogLevel log_level() {
+  return static_cast<LogLevel>(log_level_slot().load(std::memory_order_relaxed));
+}
 inline void set_log_level(LogLevel l) { log_level_slot().store(static_cast<int>(l)); }
 // "error" | "warn" | "info" | "debug"; ConfigError naming the accepted values otherwise.
 inline LogLevel parse_log_level(const std::string& name) {

@@ -2,8 +2,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -31,6 +31,7 @@ using HostBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
 // Allocates n bytes aligned to kAlign; throws MemoryError naming what it was for.
 inline HostBuffer host_alloc(size_t n, const char* what) {
   if (n == 0) n = kAlign;
+  STRATA_CHECK(n <= SIZE_MAX - kAlign, MemoryError, "cannot allocate ", n, " bytes for ", what);
   void* p = std::aligned_alloc(kAlign, align_up(n));
   STRATA_CHECK(p != nullptr, MemoryError, "out of host memory allocating ", n, " bytes for ", what);
   return HostBuffer(static_cast<uint8_t*>(p));

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/error.h"
+
 namespace strata {
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
@@ -29,7 +31,14 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   if (n_threads_ == 1 || n <= grain) {
-    fn(0, n, 0);
+    if (!interrupt_) {
+      fn(0, n, 0);
+      return;
+    }
+    for (int64_t b = 0; b < n; b += grain) {
+      if (interrupted()) throw Interrupted();
+      fn(b, std::min(n, b + grain), 0);
+    }
     return;
   }
   {
@@ -47,10 +56,13 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   std::unique_lock<std::mutex> lk(mu_);
   cv_done_.wait(lk, [this] { return active_ == 0; });
   job_ = nullptr;
+  if (interrupted()) throw Interrupted();
 }
 
-void ThreadPool::drain(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int64_t grain, int idx) {
+void ThreadPool::drain(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int64_t grain,
+                       int idx) {
   for (;;) {
+    if (interrupted()) return;
     const int64_t b = next_.fetch_add(grain, std::memory_order_relaxed);
     if (b >= n) return;
     fn(b, std::min(n, b + grain), idx);

@@ -23,11 +23,15 @@ class ThreadPool {
 
   // Calls fn(begin, end, thread_index) on disjoint ranges covering [0, n); blocks until done.
   // Ranges are multiples of `grain` (but the last).
-  void parallel_for(int64_t n, int64_t grain,
-                    const std::function<void(int64_t, int64_t, int)>& fn);
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn);
 
   // Threads to use when the caller passes 0: every core the process may run on.
   static int default_threads();
+
+  // While set: once *flag is true, parallel_for hands out no more work and, when the pieces already
+  // running are done, throws Interrupted, so a long op stops within one grain of a Ctrl-C. Set it
+  // between jobs, from the thread that calls parallel_for.
+  void set_interrupt(const std::atomic<bool>* flag) { interrupt_ = flag; }
 
  private:
   void worker(int idx);
@@ -43,6 +47,8 @@ class ThreadPool {
   std::atomic<int64_t> next_{0};  // the next unclaimed index of the current job
   int generation_ = 0, active_ = 0;
   bool stop_ = false;
+  const std::atomic<bool>* interrupt_ = nullptr;
+  bool interrupted() const { return interrupt_ && interrupt_->load(std::memory_order_relaxed); }
 };
 
 }  // namespace strata

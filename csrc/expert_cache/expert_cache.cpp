@@ -46,6 +46,11 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
     last_use_.emplace_back(be);
   }
   policy_ = std::make_unique<LruPolicy>(n_slots_);
+  if (!src_->page_locked() && !be.host_is_device()) {
+    for (int i = 0; i < kStages; ++i)
+      stages_.push_back(Stage{
+          PinnedBuffer(be, layout.slot_bytes, "the expert staging buffers (--source mmap)"), Event(be)});
+  }
 }
 
 int32_t ExpertCache::free_slots() const {
@@ -82,7 +87,16 @@ void ExpertCache::fill(int32_t slot, int64_t layer, int64_t e, bool refill) {
   be_.wait(Stream::Copy, last_use_[slot].id());
   ExpertCopy c[3];
   const int n = src_->copies(layer, e, c);
-  for (int i = 0; i < n; ++i) be_.upload_async(slot_ptr(slot) + c[i].dst_off, c[i].src, c[i].bytes, Stream::Copy);
+  if (stages_.empty()) {
+    for (int i = 0; i < n; ++i)
+      be_.upload_async(slot_ptr(slot) + c[i].dst_off, c[i].src, c[i].bytes, Stream::Copy);
+  } else {
+    Stage& st = stages_[next_stage_++ % stages_.size()];
+    st.done.sync();  // the copy that last read this buffer
+    for (int i = 0; i < n; ++i) std::memcpy(st.buf.get() + c[i].dst_off, c[i].src, c[i].bytes);
+    be_.upload_async(slot_ptr(slot), st.buf.get(), layout_.layers[layer].bytes, Stream::Copy);
+    st.done.record(Stream::Copy);
+  }
   ready_[slot].record(Stream::Copy);
   landing_[slot] = 1;
   stats_.bytes_streamed += layout_.layers[layer].bytes;
@@ -124,7 +138,8 @@ int64_t ExpertCache::prepare(int64_t layer, const int32_t* experts, int64_t n) {
     policy_->on_use(s);
   }
   STRATA_CHECK(done > 0 || n == 0, MemoryError, "expert cache has no free slot for layer ", layer, " expert ",
-               experts[0], ": all ", n_slots_, " slots are lent or pinned; raise --expert-cache or lower --prefill");
+               experts[0], ": all ", n_slots_,
+               " slots are lent or pinned; raise --expert-cache or lower --prefill");
   if (table_dirty_[layer]) {
     // The compute stream's kernels of this layer read the current row.
     const size_t row = (size_t)layer * layout_.E;
@@ -182,8 +197,8 @@ std::pair<uint8_t*, size_t> ExpertCache::lend(int32_t n) {
   STRATA_CHECK(src_ != nullptr, Error, "lend: an all-resident expert cache has no slots to lend");
   STRATA_CHECK(lent_n_ == 0, Error, "lend: slots are already lent; give them back first");
   STRATA_CHECK(held_list_.empty(), Error, "lend: experts are prepared and not released");
-  STRATA_CHECK(n >= 1 && n <= n_slots_, MemoryError, "the prompt chunk needs ", n, " slots but the cache has ",
-               n_slots_);
+  STRATA_CHECK(n >= 1 && n <= n_slots_, MemoryError, "the prompt chunk needs ", n,
+               " slots but the cache has ", n_slots_);
   // The run whose residents are least valuable; runs over pinned slots are not candidates.
   int32_t best = -1;
   uint64_t best_cost = UINT64_MAX;
@@ -191,8 +206,10 @@ std::pair<uint8_t*, size_t> ExpertCache::lend(int32_t n) {
     uint64_t cost = 0;
     bool ok = true;
     for (int32_t s = b; s < b + n && ok; ++s) {
-      if (pinned_[s]) ok = false;
-      else if (key_[s] >= 0) cost += policy_->value(s) + 1;
+      if (pinned_[s])
+        ok = false;
+      else if (key_[s] >= 0)
+        cost += policy_->value(s) + 1;
     }
     if (ok && cost < best_cost) best = b, best_cost = cost;
   }

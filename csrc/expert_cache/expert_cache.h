@@ -88,6 +88,7 @@ class ExpertCache {
   // Guard bytes around the slot arena are intact (nothing wrote past the pool).
   bool guards_intact() const;
   static constexpr uint8_t kGuard = 0xA5;
+  static constexpr int kStages = 4;  // staging buffers in flight for an mmap source on a GPU
 
  private:
   int32_t slot_of(int64_t layer, int64_t e) const { return index_[layer * layout_.E + e]; }
@@ -103,17 +104,25 @@ class ExpertCache {
   const ExpertLayout& layout_;
   const ExpertSource* src_;
   int32_t n_slots_ = 0;
-  DeviceBuffer arena_buf_;    // the slots, with kAlign guard bytes before and after
-  uint8_t* arena_ = nullptr;  // the first slot
-  DeviceBuffer table_dev_;    // the slot table in device memory
-  PinnedBuffer table_host_;   // its staging copy (upload source)
+  DeviceBuffer arena_buf_;      // the slots, with kAlign guard bytes before and after
+  uint8_t* arena_ = nullptr;    // the first slot
+  DeviceBuffer table_dev_;      // the slot table in device memory
+  PinnedBuffer table_host_;     // its staging copy (upload source)
   std::vector<int32_t> index_;  // (layer * E + e) -> slot, -1 if absent
   std::vector<int64_t> key_;    // slot -> layer * E + e, -1 if empty
   std::vector<uint8_t> pinned_, lent_, held_, landing_;  // held: prepared, not released; landing: copy queued
   std::vector<Event> ready_, last_use_;                  // per slot: copy landed; compute done reading
   std::vector<int32_t> held_list_;
   mutable std::vector<uint8_t> evictable_;  // find_victim's scratch
-  std::vector<uint8_t> table_dirty_;  // per layer: the device row is stale
+  std::vector<uint8_t> table_dirty_;        // per layer: the device row is stale
+  // Pinned staging for a source the copy engine cannot read directly (mmap on a GPU): each fill
+  // copies the expert into the next buffer, once the copy that last read that buffer is done.
+  struct Stage {
+    PinnedBuffer buf;
+    Event done;
+  };
+  std::vector<Stage> stages_;
+  size_t next_stage_ = 0;
   std::unique_ptr<EvictionPolicy> policy_;
   int32_t lent_begin_ = -1, lent_n_ = 0;
   std::vector<std::pair<uint64_t, int64_t>> evicted_by_lend_;  // (value, key)

@@ -46,9 +46,10 @@ class HostSource final : public ExpertSource {
  public:
   HostSource(const ExpertLayout& layout, Backend& be, const Progress& progress) : layout_(layout) {
     const size_t total = layout.total_bytes();
-    buf_ = PinnedBuffer(be, total,
-                        "the host copy of the experts (--source host); use --source mmap to read them from the "
-                        "file instead");
+    buf_ =
+        PinnedBuffer(be, total,
+                     "the host copy of the experts (--source host); use --source mmap to read them from the "
+                     "file instead");
     size_t off = 0;
     for (int64_t l = 0; l < layout.L; ++l) {
       layer_off_.push_back(off);
@@ -64,6 +65,8 @@ class HostSource final : public ExpertSource {
     }
   }
   SourceKind kind() const override { return SourceKind::Host; }
+  bool page_locked() const override { return true; }
+  const char* describe() const override { return "host copy"; }
   int copies(int64_t layer, int64_t e, ExpertCopy out[3]) const override {
     const auto& ll = layout_.layers[layer];
     out[0] = {0, buf_.get() + layer_off_[layer] + (size_t)e * ll.bytes, ll.bytes};
@@ -80,6 +83,8 @@ class MmapSource final : public ExpertSource {
  public:
   explicit MmapSource(const ExpertLayout& layout) : layout_(layout) {}
   SourceKind kind() const override { return SourceKind::Mmap; }
+  bool page_locked() const override { return false; }
+  const char* describe() const override { return "mmap"; }
   int copies(int64_t layer, int64_t e, ExpertCopy out[3]) const override {
     return file_copies(layout_.layers[layer], e, out);
   }
@@ -88,10 +93,35 @@ class MmapSource final : public ExpertSource {
   const ExpertLayout& layout_;
 };
 
+// The file mapping, page-locked by the backend for as long as the source lives.
+class RegisteredSource final : public ExpertSource {
+ public:
+  RegisteredSource(const ExpertLayout& layout, Backend& be, const void* map)
+      : layout_(layout), be_(be), map_(map) {}
+  ~RegisteredSource() override { be_.unregister_host(map_); }
+  SourceKind kind() const override { return SourceKind::Host; }
+  bool page_locked() const override { return true; }
+  const char* describe() const override { return "registered file"; }
+  int copies(int64_t layer, int64_t e, ExpertCopy out[3]) const override {
+    return file_copies(layout_.layers[layer], e, out);
+  }
+
+ private:
+  const ExpertLayout& layout_;
+  Backend& be_;
+  const void* map_;
+};
+
 }  // namespace
 
-std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be, const Progress& progress) {
+std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be,
+                                               const Progress& progress) {
   return std::make_unique<HostSource>(layout, be, progress);
+}
+std::unique_ptr<ExpertSource> make_registered_source(const ExpertLayout& layout, Backend& be, const void* map,
+                                                     size_t map_bytes) {
+  if (!be.register_host(map, map_bytes)) return nullptr;
+  return std::make_unique<RegisteredSource>(layout, be, map);
 }
 std::unique_ptr<ExpertSource> make_mmap_source(const ExpertLayout& layout) {
   return std::make_unique<MmapSource>(layout);

@@ -57,10 +57,20 @@ class ExpertSource {
   // The copies that fill a slot (laid out as the layer's ExpertLayerLayout) with expert (layer, e);
   // their sources stay valid and unchanged while the source lives. Returns how many (1 to 3).
   virtual int copies(int64_t layer, int64_t e, ExpertCopy out[3]) const = 0;
+  // The copies' sources are page-locked: the copy engine reads them directly. Otherwise (the mapped
+  // file of a model larger than RAM) a GPU cache stages them through pinned buffers.
+  virtual bool page_locked() const = 0;
+  // "host copy", "registered file", "mmap": for --stats and strata info.
+  virtual const char* describe() const = 0;
 };
 
 // Every expert copied once into one pinned host buffer, each expert contiguous: one copy each.
-std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be, const Progress& progress);
+std::unique_ptr<ExpertSource> make_host_source(const ExpertLayout& layout, Backend& be,
+                                               const Progress& progress);
+// The mapped GGUF itself, page-locked read-only by the backend (no second copy of the experts): three
+// copies each. Null where the backend cannot register the mapping.
+std::unique_ptr<ExpertSource> make_registered_source(const ExpertLayout& layout, Backend& be, const void* map,
+                                                     size_t map_bytes);
 // Experts read straight from the mapped GGUF: three copies each.
 std::unique_ptr<ExpertSource> make_mmap_source(const ExpertLayout& layout);
 

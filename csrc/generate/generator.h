@@ -3,8 +3,10 @@
 // Each Generator owns its tokens; several may run interleaved on one Model, taking turns with the
 // KV cache (the one whose tokens it does not hold recomputes them before its next pass).
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,12 +22,28 @@ struct GenParams {
   std::vector<int32_t> stop_ids;
 };
 
+// How a caller watches and stops a long call. `interrupt`, once set (from another thread or a signal
+// handler), stops the pass in progress before its next layer with Interrupted; the generation then
+// ends with stop_reason "interrupted". `progress` hears (tokens done, tokens in all) of the prompt,
+// before each layer of its chunks: done counts a chunk's tokens in proportion to its layers run.
+struct RunControl {
+  const std::atomic<bool>* interrupt = nullptr;
+  std::function<void(double done, int64_t total)> progress;
+};
+
 struct GenStats {
   int64_t prompt_tokens = 0, generated = 0, decode_passes = 0;
+  int64_t prompt_total = 0;             // the prompt's length; prompt_tokens is less when it was interrupted
+  int64_t prompt_reused = 0;            // leading prompt tokens whose KV another generation left in the cache
   int64_t recomputed = 0;               // tokens run again: another generation had the KV cache
   double prompt_ms = 0, decode_ms = 0;  // prompt_ms: the prompt and the first token's sampling
-  std::string stop_reason;              // "stop_token", "max_tokens", "ctx_full", "stop_string", "caller"
-  double prompt_tps() const { return prompt_ms > 0 ? prompt_tokens * 1000.0 / prompt_ms : 0; }
+  int64_t prompt_chunk = 0,
+          prompt_chunks = 0;  // the prompt ran as prompt_chunks chunks of up to prompt_chunk
+  // "stop_token", "max_tokens", "ctx_full", "stop_string", "interrupted", "caller"
+  std::string stop_reason;
+  double prompt_tps() const {
+    return prompt_ms > 0 ? (prompt_tokens - prompt_reused) * 1000.0 / prompt_ms : 0;
+  }
   double decode_tps() const { return decode_ms > 0 ? decode_passes * 1000.0 / decode_ms : 0; }
 };
 
@@ -37,14 +55,24 @@ class Generator {
   Generator& operator=(const Generator&) = delete;
 
   // Runs the prompt through the model (chunked); the next call to next() samples the first token.
-  void begin(const std::vector<int32_t>& prompt, const GenParams& p);
+  // Interrupted: stats() then hold the tokens whose every layer ran (prompt_tokens) and the time.
+  // With `reuse` (an earlier generation that still holds the KV cache), the prompt's tokens that
+  // begin as its did are not run again (a chat's history): the same cache as a full run, as logits
+  // do not depend on the chunking (DESIGN.md, invariant 4; the MoE layout may differ by chunk
+  // size with an ExpertSource).
+  void begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc = {},
+             const Generator* reuse = nullptr);
   // The next token, or -1 when generation has ended (stats().stop_reason says why).
-  int32_t next();
+  int32_t next(const RunControl& rc = {});
   // The caller ends generation (e.g. "stop_string" when a stop string matched).
   void finish(const std::string& reason);
   const GenStats& stats() const { return stats_; }
 
  private:
+  // Leading tokens_ whose keys and values are in the KV cache while this generation owns it (the
+  // last sampled token is fed by the next pass; a stopped pass leaves those before it).
+  int64_t kv_valid() const { return have_logits_ ? pos_ : pos_ - 1; }
+
   // Puts this generation's tokens back into the KV cache when another one has taken it.
   void reclaim_kv();
 
@@ -60,6 +88,6 @@ class Generator {
 
 // Logits at every position of ids[0..n) (n x V floats into `out`), from position 0. The KV cache
 // then holds these tokens, which belong to no generation.
-void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out);
+void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out, const RunControl& rc = {});
 
 }  // namespace strata

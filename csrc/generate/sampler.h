@@ -7,14 +7,17 @@
 namespace strata {
 
 struct SamplerParams {
-  float temperature = 0.8f;   // <= 0: greedy
-  int32_t top_k = 40;         // <= 0: off
-  float top_p = 0.95f;        // >= 1: off
-  float min_p = 0.05f;        // <= 0: off
-  float repetition_penalty = 1.0f;  // 1: off
-  int32_t penalty_last_n = 64;
+  float temperature = 0.8f;         // >= 0; 0: greedy
+  int32_t top_k = 40;               // >= 0; 0: off
+  float top_p = 0.95f;              // (0, 1]; 1: off
+  float min_p = 0.05f;              // [0, 1]; 0: off
+  float repetition_penalty = 1.0f;  // > 0; 1: off
+  int32_t penalty_last_n = 64;      // >= -1: the last N tokens the penalty sees; -1: all, 0: none
   uint64_t seed = 0;
 };
+
+// ConfigError naming the parameter (and its CLI flag) of the first value out of range.
+void check_sampler_params(const SamplerParams& p);
 
 class Sampler {
  public:

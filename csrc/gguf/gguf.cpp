@@ -2,19 +2,20 @@
 // and builds the metadata list and tensor table; every failure names path, field and offset.
 #include "gguf/gguf.h"
 
-#include "core/ggml_types.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
 
 #include "core/error.h"
+#include "core/ggml_types.h"
+#include "core/utf8.h"
 
 namespace strata::gguf {
 
@@ -22,11 +23,10 @@ static_assert(std::endian::native == std::endian::little, "the GGUF reader assum
 
 namespace {
 
-
-
 constexpr uint64_t kHeaderBytes = 24;     // magic, version, n_tensors, n_kv
 constexpr uint64_t kMinKvBytes = 13;      // key length, value type, a 1-byte value
 constexpr uint64_t kMinTensorBytes = 32;  // name length, n_dims, one dim, type, offset
+constexpr uint64_t kMinAlignment = 8;
 
 bool known_value_type(uint32_t t) { return t <= uint32_t(ValueType::F64); }
 
@@ -168,8 +168,20 @@ std::shared_ptr<File> File::open(const std::string& path) {
   return f;
 }
 
+std::shared_ptr<File> File::from_memory(const std::string& name, const void* data, size_t size) {
+  std::shared_ptr<File> f(new File());
+  f->path_ = name;
+  f->size_ = size;
+  // An exact-size heap copy: a sanitizer sees every read past the end, which a page of mapping hides.
+  f->owned_.reset(new uint8_t[size > 0 ? size : 1]);
+  if (size > 0) std::memcpy(f->owned_.get(), data, size);
+  f->base_ = f->owned_.get();
+  f->parse();
+  return f;
+}
+
 File::~File() {
-  if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), size_);
+  if (base_ != nullptr && !owned_) munmap(const_cast<uint8_t*>(base_), size_);
 }
 
 void File::map(const std::string& path) {
@@ -191,7 +203,7 @@ void File::map(const std::string& path) {
   }
   size_ = uint64_t(st.st_size);
   if (size_ > 0) {  // mmap rejects length 0; parse() reports the empty file
-    void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       const Error e = sys_error("cannot mmap");
       ::close(fd);
@@ -234,7 +246,7 @@ void File::parse() {
   for (uint64_t k = 0; k < n_kv; ++k) {
     const uint64_t at = c.pos;
     std::string key = c.read_string([&] { return str("metadata key #", k, " name"); });
-    const auto F = [&] { return str("metadata key #", k, " '", key, "'"); };
+    const auto F = [&] { return str("metadata key #", k, " '", printable(key), "'"); };
     STRATA_CHECK(!kv_index_.contains(key), FormatError, P, ": ", F(), " at byte offset ", at,
                  " is a duplicate of metadata key #", kv_index_[key]);
     Value v;
@@ -288,8 +300,11 @@ void File::parse() {
   if (const Value* a = find("general.alignment")) {
     STRATA_CHECK(a->type == ValueType::U32, FormatError, P, ": metadata key 'general.alignment' has type ",
                  type_desc(*a), ", expected u32");
-    STRATA_CHECK(a->u != 0 && std::has_single_bit(a->u), FormatError, P,
-                 ": metadata key 'general.alignment' is ", a->u, ", expected a nonzero power of two");
+    // The GGUF spec asks for a multiple of 8; less would let tensor data start at an address the
+    // kernels cannot read words from.
+    STRATA_CHECK(a->u >= kMinAlignment && std::has_single_bit(a->u), FormatError, P,
+                 ": metadata key 'general.alignment' is ", a->u, ", expected a power of two of at least ",
+                 kMinAlignment, " (the GGUF spec asks for a multiple of 8)");
     alignment_ = a->u;
   }
 
@@ -299,7 +314,7 @@ void File::parse() {
     TensorInfo& ti = tensors_[k];
     info_at[k] = c.pos;
     ti.name = c.read_string([&] { return str("tensor #", k, " name"); });
-    const auto F = [&] { return str("tensor '", ti.name, "'"); };
+    const auto F = [&] { return str("tensor '", printable(ti.name), "'"); };
     STRATA_CHECK(!tensor_index_.contains(ti.name), FormatError, P, ": ", F(), " at byte offset ", info_at[k],
                  " is a duplicate of tensor #", tensor_index_[ti.name]);
     tensor_index_.emplace(ti.name, k);
@@ -335,18 +350,33 @@ void File::parse() {
   for (uint64_t k = 0; k < n_tensors; ++k) {
     TensorInfo& ti = tensors_[k];
     const uint64_t rel = ti.offset;
-    STRATA_CHECK(rel % alignment_ == 0, FormatError, P, ": tensor '", ti.name, "' offset ", rel,
+    STRATA_CHECK(rel % alignment_ == 0, FormatError, P, ": tensor '", printable(ti.name), "' offset ", rel,
                  " (relative to the data section) is not a multiple of the alignment ", alignment_,
                  " (byte offset of the tensor info: ", info_at[k], ")");
     uint64_t end = 0;
     const bool overflow = __builtin_add_overflow(data_offset_, rel, &ti.offset) ||
                           __builtin_add_overflow(ti.offset, ti.nbytes, &end);
-    STRATA_CHECK(!overflow && end <= size_, FormatError, P, ": truncated: tensor '", ti.name,
+    STRATA_CHECK(!overflow && end <= size_, FormatError, P, ": truncated: tensor '", printable(ti.name),
                  "' data [offset ", overflow ? std::string("overflows") : std::to_string(ti.offset),
                  " = data section ", data_offset_, " + ", rel, ", ", ti.nbytes,
                  " bytes] ends past the file size ", size_, " (byte offset of the tensor info: ", info_at[k],
                  ")");
     ti.data = base_ + ti.offset;
+  }
+  // No two tensors share bytes: every size strata derives from the tensors then stays within the
+  // file's size (a few bytes of tensor info cannot name the same megabytes a thousand times).
+  std::vector<uint64_t> order(n_tensors);
+  for (uint64_t k = 0; k < n_tensors; ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) {
+    return std::pair(tensors_[a].offset, a) < std::pair(tensors_[b].offset, b);
+  });
+  for (uint64_t k = 1; k < n_tensors; ++k) {
+    const TensorInfo& a = tensors_[order[k - 1]];
+    const TensorInfo& b = tensors_[order[k]];
+    STRATA_CHECK(a.offset + a.nbytes <= b.offset, FormatError, P, ": tensor '", printable(b.name),
+                 "' data [offset ", b.offset, ", ", b.nbytes, " bytes] overlaps tensor '", printable(a.name),
+                 "' data [offset ", a.offset, ", ", a.nbytes,
+                 " bytes] (byte offset of the tensor info: ", info_at[order[k]], ")");
   }
 }
 
@@ -357,8 +387,8 @@ const Value* File::find(const std::string& key) const {
 
 const Value& File::typed(const std::string& key, bool ok(const Value&), const char* want) const {
   const Value* v = find(key);
-  STRATA_CHECK(v != nullptr, FormatError, path_, ": metadata key '", key, "' is missing");
-  STRATA_CHECK(ok(*v), FormatError, path_, ": metadata key '", key, "' has type ", type_desc(*v),
+  STRATA_CHECK(v != nullptr, FormatError, path_, ": metadata key '", printable(key), "' is missing");
+  STRATA_CHECK(ok(*v), FormatError, path_, ": metadata key '", printable(key), "' has type ", type_desc(*v),
                ", expected ", want);
   return *v;
 }
@@ -393,7 +423,7 @@ const TensorInfo* File::find_tensor(const std::string& name) const {
 
 const TensorInfo& File::tensor(const std::string& name) const {
   const TensorInfo* t = find_tensor(name);
-  STRATA_CHECK(t != nullptr, FormatError, path_, ": tensor '", name, "' is missing");
+  STRATA_CHECK(t != nullptr, FormatError, path_, ": tensor '", printable(name), "' is missing");
   return *t;
 }
 

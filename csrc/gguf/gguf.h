@@ -63,11 +63,12 @@ struct TensorInfo {
   int64_t nelements() const;
 };
 
-
 class File {
  public:
   // Maps and validates the whole header; throws Error (cannot open) or FormatError.
   static std::shared_ptr<File> open(const std::string& path);
+  // The same over a copy of `size` bytes in memory, reported as `name` (tests and fuzzing).
+  static std::shared_ptr<File> from_memory(const std::string& name, const void* data, size_t size);
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;
@@ -101,6 +102,7 @@ class File {
 
   std::string path_;
   const uint8_t* base_ = nullptr;
+  std::unique_ptr<uint8_t[]> owned_;  // from_memory's copy; otherwise base_ is a mapping
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -2,6 +2,7 @@
 // prompt chunk, registered by name in model/registry.cpp. Adding one is a new file and one line there.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,6 +15,11 @@ namespace strata {
 
 class KVCache;
 
+// Called by a forward pass before each layer and once after the last (layer == L), with the
+// pass's T and pos0, on the thread running it. A hook that throws (Interrupted on Ctrl-C) stops the
+// pass there, between layers, where no expert-cache slot is held.
+using LayerHook = std::function<void(int64_t layer, int64_t T, int64_t pos0)>;
+
 // What a forward pass runs on; all owned by the Model, which outlives the pass.
 struct ForwardContext {
   Backend& be;
@@ -21,6 +27,7 @@ struct ForwardContext {
   const ExpertLayout& experts;
   ExpertCache& cache;
   KVCache& kv;
+  const LayerHook* layer_hook = nullptr;  // the Model's; empty when no caller watches
 };
 
 class ForwardPass {

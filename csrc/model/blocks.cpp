@@ -42,8 +42,8 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
   matmul(be, w.o, b.attn, T, b.proj);
 }
 
-void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x, int64_t T,
-                    int64_t K, bool norm) {
+void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,
+                    int64_t T, int64_t K, bool norm) {
   const int64_t E = router.rows;
   matmul(be, router, x, T, b.router);
   be.router_topk(b.router, T, E, K, norm, b.topk_ids, b.topk_w);
@@ -86,7 +86,8 @@ void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done
 
 }  // namespace
 
-void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T, const float* ffn_norm) {
+void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
+               const float* ffn_norm) {
   Backend& be = ctx.be;
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
@@ -100,8 +101,10 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
         ctx.cache, l, r,
         [&](int32_t, int64_t o, int64_t n, const ExpertView& v) {
           const int32_t* rows = b.expert_rows + o;
-          if (fused_read) be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, b.xg);
-          else be.gather(b.xn, D, rows, K, n, b.xg);
+          if (fused_read)
+            be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, b.xg);
+          else
+            be.gather(b.xn, D, rows, K, n, b.xg);
           be.matmul(xl.gate.type, v.gate, F, D, b.xg, D, n, b.hg, F);
           be.matmul(xl.up.type, v.up, F, D, b.xg, D, n, b.hu, F);
           be.swiglu(b.hg, b.hu, n * F);
@@ -120,33 +123,41 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const bool q8_down = uses_matmul_q8(xl.down.type);
   const size_t xrb = b.xq_row_bytes;
   const float* src = fused_read ? b.R : b.xn;
-  if (q8_in) be.quantize_q8_0(src, fused_read ? b.grs : nullptr, ffn_norm, D, b.expert_rows, K, n_rows, b.xq, xrb);
+  if (q8_in)
+    be.quantize_q8_0(src, fused_read ? b.grs : nullptr, ffn_norm, D, b.expert_rows, K, n_rows, b.xq, xrb);
   if (float_in) {
-    if (fused_read) be.apply_norm(b.R, b.grs, ffn_norm, D, b.expert_rows, K, n_rows, b.xg);
-    else be.gather(b.xn, D, b.expert_rows, K, n_rows, b.xg);
+    if (fused_read)
+      be.apply_norm(b.R, b.grs, ffn_norm, D, b.expert_rows, K, n_rows, b.xg);
+    else
+      be.gather(b.xn, D, b.expert_rows, K, n_rows, b.xg);
   }
-  auto mm = [&](uint32_t type, const uint8_t* W, int64_t rows, int64_t cols, const uint8_t* xq, const float* x,
-                int64_t n, float* y) {
-    if (uses_matmul_q8(type)) be.matmul_q8(type, W, rows, cols, xq, xrb, n, y, rows);
-    else be.matmul(type, W, rows, cols, x, cols, n, y, rows);
+  auto mm = [&](uint32_t type, const uint8_t* W, int64_t rows, int64_t cols, const uint8_t* xq,
+                const float* x, int64_t n, float* y) {
+    if (uses_matmul_q8(type))
+      be.matmul_q8(type, W, rows, cols, xq, xrb, n, y, rows);
+    else
+      be.matmul(type, W, rows, cols, x, cols, n, y, rows);
   };
+  // xq or xg is absent (null) when no expert type needs it: no offset may be applied to it.
+  const auto at = [](auto* p, int64_t off) { return p ? p + off : nullptr; };
   std::vector<ExpertView> views(s.E);
   for_routed(
       ctx.cache, l, r,
       [&](int32_t e, int64_t o, int64_t n, const ExpertView& v) {
         views[e] = v;
-        mm(xl.gate.type, v.gate, F, D, b.xq + o * xrb, b.xg + o * D, n, b.hg + o * F);
-        mm(xl.up.type, v.up, F, D, b.xq + o * xrb, b.xg + o * D, n, b.hu + o * F);
+        mm(xl.gate.type, v.gate, F, D, at(b.xq, o * xrb), at(b.xg, o * D), n, b.hg + o * F);
+        mm(xl.up.type, v.up, F, D, at(b.xq, o * xrb), at(b.xg, o * D), n, b.hu + o * F);
       },
       [&](int64_t r0, int64_t r1) {
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
         // (gate/up have read them), then down, expert by expert.
         be.swiglu(b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F);
-        if (q8_down) be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
+        if (q8_down)
+          be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, at(b.xq, r0 * xrb), xrb);
         for (int32_t e : r.ids) {
           const int64_t o = r.off[e], n = r.off[e + 1] - o;
           if (o < r0 || o >= r1) continue;
-          mm(xl.down.type, views[e].down, D, F, b.xq + o * xrb, b.hg + o * F, n, b.yd + o * D);
+          mm(xl.down.type, views[e].down, D, F, at(b.xq, o * xrb), b.hg + o * F, n, b.yd + o * D);
         }
       });
   be.scatter_add(b.yd, b.expert_rows, b.topk_w, K, n_rows, D, b.proj);

@@ -40,15 +40,22 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
 
 // Router: logits of x against the router matrix, softmax, top-K (ties to the lower id), weights
 // renormalized when norm; then the (token, k) rows grouped by expert (b.expert_off, b.expert_rows).
-void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x, int64_t T,
-                    int64_t K, bool norm);
+void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,
+                    int64_t T, int64_t K, bool norm);
 
 // The routed experts of layer `l` over the rows the router grouped, through the expert cache; the
 // weighted sum of each token's experts lands in b.proj. Experts are resolved once per layer per chunk;
 // per-(token, k) outputs are added in a fixed order (ascending expert, then token), so the result does
 // not depend on which experts were resident. `ffn_norm` is the GR read's weight (the fused read
 // gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
-void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T, const float* ffn_norm);
+void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
+               const float* ffn_norm);
+
+// A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
+// which may throw Interrupted to stop the pass.
+inline void between_layers(const ForwardContext& ctx, int64_t l, int64_t T, int64_t pos0) {
+  if (ctx.layer_hook && *ctx.layer_hook) (*ctx.layer_hook)(l, T, pos0);
+}
 
 // Output head over `rows` normalized rows x: logits to host memory, kHeadRows rows at a time
 // through the device buffer `logits_dev` (kHeadRows x V).

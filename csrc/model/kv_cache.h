@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "core/error.h"
 
 namespace strata {
 
@@ -17,7 +18,12 @@ class KVCache {
         v_(be, bytes(type, L, ctx, width) / 2, "the KV cache (lower --ctx)") {}
   // Keys and values together.
   static size_t bytes(KvType t, int64_t L, int64_t ctx, int64_t width) {
-    return 2 * (size_t)L * ctx * width * kv_elem_bytes(t);
+    size_t n = 2 * kv_elem_bytes(t);
+    for (int64_t f : {L, ctx, width})
+      STRATA_CHECK(f >= 0 && !__builtin_mul_overflow(n, (size_t)f, &n), MemoryError,
+                   "a KV cache of ctx=", ctx, " for ", L, " layers of width ", width,
+                   " does not fit in memory; lower --ctx");
+    return n;
   }
   KvType type() const { return type_; }
   int64_t ctx() const { return ctx_; }

@@ -20,16 +20,17 @@ namespace strata {
 
 struct ModelConfig {
   std::string device = "cpu";
-  int threads = 0;              // CPU threads; 0: every core
-  int64_t ctx = 4096;           // KV cache length in tokens
-  bool all_resident = false;    // --expert-cache all
-  size_t cache_bytes = 0;       // --expert-cache in bytes when not all_resident
-  std::string source = "auto";  // host | mmap | auto
-  int64_t prefill = 8192;       // tokens per prompt chunk; with prefill_auto, the largest tried
-  bool prefill_auto = false;    // --prefill auto[:MAX]: the largest chunk <= prefill that fits
-  bool gr_unfused = false;      // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
+  int threads = 0;               // CPU threads; 0: every core
+  int64_t ctx = 4096;            // KV cache length in tokens
+  bool all_resident = false;     // --expert-cache all
+  size_t cache_bytes = 0;        // --expert-cache in bytes when not all_resident
+  bool cache_auto = false;       // --expert-cache auto: all on the CPU; on a GPU what is free (auto_cache)
+  std::string source = "auto";   // host | mmap | auto
+  int64_t prefill = 8192;        // tokens per prompt chunk; with prefill_auto, the largest tried
+  bool prefill_auto = false;     // --prefill auto[:MAX]: the largest chunk <= prefill that fits
+  bool gr_unfused = false;       // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
   std::string kv_type = "auto";  // f32 | f16 | auto (f16 where the backend keeps it, else f32)
-  Progress progress;            // long loads report here
+  Progress progress;             // long loads report here
 };
 
 struct ChunkStats {
@@ -37,8 +38,20 @@ struct ChunkStats {
   uint64_t region_bytes = 0;
 };
 
-// The backend a config asks for: ConfigError / UnsupportedError naming why it is not available.
+// The backend a config asks for ("cpu", "cuda", "auto": CUDA when built and a GPU is present, else
+// the CPU): UnsupportedError naming why it is not available.
 std::shared_ptr<Backend> make_backend(const std::string& device, int threads);
+
+// What `--expert-cache auto` resolves to on a backend with `free_bytes` of device memory free.
+struct AutoCache {
+  bool all_resident = false;
+  size_t cache_bytes = 0;
+  size_t others = 0;   // dense weights + KV cache + decode scratch + logits, allocated beside the cache
+  size_t reserve = 0;  // kept free for the driver, the CUDA context's growth and fragmentation
+  std::string error;   // when nothing fits: what does (a smaller --ctx, --prefill or cache)
+};
+AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, size_t free_bytes,
+                     size_t total_bytes);
 
 class Model {
  public:
@@ -50,6 +63,7 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelSpec& spec() const { return plan_.spec; }
+  // As loaded: --expert-cache auto resolved to all_resident or cache_bytes.
   const ModelConfig& config() const { return cfg_; }
   const gguf::File& file() const { return *plan_.file; }
   const ModelPlan& plan() const { return plan_; }
@@ -62,6 +76,8 @@ class Model {
   int64_t slots_for(int64_t T) const;
   bool has_source() const { return src_ != nullptr; }
   const char* source_kind() const { return src_ ? source_kind_name(src_->kind()) : "none"; }
+  // "host copy", "registered file", "mmap" or "none".
+  const char* source_describe() const { return src_ ? src_->describe() : "none"; }
   Backend& backend() { return *be_; }
   const ChunkStats& chunk_stats() const { return chunk_stats_; }
   void reset_stats();
@@ -69,6 +85,10 @@ class Model {
   // another owner recomputes its own before going on.
   const void* kv_owner() const { return kv_owner_; }
   void set_kv_owner(const void* owner) { kv_owner_ = owner; }
+  // Called between the layers of every pass (model/arch.h): a caller watching a long call (progress,
+  // Ctrl-C) sets it for the call's duration. A hook that throws stops the pass and leaves the model
+  // usable; the KV cache from that pass's pos0 on is then stale.
+  void set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 
   // Runs ids[0..n) at positions pos0.. through the model, chunked by cfg.prefill, filling the KV
   // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
@@ -89,6 +109,7 @@ class Model {
   DeviceBuffer decode_region_;  // layout(1, src), allocated once
   DeviceBuffer own_region_;     // all-resident cache: the chunk region has no slots to borrow
   std::unique_ptr<ForwardPass> forward_;
+  LayerHook layer_hook_;
   ChunkStats chunk_stats_;
   int64_t chunk_ = 0;
   const void* kv_owner_ = nullptr;

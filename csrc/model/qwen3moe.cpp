@@ -1,9 +1,11 @@
 // Qwen3-MoE (GGUF arch "qwen3moe"): hyperparameters and tensors from metadata, and its forward
 // pass: pre-norm GQA with per-head q/k RMSNorm and NEOX RoPE, softmax -> top-K -> renormalize
 // routing over SwiGLU experts, all written with the shared blocks of model/blocks.h.
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
+#include "core/utf8.h"
 #include "model/arch.h"
 #include "model/blocks.h"
 #include "model/spec.h"
@@ -34,25 +36,27 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
   ModelSpec s;
   const std::string a = "qwen3moe.";
   s.arch = "qwen3moe";
-  s.name = f.get_string("general.name", "");
-  s.L = f.get_int(a + "block_count");
-  s.D = f.get_int(a + "embedding_length");
-  s.n_head = f.get_int(a + "attention.head_count");
-  s.n_kv_head = f.get_int(a + "attention.head_count_kv", s.n_head);
-  s.head_dim = f.get_int(a + "attention.key_length", s.D / s.n_head);
-  s.E = f.get_int(a + "expert_count");
-  s.K = f.get_int(a + "expert_used_count");
-  s.F = f.get_int(a + "expert_feed_forward_length");
-  s.ctx_train = f.get_int(a + "context_length", 4096);
-  s.rms_eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-6);
-  s.rope_base = (float)f.get_float(a + "rope.freq_base", 1e6);
-  const int64_t vlen = f.get_int(a + "attention.value_length", s.head_dim);
-  STRATA_CHECK(s.L > 0 && s.D > 0 && s.n_head > 0 && s.n_kv_head > 0 && s.n_head % s.n_kv_head == 0 &&
-                   s.head_dim > 0 && s.head_dim % 2 == 0 && s.E > 0 && s.K > 0 && s.K <= s.E && s.F > 0,
-               FormatError, f.path(), ": qwen3moe hyperparameters out of range: block_count=", s.L,
-               " embedding_length=", s.D, " head_count=", s.n_head, " head_count_kv=", s.n_kv_head,
-               " key_length=", s.head_dim, " expert_count=", s.E, " expert_used_count=", s.K,
-               " expert_feed_forward_length=", s.F);
+  s.name = printable(f.get_string("general.name", ""));
+  // Each number is bounded before anything is derived from it (key_length's default divides by
+  // head_count; the q width multiplies two of them).
+  s.L = read_count(f, a + "block_count", 1, limits::kLayers);
+  s.D = read_count(f, a + "embedding_length", 1, limits::kHidden);
+  s.n_head = read_count(f, a + "attention.head_count", 1, limits::kHeads);
+  s.n_kv_head = read_count(f, a + "attention.head_count_kv", 1, s.n_head, s.n_head);
+  STRATA_CHECK(s.n_head % s.n_kv_head == 0, FormatError, f.path(), ": ", a, "attention.head_count ", s.n_head,
+               " is not a multiple of ", a, "attention.head_count_kv ", s.n_kv_head);
+  s.head_dim = read_count(f, a + "attention.key_length", 2, limits::kHeadDim, s.D / s.n_head);
+  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.head_dim % 2 == 0, FormatError,
+               f.path(), ": ", a,
+               "attention.key_length (or embedding_length / head_count when it is absent) = ", s.head_dim,
+               " must be even and in [2, ", limits::kHeadDim, "] (RoPE rotates pairs)");
+  s.E = read_count(f, a + "expert_count", 1, limits::kExperts);
+  s.K = read_count(f, a + "expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));
+  s.F = read_count(f, a + "expert_feed_forward_length", 1, limits::kFfn);
+  s.ctx_train = read_count(f, a + "context_length", 1, limits::kContext, 4096);
+  s.rms_eps = (float)read_real(f, a + "attention.layer_norm_rms_epsilon", 1e-30, 1.0, 1e-6);
+  s.rope_base = (float)read_real(f, a + "rope.freq_base", 1.0, 1e30, 1e6);
+  const int64_t vlen = read_count(f, a + "attention.value_length", 1, limits::kHeadDim, s.head_dim);
   STRATA_CHECK(vlen == s.head_dim, UnsupportedError, f.path(), ": value_length ", vlen, " != key_length ",
                s.head_dim, " is not supported");
 
@@ -60,10 +64,13 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
   STRATA_CHECK(emb.ne.size() == 2 && emb.ne[0] == s.D, FormatError, f.path(),
                ": tensor 'token_embd.weight' must be [", s.D, ", vocab]");
   s.V = emb.ne[1];
+  STRATA_CHECK(s.V <= limits::kVocab, FormatError, f.path(), ": tensor 'token_embd.weight' has ", s.V,
+               " rows, more token ids than int32 holds");
   s.token_embd = need(f, "token_embd.weight", {s.D, s.V});
   s.output_norm = need(f, "output_norm.weight", {s.D});
   s.output = f.find_tensor("output.weight") ? need(f, "output.weight", {s.D, s.V}) : s.token_embd;
-  const int64_t Hd = s.n_head * s.head_dim, KVd = s.n_kv_head * s.head_dim;
+  const int64_t Hd = checked_mul(f, s.n_head, s.head_dim, "head_count * key_length");
+  const int64_t KVd = checked_mul(f, s.n_kv_head, s.head_dim, "head_count_kv * key_length");
   for (int64_t l = 0; l < s.L; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LayerSpec ls;
@@ -107,10 +114,10 @@ class Qwen3MoeForward final : public ForwardPass {
     token_embd_ = be.resident(s.token_embd.data(), s.token_embd.t->nbytes, "token_embd");
     output_norm_ = norm(s.output_norm, "output_norm");
     // A tied head reads the embedding table itself.
-    output_ = s.output.t == s.token_embd.t
-                  ? DenseMatrix{s.output.type(), token_embd_.get(), s.V, s.D}
-                  : dense(s.output, "output");
-    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps, RopeParams{s.head_dim, s.rope_base, true}};
+    output_ = s.output.t == s.token_embd.t ? DenseMatrix{s.output.type(), token_embd_.get(), s.V, s.D}
+                                           : dense(s.output, "output");
+    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
+                            RopeParams{s.head_dim, s.rope_base, true}};
     logits_dev_ = DeviceBuffer(be, (size_t)kHeadRows * s.V * sizeof(float), "the logits");
   }
 
@@ -124,6 +131,7 @@ class Qwen3MoeForward final : public ForwardPass {
     be.embed(s.token_embd.type(), token_embd_.get(), D, b.topk_ids, T, b.R);
     // The GR read stages its rows in proj when the plan has no xn: proj is free at both read points.
     for (int64_t l = 0; l < s.L; ++l) {
+      between_layers(ctx_, l, T, pos0);
       const Layer& ly = layers_[l];
       const float* x = gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
       attention_block(ctx_, b, l, ly.attn, shape_, x, T, pos0);
@@ -133,6 +141,7 @@ class Qwen3MoeForward final : public ForwardPass {
       moe_block(ctx_, b, l, T, ly.ffn_norm);
       be.add(b.R, b.proj, T * D);
     }
+    between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     be.rms_scale(b.R, T, D, s.rms_eps, b.grs);
     const int64_t first = all_logits ? 0 : T - 1;

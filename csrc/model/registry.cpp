@@ -16,8 +16,8 @@ const Architecture& find_architecture(const std::string& name, const std::string
     if (name == a->name) return *a;
     known += str(known.empty() ? "" : ", ", a->name);
   }
-  throw UnsupportedError(
-      str(path, ": architecture '", name, "' is not supported; strata runs: ", known, ". Use llama.cpp for this model."));
+  throw UnsupportedError(str(path, ": architecture '", name, "' is not supported; strata runs: ", known,
+                             ". Use llama.cpp for this model."));
 }
 
 }  // namespace strata

@@ -1,13 +1,44 @@
 // read_spec: dispatches on general.architecture and totals the bytes and parameters.
 #include "model/spec.h"
 
+#include <cmath>
+
 #include "core/error.h"
+#include "core/utf8.h"
 #include "model/arch.h"
 
 namespace strata {
 
+int64_t read_count(const gguf::File& f, const std::string& key, int64_t lo, int64_t hi) {
+  const int64_t v = f.get_int(key);
+  STRATA_CHECK(v >= lo && v <= hi, FormatError, f.path(), ": metadata key '", key, "' = ", v,
+               " is out of range [", lo, ", ", hi, "]; the file is corrupt or not a model strata can run");
+  return v;
+}
+
+int64_t read_count(const gguf::File& f, const std::string& key, int64_t lo, int64_t hi, int64_t dflt) {
+  return f.find(key) ? read_count(f, key, lo, hi) : dflt;
+}
+
+double read_real(const gguf::File& f, const std::string& key, double lo, double hi, double dflt) {
+  if (!f.find(key)) return dflt;
+  const double v = f.get_float(key);
+  STRATA_CHECK(std::isfinite(v) && v >= lo && v <= hi, FormatError, f.path(), ": metadata key '", key,
+               "' = ", v, " is out of range [", lo, ", ", hi,
+               "]; the file is corrupt or not a model strata can run");
+  return v;
+}
+
+int64_t checked_mul(const gguf::File& f, int64_t a, int64_t b, const char* what) {
+  int64_t r = 0;
+  STRATA_CHECK(!__builtin_mul_overflow(a, b, &r), FormatError, f.path(), ": ", what, " = ", a, " * ", b,
+               " overflows int64; the file is corrupt");
+  return r;
+}
+
 ModelSpec read_spec(const gguf::File& f) {
-  ModelSpec s = find_architecture(f.get_string("general.architecture"), f.path()).read_spec(f);
+  // The name is only shown, but it may hold any bytes: keep it printable.
+  ModelSpec s = find_architecture(printable(f.get_string("general.architecture")), f.path()).read_spec(f);
   for (const auto& l : s.layers)
     for (const WeightRef* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) {
       s.expert_bytes += w->t->nbytes;

@@ -1,5 +1,6 @@
 // ModelSpec: an architecture's hyperparameters and weight tensors, read from GGUF metadata.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,5 +40,30 @@ struct ModelSpec {
 // Reads and validates the spec; throws UnsupportedError for an unknown architecture and
 // FormatError for a missing key or a tensor of the wrong shape.
 ModelSpec read_spec(const gguf::File& f);
+
+// ---- for spec readers: every number a file gives is bounded before any arithmetic uses it ----
+
+// Bounds of the integer hyperparameters, far above any model published and low enough that every
+// product the engine forms from them (q width, expert bytes, the chunk plan) fits in int64.
+namespace limits {
+constexpr int64_t kLayers = 1 << 12;
+constexpr int64_t kHidden = 1 << 18;       // embedding_length
+constexpr int64_t kHeads = 1 << 12;        // head_count, head_count_kv
+constexpr int64_t kHeadDim = 1 << 12;      // key_length, value_length
+constexpr int64_t kExperts = 1 << 16;      // expert_count
+constexpr int64_t kExpertsUsed = 1 << 10;  // expert_used_count
+constexpr int64_t kFfn = 1 << 20;          // expert_feed_forward_length
+constexpr int64_t kVocab = INT32_MAX;      // token ids are int32
+constexpr int64_t kContext = int64_t(1) << 32;
+}  // namespace limits
+
+// The integer at `key`, required (or `dflt` when absent), checked to lie in [lo, hi]: FormatError
+// naming the file, the key, the value and the range otherwise.
+int64_t read_count(const gguf::File& f, const std::string& key, int64_t lo, int64_t hi);
+int64_t read_count(const gguf::File& f, const std::string& key, int64_t lo, int64_t hi, int64_t dflt);
+// The number at `key` (or `dflt` when absent), finite and within [lo, hi].
+double read_real(const gguf::File& f, const std::string& key, double lo, double hi, double dflt);
+// a * b, or FormatError naming `what` (the keys the factors came from) when it overflows int64.
+int64_t checked_mul(const gguf::File& f, int64_t a, int64_t b, const char* what);
 
 }  // namespace strata

@@ -16,23 +16,42 @@ ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_
                      bool is_auto) {
   STRATA_CHECK(max_T >= 1, ConfigError, "--prefill must be at least 1 token, got ", max_T);
   const auto& s = p.shape();
-  auto make = [&](int64_t T) {
+  // room: slots the chunk needs besides its region, a layer's expert working set or one expert.
+  auto make = [&](int64_t T, bool layer_room) {
     ChunkPlan c;
     c.chunk = T;
     c.slots = region_slots(p, T, slot_bytes);
-    c.needs = c.slots + (is_auto ? std::min<int64_t>(s.E, T * s.K) : 1);
+    c.needs = c.slots + (layer_room ? std::min<int64_t>(s.E, T * s.K) : 1);
     c.fits = c.needs <= n_slots;
     return c;
   };
-  ChunkPlan c = make(max_T);
-  if (is_auto)
-    while (!c.fits && c.chunk > 256) c = make(std::max<int64_t>(256, c.chunk / 2));
-  if (!c.fits) {
-    c.error = str("--expert-cache ", mib_str(cache_bytes), " (", n_slots, " slots of ", slot_bytes,
-                  " bytes) is too small for a prompt chunk of ", c.chunk, " tokens, which borrows ", c.slots,
-                  " slots and needs ", c.needs, "; use --expert-cache ",
-                  ((uint64_t)c.needs * slot_bytes + (1 << 20) - 1) >> 20, " or more, or a smaller --prefill");
+  auto mib = [&](int64_t slots) { return ((uint64_t)slots * slot_bytes + (1 << 20) - 1) >> 20; };
+  const std::string cache =
+      str("--expert-cache ", mib_str(cache_bytes), " (", n_slots, " slots of ", slot_bytes, " bytes)");
+  if (!is_auto) {
+    ChunkPlan c = make(max_T, false);
+    if (!c.fits)
+      c.error = str(cache, " is too small for a prompt chunk of ", c.chunk, " tokens, which borrows ",
+                    c.slots, " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs),
+                    " or more, or a smaller --prefill");
+    return c;
   }
+  // Halving from max_T (through 256, down to 1): first the largest chunk whose region leaves room
+  // for a layer's experts; failing that, the largest that leaves room for one (experts then evict
+  // each other within a layer, as with a fixed chunk that small).
+  for (bool layer_room : {true, false}) {
+    for (int64_t T = max_T;; T = T > 256 ? std::max<int64_t>(256, T / 2) : T / 2) {
+      const ChunkPlan c = make(T, layer_room);
+      if (c.fits) return c;
+      if (T == 1) break;
+    }
+  }
+  ChunkPlan c = make(1, false);
+  const int64_t useful = std::min<int64_t>(256, max_T);
+  c.error = str(cache, " is too small for any prompt chunk: one of 1 token borrows ", c.slots,
+                " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs), " or more");
+  if (useful > 1 && mib(make(useful, true).needs) > mib(c.needs))
+    c.error += str(" (", mib(make(useful, true).needs), " or more for chunks of ", useful, " tokens)");
   return c;
 }
 

@@ -2,17 +2,25 @@
 #include "prefill/prefill.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "quant/formats.h"
 
 namespace strata {
+
+namespace {
+// No single buffer may exceed 2^56 bytes: far beyond any memory, and small enough that the sum of
+// a plan's buffers cannot wrap size_t.
+constexpr size_t kMaxBuffer = size_t(1) << 56;
+}  // namespace
 
 const char* moe_layout_name(MoeLayout l) { return l == MoeLayout::Fused ? "fused" : "mmq"; }
 
 void set_expert_kernels(PrefillShape& s, bool (*uses_q8)(uint32_t ggml_type)) {
-  STRATA_CHECK(s.expert_types.size() % 3 == 0, ConfigError, "expert_types holds (gate, up, down) per layer, got ",
-               s.expert_types.size(), " types");
+  STRATA_CHECK(s.expert_types.size() % 3 == 0, ConfigError,
+               "expert_types holds (gate, up, down) per layer, got ", s.expert_types.size(), " types");
   s.q8_gate_up = s.float_gate_up = s.q8_down = false;
   for (size_t i = 0; i + 2 < s.expert_types.size(); i += 3) {
     for (size_t j = i; j < i + 2; ++j) (uses_q8(s.expert_types[j]) ? s.q8_gate_up : s.float_gate_up) = true;
@@ -45,9 +53,20 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   p.T = T;
   p.src = src;
   p.moe = fused_layout(T, src);
+  // Sizes are products of the shape and T: each one is checked, so a chunk too large for the address
+  // space is an error, not a wrapped size that carves overlapping buffers.
+  auto too_large = [&] {
+    return MemoryError(str("a prompt chunk of ", T,
+                           " tokens is too large to plan for this model (its scratch size overflows); "
+                           "use a smaller --prefill"));
+  };
+  // Row indices (t * K + k) and expert offsets are int32 on every backend.
+  int64_t rows = 0;
+  if (__builtin_mul_overflow(T, s.K, &rows) || rows > INT32_MAX) throw too_large();
   auto add = [&](const char* name, const char* dtype, std::vector<int64_t> shape, size_t elem_bytes) {
     size_t n = elem_bytes;
-    for (int64_t d : shape) n *= (size_t)d;
+    for (int64_t d : shape)
+      if (d < 0 || __builtin_mul_overflow(n, (size_t)d, &n) || n > kMaxBuffer) throw too_large();
     p.buffers.push_back(BufferSpec{name, n, dtype, std::move(shape), 0});
   };
   const int64_t Hd = s.n_head * s.head_dim, KVd = s.n_kv_head * s.head_dim;
@@ -76,10 +95,10 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
     // (rows wide enough to hold the down projection's requantized input, F, after gate/up have
     // read theirs, D), as floats for float weights, which are never quantized.
     if (s.q8_gate_up || s.q8_down) {
-      STRATA_CHECK(s.D % 32 == 0 && s.F % 32 == 0, UnsupportedError,
-                   "the MMQ layout needs D and F divisible by 32, got D=", s.D, " F=", s.F);
+      STRATA_CHECK(s.D % kQK8_0 == 0 && s.F % kQK8_0 == 0, UnsupportedError,
+                   "the MMQ layout needs D and F divisible by 32 (q8_0 blocks), got D=", s.D, " F=", s.F);
       const int64_t width = std::max(s.q8_gate_up ? s.D : 0, s.q8_down ? s.F : 0);
-      add("moe.xq", "q8_0", {T * s.K, width / 32 * 34}, 1);
+      add("moe.xq", "q8_0", {T * s.K, width / kQK8_0 * kQ8_0Bytes}, 1);
     }
     if (s.float_gate_up) add("moe.x", "f32", {T * s.K, s.D}, 4);
     add("moe.gate", "f32", {T * s.K, s.F}, 4);
@@ -89,7 +108,7 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   size_t off = 0;
   for (auto& b : p.buffers) {
     b.offset = off;
-    off += align_up(b.bytes);
+    off += align_up(b.bytes);  // at most ~20 buffers of at most kMaxBuffer: cannot wrap
   }
   p.total = off;
   return p;
@@ -99,10 +118,10 @@ size_t Prefill::bytes_needed(int64_t T, bool src) const { return layout(T, src).
 
 PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool src) const {
   const PrefillPlan p = layout(T, src);
-  STRATA_CHECK(region != nullptr && region_bytes >= p.total, MemoryError, "prefill region of ",
-               region_bytes, " bytes is smaller than the ", p.total, " bytes chunk T=", T, " needs");
-  STRATA_CHECK(reinterpret_cast<uintptr_t>(region) % kAlign == 0, ConfigError,
-               "prefill region is not ", kAlign, "-byte aligned");
+  STRATA_CHECK(region != nullptr && region_bytes >= p.total, MemoryError, "prefill region of ", region_bytes,
+               " bytes is smaller than the ", p.total, " bytes chunk T=", T, " needs");
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(region) % kAlign == 0, ConfigError, "prefill region is not ",
+               kAlign, "-byte aligned");
   auto* base = static_cast<uint8_t*>(region);
   PrefillBuffers b;
   b.T = T;
@@ -112,25 +131,44 @@ PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool
     const std::string& n = s.name;
     auto f = static_cast<float*>(ptr);
     auto i = static_cast<int32_t*>(ptr);
-    if (n == "R") b.R = f;
-    else if (n == "grs") b.grs = f;
-    else if (n == "xn") b.xn = f;
-    else if (n == "attn.q") b.q = f;
-    else if (n == "attn.k") b.k = f;
-    else if (n == "attn.v") b.v = f;
-    else if (n == "attn.out") b.attn = f;
-    else if (n == "proj") b.proj = f;
-    else if (n == "router.logits") b.router = f;
-    else if (n == "router.ids") b.topk_ids = i;
-    else if (n == "router.weights") b.topk_w = f;
-    else if (n == "moe.offsets") b.expert_off = i;
-    else if (n == "moe.rows") b.expert_rows = i;
-    else if (n == "moe.x") b.xg = f;
-    else if (n == "moe.xq") b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
-    else if (n == "moe.gate") b.hg = f;
-    else if (n == "moe.up") b.hu = f;
-    else if (n == "moe.down") b.yd = f;
-    else throw Error(str("prefill carve: buffer '", n, "' has no destination"));
+    if (n == "R")
+      b.R = f;
+    else if (n == "grs")
+      b.grs = f;
+    else if (n == "xn")
+      b.xn = f;
+    else if (n == "attn.q")
+      b.q = f;
+    else if (n == "attn.k")
+      b.k = f;
+    else if (n == "attn.v")
+      b.v = f;
+    else if (n == "attn.out")
+      b.attn = f;
+    else if (n == "proj")
+      b.proj = f;
+    else if (n == "router.logits")
+      b.router = f;
+    else if (n == "router.ids")
+      b.topk_ids = i;
+    else if (n == "router.weights")
+      b.topk_w = f;
+    else if (n == "moe.offsets")
+      b.expert_off = i;
+    else if (n == "moe.rows")
+      b.expert_rows = i;
+    else if (n == "moe.x")
+      b.xg = f;
+    else if (n == "moe.xq")
+      b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
+    else if (n == "moe.gate")
+      b.hg = f;
+    else if (n == "moe.up")
+      b.hu = f;
+    else if (n == "moe.down")
+      b.yd = f;
+    else
+      throw Error(str("prefill carve: buffer '", n, "' has no destination"));
   }
   return b;
 }

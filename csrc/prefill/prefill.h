@@ -9,10 +9,10 @@ namespace strata {
 
 // The shapes Prefill sizes from; model/ fills it from the GGUF, tests fill it at random.
 struct PrefillShape {
-  int64_t D = 0;          // hidden size
-  int64_t HC = 1;         // residual streams per token
-  int64_t E = 0, K = 0;   // routed experts, experts per token
-  int64_t F = 0;          // routed expert FFN width
+  int64_t D = 0;         // hidden size
+  int64_t HC = 1;        // residual streams per token
+  int64_t E = 0, K = 0;  // routed experts, experts per token
+  int64_t F = 0;         // routed expert FFN width
   int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
   std::vector<uint32_t> expert_types;  // ggml types of gate/up/down experts, 3 per layer
   bool gr_unfused = false;             // STRATA_GR_UNFUSED=1: carve xn and normalize into it
@@ -31,9 +31,9 @@ const char* moe_layout_name(MoeLayout l);
 struct BufferSpec {
   std::string name;
   size_t bytes = 0;
-  std::string dtype;            // "f32", "i32", "q8_0"
-  std::vector<int64_t> shape;   // row-major, outermost first
-  size_t offset = 0;            // filled by the plan: offset in the region
+  std::string dtype;           // "f32", "i32", "q8_0"
+  std::vector<int64_t> shape;  // row-major, outermost first
+  size_t offset = 0;           // filled by the plan: offset in the region
 };
 
 struct PrefillPlan {
@@ -48,26 +48,26 @@ struct PrefillPlan {
 struct PrefillBuffers {
   int64_t T = 0;
   MoeLayout moe = MoeLayout::Fused;
-  float* R = nullptr;        // T x HC x D residual
-  float* grs = nullptr;      // T x HC GR scalars
-  float* xn = nullptr;       // T x D normalized input (unfused only)
-  float* q = nullptr;        // T x H x hd
-  float* k = nullptr;        // T x KV x hd
-  float* v = nullptr;        // T x KV x hd
-  float* attn = nullptr;     // T x H x hd attention output
-  float* proj = nullptr;     // T x D sublayer output before the residual add
-  float* router = nullptr;   // T x E router logits
+  float* R = nullptr;              // T x HC x D residual
+  float* grs = nullptr;            // T x HC GR scalars
+  float* xn = nullptr;             // T x D normalized input (unfused only)
+  float* q = nullptr;              // T x H x hd
+  float* k = nullptr;              // T x KV x hd
+  float* v = nullptr;              // T x KV x hd
+  float* attn = nullptr;           // T x H x hd attention output
+  float* proj = nullptr;           // T x D sublayer output before the residual add
+  float* router = nullptr;         // T x E router logits
   int32_t* topk_ids = nullptr;     // T x K
   float* topk_w = nullptr;         // T x K
   int32_t* expert_off = nullptr;   // E + 1 prefix offsets into expert_rows
   int32_t* expert_rows = nullptr;  // T x K entries (t * K + k), grouped by expert
-  float* xg = nullptr;       // fused: T x D one expert's gathered input; MMQ: T*K x D float input rows
-                             // (only for float gate/up weights)
-  uint8_t* xq = nullptr;     // MMQ: T*K rows of q8_0 gathered activations (only for integer kernels)
-  size_t xq_row_bytes = 0;   // the stride of xq's rows
-  float* hg = nullptr;       // rows x F gate, then silu(gate) * up
-  float* hu = nullptr;       // rows x F up
-  float* yd = nullptr;       // rows x D expert down output
+  float* xg = nullptr;             // fused: T x D one expert's gathered input; MMQ: T*K x D float input rows
+                                   // (only for float gate/up weights)
+  uint8_t* xq = nullptr;           // MMQ: T*K rows of q8_0 gathered activations (only for integer kernels)
+  size_t xq_row_bytes = 0;         // the stride of xq's rows
+  float* hg = nullptr;             // rows x F gate, then silu(gate) * up
+  float* hu = nullptr;             // rows x F up
+  float* yd = nullptr;             // rows x D expert down output
 };
 
 class Prefill {

@@ -1,18 +1,15 @@
 // The quant traits table and each format's dequantization, mirroring gguf.quants' numpy float32
 // operation order so results are bit-identical to it.
+#include "quant/formats.h"
+
 #include <cstring>
 
 #include "core/error.h"
-#include "core/half.h"
-#include "quant/block_math.h"
-#include "quant/iq2xs_grid.h"
-#include "quant/quant.h"
 #include "core/ggml_types.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define STRATA_SIMD __attribute__((target("avx2,fma,f16c")))
-#endif
+#include "core/half.h"
+#include "quant/decode_avx2.h"
+#include "quant/kernels.h"
+#include "quant/quant.h"
 
 namespace strata {
 namespace {
@@ -31,7 +28,7 @@ inline void blocks(const void* src, float* dst, int64_t n) {
 // gguf: (x * d), float32.
 inline void block_q8_0(const BlockQ8_0& b, float* y) {
   const float d = fp16_to_f32(b.d);
-  for (int l = 0; l < 32; ++l) y[l] = static_cast<float>(b.qs[l]) * d;
+  for (int l = 0; l < kQK8_0; ++l) y[l] = static_cast<float>(b.qs[l]) * d;
 }
 
 // gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m.
@@ -39,31 +36,19 @@ inline void block_q4_k(const BlockQ4_K& b, float* y) {
   const float d = fp16_to_f32(b.d), dmin = fp16_to_f32(b.dmin);
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, m;
-    scale_min_k4(j, b.scales, sc, m);
+    q4_k_scale_min(b.scales, j, sc, m);
     const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
-    const uint8_t* q = b.qs + (j / 2) * 32;
-    const int shift = (j % 2) * 4;
-    for (int l = 0; l < 32; ++l) y[j * 32 + l] = ds * static_cast<float>((q[l] >> shift) & 0xF) - dm;
+    for (int l = 0; l < 32; ++l) y[j * 32 + l] = ds * static_cast<float>(q4_k_q(b, j, l)) - dm;
   }
 }
 
 // gguf: (d * scale) rounded to float32, then times q in [-32, 31].
 inline void block_q6_k(const BlockQ6_K& b, float* y) {
   const float d = fp16_to_f32(b.d);
-  for (int h = 0; h < 2; ++h) {    // two halves of 128 elements
-    for (int k = 0; k < 4; ++k) {  // four groups of 32 in a half
-      const uint8_t* ql = b.ql + h * 64 + (k % 2) * 32;
-      const uint8_t* qh = b.qh + h * 32;
-      const int lshift = (k / 2) * 4, hshift = k * 2;
-      for (int s = 0; s < 2; ++s) {  // a scale covers 16 elements
-        const float ds = d * static_cast<float>(b.scales[h * 8 + k * 2 + s]);
-        float* out = y + h * 128 + k * 32 + s * 16;
-        for (int l = 0; l < 16; ++l) {
-          const int i = s * 16 + l;
-          const int q = (((ql[i] >> lshift) & 0xF) | (((qh[i] >> hshift) & 3) << 4)) - 32;
-          out[l] = ds * static_cast<float>(q);
-        }
-      }
+  for (int p = 0; p < 8; ++p) {
+    for (int s = 0; s < 2; ++s) {  // a scale covers 16 elements
+      const float ds = d * static_cast<float>(b.scales[q6_k_group(p).scale + s]);
+      for (int l = s * 16; l < s * 16 + 16; ++l) y[p * 32 + l] = ds * static_cast<float>(q6_k_q(b, p, l));
     }
   }
 }
@@ -73,17 +58,16 @@ constexpr float kPlusMinus[2] = {1.0f, -1.0f};
 // gguf: db = d * (0.5 + scale) * 0.25, then (db * grid) * (+-1).
 inline void block_iq2_xs(const BlockIQ2_XS& b, float* y) {
   const float d = fp16_to_f32(b.d);
-  for (int g = 0; g < 16; ++g) {  // 16 groups of 16 elements, one 4-bit scale each
-    const int sc = (b.scales[g / 2] >> ((g % 2) * 4)) & 0xF;
-    const float db = d * (0.5f + static_cast<float>(sc)) * 0.25f;
+  for (int g = 0; g < 16; ++g) {
+    const float db = iq2_xs_group_scale(d, iq2_xs_scale(b, g / 2, g % 2));
     for (int k = 0; k < 2; ++k) {
       const uint16_t q = b.qs[g * 2 + k];
-      const uint64_t grid = kIq2xsGrid[q & 511];
-      const uint8_t signs = kSignsIq2xs[q >> 9];
+      const uint64_t grid = kIq2xsGrid[iq2_xs_grid_index(q)];
+      const uint8_t signs = kIq2xsSigns[iq2_xs_sign_index(q)];
       float* out = y + g * 16 + k * 8;
-      for (int j = 0; j < 8; ++j) {
-        const float v = db * static_cast<float>((grid >> (8 * j)) & 0xFF);
-        out[j] = v * kPlusMinus[(signs >> j) & 1];  // a multiply, as numpy does, and no branch
+      for (int e = 0; e < 8; ++e) {  // a multiply by +-1, as numpy does, and no branch
+        const float v = db * static_cast<float>(iq2_xs_grid_value(grid, e));
+        out[e] = v * kPlusMinus[iq2_xs_negative(signs, e)];
       }
     }
   }
@@ -95,134 +79,35 @@ inline void block_bf16(const uint16_t& h, float* y) { *y = bf16_to_f32(h); }
 void row_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 void row_f16(const void* src, float* dst, int64_t n) { blocks<uint16_t, 1, block_f16>(src, dst, n); }
 void row_bf16(const void* src, float* dst, int64_t n) { blocks<uint16_t, 1, block_bf16>(src, dst, n); }
-void row_q8_0(const void* src, float* dst, int64_t n) { blocks<BlockQ8_0, 32, block_q8_0>(src, dst, n); }
+void row_q8_0(const void* src, float* dst, int64_t n) { blocks<BlockQ8_0, kQK8_0, block_q8_0>(src, dst, n); }
 void row_q4_k(const void* src, float* dst, int64_t n) { blocks<BlockQ4_K, kQK_K, block_q4_k>(src, dst, n); }
 void row_q6_k(const void* src, float* dst, int64_t n) { blocks<BlockQ6_K, kQK_K, block_q6_k>(src, dst, n); }
 void row_iq2_xs(const void* src, float* dst, int64_t n) {
   blocks<BlockIQ2_XS, kQK_K, block_iq2_xs>(src, dst, n);
 }
 
+// The AVX2 rows store decode_avx2.h's vectors: the same float32 operations in the same order as
+// the block functions above (tests check them bit for bit against each other).
 #if defined(__x86_64__)
-// The AVX2 rows compute the same float32 operations in the same order as the block functions
-// above, eight elements at a time; tests check them bit for bit against each other.
-
-// Eight bytes at p widened to eight int32 lanes.
-STRATA_SIMD inline __m256i u8x8(const uint8_t* p) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-
-// vcvtph2ps converts every non-NaN half exactly, as fp16_to_f32 does.
-STRATA_SIMD void row_f16_simd(const void* src, float* dst, int64_t n) {
-  const uint16_t* h = static_cast<const uint16_t*>(src);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-  for (; i < n; ++i) dst[i] = fp16_to_f32(h[i]);
-}
-
-STRATA_SIMD void row_bf16_simd(const void* src, float* dst, int64_t n) {
-  const uint16_t* h = static_cast<const uint16_t*>(src);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-  }
-  for (; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
-}
-
-STRATA_SIMD void row_q8_0_simd(const void* src, float* dst, int64_t n) {
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(src);
-  for (int64_t i = 0; i < n / 32; ++i, dst += 32) {
-    const __m256 d = _mm256_set1_ps(fp16_to_f32(b[i].d));
-    for (int g = 0; g < 4; ++g) {
-      const __m256i q =
-          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[i].qs + 8 * g)));
-      _mm256_storeu_ps(dst + 8 * g, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-    }
-  }
-}
-
-STRATA_SIMD void row_q4_k_simd(const void* src, float* dst, int64_t n) {
-  const BlockQ4_K* b = static_cast<const BlockQ4_K*>(src);
-  const __m256i low4 = _mm256_set1_epi32(0xF);
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const float d = fp16_to_f32(b[i].d), dmin = fp16_to_f32(b[i].dmin);
-    for (int j = 0; j < 8; ++j, dst += 32) {
-      uint8_t sc, m;
-      scale_min_k4(j, b[i].scales, sc, m);
-      const __m256 ds = _mm256_set1_ps(d * static_cast<float>(sc));
-      const __m256 dm = _mm256_set1_ps(dmin * static_cast<float>(m));
-      const __m128i shift = _mm_cvtsi32_si128((j % 2) * 4);
-      const uint8_t* q = b[i].qs + (j / 2) * 32;
-      for (int g = 0; g < 4; ++g) {
-        const __m256i v = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * g), shift), low4);
-        _mm256_storeu_ps(dst + 8 * g, _mm256_sub_ps(_mm256_mul_ps(ds, _mm256_cvtepi32_ps(v)), dm));
-      }
-    }
-  }
-}
-
-STRATA_SIMD void row_q6_k_simd(const void* src, float* dst, int64_t n) {
-  const BlockQ6_K* b = static_cast<const BlockQ6_K*>(src);
-  const __m256i low4 = _mm256_set1_epi32(0xF), low2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
-  for (int64_t i = 0; i < n / kQK_K; ++i, dst += kQK_K) {
-    const float d = fp16_to_f32(b[i].d);
-    for (int h = 0; h < 2; ++h) {
-      for (int k = 0; k < 4; ++k) {
-        const uint8_t* ql = b[i].ql + h * 64 + (k % 2) * 32;
-        const uint8_t* qh = b[i].qh + h * 32;
-        const __m128i lshift = _mm_cvtsi32_si128((k / 2) * 4), hshift = _mm_cvtsi32_si128(k * 2);
-        for (int g = 0; g < 4; ++g) {  // 8 elements; a scale covers two of these
-          const __m256 ds = _mm256_set1_ps(d * static_cast<float>(b[i].scales[h * 8 + k * 2 + g / 2]));
-          const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(u8x8(ql + 8 * g), lshift), low4);
-          const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(u8x8(qh + 8 * g), hshift), low2);
-          const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), bias);
-          _mm256_storeu_ps(dst + h * 128 + k * 32 + 8 * g, _mm256_mul_ps(ds, _mm256_cvtepi32_ps(q)));
-        }
-      }
-    }
-  }
-}
-
-STRATA_SIMD void row_iq2_xs_simd(const void* src, float* dst, int64_t n) {
-  const BlockIQ2_XS* b = static_cast<const BlockIQ2_XS*>(src);
-  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256 plus = _mm256_set1_ps(1.0f), minus = _mm256_set1_ps(-1.0f);
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    const float d = fp16_to_f32(b[i].d);
-    for (int g = 0; g < 16; ++g) {
-      const int sc = (b[i].scales[g / 2] >> ((g % 2) * 4)) & 0xF;
-      const __m256 db = _mm256_set1_ps(d * (0.5f + static_cast<float>(sc)) * 0.25f);
-      for (int k = 0; k < 2; ++k, dst += 8) {
-        const uint16_t q = b[i].qs[g * 2 + k];
-        const __m256i grid =
-            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kIq2xsGrid[q & 511])));
-        const __m256i s = _mm256_and_si256(_mm256_set1_epi32(kSignsIq2xs[q >> 9]), bit);
-        const __m256 sign = _mm256_blendv_ps(plus, minus, _mm256_castsi256_ps(_mm256_cmpeq_epi32(s, bit)));
-        _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_mul_ps(db, _mm256_cvtepi32_ps(grid)), sign));
-      }
-    }
-  }
-}
-#define SIMD(f) f##_simd
+#define SIMD(f, D) dequant_row_avx2<D>
 #define AVX2(f) f##_avx2
 #else
-#define SIMD(f) f
+#define SIMD(f, D) f
 #define AVX2(f) nullptr
 #endif
 
 // The one place that knows the formats; order is the order of the "supported" list in errors.
 constexpr QuantTraits kTraits[] = {
     {QType::F32, "F32", 1, 4, row_f32, row_f32, true, nullptr, nullptr, nullptr},
-    {QType::F16, "F16", 1, 2, row_f16, SIMD(row_f16), false, AVX2(gemv_f16), nullptr, nullptr},
-    {QType::BF16, "BF16", 1, 2, row_bf16, SIMD(row_bf16), false, AVX2(gemv_bf16), nullptr, nullptr},
-    {QType::Q8_0, "Q8_0", 32, sizeof(BlockQ8_0), row_q8_0, SIMD(row_q8_0), false, AVX2(gemv_q8_0),
-     mmq_q8_0_scalar, AVX2(mmq_q8_0)},
-    {QType::Q4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), row_q4_k, SIMD(row_q4_k), false, AVX2(gemv_q4_k),
+    {QType::F16, "F16", 1, 2, row_f16, SIMD(row_f16, DecF16), false, AVX2(gemv_f16), nullptr, nullptr},
+    {QType::BF16, "BF16", 1, 2, row_bf16, SIMD(row_bf16, DecBF16), false, AVX2(gemv_bf16), nullptr, nullptr},
+    {QType::Q8_0, "Q8_0", kQK8_0, sizeof(BlockQ8_0), row_q8_0, SIMD(row_q8_0, DecQ8_0), false,
+     AVX2(gemv_q8_0), mmq_q8_0_scalar, AVX2(mmq_q8_0)},
+    {QType::Q4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), row_q4_k, SIMD(row_q4_k, DecQ4_K), false, AVX2(gemv_q4_k),
      mmq_q4_k_scalar, AVX2(mmq_q4_k)},
-    {QType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), row_q6_k, SIMD(row_q6_k), false, AVX2(gemv_q6_k),
+    {QType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), row_q6_k, SIMD(row_q6_k, DecQ6_K), false, AVX2(gemv_q6_k),
      mmq_q6_k_scalar, AVX2(mmq_q6_k)},
-    {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs), false,
+    {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs, DecIQ2_XS), false,
      AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs)},
 };
 #undef SIMD

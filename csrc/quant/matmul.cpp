@@ -5,13 +5,14 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/half.h"
 #include "core/memory.h"
-#include "quant/block_math.h"
-#include "quant/iq2xs_grid.h"
+#include "quant/decode_avx2.h"
+#include "quant/kernels.h"
 #include "quant/quant.h"
+#include "quant/simd.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -52,8 +53,8 @@ void tile_scalar(const float* w, int64_t ldw, const float* x, int64_t ldx, int64
 
 #if defined(__x86_64__)
 template <int MR, int NT>
-__attribute__((target("avx2,fma"))) void tile_avx2(const float* w, int64_t ldw, const float* x, int64_t ldx,
-                                                   int64_t cols, float* y, int64_t ldy) {
+STRATA_SIMD void tile_avx2(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t cols, float* y,
+                           int64_t ldy) {
   __m256 a[NT][MR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < MR; ++r) a[t][r] = _mm256_setzero_ps();
@@ -68,10 +69,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* w, int64_t ldw, 
   }
   for (int t = 0; t < NT; ++t) {
     for (int r = 0; r < MR; ++r) {
-      // Lanes j and j+4, then 0+2 and 1+3, then 0+1: the order tile_scalar writes out.
-      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a[t][r]), _mm256_extractf128_ps(a[t][r], 1));
-      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-      float s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+      float s = quant_detail::hsum_ps(a[t][r]);  // the order tile_scalar writes out
       for (int64_t c = c8; c < cols; ++c) s = std::fma(w[r * ldw + c], x[t * ldx + c], s);
       y[t * ldy + r] = s;
     }
@@ -156,8 +154,12 @@ void rows_range(const Kernels& k, const QuantTraits& q, const uint8_t* W, size_t
 
 Isa best_isa() {
 #if defined(__x86_64__)
-  static const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C through cpuid: clang before 19 rejects __builtin_cpu_supports("f16c").
+  static const bool f16c = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   return avx2 ? Isa::Avx2 : Isa::Scalar;
 #else
   return Isa::Scalar;
@@ -200,137 +202,9 @@ void matmul(QType t, const void* W, int64_t rows, int64_t cols, const float* X, 
 namespace quant_detail {
 namespace {
 
-#define STRATA_SIMD __attribute__((target("avx2,fma,f16c")))
-
-// Decode kernels: each decoder yields a row's elements eight at a time, as the same float32
-// operations dequant_row_simd performs, and gemv_rows multiplies them into the eight lanes that
-// tile_avx2 would have used, so y is bit-identical to the tile path. A decoder walks a block as
-// kSubs parts (their scales decoded once into a Sub) of kGroups groups of 8.
-
-// F16C's conversion: the same float as fp16_to_f32 for every non-NaN half, without its branches.
-STRATA_SIMD inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-STRATA_SIMD inline __m256i u8x8(const uint8_t* p) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-
-struct DecF16 {
-  static constexpr int64_t kBlock = 8, kSubs = 1, kGroups = 1;
-  struct Sub {
-    const uint16_t* h;
-  };
-  STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int) {
-    return {reinterpret_cast<const uint16_t*>(row) + blk * 8};
-  }
-  STRATA_SIMD static __m256 group(const Sub& s, int) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.h)));
-  }
-  static float tail(const uint8_t* row, int64_t c) { return fp16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]); }
-};
-
-struct DecBF16 {
-  static constexpr int64_t kBlock = 8, kSubs = 1, kGroups = 1;
-  struct Sub {
-    const uint16_t* h;
-  };
-  STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int) {
-    return {reinterpret_cast<const uint16_t*>(row) + blk * 8};
-  }
-  STRATA_SIMD static __m256 group(const Sub& s, int) {
-    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.h)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-  }
-  static float tail(const uint8_t* row, int64_t c) { return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[c]); }
-};
-
-struct DecQ8_0 {
-  static constexpr int64_t kBlock = 32, kSubs = 1, kGroups = 4;
-  struct Sub {
-    __m256 d;
-    const int8_t* qs;
-  };
-  STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int) {
-    const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(row)[blk];
-    return {_mm256_set1_ps(h2f(b.d)), b.qs};
-  }
-  STRATA_SIMD static __m256 group(const Sub& s, int g) {
-    const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.qs + 8 * g)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), s.d);
-  }
-  static float tail(const uint8_t*, int64_t) { return 0.0f; }  // cols is a whole number of blocks
-};
-
-struct DecQ4_K {
-  static constexpr int64_t kBlock = kQK_K, kSubs = 8, kGroups = 4;
-  struct Sub {
-    __m256 ds, dm;
-    const uint8_t* q;
-    __m128i shift;
-  };
-  STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int j) {
-    const BlockQ4_K& b = reinterpret_cast<const BlockQ4_K*>(row)[blk];
-    uint8_t sc, m;
-    scale_min_k4(j, b.scales, sc, m);
-    return {_mm256_set1_ps(h2f(b.d) * static_cast<float>(sc)),
-            _mm256_set1_ps(h2f(b.dmin) * static_cast<float>(m)), b.qs + (j / 2) * 32,
-            _mm_cvtsi32_si128((j % 2) * 4)};
-  }
-  STRATA_SIMD static __m256 group(const Sub& s, int g) {
-    const __m256i v = _mm256_and_si256(_mm256_srl_epi32(u8x8(s.q + 8 * g), s.shift), _mm256_set1_epi32(0xF));
-    return _mm256_sub_ps(_mm256_mul_ps(s.ds, _mm256_cvtepi32_ps(v)), s.dm);
-  }
-  static float tail(const uint8_t*, int64_t) { return 0.0f; }
-};
-
-struct DecQ6_K {
-  static constexpr int64_t kBlock = kQK_K, kSubs = 8, kGroups = 4;
-  struct Sub {
-    __m256 ds0, ds1;  // the scales of the part's two 16-element halves
-    const uint8_t *ql, *qh;
-    __m128i lshift, hshift;
-  };
-  STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int p) {
-    const BlockQ6_K& b = reinterpret_cast<const BlockQ6_K*>(row)[blk];
-    const int h = p / 4, k = p % 4;
-    const float d = h2f(b.d);
-    return {_mm256_set1_ps(d * static_cast<float>(b.scales[h * 8 + k * 2])),
-            _mm256_set1_ps(d * static_cast<float>(b.scales[h * 8 + k * 2 + 1])),
-            b.ql + h * 64 + (k % 2) * 32,
-            b.qh + h * 32,
-            _mm_cvtsi32_si128((k / 2) * 4),
-            _mm_cvtsi32_si128(k * 2)};
-  }
-  STRATA_SIMD static __m256 group(const Sub& s, int g) {
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(u8x8(s.ql + 8 * g), s.lshift), _mm256_set1_epi32(0xF));
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(u8x8(s.qh + 8 * g), s.hshift), _mm256_set1_epi32(3));
-    const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-    return _mm256_mul_ps(g < 2 ? s.ds0 : s.ds1, _mm256_cvtepi32_ps(q));
-  }
-  static float tail(const uint8_t*, int64_t) { return 0.0f; }
-};
-
-struct DecIQ2_XS {
-  static constexpr int64_t kBlock = kQK_K, kSubs = 16, kGroups = 2;
-  struct Sub {
-    __m256 db;
-    const uint16_t* qs;
-  };
-  STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int g) {
-    const BlockIQ2_XS& b = reinterpret_cast<const BlockIQ2_XS*>(row)[blk];
-    const int sc = (b.scales[g / 2] >> ((g % 2) * 4)) & 0xF;
-    return {_mm256_set1_ps(h2f(b.d) * (0.5f + static_cast<float>(sc)) * 0.25f), b.qs + g * 2};
-  }
-  STRATA_SIMD static __m256 group(const Sub& s, int k) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const uint16_t q = s.qs[k];
-    const __m256i grid = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kIq2xsGrid[q & 511])));
-    const __m256i sb = _mm256_and_si256(_mm256_set1_epi32(kSignsIq2xs[q >> 9]), bit);
-    const __m256 sign = _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(-1.0f),
-                                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(sb, bit)));
-    return _mm256_mul_ps(_mm256_mul_ps(s.db, _mm256_cvtepi32_ps(grid)), sign);
-  }
-  static float tail(const uint8_t*, int64_t) { return 0.0f; }
-};
+// Decode kernels: a decoder (decode_avx2.h) yields a row's elements eight at a time, as the same
+// float32 operations dequant_row_simd performs, and gemv_rows multiplies them into the eight
+// lanes that tile_avx2 would have used, so y is bit-identical to the tile path.
 
 // MR rows at once: independent accumulator chains, and x loaded once per group for all of them.
 template <class D, int MR>
@@ -350,10 +224,7 @@ STRATA_SIMD void gemv_rows(const uint8_t* w, size_t rbytes, int64_t cols, const 
     }
   }
   for (int r = 0; r < MR; ++r) {
-    // tile_avx2's horizontal sum and scalar tail.
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a[r]), _mm256_extractf128_ps(a[r], 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    float s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    float s = hsum_ps(a[r]);  // tile_avx2's horizontal sum and scalar tail
     for (int64_t c = nblk * D::kBlock; c < cols; ++c) s = std::fma(D::tail(w + r * rbytes, c), x[c], s);
     y[r] = s;
   }
@@ -367,7 +238,6 @@ void gemv(const void* W, size_t rbytes, int64_t rows, int64_t cols, const float*
   for (; r < rows; ++r) gemv_rows<D, 1>(w + r * rbytes, rbytes, cols, x, y + r);
 }
 
-#undef STRATA_SIMD
 }  // namespace
 
 void gemv_f16_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const float* x, float* y) {

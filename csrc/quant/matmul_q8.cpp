@@ -2,28 +2,30 @@
 // 32-element block (llama.cpp's CPU path), in the one float order quant.h defines.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "core/half.h"
-#include "quant/block_math.h"
-#include "quant/iq2xs_grid.h"
+#include "quant/formats.h"
+#include "quant/kernels.h"
 #include "quant/quant.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "quant/simd.h"
 
 namespace strata {
 namespace quant_detail {
 namespace {
 
-constexpr int64_t kQ8Bytes = 34;  // one q8_0 activation block: fp16 d_x, 32 int8
+// Activations are BlockQ8_0 blocks, kQ8_0Bytes apart; a row may start at any byte, so kernels
+// read a block's fields at their offsets instead of through a BlockQ8_0 reference.
+constexpr size_t kXd = offsetof(BlockQ8_0, d), kXqs = offsetof(BlockQ8_0, qs);
+// 32-blocks (one activation block each) per weight super-block.
+constexpr int kBlocksK = kQK_K / kQK8_0;
 
-inline float half_at(const uint8_t* p) {
+inline float x_d(const uint8_t* xb) {
   uint16_t h;
-  std::memcpy(&h, p, 2);
+  std::memcpy(&h, xb + kXd, 2);
   return fp16_to_f32(h);
 }
 
@@ -37,9 +39,9 @@ void for_outputs(const void* W, size_t rbytes, int64_t rows, int64_t cols, const
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < T; ++t) {
       float acc = 0.0f;
-      for (int64_t b = 0; b < cols / 32; ++b) {
-        const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
-        acc = block(acc, w + r * rbytes, b, reinterpret_cast<const int8_t*>(xb + 2), half_at(xb));
+      for (int64_t b = 0; b < cols / kQK8_0; ++b) {
+        const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
+        acc = block(acc, w + r * rbytes, b, reinterpret_cast<const int8_t*>(xb + kXqs), x_d(xb));
       }
       Y[t * ldy + r] = acc;
     }
@@ -53,7 +55,7 @@ void mmq_q8_0_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
                 const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
                 int32_t s = 0;
-                for (int l = 0; l < 32; ++l) s += blk.qs[l] * x[l];
+                for (int l = 0; l < kQK8_0; ++l) s += blk.qs[l] * x[l];
                 return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
               });
 }
@@ -62,14 +64,13 @@ void mmq_q4_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
                      int64_t T, float* Y, int64_t ldy) {
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
-                const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / 8];
-                const int j = static_cast<int>(b % 8);
+                const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
                 uint8_t sc, m;
-                scale_min_k4(j, blk.scales, sc, m);
-                const uint8_t* q = blk.qs + (j / 2) * 32;
+                q4_k_scale_min(blk.scales, j, sc, m);
                 int32_t s = 0, sx = 0;
-                for (int l = 0; l < 32; ++l) {
-                  s += ((q[l] >> ((j % 2) * 4)) & 0xF) * x[l];
+                for (int l = 0; l < kQK8_0; ++l) {
+                  s += q4_k_q(blk, j, l) * x[l];
                   sx += x[l];
                 }
                 acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(sc * s), acc);
@@ -81,17 +82,13 @@ void mmq_q6_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
                      int64_t T, float* Y, int64_t ldy) {
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
-                const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b / 8];
-                const int h = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
-                const uint8_t* ql = blk.ql + h * 64 + (k % 2) * 32;
-                const uint8_t* qh = blk.qh + h * 32;
+                const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b / kBlocksK];
+                const int p = static_cast<int>(b % kBlocksK);
                 int32_t half[2] = {0, 0};
-                for (int l = 0; l < 32; ++l) {
-                  const int q = (((ql[l] >> ((k / 2) * 4)) & 0xF) | (((qh[l] >> (k * 2)) & 3) << 4)) - 32;
-                  half[l / 16] += q * x[l];
-                }
-                const int32_t s = blk.scales[h * 8 + k * 2] * half[0] + blk.scales[h * 8 + k * 2 + 1] * half[1];
-                return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+                for (int l = 0; l < kQK8_0; ++l) half[l / 16] += q6_k_q(blk, p, l) * x[l];
+                const int8_t* sc = blk.scales + q6_k_group(p).scale;
+                return std::fma(fp16_to_f32(blk.d) * dx,
+                                static_cast<float>(sc[0] * half[0] + sc[1] * half[1]), acc);
               });
 }
 
@@ -99,30 +96,28 @@ void mmq_iq2_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
                        int64_t T, float* Y, int64_t ldy) {
   for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
               [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
-                const BlockIQ2_XS& blk = reinterpret_cast<const BlockIQ2_XS*>(w)[b / 8];
-                const int j = static_cast<int>(b % 8);
+                const BlockIQ2_XS& blk = reinterpret_cast<const BlockIQ2_XS*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
                 int32_t s = 0;
-                for (int hf = 0; hf < 2; ++hf) {  // 16 elements per 4-bit scale
+                for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element halves
                   int32_t sh = 0;
                   for (int k = 0; k < 2; ++k) {
-                    const uint16_t q = blk.qs[j * 4 + hf * 2 + k];
-                    const uint64_t grid = kIq2xsGrid[q & 511];
-                    const uint8_t signs = kSignsIq2xs[q >> 9];
+                    const uint16_t q = blk.qs[(32 * j + 16 * h + 8 * k) / 8];
+                    const uint64_t grid = kIq2xsGrid[iq2_xs_grid_index(q)];
+                    const uint8_t signs = kIq2xsSigns[iq2_xs_sign_index(q)];
                     for (int e = 0; e < 8; ++e) {
-                      const int g = static_cast<int>((grid >> (8 * e)) & 0xFF);
-                      sh += ((signs >> e) & 1 ? -g : g) * x[hf * 16 + k * 8 + e];
+                      const int v = iq2_xs_grid_value(grid, e);
+                      sh += (iq2_xs_negative(signs, e) ? -v : v) * x[16 * h + 8 * k + e];
                     }
                   }
-                  s += (2 * ((blk.scales[j] >> (4 * hf)) & 0xF) + 1) * sh;
+                  s += iq2_xs_scale_odd(blk, j, h) * sh;
                 }
-                return std::fma((fp16_to_f32(blk.d) * dx) * 0.125f, static_cast<float>(s), acc);
+                return std::fma((fp16_to_f32(blk.d) * dx) * kIq2xsOddScaleUnit, static_cast<float>(s), acc);
               });
 }
 
 #if defined(__x86_64__)
 namespace {
-
-#define STRATA_SIMD __attribute__((target("avx2,fma,f16c")))
 
 // ---- AVX2 kernels: 8 outputs (MR rows x NT tokens, lane i = r * NT + t) at a time. Each output
 // has its own float lane; per block the eight integer sums are formed with maddubs/madd, reduced
@@ -150,17 +145,6 @@ struct XInfo {
   int64_t tpad;
 };
 
-STRATA_SIMD inline float half_f16c(const void* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);  // exact for every non-NaN half, as fp16_to_f32
-}
-
-STRATA_SIMD inline int32_t hsum128(__m128i s4) {
-  const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-}
-
 // Per-thread scratch for XInfo; grows to the largest call and is reused.
 STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, bool interleave = false) {
   thread_local std::vector<float> dx;
@@ -175,17 +159,18 @@ STRATA_SIMD XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, 
   }
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* xb = Xq + t * xrb + b * kQ8Bytes;
-      dx[b * tpad + t] = half_f16c(xb);
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 2));
-      const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
+      const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
+      dx[b * tpad + t] = h2f_at(xb + kXd);
+      const __m256i x = load256(xb + kXqs);
+      const __m256i s8 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
       const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
-      sum[b * tpad + t] = hsum128(_mm_add_epi32(lo, hi));
+      sum[b * tpad + t] = hsum_epi32(_mm_add_epi32(lo, hi));
       if (interleave) {
-        const uint32_t h0 = static_cast<uint16_t>(hsum128(lo)), h1 = static_cast<uint16_t>(hsum128(hi));
+        const uint32_t h0 = static_cast<uint16_t>(hsum_epi32(lo)), h1 = static_cast<uint16_t>(hsum_epi32(hi));
         hsum[b * tpad + t] = static_cast<int32_t>(h0 | (h1 << 16));
         int8_t* dst = xt.data() + (((t / 8) * nb + b) * 8) * 32 + (t % 8) * 4;
-        for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + 2 + k * 4, 4);
+        for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + kXqs + k * 4, 4);
       }
     }
   return {dx.data(), sum.data(), hsum.data(), xt.data(), tpad};
@@ -216,6 +201,37 @@ STRATA_SIMD inline __m256i row_lanes_epi32(F f) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
 }
 
+// ---- Each format's 32-block j of a weight block as 32 bytes (byte l: element l), from the layout
+// in formats.h; the K (T <= 4) and Il (T > 4) kernels below multiply them. ----
+
+// q in [0, 15].
+STRATA_SIMD inline __m256i q4_k_bytes(const BlockQ4_K& b, int j) {
+  const Q4_KSub s = q4_k_sub(j);
+  return _mm256_and_si256(_mm256_srli_epi16(load256(b.qs + s.qs), s.shift), _mm256_set1_epi8(kQ4_KMask));
+}
+
+// q + kQ6_KBias, in [0, 63].
+STRATA_SIMD inline __m256i q6_k_bytes(const BlockQ6_K& b, int j) {
+  const Q6_KGroup g = q6_k_group(j);
+  const __m256i lo =
+      _mm256_and_si256(_mm256_srli_epi16(load256(b.ql + g.ql), g.ql_shift), _mm256_set1_epi8(kQ6_KLowMask));
+  const __m256i hi =
+      _mm256_and_si256(_mm256_srli_epi16(load256(b.qh + g.qh), g.qh_shift), _mm256_set1_epi8(kQ6_KHighMask));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+// Grid magnitudes in [0, kIq2xsGridMax], and their signs as +1 / -1 bytes.
+STRATA_SIMD inline __m256i iq2_xs_grid_bytes(const BlockIQ2_XS& b, int j) {
+  const uint16_t* q = b.qs + 4 * j;
+  const auto e = [&](int k) { return static_cast<long long>(kIq2xsGrid[iq2_xs_grid_index(q[k])]); };
+  return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+}
+STRATA_SIMD inline __m256i iq2_xs_sign_bytes(const BlockIQ2_XS& b, int j) {
+  const uint16_t* q = b.qs + 4 * j;
+  const auto e = [&](int k) { return static_cast<long long>(kIq2xsSignBytes[iq2_xs_sign_index(q[k])]); };
+  return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+}
+
 // A type's kernel: kSubs 32-blocks per weight block; Pre holds one row's decoded block header;
 // dot() gives 8 int32 partials summing to the 32-block's integer term (scales that vary inside
 // the weight block applied); update() adds the block to the lane accumulators.
@@ -229,10 +245,10 @@ struct KQ8_0 {
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ8_0& b = *reinterpret_cast<const BlockQ8_0*>(blk);
-    return {half_f16c(&b.d), b.qs};
+    return {h2f(b.d), b.qs};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int, __m256i x) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs));
+    const __m256i w = load256(p.qs);
     return madd1(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)));
   }
   template <int MR, int NT>
@@ -243,36 +259,24 @@ struct KQ8_0 {
 };
 
 struct KQ4_K {
-  static constexpr int kSubs = 8;
+  static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockQ4_K);
   struct Pre {
     float d, dmin;
     uint8_t sc[8], m[8];
-    const uint8_t* qs;
+    const BlockQ4_K* b;
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
-    const BlockQ4_K& b = *reinterpret_cast<const BlockQ4_K*>(blk);
+    const BlockQ4_K* b = reinterpret_cast<const BlockQ4_K*>(blk);
     Pre p;
-    p.d = half_f16c(&b.d);
-    p.dmin = half_f16c(&b.dmin);
-    // ggml's bit trick: the 12 packed bytes to 8 scales then 8 mins (scale_min_k4's values).
-    uint32_t u[4];
-    std::memcpy(u, b.scales, 12);
-    constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t mins_lo = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = mins_lo;
-    u[0] &= k1;
-    std::memcpy(p.sc, u, 8);
-    std::memcpy(p.m, u + 2, 8);
-    p.qs = b.qs;
+    p.d = h2f(b->d);
+    p.dmin = h2f(b->dmin);
+    q4_k_scales_mins(b->scales, p.sc, p.m);
+    p.b = b;
     return p;
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs + (j / 2) * 32));
-    const __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0xF));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(v, x), _mm256_set1_epi16(p.sc[j]));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q4_k_bytes(*p.b, j), x), _mm256_set1_epi16(p.sc[j]));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int j, __m256 dx, __m256i xsum) {
@@ -286,7 +290,7 @@ struct KQ4_K {
 };
 
 struct KQ6_K {
-  static constexpr int kSubs = 8;
+  static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockQ6_K);
   struct Pre {
     float d;
@@ -294,20 +298,14 @@ struct KQ6_K {
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(blk);
-    return {half_f16c(&b->d), b};
+    return {h2f(b->d), b};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    const int h = j / 4, k = j % 4;
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.b->ql + h * 64 + (k % 2) * 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.b->qh + h * 32));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((k / 2) * 4)), _mm256_set1_epi8(0xF));
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k * 2)), _mm256_set1_epi8(3));
-    const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // q6 + 32, in [0, 63]
-    const __m256i p16 =
-        _mm256_sub_epi16(_mm256_maddubs_epi16(u, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(p.b->scales[h * 8 + k * 2 + 1]),
-                                        _mm_set1_epi16(p.b->scales[h * 8 + k * 2]));
-    return _mm256_madd_epi16(p16, sc);
+    // (q + bias) . x - bias . x, each within int16.
+    const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q6_k_bytes(*p.b, j), x),
+                                         _mm256_maddubs_epi16(_mm256_set1_epi8(kQ6_KBias), x));
+    const int8_t* sc = p.b->scales + q6_k_group(j).scale;
+    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
@@ -317,7 +315,7 @@ struct KQ6_K {
 };
 
 struct KIQ2_XS {
-  static constexpr int kSubs = 8;
+  static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockIQ2_XS);
   struct Pre {
     float d;
@@ -325,31 +323,27 @@ struct KIQ2_XS {
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockIQ2_XS* b = reinterpret_cast<const BlockIQ2_XS*>(blk);
-    return {half_f16c(&b->d), b};
+    return {h2f(b->d), b};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    const uint16_t* q = p.b->qs + 4 * j;
-    const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
-                                           kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
-    const __m256i sign = _mm256_set_epi64x(kSignBytesIq2xs[q[3] >> 9], kSignBytesIq2xs[q[2] >> 9],
-                                           kSignBytesIq2xs[q[1] >> 9], kSignBytesIq2xs[q[0] >> 9]);
-    const __m256i p16 = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, sign));
-    const int s = p.b->scales[j];
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(2 * (s >> 4) + 1), _mm_set1_epi16(2 * (s & 0xF) + 1));
+    const __m256i p16 =
+        _mm256_maddubs_epi16(iq2_xs_grid_bytes(*p.b, j), _mm256_sign_epi8(x, iq2_xs_sign_bytes(*p.b, j)));
+    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 1)),
+                                        _mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 0)));
     return _mm256_madd_epi16(p16, sc);
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
     const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
-    const __m256 ddx = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_set1_ps(0.125f));
+    const __m256 ddx = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_set1_ps(kIq2xsOddScaleUnit));
     return _mm256_fmadd_ps(ddx, _mm256_cvtepi32_ps(isum), acc);
   }
 };
 
 // out[r * NT + t] = row w[r] . token x[t] over nwb weight blocks; xi covers tokens t0.. of x.
 template <class K, int MR, int NT>
-STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0, int64_t nwb,
-                      float* out) {
+STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0,
+                      int64_t nwb, float* out) {
   static_assert(MR * NT == 8);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t wb = 0; wb < nwb; ++wb) {
@@ -358,14 +352,13 @@ STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XI
     for (int j = 0; j < K::kSubs; ++j) {
       const int64_t b = wb * K::kSubs + j;
       __m256i xv[NT];
-      for (int t = 0; t < NT; ++t)
-        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t] + b * kQ8Bytes + 2));
+      for (int t = 0; t < NT; ++t) xv[t] = load256(x[t] + b * kQ8_0Bytes + kXqs);
       __m256i s[8];
       for (int r = 0; r < MR; ++r)
         for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
       const __m256 dx = token_lanes<NT>(xi.dx + b * xi.tpad + t0);
-      const __m256i xsum = _mm256_castps_si256(
-          token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
+      const __m256i xsum =
+          _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
       acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum);
     }
   }
@@ -376,8 +369,8 @@ STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XI
 template <class K, int MR, int NT>
 void rows_tokens(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                  int64_t T, float* Y, int64_t ldy) {
-  const int64_t nwb = cols / 32 / K::kSubs;
-  const XInfo xi = x_info(Xq, xrb, T, cols / 32);
+  const int64_t nwb = cols / kQK8_0 / K::kSubs;
+  const XInfo xi = x_info(Xq, xrb, T, cols / kQK8_0);
   for (int64_t r0 = 0; r0 < rows; r0 += MR) {
     const int64_t mr = std::min<int64_t>(MR, rows - r0);
     const uint8_t* w[MR];
@@ -405,8 +398,12 @@ STRATA_SIMD inline __m256i bcast4(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
-STRATA_SIMD inline __m256i xload(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-STRATA_SIMD inline void store32(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+STRATA_SIMD inline __m256i xload(const int8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+STRATA_SIMD inline void store32(uint8_t* p, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
 // Two int16 (low, high) as one int32 lane pattern, for madd_epi16 against hsum.
 inline int32_t pair16(int a, int b) {
   return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a)) |
@@ -415,10 +412,8 @@ inline int32_t pair16(int a, int b) {
 
 struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the sign
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
-      store32(scr + b * 32, _mm256_abs_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs))));
-    }
+    const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w);
+    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, _mm256_abs_epi8(load256(blk[b].qs)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ8_0::Pre* p, int, const uint8_t* const* a, const int8_t* const* xv,
@@ -428,9 +423,11 @@ struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the s
       __m256i x[NV];
       for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
       for (int r = 0; r < MR; ++r) {
-        const __m256i w = bcast4(reinterpret_cast<const uint8_t*>(p[r].qs) + 4 * k), aw = bcast4(a[r] + 4 * k);
+        const __m256i w = bcast4(reinterpret_cast<const uint8_t*>(p[r].qs) + 4 * k),
+                      aw = bcast4(a[r] + 4 * k);
         for (int v = 0; v < NV; ++v)
-          isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], madd1(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w))));
+          isum[r * NV + v] =
+              _mm256_add_epi32(isum[r * NV + v], madd1(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w))));
       }
     }
   }
@@ -438,12 +435,9 @@ struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the s
 
 struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int16 (16 * 15 * 128)
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / 8];
-      const int j = static_cast<int>(b % 8);
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + (j / 2) * 32));
-      store32(scr + b * 32, _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0xF)));
-    }
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w);
+    for (int64_t b = 0; b < nb; ++b)
+      store32(scr + b * 32, q4_k_bytes(blk[b / kBlocksK], static_cast<int>(b % kBlocksK)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
@@ -455,34 +449,32 @@ struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int
       for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
       for (int r = 0; r < MR; ++r) {
         const __m256i aw = bcast4(a[r] + 4 * k);
-        for (int v = 0; v < NV; ++v) s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
+        for (int v = 0; v < NV; ++v)
+          s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
       }
     }
     for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_madd_epi16(s16[r * NV + v], _mm256_set1_epi16(p[r].sc[j]));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_madd_epi16(s16[r * NV + v], _mm256_set1_epi16(p[r].sc[j]));
   }
 };
 
-struct IlQ6_K {  // scr = q6 + 32 in [0, 63]; two steps per int16 (4 * 63 * 128); -32 * sc * half sums after
+// scr = q + kQ6_KBias in [0, 63]; two steps per int16 (4 * 63 * 128); minus bias * scale * half sums after.
+struct IlQ6_K {
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w) + b / 8;
-      const int h = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
-      const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + h * 64 + (k % 2) * 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + h * 32));
-      const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((k / 2) * 4)), _mm256_set1_epi8(0xF));
-      const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k * 2)), _mm256_set1_epi8(3));
-      store32(scr + b * 32, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
-    }
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w);
+    for (int64_t b = 0; b < nb; ++b)
+      store32(scr + b * 32, q6_k_bytes(blk[b / kBlocksK], static_cast<int>(b % kBlocksK)));
   }
   template <int MR, int NV>
   STRATA_SIMD static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
                                const __m256i* hs, __m256i* isum) {
-    const int h = j / 4, k = j % 4;
+    const int scale = q6_k_group(j).scale;  // halves: scales[scale], scales[scale + 1]
     for (int r = 0; r < MR; ++r) {
-      const int8_t* sc = p[r].b->scales + h * 8 + k * 2;
-      const __m256i c = _mm256_set1_epi32(pair16(32 * sc[0], 32 * sc[1]));
-      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+      const int8_t* sc = p[r].b->scales + scale;
+      const __m256i c = _mm256_set1_epi32(pair16(kQ6_KBias * sc[0], kQ6_KBias * sc[1]));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
     for (int hf = 0; hf < 2; ++hf)
       for (int kk = 0; kk < 4; kk += 2) {
@@ -491,9 +483,10 @@ struct IlQ6_K {  // scr = q6 + 32 in [0, 63]; two steps per int16 (4 * 63 * 128)
         for (int v = 0; v < NV; ++v) x0[v] = xload(xv[v] + s0 * 32), x1[v] = xload(xv[v] + (s0 + 1) * 32);
         for (int r = 0; r < MR; ++r) {
           const __m256i a0 = bcast4(a[r] + 4 * s0), a1 = bcast4(a[r] + 4 * (s0 + 1));
-          const __m256i sc = _mm256_set1_epi16(p[r].b->scales[h * 8 + k * 2 + hf]);
+          const __m256i sc = _mm256_set1_epi16(p[r].b->scales[scale + hf]);
           for (int v = 0; v < NV; ++v) {
-            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x0[v]), _mm256_maddubs_epi16(a1, x1[v]));
+            const __m256i s16 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(a0, x0[v]), _mm256_maddubs_epi16(a1, x1[v]));
             isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(s16, sc));
           }
         }
@@ -501,16 +494,15 @@ struct IlQ6_K {  // scr = q6 + 32 in [0, 63]; two steps per int16 (4 * 63 * 128)
   }
 };
 
-struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * half sums after
+// scr = signed grid value + kIq2xsGridMax in [0, 86]; minus max * scale * half sums after.
+struct IlIQ2_XS {
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockIQ2_XS* blk = reinterpret_cast<const BlockIQ2_XS*>(w);
     for (int64_t b = 0; b < nb; ++b) {
-      const BlockIQ2_XS* blk = reinterpret_cast<const BlockIQ2_XS*>(w) + b / 8;
-      const uint16_t* q = blk->qs + 4 * (b % 8);
-      const __m256i grid = _mm256_set_epi64x(kIq2xsGrid[q[3] & 511], kIq2xsGrid[q[2] & 511],
-                                             kIq2xsGrid[q[1] & 511], kIq2xsGrid[q[0] & 511]);
-      const __m256i sign = _mm256_set_epi64x(kSignBytesIq2xs[q[3] >> 9], kSignBytesIq2xs[q[2] >> 9],
-                                             kSignBytesIq2xs[q[1] >> 9], kSignBytesIq2xs[q[0] >> 9]);
-      store32(scr + b * 32, _mm256_add_epi8(_mm256_sign_epi8(grid, sign), _mm256_set1_epi8(43)));
+      const BlockIQ2_XS& wb = blk[b / kBlocksK];
+      const int j = static_cast<int>(b % kBlocksK);
+      const __m256i v = _mm256_sign_epi8(iq2_xs_grid_bytes(wb, j), iq2_xs_sign_bytes(wb, j));
+      store32(scr + b * 32, _mm256_add_epi8(v, _mm256_set1_epi8(kIq2xsGridMax)));
     }
   }
   template <int MR, int NV>
@@ -518,11 +510,11 @@ struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * hal
                                const __m256i* hs, __m256i* isum) {
     int sc[MR][2];
     for (int r = 0; r < MR; ++r) {
-      const int s = p[r].b->scales[j];
-      sc[r][0] = 2 * (s & 0xF) + 1;
-      sc[r][1] = 2 * (s >> 4) + 1;
-      const __m256i c = _mm256_set1_epi32(pair16(43 * sc[r][0], 43 * sc[r][1]));
-      for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+      sc[r][0] = iq2_xs_scale_odd(*p[r].b, j, 0);
+      sc[r][1] = iq2_xs_scale_odd(*p[r].b, j, 1);
+      const __m256i c = _mm256_set1_epi32(pair16(kIq2xsGridMax * sc[r][0], kIq2xsGridMax * sc[r][1]));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
     }
     for (int hf = 0; hf < 2; ++hf)
       for (int k = 0; k < 4; ++k) {
@@ -531,7 +523,8 @@ struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * hal
         for (int r = 0; r < MR; ++r) {
           const __m256i aw = bcast4(a[r] + 4 * (hf * 4 + k)), scv = _mm256_set1_epi16(sc[r][hf]);
           for (int v = 0; v < NV; ++v)
-            isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
+            isum[r * NV + v] =
+                _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x[v]), scv));
         }
       }
   }
@@ -539,8 +532,8 @@ struct IlIQ2_XS {  // scr = signed grid value + 43 in [0, 86]; -43 * scale * hal
 
 // out[(r * NV + v) * 8 + t] = row r . token 8(g + v) + t over nwb weight blocks.
 template <class K, class IL, int MR, int NV>
-STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi, int64_t g,
-                         int64_t nwb, float* out) {
+STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi,
+                         int64_t g, int64_t nwb, float* out) {
   const int64_t nb = nwb * K::kSubs;
   __m256 acc[MR * NV];
   for (int i = 0; i < MR * NV; ++i) acc[i] = _mm256_setzero_ps();
@@ -561,7 +554,8 @@ STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t co
       IL::template dots<MR, NV>(p, j, a, xv, hs, isum);
       for (int v = 0; v < NV; ++v) {
         const __m256 dx = _mm256_loadu_ps(xi.dx + b * xi.tpad + (g + v) * 8);
-        const __m256i xsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
+        const __m256i xsum =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
         for (int r = 0; r < MR; ++r)
           acc[r * NV + v] = K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx, xsum);
       }
@@ -573,7 +567,7 @@ STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t co
 template <class K, class IL, int MR, int NV>
 void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                  int64_t T, float* Y, int64_t ldy) {
-  const int64_t nb = cols / 32, nwb = nb / K::kSubs;
+  const int64_t nb = cols / kQK8_0, nwb = nb / K::kSubs;
   const XInfo xi = x_info(Xq, xrb, T, nb, true);
   thread_local std::vector<uint8_t> scr;
   scr.resize(static_cast<size_t>(MR * cols));
@@ -602,14 +596,26 @@ void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
 
 template <class K>
 struct Il;
-template <> struct Il<KQ8_0> { using type = IlQ8_0; };
-template <> struct Il<KQ4_K> { using type = IlQ4_K; };
-template <> struct Il<KQ6_K> { using type = IlQ6_K; };
-template <> struct Il<KIQ2_XS> { using type = IlIQ2_XS; };
+template <>
+struct Il<KQ8_0> {
+  using type = IlQ8_0;
+};
+template <>
+struct Il<KQ4_K> {
+  using type = IlQ4_K;
+};
+template <>
+struct Il<KQ6_K> {
+  using type = IlQ6_K;
+};
+template <>
+struct Il<KIQ2_XS> {
+  using type = IlIQ2_XS;
+};
 
 template <class K>
-void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb, int64_t T,
-              float* Y, int64_t ldy) {
+void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+              int64_t T, float* Y, int64_t ldy) {
   const uint8_t* w = static_cast<const uint8_t*>(W);
   // T <= 4: fill the 8 lanes with as few padded tokens as possible; else 4 rows x 16 tokens.
   if (T == 1)
@@ -622,7 +628,6 @@ void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const ui
     rows_groups<K, typename Il<K>::type, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }
 
-#undef STRATA_SIMD
 }  // namespace
 
 void mmq_q8_0_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
@@ -645,8 +650,6 @@ void mmq_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
 
 }  // namespace quant_detail
 
-using quant_detail::kQ8Bytes;
-
 bool has_matmul_q8(QType t) { return quant_traits(t).matmul_q8 != nullptr; }
 
 bool uses_matmul_q8(uint32_t ggml_type) {
@@ -654,17 +657,17 @@ bool uses_matmul_q8(uint32_t ggml_type) {
   return q && q->matmul_q8 != nullptr;
 }
 
-void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
-               int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
+void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+               int64_t xrow_bytes, int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
   const QuantTraits& q = quant_traits(t);
   STRATA_CHECK(q.matmul_q8, UnsupportedError, "matmul_q8: no integer kernel for ", q.name,
                " weights; use matmul (float activations) for this type");
   const size_t rbytes = row_bytes(t, cols);
-  STRATA_CHECK(cols % 32 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of 32");
+  STRATA_CHECK(cols % kQK8_0 == 0, ConfigError, "matmul_q8: cols=", cols, " is not a multiple of ", kQK8_0);
   STRATA_CHECK(rows >= 0 && T >= 0, ConfigError, "matmul_q8: negative shape rows=", rows, " T=", T);
-  STRATA_CHECK(xrow_bytes >= cols / 32 * kQ8Bytes && ldy >= rows, ConfigError,
+  STRATA_CHECK(xrow_bytes >= cols / kQK8_0 * kQ8_0Bytes && ldy >= rows, ConfigError,
                "matmul_q8: xrow_bytes=", xrow_bytes, " or ldy=", ldy, " is smaller than a row (",
-               cols / 32 * kQ8Bytes, " bytes, ", rows, " floats)");
+               cols / kQK8_0 * kQ8_0Bytes, " bytes, ", rows, " floats)");
   if (rows == 0 || T == 0) return;
   MatmulQ8Fn fn = q.matmul_q8;
   if (isa == Isa::Avx2) {
@@ -681,8 +684,8 @@ void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, cons
   });
 }
 
-void matmul_q8(QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes, int64_t T,
-               float* Y, int64_t ldy, ThreadPool& pool) {
+void matmul_q8(QType t, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrow_bytes,
+               int64_t T, float* Y, int64_t ldy, ThreadPool& pool) {
   matmul_q8(best_isa(), t, W, rows, cols, Xq, xrow_bytes, T, Y, ldy, pool);
 }
 

@@ -1,4 +1,4 @@
-// Quantized weight formats (ggml block layouts), their traits table, dequantization and the
+// Quantized weight formats (their blocks: formats.h), their traits table, dequantization and the
 // CPU matmul that every backend is checked against.
 #pragma once
 #include <cstddef>
@@ -6,47 +6,17 @@
 #include <string>
 
 #include "core/thread_pool.h"
+#include "quant/formats.h"  // the block structs
 
 namespace strata {
 
 // Values are ggml type ids, as stored in GGUF tensor infos.
 enum class QType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 8, Q4_K = 12, Q6_K = 14, IQ2_XS = 17, BF16 = 30 };
 
-constexpr int64_t kQK_K = 256;  // elements per k-quant / i-quant super-block
-
-// Blocks exactly as ggml lays them out (ggml-common.h); halves are raw IEEE fp16 bits.
-struct BlockQ8_0 {
-  uint16_t d;
-  int8_t qs[32];
-};
-static_assert(sizeof(BlockQ8_0) == 34);
-
-struct BlockQ4_K {
-  uint16_t d;
-  uint16_t dmin;
-  uint8_t scales[12];  // 8 six-bit scales and 8 six-bit mins, packed
-  uint8_t qs[kQK_K / 2];
-};
-static_assert(sizeof(BlockQ4_K) == 144);
-
-struct BlockQ6_K {
-  uint8_t ql[kQK_K / 2];  // low 4 bits
-  uint8_t qh[kQK_K / 4];  // high 2 bits
-  int8_t scales[kQK_K / 16];
-  uint16_t d;
-};
-static_assert(sizeof(BlockQ6_K) == 210);
-
-struct BlockIQ2_XS {
-  uint16_t d;
-  uint16_t qs[kQK_K / 8];      // 9-bit grid index | 7-bit sign index, per 8 elements
-  uint8_t scales[kQK_K / 32];  // two 4-bit scales per byte, each for 16 elements
-};
-static_assert(sizeof(BlockIQ2_XS) == 74);
-
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
 // y[r] = row r of W (rows row_bytes apart) . x, for r < rows: matmul's order for T = 1.
-using GemvFn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const float* x, float* y);
+using GemvFn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
+                        float* y);
 // matmul_q8 over all `rows` rows of W (row_bytes apart) and T tokens of Xq.
 using MatmulQ8Fn = void (*)(const void* W, size_t row_bytes, int64_t rows, int64_t cols, const uint8_t* Xq,
                             int64_t xrow_bytes, int64_t T, float* Y, int64_t ldy);
@@ -101,8 +71,8 @@ void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const f
             int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
 
 // Integer matmul against q8_0 activations (the MMQ layout; llama.cpp's CPU path): Xq holds T rows
-// of cols/32 q8_0 blocks (34 bytes: fp16 d_x, 32 int8 in [-127, 127], as quantize_row_q8_0 writes
-// them), xrow_bytes apart; Y[t*ldy + r] for t < T, r < rows. Threads split the rows only.
+// of cols/32 q8_0 blocks (BlockQ8_0: fp16 d_x, 32 int8 in [-127, 127], as quantize_row_q8_0 writes
+// them, kQ8_0Bytes apart), xrow_bytes apart; Y[t*ldy + r] for t < T, r < rows. Threads split the rows only.
 //
 // Per output element one float accumulator a = 0 runs over the row's 32-element blocks in column
 // order; the integer sums are exact, and each block adds, with d the weight (super-)block's fp16

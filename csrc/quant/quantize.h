@@ -3,6 +3,6 @@
 #include <cstdint>
 
 namespace strata {
-// n % 32 == 0; writes n / 32 blocks of 34 bytes (f16 d, 32 int8).
+// n % kQK8_0 == 0; writes n / kQK8_0 BlockQ8_0 (formats.h), kQ8_0Bytes apart.
 void quantize_row_q8_0(const float* x, uint8_t* out, int64_t n);
 }  // namespace strata

@@ -2,6 +2,7 @@
 
 from strata import _core
 from strata._core import ConfigError, Error, FormatError, MemoryError, UnsupportedError
+from strata._options import StrataWarning
 from strata._options import log_level_from_env as _log_level_from_env
 from strata.info import ModelInfo, inspect
 from strata.model import GENERATE_DEFAULTS, Backend, Completion, Model
@@ -18,6 +19,7 @@ __all__ = [
     "MemoryError",
     "Model",
     "ModelInfo",
+    "StrataWarning",
     "UnsupportedError",
     "__version__",
     "inspect",

@@ -1,12 +1,64 @@
-"""The edge: the user-facing size and chunk options (--expert-cache, --prefill) and the only reads
-of the environment (STRATA_THREADS, STRATA_GR_UNFUSED, STRATA_LOG); nothing below this reads it."""
+"""The edge: the user-facing options (--expert-cache, --prefill, numbers and seeds checked with
+strata's own errors) and the only reads of the environment (STRATA_THREADS, STRATA_GR_UNFUSED,
+STRATA_LOG); nothing below this reads it."""
 
 from __future__ import annotations
 
+import math
+import operator
 import os
 import re
+import warnings
+
+import numpy as np
 
 from strata._core import ConfigError
+
+
+class StrataWarning(UserWarning):
+    """A value strata takes but doubts: a ctx past the model's training length, more threads than
+    cores, an unknown STRATA_LOG. The CLI prints each as one line."""
+
+
+def warn(message: str) -> None:
+    warnings.warn(message, StrataWarning, stacklevel=3)
+
+
+def as_int(value: object, name: str, lo: int | None = None, hi: int | None = None, hint: str = "") -> int:
+    """`value` as an int in [lo, hi], else ConfigError naming `name` (e.g. 'ctx (--ctx)') and `hint`."""
+    what = f"{name} must be an integer" + (f" >= {lo}" if lo is not None and hi is None else "")
+    if lo is not None and hi is not None:
+        what += f" in [{lo}, {hi}]"
+    what += f" ({hint})" if hint else ""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}, got {value!r}")
+    try:
+        n = operator.index(value)  # ints and numpy integers, never floats or strings
+    except TypeError:
+        raise ConfigError(f"{what}, got {value!r}") from None
+    if (lo is not None and n < lo) or (hi is not None and n > hi):
+        raise ConfigError(f"{what}, got {n}")
+    return int(n)
+
+
+def as_float(value: object, name: str, hint: str = "") -> float:
+    """`value` as a finite float, else ConfigError naming `name`; ranges are the native check's."""
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise ConfigError(f"{name} must be a number{f' ({hint})' if hint else ''}, got {value!r}")
+    return x
+
+
+def parse_seed(seed: object) -> int:
+    """A sampling seed: None or -1 draw a random one (-1 as in llama.cpp); else 0 <= seed < 2**64."""
+    if seed is None or (not isinstance(seed, bool) and isinstance(seed, (int, np.integer)) and seed == -1):
+        return int(np.random.SeedSequence().entropy % 2**64)
+    return as_int(seed, "seed (--seed)", 0, 2**64 - 1, "-1: random")
 
 _UNITS = {"": 2**20, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
@@ -54,16 +106,29 @@ def parse_prefill(value: str | int | None) -> tuple[str, int]:
     return ("fixed", int(text))
 
 
-def threads_from_env(threads: int) -> int:
-    """`threads`, or when 0 STRATA_THREADS, or 0 (every core)."""
-    if threads:
-        return int(threads)
-    text = os.environ.get("STRATA_THREADS", "").strip()
-    if not text:
-        return 0
-    if not text.isdigit():
-        raise ConfigError(f"STRATA_THREADS='{text}' must be a thread count (0: every core)")
-    return int(text)
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_from_env(threads: object) -> int:
+    """`threads`, or when 0 STRATA_THREADS, or 0 (every core); warns when above the cores."""
+    n = as_int(threads, "threads (-t/--threads)", 0, 2**31 - 1, "0: every core")
+    source = "threads (-t/--threads)"
+    if not n:
+        text = os.environ.get("STRATA_THREADS", "").strip()
+        if not text:
+            return 0
+        if not text.isdigit():
+            raise ConfigError(f"STRATA_THREADS='{text}' must be a thread count (0: every core)")
+        n, source = int(text), "STRATA_THREADS"
+    if n > cores():
+        warn(f"{source} {n} is more than the {cores()} cores this process may use: that runs slower, not "
+             "faster; 0 takes every core")
+    return n
 
 
 def gr_unfused_from_env(gr_unfused: bool | None) -> bool:
@@ -73,6 +138,20 @@ def gr_unfused_from_env(gr_unfused: bool | None) -> bool:
     return os.environ.get("STRATA_GR_UNFUSED", "") not in ("", "0")
 
 
+LOG_LEVELS = ("error", "warn", "info", "debug")
+
+
+def log_level_error() -> str | None:
+    """Why STRATA_LOG is not a level, or None when it is one (or unset)."""
+    text = os.environ.get("STRATA_LOG", "warn")
+    if text.strip().lower() in LOG_LEVELS:
+        return None
+    return f"STRATA_LOG='{text}' is not a log level: use one of {', '.join(LOG_LEVELS)} (default warn)"
+
+
 def log_level_from_env() -> str:
-    """STRATA_LOG: error, warn (the default), info or debug."""
-    return os.environ.get("STRATA_LOG", "warn")
+    """STRATA_LOG: error, warn (the default), info or debug; an unknown value counts as warn
+    (strata.Model warns about it, the CLI refuses it)."""
+    if log_level_error():
+        return "warn"
+    return os.environ.get("STRATA_LOG", "warn").strip().lower()

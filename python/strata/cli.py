@@ -1,46 +1,201 @@
-"""The `strata` command line: generate, info, layout, demo."""
+"""The `strata` command line: generate, chat, info, layout, bench, demo.
+
+Every bad flag value ends in one line naming the flag and what it takes (exit 2), Ctrl-C in a
+note and the stats asked for (exit 130), and a traceback never reaches the user."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
 
 import strata
 from strata import GENERATE_DEFAULTS as DEFAULTS
+from strata._options import StrataWarning, log_level_error, parse_expert_cache, parse_prefill
+from strata.model import sampling_params, stop_stream
 
 GiB = 2**30
 MiB = 2**20
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a job stopped by Ctrl-C
 
-_EXPERT_CACHE_HELP = ("Expert cache: MiB (14900), a size with units (14.5GiB, 900MiB), 'all' (every expert "
-                      "resident) or 'auto'. On the CPU, auto means all.")
-_PREFILL_HELP = "Prompt tokens per chunk: N, or auto[:MAX] for the largest chunk <= MAX (32768) that fits."
+_EXPERT_CACHE_HELP = ("Expert cache size: MiB (14900), a size with units (14.5GiB, 900MiB), 'all' (every expert "
+                      "resident, nothing streams) or 'auto' (on the CPU: all).")
+_PREFILL_HELP = ("Prompt tokens per chunk: N, or auto[:MAX] for the largest chunk <= MAX (default 32768) that the "
+                 "expert cache leaves room for, stepping down to 1 token.")
 
 
-def _fail(e: Exception) -> None:
+# ---- errors, warnings, interrupts: one line each ----
+
+def _fail(e: Exception | str) -> NoReturn:
     click.echo(f"strata: error: {e}", err=True)
-    sys.exit(2)
+    sys.exit(EXIT_USAGE)
 
 
-def _load(model: str, **kw: Any) -> strata.Model:
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, StrataWarning):
+        click.echo(f"strata: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
+class _Strata(click.Group):
+    """The command group: commands listed in the order they are defined, and click's usage errors,
+    Ctrl-C and unexpected exceptions each turned into one line on stderr."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            where = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx else "strata"
+            msg = " ".join(e.format_message().split())
+            click.echo(f"strata: error: {msg} (see '{where} --help')", err=True)
+            sys.exit(EXIT_USAGE)
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("\nstrata: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as e:
+            if os.environ.get("STRATA_LOG", "").strip().lower() == "debug":
+                raise
+            click.echo(f"strata: internal error: {type(e).__name__}: {e} (please report it; STRATA_LOG=debug "
+                       "shows the traceback)", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_Strata, name="strata", invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(version=strata.__version__, prog_name="strata")
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """strata: run Mixture-of-Experts GGUF models with experts streamed through a device cache.
+
+    Run 'strata COMMAND --help' for a command's flags."""
+    warnings.showwarning = _show_warning
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+        ctx.exit(0)
+    err = log_level_error()
+    if err:
+        raise click.UsageError(err)
+
+
+# ---- options shared by commands ----
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _apply(*decorators: Decorator) -> Decorator:
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return wrap
+
+
+_model_args = _apply(
+    click.argument("model", type=click.Path(dir_okay=False), required=False),
+    click.option("-m", "--model", "model_opt", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+                 help="The GGUF model file, instead of the MODEL argument."),
+)
+
+
+def _model_path(model: str | None, model_opt: str | None) -> str:
+    if model is None and model_opt is None:
+        raise click.UsageError("no model given: name a GGUF file as MODEL or with -m/--model")
+    if model is not None and model_opt is not None and model != model_opt:
+        raise click.UsageError(f"two models given ('{model}' and -m '{model_opt}'): name one")
+    return model if model is not None else model_opt  # type: ignore[return-value]
+
+
+def _load_options(ctx_default: int | None = 4096) -> Decorator:
+    opts = [
+        click.option("--device", default="auto", show_default=True, metavar="NAME",
+                     help="Compute device: auto (cuda when strata was built with it and a GPU is present, else "
+                          "cpu), cuda or cpu."),
+        click.option("--kv-type", type=click.Choice(["auto", "f16", "f32"]), default="auto", show_default=True,
+                     help="KV cache element type: auto (f16 on a GPU, f32 on the CPU), f16, or f32 (for checking a "
+                          "GPU against the CPU)."),
+        click.option("--expert-cache", default="auto", show_default=True, metavar="SIZE", help=_EXPERT_CACHE_HELP),
+        click.option("--prefill", default="8192", show_default=True, metavar="N|auto[:MAX]", help=_PREFILL_HELP),
+        click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True,
+                     help="Where streamed experts live: host (a copy in RAM), mmap (read from the file), auto "
+                          "(host when it fits in the free RAM)."),
+        click.option("-t", "--threads", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="CPU threads; 0: STRATA_THREADS, else every core."),
+        click.option("-q", "--quiet", is_flag=True,
+                     help="No progress lines on stderr (they show only on a terminal, for steps over a second)."),
+    ]
+    if ctx_default is not None:
+        opts.insert(4, click.option("-c", "--ctx", type=click.IntRange(min=1), default=ctx_default, show_default=True,
+                                    help="Context length in tokens: the KV cache holds the prompt and the reply."))
+    return _apply(*opts)
+
+
+_sampling_options = _apply(
+    click.option("--temp", "temperature", type=float, default=DEFAULTS["temperature"], show_default=True,
+                 help="Temperature, >= 0; 0 is greedy."),
+    click.option("--top-k", type=int, default=DEFAULTS["top_k"], show_default=True,
+                 help="Keep the K most likely tokens, >= 0; 0: off."),
+    click.option("--top-p", type=float, default=DEFAULTS["top_p"], show_default=True,
+                 help="Nucleus: keep the most likely tokens up to this probability mass, in (0, 1]; 1: off."),
+    click.option("--min-p", type=float, default=DEFAULTS["min_p"], show_default=True,
+                 help="Drop tokens less likely than this fraction of the best, in [0, 1]; 0: off."),
+    click.option("--repeat-penalty", type=float, default=DEFAULTS["repetition_penalty"], show_default=True,
+                 help="Divide the logits of recent tokens by this, > 0; 1: off."),
+    click.option("--repeat-last-n", type=int, default=DEFAULTS["repeat_last_n"], show_default=True,
+                 help="Recent tokens the repeat penalty looks back on; -1: all, 0: none."),
+    click.option("--seed", type=int, default=None, help="Sampling seed, 0 to 2^64-1; -1 or unset: random."),
+    click.option("--stop", multiple=True, metavar="TEXT",
+                 help="Stop before this text (repeatable); the model's end-of-turn tokens always stop."),
+    click.option("--stats", is_flag=True, help="Print prompt and decode speed and expert-cache stats to stderr."),
+)
+
+
+def _sampling(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+              repeat_last_n: int, seed: int | None, max_tokens: int) -> dict[str, Any]:
+    """generate()'s keywords from the flags, checked before anything is loaded."""
+    kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+              repetition_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
     try:
-        return strata.Model(model, **kw)
-    except (strata.Error, FileNotFoundError, ValueError) as e:
+        sampling_params(**kw)
+    except strata.Error as e:
+        _fail(e)
+    return kw
+
+
+def _load(model: str, quiet: bool = False, **kw: Any) -> strata.Model:
+    try:
+        return strata.Model(model, progress=not quiet, **kw)
+    except (strata.Error, OSError) as e:
         _fail(e)
 
 
 def _info(model: str, **kw: Any) -> strata.ModelInfo:
     try:
         return strata.ModelInfo(model, **kw)
-    except (strata.Error, FileNotFoundError, ValueError) as e:
+    except (strata.Error, OSError) as e:
         _fail(e)
 
+
+# ---- stats ----
 
 def _fmt_bytes(n: float) -> str:
     if n >= GiB:
@@ -48,13 +203,27 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
 
 
+def _n(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2f} ms"
+
+
 def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
     c = {k[len("cache_"):]: v for k, v in stats.items() if k.startswith("cache_")}
+    done, total = stats["prompt_tokens"], stats.get("prompt_total", stats["prompt_tokens"])
+    prompt = f"{done} tokens" if done == total else f"{done} of {total} tokens"
+    if stats.get("prompt_reused"):
+        prompt += f" ({stats['prompt_reused']} kept in the KV cache from the last turn)"
     lines = [
-        f"prompt   {stats['prompt_tokens']} tokens in {stats['prompt_ms']:.0f} ms "
-        f"({stats['prompt_tps']:.1f} tok/s), chunk {c.get('chunk')} x {c.get('chunks')}",
-        f"decode   {stats['generated']} tokens in {stats['decode_ms']:.0f} ms ({stats['decode_tps']:.2f} tok/s), "
-        f"stop: {stats['stop_reason']}",
+        f"prompt   {prompt} in {_fmt_ms(stats['prompt_ms'])} ({stats['prompt_tps']:.1f} tok/s), "
+        f"{_n(stats['prompt_chunks'], 'chunk')} of up to {_n(stats['prompt_chunk'], 'token')}",
+        f"decode   {_n(stats['generated'], 'token')}, "
+        + (f"{_n(stats['decode_passes'], 'pass', 'passes')} in {_fmt_ms(stats['decode_ms'])} "
+           f"({stats['decode_tps']:.2f} tok/s)" if stats["decode_passes"] else "no pass after the prompt's")
+        + f", stop: {stats['stop_reason'] or 'none'}",
         f"experts  source {c.get('source')}, cache "
         + ("all resident" if c.get("all_resident") else
            f"{c.get('slots')} slots x {_fmt_bytes(c.get('slot_bytes', 0))}"),
@@ -66,92 +235,152 @@ def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
         click.echo(line, err=err)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="strata")
-def main() -> None:
-    """strata: run Mixture-of-Experts GGUF models with experts streamed through a device cache."""
+def _interrupted_note(stats: dict[str, Any]) -> str:
+    if not stats:
+        return "strata: interrupted"
+    total = stats.get("prompt_total", stats["prompt_tokens"])
+    if stats["prompt_tokens"] < total:
+        return f"strata: interrupted during the prompt, after {stats['prompt_tokens']} of its {total} tokens"
+    return f"strata: interrupted after {stats['generated']} generated tokens"
 
 
-@main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.option("-p", "--prompt", default=None, help="Prompt text (with --chat: the user message).")
-@click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
+def _ctx_full_note(m: strata.Model, stats: dict[str, Any]) -> str | None:
+    if stats.get("stop_reason") != "ctx_full":
+        return None
+    return (f"strata: stopped after {_n(stats['generated'], 'token')}: the context of {m.ctx} tokens (-c/--ctx) "
+            f"is full with the prompt's {stats['prompt_tokens']} and the reply; raise -c/--ctx to generate more")
+
+
+# ---- commands ----
+
+@main.command(short_help="Generate text from a prompt, streamed to stdout.")
+@_model_args
+@click.option("-p", "--prompt", default=None, help="Prompt text (with --chat: the user's message).")
+@click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None, metavar="PATH",
               help="Read the prompt from this file ('-' for stdin).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template, as a user message.")
 @click.option("--system", default=None, help="With --chat: a system message before the user's.")
-@click.option("-n", "--max-tokens", default=DEFAULTS["max_tokens"], show_default=True,
-              help="Tokens to generate at most.")
-@click.option("--device", default="cpu", show_default=True,
-              help="Compute device: cpu (the CUDA backend is not in this release).")
-@click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
-@click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
-@click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True,
-              help="Where streamed experts live: a host copy or the mapped file.")
-@click.option("--ctx", default=4096, show_default=True, help="KV cache length in tokens.")
-@click.option("-t", "--threads", default=0, help="CPU threads (0: STRATA_THREADS or all cores).")
-@click.option("--temp", "temperature", default=DEFAULTS["temperature"], show_default=True,
-              help="Temperature; 0 is greedy.")
-@click.option("--top-k", default=DEFAULTS["top_k"], show_default=True, help="Keep the K most likely tokens (0: off).")
-@click.option("--top-p", default=DEFAULTS["top_p"], show_default=True,
-              help="Nucleus: keep tokens up to this mass (1: off).")
-@click.option("--min-p", default=DEFAULTS["min_p"], show_default=True,
-              help="Drop tokens below this fraction of the best (0: off).")
-@click.option("--repeat-penalty", default=DEFAULTS["repetition_penalty"], show_default=True,
-              help=f"Penalize the last {DEFAULTS['penalty_last_n']} tokens (1: off).")
-@click.option("--seed", type=int, default=None, help="Sampling seed (random if unset).")
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
-@click.option("--stats", is_flag=True, help="Print timings and expert-cache stats to stderr.")
-def generate(model: str, prompt: str | None, prompt_file: Any, system: str | None, max_tokens: int, device: str,
-             expert_cache: str, prefill: str, source: str, ctx: int, threads: int, temperature: float, top_k: int,
-             top_p: float, min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], chat: bool,
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULTS["max_tokens"], show_default=True,
+              help="Tokens to generate at most (the context may end it sooner).")
+@_load_options()
+@_sampling_options
+def generate(model: str | None, model_opt: str | None, prompt: str | None, prompt_file: Any, chat: bool,
+             system: str | None, max_tokens: int, device: str, kv_type: str, expert_cache: str, prefill: str,
+             source: str,
+             ctx: int, threads: int, quiet: bool, temperature: float, top_k: int, top_p: float, min_p: float,
+             repeat_penalty: float, repeat_last_n: int, seed: int | None, stop: tuple[str, ...],
              stats: bool) -> None:
-    """Generate text from MODEL (a GGUF file), streaming it to stdout."""
+    """Generate text from MODEL (a GGUF file) and stream it to stdout.
+
+    Ctrl-C stops it, prints the --stats asked for and exits with 130. Stopping on a full context
+    says so on stderr."""
+    path = _model_path(model, model_opt)
     if (prompt is None) == (prompt_file is None):
-        _fail(strata.ConfigError("give the prompt with exactly one of -p/--prompt TEXT and -f/--file PATH"))
+        _fail("give the prompt with exactly one of -p/--prompt TEXT and -f/--file PATH")
+    if system is not None and not chat:
+        _fail("--system needs --chat (it is a chat message)")
+    if any(not s for s in stop):
+        _fail("--stop takes a non-empty text")
+    kw = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens)
     if prompt_file is not None:
         prompt = prompt_file.read()
-    if system is not None and not chat:
-        _fail(strata.ConfigError("--system needs --chat (it is a chat message)"))
-    m = _load(model, device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
-              threads=threads)
-    kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-              repetition_penalty=repeat_penalty, seed=seed, stop=list(stop), stream=True)
+    m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
+              ctx=ctx, threads=threads)
+    it = None
     try:
         msgs = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": prompt}]
-        it = m.chat(msgs, **kw) if chat else m.generate(prompt, **kw)
+        it = m.chat(msgs, stop=list(stop), stream=True, **kw) if chat else m.generate(
+            prompt, stop=list(stop), stream=True, **kw)
         for piece in it:
             click.echo(piece, nl=False)
             sys.stdout.flush()
         click.echo()
+    except KeyboardInterrupt:
+        if it is not None:
+            stop_stream(it)
+        click.echo()
+        click.echo(_interrupted_note(m.last_stats), err=True)
+        if stats and m.last_stats:
+            _print_stats(m.last_stats)
+        sys.exit(EXIT_INTERRUPTED)
     except strata.Error as e:
         _fail(e)
+    note = _ctx_full_note(m, m.last_stats)
+    if note:
+        click.echo(note, err=True)
     if stats:
         _print_stats(m.last_stats)
 
 
-@main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--expert-cache", default=None, help="Also show slots and auto chunks for this cache size.")
+@main.command(short_help="Chat with a model in the terminal, turn by turn.")
+@_model_args
+@click.option("--system", default=None, help="A system message that opens the conversation.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=None,
+              help="Tokens per answer at most  [default: until the end of the turn or a full context]")
+@_load_options()
+@_sampling_options
+def chat(model: str | None, model_opt: str | None, system: str | None, max_tokens: int | None, device: str,
+         kv_type: str,
+         expert_cache: str, prefill: str, source: str, ctx: int, threads: int, quiet: bool, temperature: float,
+         top_k: int, top_p: float, min_p: float, repeat_penalty: float, repeat_last_n: int, seed: int | None,
+         stop: tuple[str, ...], stats: bool) -> None:
+    """Chat with MODEL (a GGUF file) in the terminal, with its chat template and the whole history.
+
+    Answers stream as they decode. Ctrl-C stops the current answer only; /exit or Ctrl-D leaves;
+    /reset forgets the history; /help lists these. With --stats, each turn's stats go to stderr."""
+    from strata._interactive import ChatSession
+
+    path = _model_path(model, model_opt)
+    if any(not s for s in stop):
+        _fail("--stop takes a non-empty text")
+    kw = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+                   ctx if max_tokens is None else max_tokens)
+    m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
+              ctx=ctx, threads=threads)
+    session = ChatSession(m, system=system, stop=list(stop), stats=stats, print_stats=_print_stats,
+                          ctx_full_note=_ctx_full_note, **kw)
+    session.run()
+
+
+@main.command(short_help="Architecture, sizes, quant mix and cache plan of a model.")
+@_model_args
+@click.option("--expert-cache", default=None, metavar="SIZE",
+              help="Also show the slots of this expert cache and the prompt chunk a load with it takes "
+                   "(as --expert-cache of generate).")
+@click.option("--prefill", default="8192", show_default=True, metavar="N|auto[:MAX]",
+              help="With --expert-cache: the --prefill of that load.")
+@click.option("-c", "--ctx", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="With --expert-cache: the --ctx of that load (a chunk is at most ctx tokens).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def info(model: str, expert_cache: str | None, as_json: bool) -> None:
-    """Architecture, shapes, parameters, quant mix and memory of MODEL."""
-    m = _info(model)
+def info(model: str | None, model_opt: str | None, expert_cache: str | None, prefill: str, ctx: int,
+         as_json: bool) -> None:
+    """Architecture, shapes, parameters, quant mix and memory of MODEL (a GGUF file), from its header
+    alone: nothing is loaded. With --expert-cache, the slots and the prompt chunk that a load with the
+    same --expert-cache, --prefill and --ctx takes, or the error it stops with."""
+    path = _model_path(model, model_opt)
+    if expert_cache is not None:
+        try:
+            parse_expert_cache(expert_cache)
+            parse_prefill(prefill)
+        except strata.Error as e:
+            _fail(e)
+    m = _info(path)
     s = m.spec
-    mix: Counter[str] = Counter()
-    mix_bytes: Counter[str] = Counter()
+    mix: Counter[tuple[str, str]] = Counter()
+    mix_bytes: Counter[tuple[str, str]] = Counter()
     for t in m.tensors:
         role = "experts" if "_exps." in t["name"] else "dense"
         mix[(role, t["type_name"])] += 1
         mix_bytes[(role, t["type_name"])] += t["nbytes"]
     out: dict[str, Any] = dict(s)
-    out["file"] = model
+    out["file"] = path
     out["file_bytes"] = m.file_size
     out["bytes_per_expert"] = s["expert_bytes"] // (s["layers"] * s["experts"])
     out["quant_mix"] = [{"role": r, "type": ty, "tensors": n, "bytes": mix_bytes[(r, ty)]}
                         for (r, ty), n in sorted(mix.items())]
     if expert_cache is not None:
-        out["cache"] = _cache_plan(m, expert_cache)
+        out["cache"] = load_plan(m, expert_cache, prefill, ctx)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -160,6 +389,7 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
         ("layers / hidden / vocab", f"{s['layers']} / {s['hidden']} / {s['vocab']}"),
         ("attention", f"{s['heads']} heads, {s['kv_heads']} kv heads, head_dim {s['head_dim']}"),
         ("experts", f"{s['experts']} per layer, top-{s['top_k']}, ffn {s['expert_ffn']}"),
+        ("trained context", f"{s['ctx_train']} tokens"),
         ("parameters", f"{s['params_total'] / 1e9:.3f} B total, {s['params_active'] / 1e9:.3f} B active per token"),
         ("dense weights", _fmt_bytes(s["dense_bytes"])),
         ("experts", f"{_fmt_bytes(s['expert_bytes'])} ({out['bytes_per_expert'] / MiB:.2f} MiB per expert, "
@@ -169,37 +399,55 @@ def info(model: str, expert_cache: str | None, as_json: bool) -> None:
         rows.append((f"quant {q['role']}", f"{q['type']}: {q['tensors']} tensors, {_fmt_bytes(q['bytes'])}"))
     if "cache" in out:
         c = out["cache"]
-        rows.append(("expert cache", f"{c['cache_mib']:.0f} MiB = {c['slots']} slots of {c['slot_bytes']} bytes"))
-        for T, chunk in c["auto_chunks"].items():
-            rows.append((f"--prefill auto:{T} takes", str(chunk)))
+        load = f"--prefill {prefill} --ctx {ctx}"
+        if c["all_resident"]:
+            rows.append(("expert cache", "all experts resident (nothing streams)"))
+            rows.append((load, f"chunks of {c['chunk']} tokens, on their own scratch"))
+        else:
+            rows.append(("expert cache", f"{c['cache_bytes'] / MiB:.2f} MiB = {c['slots']} slots of "
+                                         f"{c['slot_bytes']} bytes"))
+            rows.append((load, f"chunks of {c['chunk']} tokens, each borrowing {c['borrows']} slots"
+                         if c["fits"] else f"the load stops: {c['error']}"))
     w = max(len(r[0]) for r in rows)
     for k, v in rows:
         click.echo(f"{k:<{w}}  {v}")
 
 
-def _cache_plan(m: strata.ModelInfo, expert_cache: str) -> dict[str, Any]:
+def load_plan(m: strata.ModelInfo, expert_cache: str, prefill: str, ctx: int) -> dict[str, Any]:
+    """What strata.Model(expert_cache=, prefill=, ctx=) of this file does with its prompt chunk: the
+    chunk it takes and the slots it borrows, or the error the load stops with."""
     try:
-        plans = {T: m.plan_chunk(expert_cache, T) for T in (2048, 8192, 32768)}
+        cache = parse_expert_cache(expert_cache)
+        mode, max_tokens = parse_prefill(prefill)
     except strata.Error as e:
         _fail(e)
-    cache = plans[2048]
-    return {"cache_mib": cache["cache_bytes"] / MiB, "slot_bytes": m.slot_bytes, "slots": cache["cache_slots"],
-            "auto_chunks": {T: p["chunk"] if p["fits"] else f"none fits: {p['error']}" for T, p in plans.items()}}
+    T = min(max_tokens, ctx)  # as the load: a chunk is never longer than the context
+    if cache in ("all", "auto"):  # on the CPU, auto is all
+        return {"all_resident": True, "chunk": T, "borrows": 0, "fits": True, "error": ""}
+    p = m.plan_chunk(f"{cache}b", T, auto=(mode == "auto"))
+    return {"all_resident": False, "cache_bytes": p["cache_bytes"], "slot_bytes": m.slot_bytes,
+            "slots": p["cache_slots"], "chunk": p["chunk"], "borrows": p["slots"], "needs": p["needs"],
+            "fits": p["fits"], "error": p["error"]}
 
 
-@main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--tokens", default=8192, show_default=True, help="Chunk size T.")
-@click.option("--no-source", is_flag=True, help="Plan for an all-resident cache (no ExpertSource).")
+@main.command(short_help="The scratch buffers of one prompt chunk and the slots it borrows.")
+@_model_args
+@click.option("--tokens", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="Tokens in the chunk (T).")
+@click.option("--no-source", is_flag=True, help="Plan for an all-resident cache (no ExpertSource streams experts).")
 @click.option("--unfused", is_flag=True, help="Plan with the GR read unfused (xn carved), as STRATA_GR_UNFUSED=1.")
-@click.option("--expert-cache", default=None, help="Also show how many slots of this cache the chunk borrows.")
-@click.option("--json", "as_json", is_flag=True)
-def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache: str | None,
-           as_json: bool) -> None:
-    """Show the scratch buffers of one prompt chunk and the slots it borrows."""
-    m = _info(model, gr_unfused=True if unfused else None)
+@click.option("--expert-cache", default=None, metavar="SIZE",
+              help="Also show how many slots of a cache this size (MiB or units, as generate's) the chunk borrows.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of a table.")
+def layout(model: str | None, model_opt: str | None, tokens: int, no_source: bool, unfused: bool,
+           expert_cache: str | None, as_json: bool) -> None:
+    """Every buffer of one prompt chunk's scratch in MODEL (a GGUF file): name, dtype, shape, offset
+    and bytes; bytes_needed, and the slots of the expert cache the chunk borrows."""
+    path = _model_path(model, model_opt)
+    m = _info(path, gr_unfused=True if unfused else None)
     try:
         lay = m.layout(tokens=tokens, source=not no_source)
+        n = m.cache_slots(expert_cache) if expert_cache is not None else None
     except strata.Error as e:
         _fail(e)
     if as_json:
@@ -213,34 +461,47 @@ def layout(model: str, tokens: int, no_source: bool, unfused: bool, expert_cache
         click.echo(f"{b['name']:<16} {b['dtype']:<6} {shape:<24} {b['offset']:>14} {b['bytes']:>14}")
     click.echo(f"bytes_needed {lay['bytes_needed']} ({_fmt_bytes(lay['bytes_needed'])}); slot {lay['slot_bytes']} "
                f"bytes; the chunk borrows {lay['slots']} slots")
-    if expert_cache is not None:
-        try:
-            n = m.cache_slots(expert_cache)
-        except strata.Error as e:
-            _fail(e)
+    if n is not None:
         left = n - lay["slots"]
         click.echo(f"--expert-cache {expert_cache}: {n} slots; the chunk borrows {lay['slots']}, "
                    + (f"leaving {left} for experts" if left > 0 else "more than the cache has"))
 
 
-@main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--prompt-tokens", default=512, show_default=True, help="Prompt length (random token ids).")
-@click.option("--gen-tokens", default=32, show_default=True, help="Tokens to decode (greedy).")
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--expert-cache", default="auto", show_default=True, help=_EXPERT_CACHE_HELP)
-@click.option("--prefill", default="8192", show_default=True, help=_PREFILL_HELP)
-@click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True)
-@click.option("-t", "--threads", default=0, help="CPU threads (0: STRATA_THREADS or all cores).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random prompt.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
-def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_cache: str, prefill: str,
-          source: str, threads: int, seed: int, json_out: str | None) -> None:
-    """Time a prompt of random tokens and a greedy decode; print a table."""
+def _check_out_file(path: str, flag: str) -> None:
+    """A file we will write after a long run: its folder must exist and be writable now."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        _fail(f"{flag} '{path}' is a folder: give a file name")
+    if not os.path.isdir(folder):
+        _fail(f"{flag} '{path}': the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        _fail(f"{flag} '{path}': the folder {folder} is not writable")
+
+
+@main.command(short_help="Time a prompt and a greedy decode; print a table.")
+@_model_args
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Prompt length in tokens (random token ids).")
+@click.option("--gen-tokens", type=click.IntRange(min=0), default=32, show_default=True,
+              help="Tokens to decode (greedy).")
+@_load_options(ctx_default=None)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the random prompt's token ids.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Also write the results to this JSON file.")
+def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_tokens: int, device: str,
+          kv_type: str,
+          expert_cache: str, prefill: str, source: str, threads: int, quiet: bool, seed: int,
+          json_out: str | None) -> None:
+    """Time a prompt of random tokens and a greedy decode with MODEL (a GGUF file); print a table
+    (and JSON with --json). The context is the prompt plus the decode."""
     import numpy as np
 
+    path = _model_path(model, model_opt)
+    if json_out:
+        _check_out_file(json_out, "--json")
     t0 = time.monotonic()
-    m = _load(model, device=device, expert_cache=expert_cache, prefill=prefill, source=source,
+    m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
               ctx=prompt_tokens + gen_tokens + 1, threads=threads)
     load_s = time.monotonic() - t0
     specials = sorted(m.tokenizer.special_ids)
@@ -249,21 +510,25 @@ def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_c
     m.reset_stats()
     try:
         out = m.generate(ids, max_tokens=gen_tokens, temperature=0.0)
+    except KeyboardInterrupt:
+        click.echo(_interrupted_note(m.last_stats) + "; no results", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     except strata.Error as e:
         _fail(e)
     st = out.stats
     res = {
-        "model": model, "device": device, "threads": m.threads, "load_s": load_s,
+        "model": path, "device": m.device, "threads": m.threads, "load_s": load_s,
         "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"], "generated": st["generated"],
         "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"],
         **{k: v for k, v in st.items() if k.startswith("cache_")},
     }
     rows = [
-        ("model", f"{os.path.basename(model)}: {m.spec['arch']}, {m.spec['params_total'] / 1e9:.2f} B total, "
+        ("model", f"{os.path.basename(path)}: {m.spec['arch']}, {m.spec['params_total'] / 1e9:.2f} B total, "
                   f"{m.spec['params_active'] / 1e9:.2f} B active"),
-        ("device / threads", f"{device} / {res['threads']}"),
+        ("device / threads", f"{m.device} / {res['threads']}"),
         ("load", f"{load_s:.2f} s"),
-        ("prompt", f"{st['prompt_tokens']} tokens, {st['prompt_tps']:.1f} tok/s (chunk {st['cache_chunk']})"),
+        ("prompt", f"{st['prompt_tokens']} tokens, {st['prompt_tps']:.1f} tok/s ({st['prompt_chunks']} chunks of up "
+                   f"to {st['prompt_chunk']})"),
         ("decode", f"{st['generated']} tokens, {st['decode_tps']:.2f} tok/s (stop: {st['stop_reason']})"),
         ("experts", f"source {st['cache_source']}, hits {st['cache_hits']}, misses {st['cache_misses']}, "
                     f"streamed {_fmt_bytes(st['cache_bytes_streamed'])}"),
@@ -272,24 +537,43 @@ def bench(model: str, prompt_tokens: int, gen_tokens: int, device: str, expert_c
     for k, v in rows:
         click.echo(f"{k:<{w}}  {v}")
     if json_out:
-        with open(json_out, "w") as f:
-            json.dump(res, f, indent=2)
+        try:
+            with open(json_out, "w") as f:
+                json.dump(res, f, indent=2)
+        except OSError as e:
+            _fail(f"--json '{json_out}': {e.strerror}; the results are in the table above")
 
 
-@main.command()
-@click.option("-n", "--max-tokens", default=48, show_default=True)
+@main.command(short_help="Build a small synthetic model and generate with it.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=48, show_default=True,
+              help="Tokens to generate.")
 @click.option("--prompt", default="Experts stream into a cache of slots; the prompt borrows some of them.",
-              show_default=True)
-@click.option("--keep", type=click.Path(file_okay=False), default=None, help="Write the model here and keep it.")
+              show_default=True, help="The prompt text.")
+@click.option("--keep", type=click.Path(file_okay=False), default=None, metavar="FOLDER",
+              help="Write the model into this folder (made if missing) and keep it; else a temp folder, removed.")
 def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
     """Build a synthetic Qwen3-MoE GGUF and generate with a small expert cache.
 
     The model has random weights and a real tokenizer; its experts are streamed through a cache
     smaller than they are, so the stats show hits, misses and bytes streamed."""
+    if keep:
+        try:
+            os.makedirs(keep, exist_ok=True)
+        except OSError as e:
+            _fail(f"--keep '{keep}': cannot make the folder: {e.strerror}")
+        _check_out_file(os.path.join(keep, "demo-qwen3moe.gguf"), "--keep")
+        _demo(keep, max_tokens, prompt)
+        return
+    d = tempfile.mkdtemp(prefix="strata-demo-")
+    try:
+        _demo(d, max_tokens, prompt)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _demo(d: str, max_tokens: int, prompt: str) -> None:
     from strata.testing import make_qwen3moe
 
-    d = keep or tempfile.mkdtemp(prefix="strata-demo-")
-    os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "demo-qwen3moe.gguf")
     t0 = time.monotonic()
     make_qwen3moe(path, layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, experts=16, top_k=4,
@@ -306,13 +590,17 @@ def demo(max_tokens: int, prompt: str, keep: str | None) -> None:
     # show evictions by the lend and the refills when the chunk gives its slots back.
     m = strata.Model(path, expert_cache=f"{cache}b", prefill=8, source="host", ctx=512)
     click.echo(f"prompt: {prompt!r} (random weights: expect noise, not prose)")
-    for piece in m.generate(prompt, max_tokens=max_tokens, temperature=0.7, seed=7, stream=True):
-        click.echo(piece, nl=False)
+    try:
+        for piece in m.generate(prompt, max_tokens=max_tokens, temperature=0.7, seed=7, stream=True):
+            click.echo(piece, nl=False)
+    except KeyboardInterrupt:
+        click.echo()
+        click.echo(_interrupted_note(m.last_stats), err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except strata.Error as e:
+        _fail(e)
     click.echo()
     _print_stats(m.last_stats, err=False)
-    if not keep:
-        os.remove(path)
-        os.rmdir(d)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from strata._options import gr_unfused_from_env, parse_expert_cache
 def _open(path: str | os.PathLike) -> _core.GGUFFile:
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"model file not found: {path}")
+        raise FileNotFoundError(f"model file not found: {path} (give the path of a GGUF file)")
     return _core.GGUFFile(path)
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -11,8 +14,18 @@ from typing import Any
 import numpy as np
 
 from strata import _core
-from strata._options import gr_unfused_from_env, parse_expert_cache, parse_prefill, threads_from_env
-from strata._progress import ProgressBar
+from strata._options import (
+    as_float,
+    as_int,
+    gr_unfused_from_env,
+    log_level_error,
+    parse_expert_cache,
+    parse_prefill,
+    parse_seed,
+    threads_from_env,
+    warn,
+)
+from strata._progress import ProgressBar, PromptProgress, is_terminal
 from strata.chat import DEFAULT_CHAT_TEMPLATE, render_chat
 from strata.info import ModelInfo, _open
 from strata.tokenizer import StreamDecoder, Tokenizer
@@ -37,13 +50,32 @@ def _native_defaults() -> Mapping[str, Any]:
         "top_p": _f32(s.top_p),
         "min_p": _f32(s.min_p),
         "repetition_penalty": _f32(s.repetition_penalty),
-        "penalty_last_n": s.penalty_last_n,
+        "repeat_last_n": s.penalty_last_n,
     })
 
 
 # The native sampler's defaults, the only ones: Model.generate and the CLI take theirs from here.
 GENERATE_DEFAULTS: Mapping[str, Any] = _native_defaults()
 _D = GENERATE_DEFAULTS
+
+
+def sampling_params(max_tokens: object = _D["max_tokens"], temperature: object = _D["temperature"],
+                    top_k: object = _D["top_k"], top_p: object = _D["top_p"], min_p: object = _D["min_p"],
+                    repetition_penalty: object = _D["repetition_penalty"], repeat_last_n: object = _D["repeat_last_n"],
+                    seed: object = None) -> _core.GenParams:
+    """The native GenParams of generate()'s keywords, each checked (strata.ConfigError naming it)."""
+    p = _core.GenParams()
+    p.max_tokens = as_int(max_tokens, "max_tokens (-n/--max-tokens)", 0, 2**62, "tokens to generate at most")
+    s = p.sampler
+    s.temperature = as_float(temperature, "temperature (--temp)", ">= 0, 0: greedy")
+    s.top_k = as_int(top_k, "top_k (--top-k)", 0, 2**31 - 1, "0: off")
+    s.top_p = as_float(top_p, "top_p (--top-p)", "in (0, 1], 1: off")
+    s.min_p = as_float(min_p, "min_p (--min-p)", "in [0, 1], 0: off")
+    s.repetition_penalty = as_float(repetition_penalty, "repetition_penalty (--repeat-penalty)", "> 0, 1: off")
+    s.penalty_last_n = as_int(repeat_last_n, "repeat_last_n (--repeat-last-n)", -1, 2**31 - 1, "-1: all, 0: none")
+    s.seed = parse_seed(seed)
+    s.check()  # the ranges, from the sampler itself
+    return p
 
 
 @dataclass
@@ -64,6 +96,22 @@ def _tap(pieces: Iterator[str], callback: Callable[[str], None]) -> Iterator[str
         yield p
 
 
+def stop_stream(pieces: Iterator[str]) -> None:
+    """Ends a stream= generation as interrupted, with its stats in last_stats: for a Ctrl-C that
+    landed in the consumer's code, between two tokens, rather than in the model."""
+    try:
+        pieces.throw(KeyboardInterrupt())  # type: ignore[attr-defined]
+    except (KeyboardInterrupt, StopIteration, AttributeError):
+        pass
+
+
+def _catch_sigint() -> bool:
+    """Whether a native call may take Ctrl-C for itself (stopping between layers with
+    KeyboardInterrupt): on the main thread, while Python's default SIGINT handler is in place."""
+    return (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+
+
 class Model:
     """A Mixture-of-Experts GGUF loaded on `device`, experts streamed through the expert cache.
 
@@ -73,13 +121,17 @@ class Model:
     copy of the experts in RAM), 'mmap' (read from the file) or 'auto'. threads: CPU threads
     (0: STRATA_THREADS, else every core). gr_unfused: carve the normalized input xn, a debug/A-B
     switch with byte-identical logits (None: from STRATA_GR_UNFUSED). backend: run on this
-    strata.Backend instead of one made from device and threads.
+    strata.Backend instead of one made from device and threads. progress: show a progress line on
+    stderr (when it is a terminal) for loads and prompts that take over a second.
+
+    Ctrl-C (on the main thread) stops a load, a prompt or a token between two layers and raises
+    KeyboardInterrupt; the Model stays usable.
     """
 
     def __init__(
         self,
         path: str | os.PathLike,
-        device: str = "cpu",
+        device: str = "auto",
         expert_cache: str | float | None = "auto",
         prefill: str | int | None = 8192,
         source: str = "auto",
@@ -88,37 +140,61 @@ class Model:
         progress: bool = True,
         gr_unfused: bool | None = None,
         backend: Backend | None = None,
+        kv_type: str = "auto",
     ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
         self.path = os.fspath(path)
-        file = _open(self.path)  # mapped and validated once; the native model shares it
-        if backend is not None:
-            device = backend.name
-        cache = parse_expert_cache(expert_cache)
-        if device == "cpu" and cache == "auto":
-            cache = "all"  # the CPU reads experts where they lie: streaming would only copy memory
-        if cache == "auto":
-            raise _core.ConfigError("--expert-cache auto is only defined for a GPU device; give a size or 'all'")
-        mode, chunk = parse_prefill(prefill)
+        if backend is not None and not isinstance(backend, Backend):
+            raise _core.ConfigError(f"backend must be a strata.Backend, got {backend!r}")
+        if not isinstance(device, str):
+            raise _core.ConfigError(f"device (--device) must be a name such as 'cpu' or 'cuda', got {device!r}")
         if source not in ("auto", "host", "mmap"):
-            raise _core.ConfigError(f"--source must be host, mmap or auto, got '{source}'")
+            raise _core.ConfigError(f"source (--source) must be host, mmap or auto, got {source!r}")
+        if gr_unfused is not None and not isinstance(gr_unfused, bool):
+            raise _core.ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
+        ctx = as_int(ctx, "ctx (-c/--ctx)", 1, 2**31 - 1, "KV cache length in tokens")
+        cache = parse_expert_cache(expert_cache)
+        mode, chunk = parse_prefill(prefill)
         threads = threads_from_env(threads)
+        if log_level_error():
+            warn(f"{log_level_error()}; using warn")
+        file = _open(self.path)  # mapped and validated once; the native model shares it
+        # The device is the native side's to name and check, before the cache size that depends on it.
         self.backend: Backend = backend if backend is not None else Backend(device, threads)
+        device = self.backend.name
+        if kv_type not in ("auto", "f16", "f32"):
+            raise _core.ConfigError(f"kv_type (--kv-type) must be auto, f16 or f32, got {kv_type!r}")
+        # auto: on the CPU every expert resident; on a GPU what is free (resolved natively, below).
         self.expert_cache = cache
-        bar = ProgressBar(f"loading experts ({os.path.basename(self.path)})") if progress else None
+        self._progress = bool(progress)
+        bar = ProgressBar(f"loading experts ({os.path.basename(self.path)})") if self._shows_progress() else None
         self._m = _core.Model(
-            file, self.backend, device=device, threads=threads, ctx=ctx, all_resident=(cache == "all"),
-            cache_bytes=0 if cache == "all" else int(cache), source=source, prefill=chunk,
+            file, self.backend, device=self.backend.name, threads=threads, ctx=ctx, all_resident=(cache == "all"),
+            cache_bytes=0 if cache in ("all", "auto") else int(cache), cache_auto=(cache == "auto"),
+            kv_type=kv_type, source=source, prefill=chunk,
             prefill_auto=(mode == "auto"), gr_unfused=gr_unfused_from_env(gr_unfused), progress=bar,
+            catch_sigint=_catch_sigint(),
         )
+        if cache == "auto":  # as resolved at load
+            c = self._m.cache_stats()
+            self.expert_cache = "all" if c["all_resident"] else int(c["cache_bytes"])
         self.info = ModelInfo._of(file, self._m.plan)
         self.spec: dict[str, Any] = self.info.spec
+        if ctx > self.spec["ctx_train"] > 0:
+            warn(f"ctx (-c/--ctx) {ctx} is more than the {self.spec['ctx_train']} tokens {os.path.basename(self.path)} "
+                 "was trained for: text past that length may degrade")
         # After the native load, so an unknown architecture is reported before the tokenizer.
         md = self.info.metadata
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat_template: str | None = md.get("tokenizer.chat_template")
-        self.device = device
+        self.device = self.backend.name  # "cpu" or "cuda", as resolved from "auto"
         self.ctx = ctx
         self._last_stats: dict[str, Any] = {}
+        self._last_gen: _core.Generator | None = None  # the last generation that ran its prompt
+
+    def _shows_progress(self) -> bool:
+        return self._progress and is_terminal(sys.stderr)
 
     # ---- tokens ----
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -130,10 +206,26 @@ class Model:
     # ---- raw model ----
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of one prompt: float32 [len(ids), V]."""
-        arr = np.asarray(ids, dtype=np.int32)
-        if arr.ndim != 1 or arr.size < 1:
-            raise _core.ConfigError("logits() takes a 1-D list of token ids")
-        return self._m.logits(arr)
+        return self._m.logits(self._ids(ids, "logits()"), catch_sigint=_catch_sigint())
+
+    def _ids(self, ids: object, what: str) -> np.ndarray:
+        """Token ids as int32, each in [0, V), else ConfigError."""
+        try:
+            arr = np.asarray(ids)
+        except (TypeError, ValueError):
+            arr = np.asarray(None)
+        V = self.spec["vocab"]
+        if arr.ndim != 1 or arr.size < 1 or not (arr.dtype.kind in "iu" or (arr.dtype == object and all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in arr))):
+            raise _core.ConfigError(f"{what} takes a non-empty 1-D list of token ids (ints in [0, {V}))")
+        try:
+            arr = arr.astype(np.int64)
+        except OverflowError:
+            raise _core.ConfigError(f"{what}: a token id is out of range [0, {V})") from None
+        bad = arr[(arr < 0) | (arr >= V)]
+        if bad.size:
+            raise _core.ConfigError(f"{what}: token id {int(bad[0])} is out of range [0, {V})")
+        return arr.astype(np.int32)
 
     def layout(self, tokens: int = 8192, source: bool = True) -> dict[str, Any]:
         """The prompt scratch plan for a chunk of `tokens`: bytes_needed, kind, buffers, slots."""
@@ -185,37 +277,57 @@ class Model:
         top_p: float = _D["top_p"],
         min_p: float = _D["min_p"],
         repetition_penalty: float = _D["repetition_penalty"],
+        repeat_last_n: int = _D["repeat_last_n"],
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
         add_special: bool = True,
         callback: Callable[[str], None] | None = None,
+        reuse_kv: bool = False,
     ) -> Completion | Iterator[str]:
         """Completes `prompt` (text or token ids).
 
         stream=True returns an iterator of text pieces as they decode; `callback`, if given, is
         called with each piece either way. Stop strings end the text before they appear. Each call
         owns its state: iterators of several calls on one Model may be consumed interleaved.
+        repeat_last_n: the tokens the repetition penalty looks back on (-1: all, 0: none). seed:
+        None or -1 for a random one. Bad values raise strata.ConfigError before any work; Ctrl-C
+        raises KeyboardInterrupt, with the stats so far in `last_stats` (stop_reason "interrupted").
+        reuse_kv: the prompt's tokens that begin as the last generation's did (a chat's history)
+        are not run again when the KV cache still holds them (stats: prompt_reused). The logits are
+        those of a full run, except that with a streamed expert cache the shorter rest may take the
+        other MoE layout (within its tolerance).
         """
-        ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt, add_special=add_special)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not s for s in stops):
-            raise _core.ConfigError("stop strings must be non-empty")
-        if seed is None:
-            seed = int(np.random.SeedSequence().entropy % 2**63)
-        p = _core.GenParams()
-        p.max_tokens = int(max_tokens)
-        p.sampler.temperature = float(temperature)
-        p.sampler.top_k = int(top_k)
-        p.sampler.top_p = float(top_p)
-        p.sampler.min_p = float(min_p)
-        p.sampler.repetition_penalty = float(repetition_penalty)
-        p.sampler.seed = int(seed)
+        p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        stops = [stop] if isinstance(stop, str) else stop
+        if stops is None:
+            stops = []
+        if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
+            raise _core.ConfigError(
+                f"stop strings (stop, --stop) must be non-empty: a string or a list of them, got {stop!r}")
+        stops = list(stops)
+        if callback is not None and not callable(callback):
+            raise _core.ConfigError(f"callback must be callable, got {callback!r}")
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, add_special=add_special)
+        else:
+            ids = self._ids(prompt, "generate()").tolist()
         p.stop_ids = sorted(self.tokenizer.stop_ids)
         gen = _core.Generator(self._m)
-        gen.begin(ids, p)
         tokens: list[int] = []
         stats: dict[str, Any] = {}
+        bar = PromptProgress() if self._shows_progress() else None
+        try:
+            gen.begin(ids, p, catch_sigint=_catch_sigint(), progress=bar,
+                      reuse=self._last_gen if reuse_kv else None)
+            self._last_gen = gen
+        except KeyboardInterrupt:
+            self._collect(gen, stats)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
         pieces = self._run(gen, stops, tokens, stats)
         if callback is not None:
             pieces = _tap(pieces, callback)
@@ -239,24 +351,37 @@ class Model:
         dec = StreamDecoder(self.tokenizer, skip_special=True)
         text, emitted = "", 0
         hold = max((len(s) for s in stops), default=1) - 1
-        while True:
-            tok = gen.next()
-            if tok < 0:
-                text += dec.flush()
-                break
-            tokens.append(tok)
-            text += dec.feed(tok)
-            hit = min((i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0), default=-1)
-            if hit >= 0:
-                text = text[:hit]
-                gen.finish("stop_string")
-                break
-            safe = len(text) - hold if stops else len(text)
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
+        try:
+            while True:
+                tok = gen.next(catch_sigint=_catch_sigint())
+                if tok < 0:
+                    text += dec.flush()
+                    break
+                tokens.append(tok)
+                text += dec.feed(tok)
+                hit = min((i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0), default=-1)
+                if hit >= 0:
+                    text = text[:hit]
+                    gen.finish("stop_string")
+                    break
+                safe = len(text) - hold if stops else len(text)
+                if safe > emitted:
+                    yield text[emitted:safe]
+                    emitted = safe
+        except KeyboardInterrupt:  # in the native pass, or thrown in by the consumer (see stop_stream)
+            gen.finish("interrupted")
+            self._collect(gen, stats)
+            raise
+        except GeneratorExit:  # the consumer closed the stream early
+            gen.finish("caller")
+            self._collect(gen, stats)
+            raise
         if len(text) > emitted:
             yield text[emitted:]
+        self._collect(gen, stats)
+
+    def _collect(self, gen: _core.Generator, stats: dict[str, Any]) -> None:
+        """The generation's stats and the cache's into `stats`, which become last_stats."""
         stats.update(gen.stats())
         stats.update({f"cache_{k}": v for k, v in self.cache.items()})
         self._last_stats = stats

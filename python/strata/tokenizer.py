@@ -127,26 +127,51 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, md: Mapping[str, Any]) -> Tokenizer:
-        """Build from GGUF metadata (key -> Python value), as llama.cpp reads the tokenizer.* keys."""
+        """Build from GGUF metadata (key -> Python value), as llama.cpp reads the tokenizer.* keys.
+
+        The metadata comes from a file someone else wrote: every key's type and range is checked, and
+        any failure of the tokenizers library (a Rust panic included) becomes a FormatError.
+        """
         model = md.get("tokenizer.ggml.model")
         if model != "gpt2":
             raise _unsupported(
-                f"tokenizer.ggml.model = {model!r} is not supported; strata reads byte-level BPE "
+                f"tokenizer.ggml.model = {_show(model)} is not supported; strata reads byte-level BPE "
                 f"vocabularies only (tokenizer.ggml.model = 'gpt2')"
             )
         pre = md.get("tokenizer.ggml.pre", "default")
-        if pre not in PRE_TOKENIZER_SPLITS:
+        if not isinstance(pre, str) or pre not in PRE_TOKENIZER_SPLITS:
             raise _unsupported(
-                f"tokenizer.ggml.pre = {pre!r} is not supported; supported: {', '.join(PRE_TOKENIZER_SPLITS)}"
+                f"tokenizer.ggml.pre = {_show(pre)} is not supported; supported: {', '.join(PRE_TOKENIZER_SPLITS)}"
             )
-        tokens = [str(t) for t in _required(md, "tokenizer.ggml.tokens")]
-        merges = [str(m) for m in _required(md, "tokenizer.ggml.merges")]
-        types = [int(t) for t in md.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens))]
+        tokens = _strings(md, "tokenizer.ggml.tokens")
+        if not tokens:
+            raise _format_error("tokenizer.ggml.tokens is empty")
+        merges = _strings(md, "tokenizer.ggml.merges")
+        types = [TOKEN_NORMAL] * len(tokens)
+        if "tokenizer.ggml.token_type" in md:
+            types = _ints(md, "tokenizer.ggml.token_type", 0, _TOKEN_TYPE_MAX)
         if len(types) != len(tokens):
-            raise _core_error(
-                "FormatError",
-                f"tokenizer.ggml.token_type has {len(types)} entries but tokenizer.ggml.tokens has {len(tokens)}",
+            raise _format_error(
+                f"tokenizer.ggml.token_type has {len(types)} entries but tokenizer.ggml.tokens has {len(tokens)}"
             )
+        bos_id = _token_id(md, "tokenizer.ggml.bos_token_id", len(tokens))
+        eos_id = _token_id(md, "tokenizer.ggml.eos_token_id", len(tokens))
+        pad_id = _token_id(md, "tokenizer.ggml.padding_token_id", len(tokens))
+        add_bos = _flag(md, "tokenizer.ggml.add_bos_token", pre in _LLAMA3_FAMILY)
+        add_eos = _flag(md, "tokenizer.ggml.add_eos_token", False)
+        for flag, key, tid in ((add_bos, "bos", bos_id), (add_eos, "eos", eos_id)):
+            if flag and tid is None:
+                raise _format_error(
+                    f"tokenizer.ggml.add_{key}_token is true but tokenizer.ggml.{key}_token_id is missing"
+                )
+        stop = {eos_id} if eos_id is not None else set()
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            tid = _token_id(md, key, len(tokens))
+            if tid is not None:
+                stop.add(tid)
+        chat_template = md.get("tokenizer.chat_template")
+        if chat_template is not None and not (isinstance(chat_template, str) and _is_utf8(chat_template)):
+            raise _format_error(f"tokenizer.chat_template must be UTF-8 text, got {_show(chat_template)}")
 
         spelling = bytes_to_unicode()
         alphabet = set(spelling.values())
@@ -154,57 +179,50 @@ class Tokenizer:
         added = {TOKEN_CONTROL, TOKEN_USER_DEFINED}
         vocab: dict[str, int] = {}
         token_bytes: list[bytes] = []
-        for i, (tok, kind) in enumerate(zip(tokens, types, strict=False)):
-            if kind in added or not set(tok) <= alphabet:
-                # Added tokens keep their text so they map back to this id when matched in the text; a
-                # normal token outside the byte alphabet is respelled from its UTF-8 bytes, as transformers does.
-                raw = tok.encode("utf-8")
-                vocab["".join(spelling[b] for b in raw) if kind not in added else tok] = i
-            else:
+        for i, (tok, kind) in enumerate(zip(tokens, types, strict=True)):
+            # The reader hands bytes that are not UTF-8 over as lone surrogates (surrogateescape).
+            raw = tok.encode("utf-8", "surrogateescape")
+            if kind in added:
+                if not _is_utf8(tok):
+                    raise _format_error(f"tokenizer.ggml.tokens[{i}] = {_show(tok)} is a special token, not UTF-8")
+                # Added tokens keep their text so they map back to this id when matched in the text.
+                vocab[tok] = i
+            elif set(tok) <= alphabet:
                 raw = bytes(decode_byte[c] for c in tok)
                 vocab[tok] = i
+            else:
+                # A normal token outside the byte alphabet is respelled from its bytes, as transformers does.
+                vocab["".join(spelling[b] for b in raw)] = i
             token_bytes.append(raw)
 
         pairs = []
-        for m in merges:
+        for j, m in enumerate(merges):
             cut = m.find(" ", 1)  # llama.cpp splits at the first space after the first character
             if cut < 0:
-                raise _core_error("FormatError", f"tokenizer.ggml.merges entry {m!r} has no space")
+                raise _format_error(f"tokenizer.ggml.merges[{j}] = {_show(m)} has no space")
+            if not _is_utf8(m):
+                raise _format_error(f"tokenizer.ggml.merges[{j}] = {_show(m)} is not UTF-8")
             pairs.append((m[:cut], m[cut + 1 :]))
-        try:
-            bpe = models.BPE(
-                vocab=vocab, merges=pairs, byte_fallback=False, ignore_merges=pre in _LLAMA3_FAMILY
-            )
-        except Exception as e:
-            raise _core_error(
-                "FormatError", f"tokenizer.ggml.merges does not fit tokenizer.ggml.tokens: {e}"
-            ) from e
-        backend = _HFTokenizer(bpe)
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZER_SPLITS[pre]]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
-        backend.decoder = decoders.ByteLevel()
         control = [i for i, k in enumerate(types) if k == TOKEN_CONTROL and tokens[i]]
         user = [i for i, k in enumerate(types) if k == TOKEN_USER_DEFINED and tokens[i]]
-        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
-        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
+        try:
+            bpe = models.BPE(vocab=vocab, merges=pairs, byte_fallback=False, ignore_merges=pre in _LLAMA3_FAMILY)
+            backend = _HFTokenizer(bpe)
+            backend.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZER_SPLITS[pre]]
+                + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
+            backend.decoder = decoders.ByteLevel()
+            backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
+            backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
+        except BaseException as e:
+            if isinstance(e, _NEVER_CAUGHT):
+                raise
+            # PanicException, tokenizers' Rust panics, derives from BaseException.
+            raise _format_error(
+                f"the tokenizer.ggml.* vocabulary and merges do not form a BPE tokenizer: {type(e).__name__}: {e}"
+            ) from e
 
-        bos_id = _token_id(md, "tokenizer.ggml.bos_token_id", len(tokens))
-        eos_id = _token_id(md, "tokenizer.ggml.eos_token_id", len(tokens))
-        add_bos = bool(md.get("tokenizer.ggml.add_bos_token", pre in _LLAMA3_FAMILY))
-        add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
-        for flag, key, tid in ((add_bos, "bos", bos_id), (add_eos, "eos", eos_id)):
-            if flag and tid is None:
-                raise _core_error(
-                    "FormatError",
-                    f"tokenizer.ggml.add_{key}_token is true but tokenizer.ggml.{key}_token_id is missing",
-                )
-        stop = {eos_id} if eos_id is not None else set()
-        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            tid = _token_id(md, key, len(tokens))
-            if tid is not None:
-                stop.add(tid)
         by_text = {t: i for i, t in enumerate(tokens) if t in _STOP_TEXTS}
         stop.update(by_text.values())
         return cls(
@@ -214,11 +232,11 @@ class Tokenizer:
             frozenset(control),
             bos_id=bos_id,
             eos_id=eos_id,
-            pad_id=_token_id(md, "tokenizer.ggml.padding_token_id", len(tokens)),
+            pad_id=pad_id,
             add_bos=add_bos,
             add_eos=add_eos,
             stop_ids=frozenset(stop),
-            chat_template=md.get("tokenizer.chat_template"),
+            chat_template=chat_template,
         )
 
     @property
@@ -237,7 +255,15 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of `text`; special tokens written in the text are matched whole (llama.cpp's
         parse_special). With `add_special`, BOS/EOS are added as the GGUF's add_bos/add_eos flags say."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if not isinstance(text, str):
+            raise _core_error("ConfigError", f"encode takes a str, got {type(text).__name__}")
+        try:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
+        except BaseException as e:
+            if isinstance(e, _NEVER_CAUGHT):
+                raise
+            # The vocabulary came from the file; a tokenizer that fails on text is a bad file.
+            raise _format_error(f"the tokenizer from this file fails on the text: {type(e).__name__}: {e}") from e
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:
@@ -293,16 +319,73 @@ class StreamDecoder:
         return text
 
 
+# Exceptions that mean "stop", never "this file is bad".
+_NEVER_CAUGHT = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
+_TOKEN_TYPE_MAX = 6  # llama.cpp's llama_token_type: UNDEFINED 0 .. BYTE 6
+
+
+def _format_error(message: str) -> Exception:
+    return _core_error("FormatError", message)
+
+
+def _show(value: Any) -> str:
+    """A value from the file for a message: its repr (escapes every odd byte), cut short, with its type."""
+    r = repr(value)
+    r = r if len(r) <= 60 else r[:57] + "..."
+    return r if isinstance(value, str) else f"{r} ({type(value).__name__})"
+
+
+def _is_utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _required(md: Mapping[str, Any], key: str) -> Any:
     if key not in md:
-        raise _core_error("FormatError", f"GGUF metadata has no {key}, which a BPE tokenizer needs")
+        raise _format_error(f"GGUF metadata has no {key}, which a BPE tokenizer needs")
     return md[key]
+
+
+def _strings(md: Mapping[str, Any], key: str) -> list[str]:
+    v = _required(md, key)
+    if not isinstance(v, list):
+        raise _format_error(f"{key} must be an array of strings, got {_show(v)}")
+    for i, x in enumerate(v):
+        if not isinstance(x, str):
+            raise _format_error(f"{key}[{i}] must be a string, got {_show(x)}")
+    return v
+
+
+def _ints(md: Mapping[str, Any], key: str, lo: int, hi: int) -> list[int]:
+    v = md[key]
+    if not isinstance(v, list):
+        raise _format_error(f"{key} must be an array of integers, got {_show(v)}")
+    for i, x in enumerate(v):
+        if not _is_int(x) or not lo <= x <= hi:
+            raise _format_error(f"{key}[{i}] = {_show(x)} is not an integer in {lo}..{hi}")
+    return v
+
+
+def _flag(md: Mapping[str, Any], key: str, default: bool) -> bool:
+    v = md.get(key, default)
+    if not isinstance(v, bool):
+        raise _format_error(f"{key} must be a bool, got {_show(v)}")
+    return v
 
 
 def _token_id(md: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
     if key not in md:
         return None
-    tid = int(md[key])
+    tid = md[key]
+    if not _is_int(tid):
+        raise _format_error(f"{key} must be an integer token id, got {_show(tid)}")
     if not 0 <= tid < n_vocab:
-        raise _core_error("FormatError", f"{key} = {tid} is outside the vocabulary (0..{n_vocab - 1})")
+        raise _format_error(f"{key} = {tid} is outside the vocabulary (0..{n_vocab - 1})")
     return tid

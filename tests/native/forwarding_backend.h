@@ -21,6 +21,10 @@ class ForwardingBackend : public Backend {
   void* alloc_pinned(size_t b, const char* w) override { return cpu_->alloc_pinned(b, w); }
   void free_pinned(void* p) override { cpu_->free_pinned(p); }
   size_t live_allocations() const override { return cpu_->live_allocations(); }
+  void memory_info(size_t* f, size_t* t) const override { cpu_->memory_info(f, t); }
+  bool host_is_device() const override { return cpu_->host_is_device(); }
+  bool register_host(const void* p, size_t n) override { return cpu_->register_host(p, n); }
+  void unregister_host(const void* p) override { cpu_->unregister_host(p); }
   void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
   void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
   void upload_async(void* d, const void* s, size_t n, Stream st) override { cpu_->upload_async(d, s, n, st); }
@@ -35,35 +39,39 @@ class ForwardingBackend : public Backend {
   bool supports_kv(KvType t) const override { return cpu_->supports_kv(t); }
 #define STRATA_FWD(name, sig, args) \
   void name sig override { cpu_->name args; }
-  STRATA_FWD(embed, (uint32_t a, const void* b, int64_t c, const int32_t* d, int64_t e, float* f), (a, b, c, d, e, f))
+  STRATA_FWD(embed, (uint32_t a, const void* b, int64_t c, const int32_t* d, int64_t e, float* f),
+             (a, b, c, d, e, f))
   STRATA_FWD(rms_scale, (const float* a, int64_t b, int64_t c, float d, float* e), (a, b, c, d, e))
   STRATA_FWD(apply_norm,
-             (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f, int64_t g,
-              float* h),
+             (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f,
+              int64_t g, float* h),
              (a, b, c, d, e, f, g, h))
   STRATA_FWD(gather, (const float* a, int64_t b, const int32_t* c, int64_t d, int64_t e, float* f),
              (a, b, c, d, e, f))
   STRATA_FWD(quantize_q8_0,
-             (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f, int64_t g,
-              uint8_t* h, size_t i),
+             (const float* a, const float* b, const float* c, int64_t d, const int32_t* e, int64_t f,
+              int64_t g, uint8_t* h, size_t i),
              (a, b, c, d, e, f, g, h, i))
   STRATA_FWD(matmul_q8,
-             (uint32_t a, const void* b, int64_t c, int64_t d, const uint8_t* e, size_t f, int64_t g, float* h,
-              int64_t i),
+             (uint32_t a, const void* b, int64_t c, int64_t d, const uint8_t* e, size_t f, int64_t g,
+              float* h, int64_t i),
              (a, b, c, d, e, f, g, h, i))
-  STRATA_FWD(dequant_rows, (uint32_t a, const void* b, size_t c, int64_t d, int64_t e, float* f), (a, b, c, d, e, f))
+  STRATA_FWD(dequant_rows, (uint32_t a, const void* b, size_t c, int64_t d, int64_t e, float* f),
+             (a, b, c, d, e, f))
   STRATA_FWD(copy, (void* a, const void* b, size_t c), (a, b, c))
   STRATA_FWD(matmul,
              (uint32_t a, const void* b, int64_t c, int64_t d, const float* e, int64_t f, int64_t g, float* h,
               int64_t i),
              (a, b, c, d, e, f, g, h, i))
   STRATA_FWD(head_norm_rope,
-             (float* a, int64_t b, int64_t c, int64_t d, const float* e, float f, int64_t g, const RopeParams& h),
+             (float* a, int64_t b, int64_t c, int64_t d, const float* e, float f, int64_t g,
+              const RopeParams& h),
              (a, b, c, d, e, f, g, h))
-  STRATA_FWD(kv_store, (void* a, KvType b, int64_t c, int64_t d, int64_t e, const float* f), (a, b, c, d, e, f))
+  STRATA_FWD(kv_store, (void* a, KvType b, int64_t c, int64_t d, int64_t e, const float* f),
+             (a, b, c, d, e, f))
   STRATA_FWD(attention,
-             (const float* a, const void* b, const void* c, KvType t, int64_t d, int64_t e, int64_t f, int64_t g,
-              int64_t h, float i, float* j),
+             (const float* a, const void* b, const void* c, KvType t, int64_t d, int64_t e, int64_t f,
+              int64_t g, int64_t h, float i, float* j),
              (a, b, c, t, d, e, f, g, h, i, j))
   STRATA_FWD(add, (float* a, const float* b, int64_t c), (a, b, c))
   STRATA_FWD(router_topk, (const float* a, int64_t b, int64_t c, int64_t d, bool e, int32_t* f, float* g),

@@ -33,8 +33,10 @@ class TraceBackend final : public testing_support::ForwardingBackend {
   std::string describe() const override { return "trace"; }
   void upload_async(void* d, const void* s, size_t n, Stream st) override {
     const auto* p = static_cast<uint8_t*>(d);
-    if (arena && p >= arena && p < arena + n_slots * slot_bytes) log.push_back(str(sname(st), "->slot", (p - arena) / slot_bytes));
-    else log.push_back(str(sname(st), "->table"));
+    if (arena && p >= arena && p < arena + n_slots * slot_bytes)
+      log.push_back(str(sname(st), "->slot", (p - arena) / slot_bytes));
+    else
+      log.push_back(str(sname(st), "->table"));
     inner().upload_async(d, s, n, st);
   }
   EventId event_create() override { return ++next_; }
@@ -96,9 +98,9 @@ TEST(ExpertCache, PrepareQueuesMissesAfterLastUseAndComputeWaitsOnlyForThem) {
   ASSERT_EQ(cache.prepare(0, ids, 2), 2);
   // Each miss: the copy stream waits for the slot's last use, three copies land, the ready event.
   // Slots are empty: 0 and 1. Event ids: ready_s = 2s + 1, last_use_s = 2s + 2.
-  const std::vector<std::string> want = {"wait copy e2",    "copy->slot0", "copy->slot0", "copy->slot0",
-                                         "record e1 copy",  "wait copy e4", "copy->slot1", "copy->slot1",
-                                         "copy->slot1",     "record e3 copy", "compute->table"};
+  const std::vector<std::string> want = {"wait copy e2",   "copy->slot0",    "copy->slot0",   "copy->slot0",
+                                         "record e1 copy", "wait copy e4",   "copy->slot1",   "copy->slot1",
+                                         "copy->slot1",    "record e3 copy", "compute->table"};
   EXPECT_EQ(be.log, want);
   be.log.clear();
   const ExpertView v = cache.wait(0, 5);
@@ -196,9 +198,10 @@ TEST(ExpertCache, LendWaitsForLandingCopiesAndRefillsAfterTheChunksLastUse) {
   be.log.clear();
   cache.give_back();
   // The region's last use is recorded before the refills, which wait for it.
-  const std::vector<std::string> want = {"record e2 compute", "record e4 compute", "wait copy e2", "copy->slot0",
-                                         "copy->slot0",       "copy->slot0",       "record e1 copy", "wait copy e4",
-                                         "copy->slot1",       "copy->slot1",       "copy->slot1",    "record e3 copy"};
+  const std::vector<std::string> want = {"record e2 compute", "record e4 compute", "wait copy e2",
+                                         "copy->slot0",       "copy->slot0",       "copy->slot0",
+                                         "record e1 copy",    "wait copy e4",      "copy->slot1",
+                                         "copy->slot1",       "copy->slot1",       "record e3 copy"};
   EXPECT_EQ(be.log, want);
   EXPECT_EQ(cache.stats().refills, 2u);
   // Lending never covers the pinned slot, even when every other run is more valuable.

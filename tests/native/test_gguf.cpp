@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/ggml_types.h"
+#include "core/utf8.h"
 #include "gguf/gguf.h"
 
 using namespace strata;
@@ -367,7 +368,8 @@ TEST_F(Gguf, DuplicateKeysAndTensors) {
 }
 
 TEST_F(Gguf, Alignment) {
-  for (uint32_t bad : {0u, 48u}) {
+  // Below 8 (the GGUF spec's minimum) tensor data could start at an odd address.
+  for (uint32_t bad : {0u, 1u, 2u, 4u, 48u}) {
     Builder b;
     b.kv("general.alignment", ValueType::U32, bad);
     expect_format_error(b.build(), {"'general.alignment' is " + std::to_string(bad), "power of two"});
@@ -375,6 +377,51 @@ TEST_F(Gguf, Alignment) {
   Builder w;
   w.kv("general.alignment", ValueType::U64, uint64_t(32));
   expect_format_error(w.build(), {"'general.alignment' has type u64, expected u32"});
+}
+
+TEST_F(Gguf, SmallestAlignmentKeepsTensorDataWordAligned) {
+  Builder b;
+  b.align = 8;
+  b.kv("general.alignment", ValueType::U32, uint32_t(8));
+  b.tensors = {{"a", 0, {1}, f32s({1})}, {"b", 0, {3}, f32s({1, 2, 3})}, {"c", 1, {5}, pattern(10, 1)}};
+  const auto f = File::open(write(b.build()));
+  EXPECT_EQ(f->alignment(), 8u);
+  for (const auto& t : f->tensors()) EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 8, 0u) << t.name;
+}
+
+TEST_F(Gguf, BytesThatAreNotUtf8AreEscapedInMessages) {
+  Builder k;
+  k.kv("bad\xff\xc3key\n", ValueType::U32, uint32_t(1)).kv("bad\xff\xc3key\n", ValueType::U32, uint32_t(2));
+  expect_format_error(k.build(), {"metadata key #1 'bad\\xff\\xc3key\\x0a'", "duplicate"});
+  Builder t;
+  t.tensors = {{"w\x80", 0, {1}, f32s({1})}, {"w\x80", 0, {1}, f32s({2})}};
+  expect_format_error(t.build(), {"tensor 'w\\x80'", "duplicate of tensor #0"});
+  // Every message is valid UTF-8, whatever it quotes.
+  const FormatError e(std::string("name '\xed\xa0\x80\xf5' \xe2\x82\xac ok"));
+  EXPECT_STREQ(e.what(), "name '\\xed\\xa0\\x80\\xf5' \xe2\x82\xac ok");
+  EXPECT_TRUE(is_utf8(e.what()));
+  EXPECT_FALSE(is_utf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(is_utf8("\xf4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_TRUE(is_utf8("\xf0\x9f\x99\x82 h\xc3\xa9"));
+}
+
+TEST_F(Gguf, FromMemoryReadsTheSameAsOpen) {
+  const std::string bytes = valid().build();
+  const auto a = File::open(write(bytes));
+  const auto b = File::from_memory("mem.gguf", bytes.data(), bytes.size());
+  EXPECT_EQ(b->path(), "mem.gguf");
+  ASSERT_EQ(a->tensors().size(), b->tensors().size());
+  for (size_t i = 0; i < a->tensors().size(); ++i) {
+    EXPECT_EQ(a->tensors()[i].offset, b->tensors()[i].offset);
+    EXPECT_EQ(std::memcmp(a->tensors()[i].data, b->tensors()[i].data, a->tensors()[i].nbytes), 0);
+  }
+  EXPECT_EQ(a->get_string("general.name"), b->get_string("general.name"));
+  try {
+    File::from_memory("cut.gguf", bytes.data(), bytes.size() / 2);
+    ADD_FAILURE() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.gguf: truncated"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(Gguf, BadTensorInfos) {
@@ -400,6 +447,9 @@ TEST_F(Gguf, BadTensorInfos) {
                       {"truncated: tensor 't' data", "past the file size"});
   expect_format_error(one({"t", 0, {1}, f32s({1}), ~uint64_t(0) & ~uint64_t(31)}),
                       {"truncated: tensor 't' data"});
+  // Two tensors over the same bytes.
+  expect_format_error(one({"t", 0, {2}, f32s({1, 2}), 0}),
+                      {"tensor 't' data [offset", "overlaps tensor 'ok'"});
   // Declared bigger than the bytes that are there (the file ends inside the tensor).
   expect_format_error(one({"t", 0, {16}, f32s({1})}),
                       {"tensor 't' data", "64 bytes] ends past the file size"});

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -123,7 +123,8 @@ class OverrunBackend final : public testing_support::ForwardingBackend {
 
   void fill(void* p, uint8_t value, size_t bytes) override {
     inner().fill(p, value, bytes);
-    if (value == ExpertCache::kGuard) tail_ = static_cast<uint8_t*>(p);  // the latest guard: the region's tail
+    if (value == ExpertCache::kGuard)
+      tail_ = static_cast<uint8_t*>(p);  // the latest guard: the region's tail
   }
   void add(float* x, const float* y, int64_t n) override {
     inner().add(x, y, n);

@@ -22,8 +22,8 @@ constexpr uint8_t kGuardByte = 0xA5;
 constexpr size_t kGuard = 4096;  // guard bytes on each side (a multiple of kAlign)
 constexpr uint32_t kQ4K = 12;    // ggml type id of Q4_K
 
-PrefillShape make_shape(int64_t D, int64_t HC, int64_t E, int64_t K, int64_t F, int64_t H, int64_t KV, int64_t hd,
-                        bool unfused) {
+PrefillShape make_shape(int64_t D, int64_t HC, int64_t E, int64_t K, int64_t F, int64_t H, int64_t KV,
+                        int64_t hd, bool unfused) {
   PrefillShape s;
   s.D = D;
   s.HC = HC;
@@ -100,8 +100,8 @@ const void* pointer_of(const PrefillBuffers& b, const std::string& n) {
 }
 
 std::vector<const void*> all_pointers(const PrefillBuffers& b) {
-  return {b.R, b.grs, b.xn, b.q, b.k, b.v, b.attn, b.proj, b.router, b.topk_ids, b.topk_w, b.expert_off,
-          b.expert_rows, b.xg, b.xq, b.hg, b.hu, b.yd};
+  return {b.R,        b.grs,    b.xn,         b.q,           b.k,  b.v,  b.attn, b.proj, b.router,
+          b.topk_ids, b.topk_w, b.expert_off, b.expert_rows, b.xg, b.xq, b.hg,   b.hu,   b.yd};
 }
 
 }  // namespace
@@ -137,7 +137,8 @@ TEST(Prefill, CarveWritesStayInsideExactRegion) {
         for (const void* p : all_pointers(b)) {
           if (!p) continue;
           const auto* q = static_cast<const uint8_t*>(p);
-          EXPECT_TRUE(q >= lo && q < hi) << "pointer at offset " << (q - lo) << " outside [0, " << need << ")";
+          EXPECT_TRUE(q >= lo && q < hi)
+              << "pointer at offset " << (q - lo) << " outside [0, " << need << ")";
           EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % kAlign, 0u);
         }
         // each plan buffer sits at its offset, and writing it in full stays inside the region

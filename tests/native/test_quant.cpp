@@ -334,8 +334,8 @@ TEST(QuantQ8, MatchesDoubleReferenceOfDequantizedOperands) {
                 }
                 worst = std::max(worst, std::fabs(y[tt * rows + r] - ref) / mag);
                 ASSERT_NEAR(y[tt * rows + r], ref, kBound * mag + 1e-30)
-                    << quant_traits(t).name << " cols=" << cols << " rows=" << rows << " T=" << T << " r=" << r
-                    << " t=" << tt;
+                    << quant_traits(t).name << " cols=" << cols << " rows=" << rows << " T=" << T
+                    << " r=" << r << " t=" << tt;
               }
           }
         }
@@ -366,7 +366,8 @@ TEST(QuantQ8, IsBitIdenticalAcrossShapesThreadsAndIsa) {
         std::vector<float> y(T * rows);
         matmul_q8(isa, t, w.data(), rows, cols, xq.data(), xrb, T, y.data(), rows, *pool);
         ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << name << " T=37";
-        for (int64_t T1 : {1, 2, 3, 5, 8, 12, 16, 20}) {  // every tile shape and token tail, from every offset
+        for (int64_t T1 :
+             {1, 2, 3, 5, 8, 12, 16, 20}) {  // every tile shape and token tail, from every offset
           for (int64_t t0 = 0; t0 + T1 <= T; t0 += 7) {
             std::vector<float> y1(T1 * rows);
             matmul_q8(isa, t, w.data(), rows, cols, xq.data() + t0 * xrb, xrb, T1, y1.data(), rows, *pool);
@@ -379,7 +380,8 @@ TEST(QuantQ8, IsBitIdenticalAcrossShapesThreadsAndIsa) {
         std::vector<float> yp(T * ldy);
         matmul_q8(isa, t, w.data() + r0 * rb, nr, cols, xq.data(), xrb, T, yp.data(), ldy, *pool);
         for (int64_t tt = 0; tt < T; ++tt)
-          ASSERT_EQ(std::memcmp(&yp[tt * ldy], &ref[tt * rows + r0], nr * 4), 0) << name << " subset t=" << tt;
+          ASSERT_EQ(std::memcmp(&yp[tt * ldy], &ref[tt * rows + r0], nr * 4), 0)
+              << name << " subset t=" << tt;
       }
     }
   }

@@ -15,10 +15,10 @@ def q4k(make_mix):
     return path, strata.Model(path, expert_cache="all", ctx=16, progress=False)
 
 
-def _needs(m, T: int) -> int:
+def _needs(m, T: int, layer_room: bool = True) -> int:
     s = m.spec
     slots = math.ceil(m.layout(T, source=True)["bytes_needed"] / s["slot_bytes"])
-    return slots + min(s["experts"], T * s["top_k"])
+    return slots + (min(s["experts"], T * s["top_k"]) if layer_room else 1)
 
 
 @pytest.mark.parametrize("slots", [40, 64, 100, 200, 400, 1000])
@@ -27,14 +27,13 @@ def test_auto_takes_the_largest_chunk_that_fits(q4k, slots, max_tokens):
     path, probe = q4k
     cache = slots * probe.spec["slot_bytes"]
     plan = probe.plan_chunk(f"{cache}b", max_tokens)
-    # The candidates auto may take: MAX, MAX/2, ... down to 256.
+    # The candidates auto may take: MAX, MAX/2, ... through 256 down to 1; first those that leave room
+    # for a layer's experts, then those that fit as a fixed chunk would.
     cands, T = [], max_tokens
-    while True:
+    while T >= 1:
         cands.append(T)
-        if T <= 256:
-            break
-        T = max(256, T // 2)
-    fitting = [T for T in cands if _needs(probe, T) <= slots]
+        T = max(256, T // 2) if T > 256 else T // 2
+    fitting = [T for T in cands if _needs(probe, T) <= slots] + [T for T in cands if _needs(probe, T, False) <= slots]
     if not fitting:
         assert not plan["fits"] and "--expert-cache" in plan["error"]
         with pytest.raises(strata.MemoryError, match="--expert-cache"):
@@ -50,8 +49,9 @@ def test_auto_takes_the_largest_chunk_that_fits(q4k, slots, max_tokens):
 
 def test_error_names_a_cache_that_works(q4k):
     _, probe = q4k
-    plan = probe.plan_chunk("1MiB", 4096)
-    assert not plan["fits"]
-    mib = int(plan["error"].split("use --expert-cache ")[1].split()[0])
-    fixed = probe.plan_chunk(mib, 4096)
-    assert fixed["fits"] and fixed["chunk"] == 256  # the smallest step down is what the message sizes
+    plan = probe.plan_chunk(f"{probe.spec['slot_bytes']}b", 4096)
+    assert not plan["fits"] and "too small for any prompt chunk" in plan["error"]
+    # The message names the smallest cache that works (a chunk of 1 token), and one for chunks of 256.
+    smallest, useful = (int(x.split()[0]) for x in plan["error"].split("use --expert-cache ")[1].split("(", 1))
+    assert probe.plan_chunk(smallest, 4096)["fits"]
+    assert probe.plan_chunk(useful, 4096)["chunk"] >= 256

@@ -69,7 +69,7 @@ def test_repetition_penalty_window_is_the_last_64_tokens(model):
     """The penalty covers exactly the last penalty_last_n = 64 tokens. The prompt is built so that the
     token 64 back would win if not penalized (a window of 63 shows), and the token 65 back wins only
     while it is not (a window of 65, or the whole history, shows)."""
-    n = strata.GENERATE_DEFAULTS["penalty_last_n"]
+    n = strata.GENERATE_DEFAULTS["repeat_last_n"]
     assert n == 64
     rng = np.random.default_rng(3)
     ids = [int(x) for x in rng.integers(1, 500, 80)]

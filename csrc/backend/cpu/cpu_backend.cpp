@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -19,6 +20,24 @@
 namespace strata {
 namespace {
 
+// MemAvailable and MemTotal from /proc/meminfo (0 where it cannot be read).
+void host_memory(size_t* avail, size_t* total) {
+  *avail = *total = 0;
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return;
+  char key[64];
+  unsigned long long v;
+  while (std::fscanf(f, "%63s %llu kB", key, &v) == 2) {
+    if (!std::strcmp(key, "MemTotal:")) *total = (size_t)v * 1024;
+    if (!std::strcmp(key, "MemAvailable:")) *avail = (size_t)v * 1024;
+  }
+  std::fclose(f);
+}
+
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
@@ -26,6 +45,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   std::string describe() const override { return str("cpu, ", pool_.size(), " threads"); }
   int threads() const override { return pool_.size(); }
+  void set_interrupt(const std::atomic<bool>* flag) override { pool_.set_interrupt(flag); }
 
   // Device and pinned memory are both aligned host memory; the count makes leaks testable.
   void* alloc(size_t bytes, const char* what) override {
@@ -41,17 +61,29 @@ class CpuBackend final : public Backend {
   void* alloc_pinned(size_t bytes, const char* what) override { return alloc(bytes, what); }
   void free_pinned(void* p) override { free(p); }
   size_t live_allocations() const override { return live_.load(); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const override {
+    host_memory(free_bytes, total_bytes);
+  }
+  bool host_is_device() const override { return true; }
+  // The CPU reads host memory where it is: there is nothing to register.
+  bool register_host(const void*, size_t) override { return false; }
+  void unregister_host(const void*) override {}
 
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  // Zero-byte copies may come with null pointers (an empty guard tail), which memcpy may not see.
+  void upload(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
   // One thread of control: a queued copy is done by the time the call returns, and every event
   // is complete when recorded.
-  void upload_async(void* dst, const void* src, size_t bytes, Stream) override { std::memcpy(dst, src, bytes); }
+  void upload_async(void* dst, const void* src, size_t bytes, Stream) override {
+    copy_bytes(dst, src, bytes);
+  }
   DeviceBuffer resident(const void* host, size_t bytes, const char*) override {
     return DeviceBuffer::borrow(host, bytes);
   }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-  void fill(void* p, uint8_t value, size_t bytes) override { std::memset(p, value, bytes); }
+  void zero(void* p, size_t bytes) override { fill(p, 0, bytes); }
+  void fill(void* p, uint8_t value, size_t bytes) override {
+    if (bytes) std::memset(p, value, bytes);
+  }
 
   EventId event_create() override { return ++next_event_; }
   void event_destroy(EventId) override {}
@@ -61,7 +93,8 @@ class CpuBackend final : public Backend {
   void event_sync(EventId) override {}
   void sync() override {}
 
-  void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T, float* out) override {
+  void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T,
+             float* out) override {
     const QuantTraits& q = quant_traits(type, "token embedding");
     const size_t rb = row_bytes(q.type, D);
     pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
@@ -81,8 +114,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows, int64_t div,
-                  int64_t n, float* out) override {
+  void apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                  int64_t div, int64_t n, float* out) override {
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t s = rows ? rows[i] / div : i;
@@ -96,12 +129,13 @@ class CpuBackend final : public Backend {
 
   void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) override {
     pool_.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) std::memcpy(out + i * D, x + (int64_t)(rows[i] / div) * D, D * sizeof(float));
+      for (int64_t i = b; i < e; ++i)
+        std::memcpy(out + i * D, x + (int64_t)(rows[i] / div) * D, D * sizeof(float));
     });
   }
 
-  void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows, int64_t div,
-                     int64_t n, uint8_t* out, size_t out_row_bytes) override {
+  void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                     int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes) override {
     pool_.parallel_for(n, 4, [&](int64_t b, int64_t e, int) {
       std::vector<float> tmp(grs ? D : 0);
       for (int64_t i = b; i < e; ++i) {
@@ -116,10 +150,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq, size_t xrow_bytes,
-                 int64_t T, float* Y, int64_t ldy) override {
-    strata::matmul_q8(quant_traits(type, "matmul_q8 weight").type, W, rows, cols, Xq, (int64_t)xrow_bytes, T, Y, ldy,
-                      pool_);
+  void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+                 size_t xrow_bytes, int64_t T, float* Y, int64_t ldy) override {
+    strata::matmul_q8(quant_traits(type, "matmul_q8 weight").type, W, rows, cols, Xq, (int64_t)xrow_bytes, T,
+                      Y, ldy, pool_);
   }
 
   void dequant_rows(uint32_t type, const void* src, size_t src_row_bytes, int64_t D, int64_t n,
@@ -131,15 +165,15 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { copy_bytes(dst, src, bytes); }
 
-  void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx, int64_t T,
-              float* Y, int64_t ldy) override {
+  void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
+              int64_t T, float* Y, int64_t ldy) override {
     strata::matmul(quant_traits(type, "matmul weight").type, W, rows, cols, X, ldx, T, Y, ldy, pool_);
   }
 
-  void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
-                      const RopeParams& rope) override {
+  void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps,
+                      int64_t pos0, const RopeParams& rope) override {
     STRATA_CHECK(rope.neox && rope.n_dims % 2 == 0 && rope.n_dims <= hd, UnsupportedError,
                  "head_norm_rope: only NEOX rotation of an even number of dims <= head_dim is implemented");
     const int64_t half = rope.n_dims / 2;
@@ -169,14 +203,16 @@ class CpuBackend final : public Backend {
 
   bool supports_kv(KvType t) const override { return t == KvType::F32; }
   void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) override {
-    STRATA_CHECK(t == KvType::F32, UnsupportedError, "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    STRATA_CHECK(t == KvType::F32, UnsupportedError,
+                 "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
     std::memcpy(static_cast<float*>(cache) + pos0 * width, src, (size_t)T * width * sizeof(float));
   }
   void attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0, int64_t H,
                  int64_t KV, int64_t hd, float scale, float* out) override {
-    STRATA_CHECK(t == KvType::F32, UnsupportedError, "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
-    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale, out,
-                  pool_);
+    STRATA_CHECK(t == KvType::F32, UnsupportedError,
+                 "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale,
+                  out, pool_);
   }
 
   void add(float* x, const float* y, int64_t n) override {
@@ -209,7 +245,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off, int32_t* rows) override {
+  void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off,
+                       int32_t* rows) override {
     std::fill(off, off + E + 1, 0);
     for (int64_t i = 0; i < T * K; ++i) off[ids[i] + 1]++;
     for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];

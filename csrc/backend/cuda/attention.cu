@@ -1,0 +1,314 @@
+// KV cache store and causal GQA attention over an f32 or f16 cache: a prompt kernel (a tile of
+// queries against 128-key blocks, online softmax) and a split-K decode kernel whose per-block partials
+// a second kernel combines in key order. Both compute every (query, head) in the same float operations:
+//
+//   keys are taken in blocks of 128 by absolute position; per block, over the keys the query sees:
+//     s_j  = dot(q, k_j) * scale         dot: lane l of a warp sums d = l, l + 32, ... with fmaf,
+//                                         then the warp's butterfly sum
+//     m_b  = max_j s_j,  p_j = expf(s_j - m_b)
+//     l_b  = sum_j p_j                    lane l adds j = l, l + 32, ... in order, then butterfly
+//     a_b  = sum_j p_j v_j                per dimension, fmaf over j in order
+//   blocks fold in order into (m, l, acc), from (-inf, 0, 0):
+//     m' = max(m, m_b), a = expf(m - m'), b = expf(m_b - m'), l = l*a + l_b*b, acc = acc*a + a_b*b
+//   out = acc * (1 / l)
+//
+// so a token's output does not depend on the prompt chunking nor on which kernel ran it. This file
+// builds with -fmad=false: nothing is fused but the fmaf written above.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/common.cuh"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kKeyBlock = 128;  // keys per softmax block, by absolute position
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kAccPerThread = 16;                            // output elements per thread, in registers
+constexpr int kMaxRows = 16;                                 // (query, head) rows per block
+constexpr int64_t kMaxRowFloats = kThreads * kAccPerThread;  // rows * head_dim per block
+constexpr int64_t kStageFloats = 4096;                       // staged K or V floats per block
+
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ float kv_load(const uint16_t* p) { return __half2float(__ushort_as_half(*p)); }
+
+// The fold of one block into a row's state (see the file comment); returns the factors a, b.
+struct Fold {
+  float a, b;
+};
+__device__ __forceinline__ Fold fold(float& m, float& l, float m_b, float l_b) {
+  const float m_new = fmaxf(m, m_b);
+  const Fold f{expf(m - m_new), expf(m_b - m_new)};
+  l = l * f.a + l_b * f.b;
+  m = m_new;
+  return f;
+}
+
+struct Shape {
+  int64_t T, pos0, H, KV, hd;
+  int64_t group;  // query heads per kv head
+  int gr;         // of them in one block (grid z splits the rest)
+  int qt;         // queries in one block
+  int ksub;       // keys staged in shared memory at a time
+  float scale;
+};
+
+// The blocks of one (query tile, kv head, head chunk): rows r = tq * ng + gi are query t0 + tq at
+// head kvh * group + g0 + gi. kSplit: the block handles key block blockIdx.x of the single query
+// and writes its partial (m_b, l_b, a_b) to part_ml / part_acc; otherwise it runs over all the key
+// blocks of its queries and writes out.
+template <class KvT, bool kSplit>
+__global__ void __launch_bounds__(kThreads)
+    attention_kernel(const float* q, const KvT* kc, const KvT* vc, Shape sh, float* out, float* part_ml,
+                     float* part_acc) {
+  extern __shared__ float smem[];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t hd = sh.hd, kvh = blockIdx.y;
+  const int g0 = blockIdx.z * sh.gr;
+  const int ng = (int)min((int64_t)sh.gr, sh.group - g0);
+  const int64_t t0 = kSplit ? 0 : (int64_t)blockIdx.x * sh.qt;
+  const int nq = kSplit ? 1 : (int)min((int64_t)sh.qt, sh.T - t0);
+  const int R = ng * nq;
+  const int64_t RH = R * hd;
+
+  float* qs = smem;                           // [R][hd]
+  float* sc = qs + RH;                        // [R][kKeyBlock]: scores, then p
+  float* kv = sc + (int64_t)R * kKeyBlock;    // [ksub][hd]: K or V rows
+  float* row_m = kv + (int64_t)sh.ksub * hd;  // running max and sum
+  float* row_l = row_m + R;
+  float* row_mb = row_l + R;  // this block's max and sum
+  float* row_lb = row_mb + R;
+  float* row_a = row_lb + R;  // fold factors
+  float* row_b = row_a + R;
+  int* row_nv = reinterpret_cast<int*>(row_b + R);  // keys of this block the row sees
+
+  auto token = [&](int r) { return t0 + r / ng; };
+  auto head = [&](int r) { return kvh * sh.group + g0 + r % ng; };
+  auto n_keys = [&](int r) { return sh.pos0 + token(r) + 1; };
+
+  for (int64_t e = threadIdx.x; e < RH; e += kThreads) {
+    const int r = (int)(e / hd);
+    qs[e] = q[(token(r) * sh.H + head(r)) * hd + e % hd];
+  }
+  // This thread's output elements e = threadIdx.x + i * kThreads: row and dimension.
+  float acc[kAccPerThread], accb[kAccPerThread];
+  int er[kAccPerThread], ed[kAccPerThread];
+#pragma unroll
+  for (int i = 0; i < kAccPerThread; ++i) {
+    const int64_t e = threadIdx.x + (int64_t)i * kThreads;
+    er[i] = e < RH ? (int)(e / hd) : -1;
+    ed[i] = e < RH ? (int)(e % hd) : 0;
+    acc[i] = 0.0f;
+  }
+  for (int r = threadIdx.x; r < R; r += kThreads) {
+    row_m[r] = -INFINITY;
+    row_l[r] = 0.0f;
+  }
+
+  const int64_t keys = kSplit ? sh.pos0 + 1 : sh.pos0 + t0 + nq;  // the most any row sees
+  const int64_t jb_begin = kSplit ? blockIdx.x : 0,
+                jb_end = kSplit ? jb_begin + 1 : ceil_div(keys, kKeyBlock);
+  for (int64_t jb = jb_begin; jb < jb_end; ++jb) {
+    const int64_t j0 = jb * kKeyBlock, j1 = min(j0 + kKeyBlock, keys);
+    // Scores: one warp per (row, key).
+    for (int64_t s0 = j0; s0 < j1; s0 += sh.ksub) {
+      const int ns = (int)min((int64_t)sh.ksub, j1 - s0);
+      __syncthreads();  // kv is free again
+      for (int64_t e = threadIdx.x; e < ns * hd; e += kThreads)
+        kv[e] = kv_load(kc + ((s0 + e / hd) * sh.KV + kvh) * hd + e % hd);
+      __syncthreads();
+      for (int p = warp; p < R * ns; p += kWarps) {
+        const int r = p / ns, jj = p % ns;
+        if (s0 + jj >= n_keys(r)) continue;
+        const float* qr = qs + r * hd;
+        const float* kr = kv + jj * hd;
+        float d = 0.0f;
+        for (int64_t i = lane; i < hd; i += kWarp) d = fmaf(qr[i], kr[i], d);
+        d = warp_sum(d);
+        if (lane == 0) sc[r * kKeyBlock + (s0 + jj - j0)] = d * sh.scale;
+      }
+    }
+    __syncthreads();
+    // Softmax of the block: one warp per row.
+    for (int r = warp; r < R; r += kWarps) {
+      const int nv = (int)max((int64_t)0, min((int64_t)kKeyBlock, n_keys(r) - j0));
+      float* sr = sc + r * kKeyBlock;
+      float m = -INFINITY, l = 0.0f;
+      for (int j = lane; j < nv; j += kWarp) m = fmaxf(m, sr[j]);
+      m = warp_max(m);
+      for (int j = lane; j < nv; j += kWarp) {
+        const float p = expf(sr[j] - m);
+        sr[j] = p;
+        l = l + p;
+      }
+      l = warp_sum(l);
+      if (lane == 0) {
+        row_nv[r] = nv;
+        row_mb[r] = m;
+        row_lb[r] = l;
+      }
+    }
+    // a_b = sum_j p_j v_j, keys in order.
+#pragma unroll
+    for (int i = 0; i < kAccPerThread; ++i) accb[i] = 0.0f;
+    for (int64_t s0 = j0; s0 < j1; s0 += sh.ksub) {
+      const int ns = (int)min((int64_t)sh.ksub, j1 - s0);
+      __syncthreads();  // kv is free again; the softmax's row_nv and p are visible
+      for (int64_t e = threadIdx.x; e < ns * hd; e += kThreads)
+        kv[e] = kv_load(vc + ((s0 + e / hd) * sh.KV + kvh) * hd + e % hd);
+      __syncthreads();
+      for (int jj = 0; jj < ns; ++jj) {
+        const int j = (int)(s0 - j0) + jj;
+#pragma unroll
+        for (int i = 0; i < kAccPerThread; ++i)
+          if (er[i] >= 0 && j < row_nv[er[i]])
+            accb[i] = fmaf(sc[er[i] * kKeyBlock + j], kv[jj * hd + ed[i]], accb[i]);
+      }
+    }
+    if constexpr (kSplit) {
+      const int64_t part = jb * sh.H;
+      for (int r = threadIdx.x; r < R; r += kThreads) {
+        part_ml[(part + head(r)) * 2] = row_mb[r];
+        part_ml[(part + head(r)) * 2 + 1] = row_lb[r];
+      }
+#pragma unroll
+      for (int i = 0; i < kAccPerThread; ++i)
+        if (er[i] >= 0) part_acc[(part + head(er[i])) * hd + ed[i]] = accb[i];
+    } else {
+      for (int r = threadIdx.x; r < R; r += kThreads) {
+        if (row_nv[r] == 0) continue;
+        const Fold f = fold(row_m[r], row_l[r], row_mb[r], row_lb[r]);
+        row_a[r] = f.a;
+        row_b[r] = f.b;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kAccPerThread; ++i)
+        if (er[i] >= 0 && row_nv[er[i]] > 0) acc[i] = acc[i] * row_a[er[i]] + accb[i] * row_b[er[i]];
+    }
+  }
+  if constexpr (!kSplit) {
+#pragma unroll
+    for (int i = 0; i < kAccPerThread; ++i)
+      if (er[i] >= 0) out[(token(er[i]) * sh.H + head(er[i])) * hd + ed[i]] = acc[i] * (1.0f / row_l[er[i]]);
+  }
+}
+
+// The decode combine: per head, the key blocks' partials folded in key order, one thread per dim.
+__global__ void __launch_bounds__(kThreads) combine_kernel(const float* part_ml, const float* part_acc,
+                                                           int64_t nb, int64_t H, int64_t hd, float* out) {
+  const int64_t h = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+    for (int64_t jb = 0; jb < nb; ++jb) {
+      const int64_t p = jb * H + h;
+      const Fold f = fold(m, l, part_ml[p * 2], part_ml[p * 2 + 1]);
+      acc = acc * f.a + part_acc[p * hd + d] * f.b;
+    }
+    out[h * hd + d] = acc * (1.0f / l);
+  }
+}
+
+__global__ void kv_store_f32_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+__global__ void kv_store_f16_kernel(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = __half_as_ushort(__float2half_rn(src[i]));
+}
+
+// The kernel choice: a single query (decode) splits its keys over blocks, since its one tile of
+// queries per kv head could not fill the GPU; a prompt's query tiles do.
+bool attention_should_split(int64_t T) { return T == 1; }
+
+// Rows per block and queries per block: at most kMaxRows rows and kMaxRowFloats row floats.
+Shape make_shape(int64_t T, int64_t pos0, int64_t H, int64_t KV, int64_t hd, float scale, bool split) {
+  STRATA_CHECK(H > 0 && KV > 0 && H % KV == 0, ConfigError, "attention: ", H,
+               " query heads are not a multiple of ", KV, " kv heads");
+  STRATA_CHECK(hd > 0 && hd <= kMaxRowFloats, UnsupportedError, "attention: head_dim ", hd,
+               " is larger than the CUDA kernel's ", kMaxRowFloats);
+  Shape s{};
+  s.T = T;
+  s.pos0 = pos0;
+  s.H = H;
+  s.KV = KV;
+  s.hd = hd;
+  s.group = H / KV;
+  s.scale = scale;
+  const int64_t max_rows = std::min<int64_t>(kMaxRows, kMaxRowFloats / hd);
+  s.gr = (int)std::min(s.group, max_rows);
+  s.qt = split ? 1 : (int)std::max<int64_t>(1, max_rows / s.gr);
+  s.ksub = (int)std::clamp<int64_t>(kStageFloats / hd, 1, kKeyBlock);
+  return s;
+}
+
+size_t smem_bytes(const Shape& s) {
+  const int64_t R = (int64_t)s.gr * s.qt;
+  return (size_t)(R * s.hd + R * kKeyBlock + (int64_t)s.ksub * s.hd + 7 * R) * sizeof(float);
+}
+
+template <class KvT>
+void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64_t pos0, int64_t H,
+                  int64_t KV, int64_t hd, float scale, float* out, void* scratch, cudaStream_t st) {
+  const bool split = attention_should_split(T);
+  const Shape s = make_shape(T, pos0, H, KV, hd, scale, split);
+  const size_t smem = smem_bytes(s);
+  const unsigned chunks = (unsigned)ceil_div(s.group, s.gr);
+  if (split) {
+    const int64_t nb = ceil_div(pos0 + 1, kKeyBlock);
+    float* part_ml = static_cast<float*>(scratch);
+    float* part_acc = part_ml + nb * H * 2;
+    attention_kernel<KvT, true><<<dim3(grid_x(nb), (unsigned)KV, chunks), kThreads, smem, st>>>(
+        q, kc, vc, s, out, part_ml, part_acc);
+    STRATA_CUDA_LAUNCH_CHECK();
+    combine_kernel<<<grid_x(H), (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st>>>(
+        part_ml, part_acc, nb, H, hd, out);
+    STRATA_CUDA_LAUNCH_CHECK();
+  } else {
+    attention_kernel<KvT, false>
+        <<<dim3(grid_x(ceil_div(T, s.qt)), (unsigned)KV, chunks), kThreads, smem, st>>>(q, kc, vc, s, out,
+                                                                                        nullptr, nullptr);
+    STRATA_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+void launch_kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src,
+                     cudaStream_t s) {
+  const int64_t n = T * width;
+  if (n <= 0) return;
+  const unsigned blocks = (unsigned)std::min<int64_t>(ceil_div(n, kThreads), 4096);
+  if (t == KvType::F32) {
+    kv_store_f32_kernel<<<blocks, kThreads, 0, s>>>(static_cast<float*>(cache) + pos0 * width, src, n);
+  } else {
+    kv_store_f16_kernel<<<blocks, kThreads, 0, s>>>(static_cast<uint16_t*>(cache) + pos0 * width, src, n);
+  }
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+size_t attention_scratch_bytes(int64_t T, int64_t pos0, int64_t n_head, int64_t head_dim) {
+  if (!attention_should_split(T)) return 0;
+  return (size_t)(ceil_div(pos0 + 1, kKeyBlock) * n_head * (head_dim + 2)) * sizeof(float);
+}
+
+void launch_attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
+                      int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale, float* out,
+                      void* scratch, cudaStream_t s) {
+  if (T <= 0) return;
+  if (t == KvType::F32)
+    launch_typed(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, n_head, n_kv_head,
+                 head_dim, scale, out, scratch, s);
+  else
+    launch_typed(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), T, pos0, n_head,
+                 n_kv_head, head_dim, scale, out, scratch, s);
+}
+
+}  // namespace strata::cuda

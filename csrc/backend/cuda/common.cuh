@@ -1,0 +1,67 @@
+// What every CUDA file of the backend shares: the error check that turns a CUDA status into a
+// strata::Error naming the call, and the warp/block reductions (fixed trees, so deterministic).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace strata::cuda {
+
+[[noreturn]] inline void fail(cudaError_t e, const char* call, const char* file, int line) {
+  throw Error(
+      str(file, ":", line, ": ", call, " failed: ", cudaGetErrorString(e), " (", cudaGetErrorName(e), ")"));
+}
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A grid of n blocks, checked against CUDA's x limit rather than silently truncated.
+inline unsigned grid_x(int64_t n) {
+  STRATA_CHECK(n >= 0 && n <= 0x7fffffff, ConfigError, "kernel grid of ", n, " blocks exceeds CUDA's limit");
+  return static_cast<unsigned>(n);
+}
+
+// Sum over the warp; every lane gets the same bits (each butterfly step adds a + b on one lane and
+// b + a on its partner), so whichever lane writes the result, it does not depend on the lane.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Sum over a block of whole warps (blockDim.x <= 1024): per-warp sums, then warp 0 reduces those
+// with the same fixed tree. `scratch` holds 32 floats of shared memory. Every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+}  // namespace strata::cuda
+
+// Throws strata::Error naming the call, file and line when a CUDA runtime call fails.
+#define STRATA_CUDA_CHECK(call)                                                                             \
+  do {                                                                                                      \
+    const cudaError_t strata_cuda_err_ = (call);                                                            \
+    if (strata_cuda_err_ != cudaSuccess) ::strata::cuda::fail(strata_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// After a kernel launch: a bad configuration surfaces here, not at some later call.
+#define STRATA_CUDA_LAUNCH_CHECK() STRATA_CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,421 @@
+// The CUDA backend: device memory, the compute and copy streams, events, and the ops, each a
+// launcher of its op family's file (norm.cu, attention.cu, ...) queued on the compute stream.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/elementwise.cuh"
+#include "backend/cuda/embed.cuh"
+#include "backend/cuda/matmul.cuh"
+#include "backend/cuda/norm.cuh"
+#include "backend/cuda/quantize.cuh"
+#include "backend/cuda/router.cuh"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+
+namespace strata {
+namespace {
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// The driver's device count, or why there is none.
+int device_count_or(cudaError_t* why) {
+  int n = 0;
+  *why = cudaGetDeviceCount(&n);
+  if (*why != cudaSuccess) {
+    cudaGetLastError();  // not sticky, but leave no error behind for the next check
+    return 0;
+  }
+  if (n == 0) *why = cudaErrorNoDevice;
+  return n;
+}
+
+void require_device(int device) {
+  cudaError_t why = cudaSuccess;
+  const int n = device_count_or(&why);
+  STRATA_CHECK(n > 0, UnsupportedError, "no CUDA device: ", cudaGetErrorString(why));
+  STRATA_CHECK(device >= 0 && device < n, ConfigError, "CUDA device ", device,
+               " does not exist: the driver sees ", n, " device(s), numbered from 0");
+}
+
+std::string describe_current(const cudaDeviceProp& p) {
+  size_t free_b = 0, total_b = 0;
+  STRATA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return str(p.name, ", ", gib(free_b), " free of ", gib(total_b), ", sm_", p.major, p.minor);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    require_device(device);
+    try {
+      STRATA_CUDA_CHECK(cudaSetDevice(device_));
+      STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
+      // Non-blocking: neither stream waits for work on the legacy default stream (nobody's).
+      STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+      STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaBackend() override { release(); }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  std::string describe() const override {
+    use();
+    return describe_current(prop_);
+  }
+  int threads() const override { return 1; }  // one host thread queues all the work
+
+  // ---- memory ----
+  void* alloc(size_t bytes, const char* what) override {
+    use();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));  // never a null "allocation"
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      if (e != cudaErrorMemoryAllocation) cuda::fail(e, "cudaMalloc", __FILE__, __LINE__);
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw MemoryError(str("out of GPU memory: ", mib_str(bytes), " for ", what, " on ", prop_.name,
+                            ", which has ", mib_str(free_b), " free of ", mib_str(total_b),
+                            "; lower --expert-cache, --prefill or the context"));
+    }
+    ++live_;
+    return p;
+  }
+  // free and free_pinned run in destructors: a failure is logged, never thrown.
+  void free(void* p) override {
+    if (!p) return;
+    report(cudaSetDevice(device_), "cudaSetDevice");
+    report(cudaFree(p), "cudaFree");
+    --live_;
+  }
+  void* alloc_pinned(size_t bytes, const char* what) override {
+    use();
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      if (e != cudaErrorMemoryAllocation) cuda::fail(e, "cudaHostAlloc", __FILE__, __LINE__);
+      throw MemoryError(str("out of page-locked host memory: ", mib_str(bytes), " for ", what,
+                            "; lower --expert-cache or use the mmap expert source"));
+    }
+    ++live_;
+    return p;
+  }
+  void free_pinned(void* p) override {
+    if (!p) return;
+    report(cudaFreeHost(p), "cudaFreeHost");
+    --live_;
+  }
+  size_t live_allocations() const override { return live_.load(); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const override {
+    use();
+    STRATA_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+  }
+  bool host_is_device() const override { return false; }
+  // A read-only file mapping page-locked in place: the copy engine reads it at full speed and no
+  // second copy of the experts is made. Fails (false) where the system does not allow it, e.g. a
+  // locked-memory limit; the caller then makes a pinned copy.
+  bool register_host(const void* p, size_t bytes) override {
+    use();
+    const cudaError_t e =
+        cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      log(LogLevel::Info, "cuda backend: cudaHostRegister of the file mapping (", mib_str(bytes),
+          ") failed: ", cudaGetErrorString(e), "; using a pinned copy of the experts");
+      return false;
+    }
+    return true;
+  }
+  void unregister_host(const void* p) override {
+    report(cudaHostUnregister(const_cast<void*>(p)), "cudaHostUnregister");
+  }
+
+  // ---- the link ----
+  // Queued on the compute stream, then waited for: ordered after the compute work already queued
+  // (which may still read dst), and the bytes have arrived when the call returns.
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    use();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    use();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  }
+  void upload_async(void* dst, const void* src, size_t bytes, Stream s) override {
+    if (bytes == 0) return;
+    use();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(s)));
+  }
+  DeviceBuffer resident(const void* host, size_t bytes, const char* what) override {
+    DeviceBuffer b(*this, bytes, what);
+    upload(b.get(), host, bytes);
+    return b;
+  }
+
+  // ---- streams and events: an EventId is 1 + its index in events_ (0 is "no event") ----
+  EventId event_create() override {
+    use();
+    cudaEvent_t ev = nullptr;
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    std::lock_guard<std::mutex> lock(events_mu_);
+    if (!free_ids_.empty()) {
+      const EventId id = free_ids_.back();
+      free_ids_.pop_back();
+      events_[id - 1] = ev;
+      return id;
+    }
+    events_.push_back(ev);
+    return events_.size();
+  }
+  void event_destroy(EventId e) override {  // runs in ~Event: logs, never throws
+    cudaEvent_t ev = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      if (e == 0 || e > events_.size() || events_[e - 1] == nullptr) {
+        log(LogLevel::Error, "cuda backend: event_destroy of ", e, ", which is not a live event");
+        return;
+      }
+      ev = events_[e - 1];
+      events_[e - 1] = nullptr;
+      free_ids_.push_back(e);
+    }
+    report(cudaEventDestroy(ev), "cudaEventDestroy");
+  }
+  void record(EventId e, Stream s) override {
+    use();
+    STRATA_CUDA_CHECK(cudaEventRecord(event(e), stream(s)));
+  }
+  void wait(Stream s, EventId e) override {
+    use();
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream(s), event(e), 0));
+  }
+  bool query(EventId e) override {
+    use();
+    const cudaError_t r = cudaEventQuery(event(e));  // a never-recorded event reports success
+    if (r == cudaErrorNotReady) {
+      cudaGetLastError();  // "not ready" is an answer, not an error: leave none behind
+      return false;
+    }
+    STRATA_CUDA_CHECK(r);
+    return true;
+  }
+  void event_sync(EventId e) override {
+    use();
+    STRATA_CUDA_CHECK(cudaEventSynchronize(event(e)));
+  }
+  void sync() override {
+    use();
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(copy_));
+  }
+
+  // ---- ops, on the compute stream ----
+  void embed(uint32_t type, const void* table, int64_t D, const int32_t* ids, int64_t T,
+             float* out) override {
+    use();
+    cuda::launch_embed(type, table, D, ids, T, out, compute_);
+  }
+  void rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs) override {
+    use();
+    cuda::launch_rms_scale(x, T, D, eps, grs, compute_);
+  }
+  void apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                  int64_t div, int64_t n, float* out) override {
+    use();
+    cuda::launch_apply_norm(x, grs, w, D, rows, div, n, out, compute_);
+  }
+  void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) override {
+    use();
+    cuda::launch_gather(x, D, rows, div, n, out, compute_);
+  }
+  void quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                     int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes) override {
+    use();
+    cuda::launch_quantize_q8_0(x, grs, w, D, rows, div, n, out, out_row_bytes, compute_);
+  }
+  void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+                 size_t xrow_bytes, int64_t T, float* Y, int64_t ldy) override {
+    use();
+    cuda::launch_matmul_q8(type, W, rows, cols, Xq, xrow_bytes, T, Y, ldy, compute_);
+  }
+  void dequant_rows(uint32_t type, const void* src, size_t src_row_bytes, int64_t D, int64_t n,
+                    float* out) override {
+    use();
+    cuda::launch_dequant_rows(type, src, src_row_bytes, D, n, out, compute_);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    use();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_));
+  }
+  void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
+              int64_t T, float* Y, int64_t ldy) override {
+    use();
+    cuda::launch_matmul(type, W, rows, cols, X, ldx, T, Y, ldy, compute_);
+  }
+  void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
+                      int64_t pos0, const RopeParams& rope) override {
+    use();
+    cuda::launch_head_norm_rope(x, T, n_heads, head_dim, w, eps, pos0, rope, compute_);
+  }
+  bool supports_kv(KvType t) const override { return t == KvType::F32 || t == KvType::F16; }
+  void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) override {
+    use();
+    cuda::launch_kv_store(cache, t, pos0, T, width, src, compute_);
+  }
+  void attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0, int64_t H,
+                 int64_t KV, int64_t hd, float scale, float* out) override {
+    use();
+    void* ws = scratch(cuda::attention_scratch_bytes(T, pos0, H, hd));
+    cuda::launch_attention(q, kc, vc, t, T, pos0, H, KV, hd, scale, out, ws, compute_);
+  }
+  void add(float* x, const float* y, int64_t n) override {
+    use();
+    cuda::launch_add(x, y, n, compute_);
+  }
+  void router_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool norm, int32_t* ids,
+                   float* weights) override {
+    use();
+    cuda::launch_router_topk(logits, T, E, K, norm, ids, weights, compute_);
+  }
+  void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off,
+                       int32_t* rows) override {
+    use();
+    cuda::launch_group_by_expert(ids, T, K, E, off, rows, compute_);
+  }
+  void swiglu(float* g, const float* u, int64_t n) override {
+    use();
+    cuda::launch_swiglu(g, u, n, compute_);
+  }
+  void scatter_add(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n, int64_t D,
+                   float* out) override {
+    use();
+    void* ws = scratch(cuda::scatter_add_scratch_bytes(n));
+    cuda::launch_scatter_add(y, rows, w, K, n, D, out, ws, compute_);
+  }
+  void zero(void* p, size_t bytes) override { fill(p, 0, bytes); }
+  void fill(void* p, uint8_t value, size_t bytes) override {
+    if (bytes == 0) return;
+    use();
+    STRATA_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, compute_));
+  }
+
+ private:
+  // The runtime's current device is per host thread: every entry point makes it ours.
+  void use() const { STRATA_CUDA_CHECK(cudaSetDevice(device_)); }
+  cudaStream_t stream(Stream s) const { return s == Stream::Copy ? copy_ : compute_; }
+
+  cudaEvent_t event(EventId e) {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    STRATA_CHECK(e != 0 && e <= events_.size() && events_[e - 1] != nullptr, ConfigError,
+                 "cuda backend: event ", e, " is not a live event of this backend");
+    return events_[e - 1];
+  }
+
+  static void report(cudaError_t e, const char* call) {
+    if (e == cudaSuccess) return;
+    cudaGetLastError();
+    log(LogLevel::Error, "cuda backend: ", call, " failed: ", cudaGetErrorString(e));
+  }
+
+  // Device scratch of the ops that need some (attention's decode partials, scatter_add's order),
+  // used by one op at a time on the compute stream. It grows to the largest request and stays; it
+  // is the backend's own, so live_allocations does not count it. Growing waits for the compute
+  // stream, since queued kernels may still read the old buffer.
+  void* scratch(size_t bytes) {
+    if (bytes <= scratch_bytes_) return scratch_;
+    const size_t want = std::max(align_up(bytes, size_t{1} << 20), 2 * scratch_bytes_);
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    if (scratch_) STRATA_CUDA_CHECK(cudaFree(scratch_));
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    const cudaError_t e = cudaMalloc(&scratch_, want);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      scratch_ = nullptr;
+      throw MemoryError(str("out of GPU memory: ", mib_str(want),
+                            " of op scratch (attention partials, MoE "
+                            "combine order) on ",
+                            prop_.name, "; lower --expert-cache"));
+    }
+    scratch_bytes_ = want;
+    return scratch_;
+  }
+
+  // Undoes the constructor, whatever part of it ran; logs instead of throwing.
+  void release() {
+    report(cudaSetDevice(device_), "cudaSetDevice");
+    if (compute_) report(cudaStreamSynchronize(compute_), "cudaStreamSynchronize");
+    if (copy_) report(cudaStreamSynchronize(copy_), "cudaStreamSynchronize");
+    for (cudaEvent_t ev : events_)
+      if (ev) report(cudaEventDestroy(ev), "cudaEventDestroy");
+    events_.clear();
+    if (scratch_) report(cudaFree(scratch_), "cudaFree");
+    scratch_ = nullptr;
+    if (compute_) report(cudaStreamDestroy(compute_), "cudaStreamDestroy");
+    if (copy_) report(cudaStreamDestroy(copy_), "cudaStreamDestroy");
+    compute_ = copy_ = nullptr;
+  }
+
+  int device_;
+  cudaDeviceProp prop_{};
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  std::atomic<size_t> live_{0};
+  std::mutex events_mu_;             // the expert cache may create and query events from its own threads
+  std::vector<cudaEvent_t> events_;  // nullptr: a free slot, listed in free_ids_
+  std::vector<EventId> free_ids_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+int cuda_device_count() {
+  cudaError_t why = cudaSuccess;
+  return device_count_or(&why);
+}
+
+std::string cuda_device_describe(int device) {
+  require_device(device);
+  int prev = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&prev));
+  STRATA_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp p{};
+  std::string s;
+  try {
+    STRATA_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    s = describe_current(p);
+  } catch (...) {
+    cudaSetDevice(prev);  // best effort on the way out of an error already being thrown
+    throw;
+  }
+  STRATA_CUDA_CHECK(cudaSetDevice(prev));
+  return s;
+}
+
+}  // namespace strata

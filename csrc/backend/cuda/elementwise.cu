@@ -1,0 +1,119 @@
+// Elementwise kernels (add, SwiGLU) and the MoE combine, scatter_add: each token's rows are found by
+// a stable sort by token, then added in order of i as the CPU adds them (bit-identical, no atomics).
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/counting_sort.cuh"
+#include "backend/cuda/elementwise.cuh"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned elementwise_blocks(int64_t n) { return (unsigned)std::min<int64_t>(ceil_div(n, kThreads), 8192); }
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = __fadd_rn(x[i], y[i]);
+}
+
+// silu(g) * u, as the CPU writes it: (x / (1 + exp(-x))) * u.
+__global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const float x = g[i];
+    g[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+  }
+}
+
+// Radix digit `shift` of the token of the row at position p of the previous pass (of row p itself
+// in the first pass). Tokens are taken unsigned, so every row lands in a bin.
+struct TokenDigit {
+  const int32_t* rows;
+  const int32_t* prev;  // nullptr: the identity
+  int64_t K;
+  int shift;
+  __device__ int operator()(int64_t p) const {
+    const int32_t i = prev ? prev[p] : (int32_t)p;
+    return (int)(((uint32_t)(rows[i] / K) >> shift) & 0xFF);
+  }
+};
+struct PrevItem {
+  const int32_t* prev;
+  __device__ int operator()(int64_t p) const { return prev ? prev[p] : (int)p; }
+};
+
+// perm = 0..n-1 stably sorted by token (rows[i] / K): least-significant-digit radix passes of 8
+// bits, as many as the largest token needs, the last one landing in perm.
+__global__ void __launch_bounds__(kSortThreads)
+    sort_by_token_kernel(const int32_t* rows, int64_t K, int64_t n, int32_t* perm, int32_t* tmp) {
+  extern __shared__ int smem[];
+  __shared__ unsigned top;
+  if (threadIdx.x == 0) top = 0;
+  __syncthreads();
+  unsigned mx = 0;
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) mx = max(mx, (uint32_t)(rows[p] / K));
+  atomicMax(&top, mx);
+  __syncthreads();
+  int passes = 1;
+  while (passes < 4 && (top >> (8 * passes)) != 0) ++passes;
+  const int32_t* prev = nullptr;
+  for (int k = 0; k < passes; ++k) {
+    int32_t* dst = (passes - 1 - k) % 2 == 0 ? perm : tmp;
+    block_counting_sort(n, 256, TokenDigit{rows, prev, K, 8 * k}, PrevItem{prev}, dst, nullptr, smem);
+    prev = dst;  // block_counting_sort ends with a barrier: dst is visible to the whole block
+  }
+}
+
+// One block per sorted position; the first position of each token adds all of that token's rows,
+// in order of i, into its output row, one thread per column.
+__global__ void __launch_bounds__(kThreads)
+    scatter_add_kernel(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n, int64_t D,
+                       const int32_t* perm, float* out) {
+  const int64_t p = blockIdx.x;
+  const int64_t tok = rows[perm[p]] / K;
+  if (p > 0 && rows[perm[p - 1]] / K == tok) return;
+  int64_t end = p + 1;
+  while (end < n && rows[perm[end]] / K == tok) ++end;
+  float* o = out + tok * D;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    float acc = o[c];
+    for (int64_t q = p; q < end; ++q) {
+      const int32_t i = perm[q];
+      acc = __fadd_rn(acc, __fmul_rn(y[(int64_t)i * D + c], w[rows[i]]));  // o += y * w, as the CPU
+    }
+    o[c] = acc;
+  }
+}
+
+}  // namespace
+
+void launch_add(float* x, const float* y, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  add_kernel<<<elementwise_blocks(n), kThreads, 0, s>>>(x, y, n);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_swiglu(float* g, const float* u, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  swiglu_kernel<<<elementwise_blocks(n), kThreads, 0, s>>>(g, u, n);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+size_t scatter_add_scratch_bytes(int64_t n) { return (size_t)std::max<int64_t>(n, 0) * 2 * sizeof(int32_t); }
+
+void launch_scatter_add(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n, int64_t D,
+                        float* out, void* scratch, cudaStream_t s) {
+  STRATA_CHECK(K >= 1, ConfigError, "scatter_add: K=", K, " must be at least 1");
+  STRATA_CHECK(n < 0x7fffffff, ConfigError, "scatter_add: ", n, " rows exceed int32");
+  if (n <= 0 || D <= 0) return;
+  int32_t* perm = static_cast<int32_t*>(scratch);
+  sort_by_token_kernel<<<1, kSortThreads, counting_sort_smem(256), s>>>(rows, K, n, perm, perm + n);
+  STRATA_CUDA_LAUNCH_CHECK();
+  scatter_add_kernel<<<grid_x(n), kThreads, 0, s>>>(y, rows, w, K, n, D, perm, out);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace strata::cuda

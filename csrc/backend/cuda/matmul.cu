@@ -1,0 +1,74 @@
+// The weight matmuls' launchers: argument checks, the kernel choice and the one type switch of each
+// kernel family (matmul_kernels.cuh); the kernels are instantiated per format in matmul_instances/.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/matmul.cuh"
+#include "backend/cuda/matmul_kernels.cuh"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int64_t kGemvMaxT = 8;
+
+void check_shape(const char* op, int64_t rows, int64_t cols, int64_t T, int64_t ldy) {
+  STRATA_CHECK(rows >= 0 && cols >= 0 && T >= 0, ConfigError, op, ": negative shape rows=", rows,
+               " cols=", cols, " T=", T);
+  STRATA_CHECK(ldy >= rows, ConfigError, op, ": ldy=", ldy, " is smaller than rows=", rows);
+}
+
+// The kernels read a float weight row by its elements and a quantized one by its 16-bit fields.
+template <class F>
+void check_weights(const void* W, size_t rb, const char* op) {
+  constexpr size_t kAlign = F::kBlock == 1 ? F::kBytes : 2;
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(W) % kAlign == 0 && rb % kAlign == 0, ConfigError, op,
+               ": weight rows at ", W, ", ", rb, " bytes apart, are not aligned to ", kAlign, " bytes");
+}
+
+}  // namespace
+
+bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
+
+void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
+                        const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
+  dispatch_matmul_format(type, "matmul weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    const size_t rb = row_bytes(F::kType, cols);
+    check_shape("matmul", rows, cols, T, ldy);
+    STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
+    check_weights<F>(W, rb, "matmul");
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
+                 " are not 4-byte aligned");
+    if (rows == 0 || T == 0) return;
+    const MatmulArgs a{static_cast<const uint8_t*>(W), rb, rows, cols, X, ldx, T, Y, ldy};
+    if (path == MatmulPath::Gemv)
+      launch_gemv<F>(a, s);
+    else
+      launch_mma<F>(a, s);
+  });
+}
+
+void launch_matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
+                   int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
+  const MatmulPath path =
+      matmul_should_use_gemv(type, rows, cols, T) ? MatmulPath::Gemv : MatmulPath::TensorCore;
+  launch_matmul_path(path, type, W, rows, cols, X, ldx, T, Y, ldy, s);
+}
+
+void launch_matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+                      size_t xrow_bytes, int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
+  dispatch_matmul_q8_format(type, "matmul_q8 weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    const size_t rb = row_bytes(F::kType, cols);
+    check_shape("matmul_q8", rows, cols, T, ldy);
+    STRATA_CHECK(xrow_bytes >= static_cast<size_t>(cols / kQK8_0 * kQ8_0Bytes), ConfigError,
+                 "matmul_q8: xrow_bytes=", xrow_bytes, " is smaller than a row of ", cols / kQK8_0,
+                 " q8_0 blocks");
+    check_weights<F>(W, rb, "matmul_q8");
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(Xq) % 2 == 0 && xrow_bytes % 2 == 0, ConfigError,
+                 "matmul_q8: q8_0 activation rows at ", static_cast<const void*>(Xq), ", ", xrow_bytes,
+                 " bytes apart, are not 2-byte aligned");
+    if (rows == 0 || T == 0) return;
+    launch_mmq<F>(MatmulQ8Args{static_cast<const uint8_t*>(W), rb, rows, cols, Xq, xrow_bytes, T, Y, ldy}, s);
+  });
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,32 @@
+// Launchers of the weight matmuls: float activations (matmul) and q8_0 activations (matmul_q8, the
+// MMQ layout), and the kernel choice between GEMV and tensor cores. These signatures are the contract;
+// the kernels are in matmul_gemv.cuh, matmul_mma.cuh and matmul_q8.cuh.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace strata::cuda {
+
+// Y[t * ldy + r] = W[r, :] . X[t * ldx, :] for r < rows, t < T; W holds `rows` rows of `cols`
+// elements of ggml type `type`, row_bytes(type, cols) apart.
+void launch_matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
+                   int64_t T, float* Y, int64_t ldy, cudaStream_t s);
+// As launch_matmul against q8_0 activations: Xq holds T rows of cols / 32 blocks (34 bytes each),
+// xrow_bytes apart; each 32-block adds what quant/quant.h's matmul_q8 comment defines for the type,
+// so Y equals the CPU's matmul_q8 bit for bit.
+void launch_matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
+                      size_t xrow_bytes, int64_t T, float* Y, int64_t ldy, cudaStream_t s);
+
+// The kernels of launch_matmul. Gemv: fp32 products of the exact weights, for few tokens (each weight
+// byte read once, bound by memory). TensorCore: fp16 weights and activations on mma.sync with fp32
+// sums, for many (bound by arithmetic; ~1e-3 of sum|w x| at worst, see matmul_mma.cuh).
+enum class MatmulPath { Gemv, TensorCore };
+// launch_matmul's choice: GEMV up to 8 tokens (decode, small batches), tensor cores beyond.
+bool matmul_should_use_gemv(uint32_t type, int64_t rows, int64_t cols, int64_t T);
+// launch_matmul with the kernel named rather than chosen (benchmarks; either takes any T).
+void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
+                        const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s);
+
+}  // namespace strata::cuda

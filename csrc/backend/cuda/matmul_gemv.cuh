@@ -1,0 +1,185 @@
+// The GEMV kernels of matmul (up to 8 tokens: decode and small batches, bound by memory): rows of
+// weight bytes streamed into shared memory by 16-byte cp.async a few chunks ahead, decoded in
+// registers 16 elements a lane (quant/unit_decode.h) and multiplied by every token at once.
+//
+// A block of 2 warps owns 8 rows (4 a warp) and walks their columns in chunks of 512: the chunk's
+// weight bytes of the 8 rows and the tokens' 512 activations go to shared memory (up to 4 chunks in
+// flight); lane l decodes unit l (columns 16 l ..) of each of its warp's rows and multiplies it by
+// the tokens' activations, read once for the 4 rows. Per output the sum is fixed: each lane adds its
+// units' products in column order (one fma chain), then the warp adds the 32 lanes in a fixed tree,
+// so results depend on the shape and the data only, never on timing.
+#pragma once
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/tile.cuh"
+
+namespace strata::cuda {
+namespace gemv {
+
+constexpr int kMaxT = 8;  // tokens a launch of the kernel takes
+constexpr int kWarps = 2, kRowsPerWarp = 4, kRows = kWarps * kRowsPerWarp, kThreads = kWarps * kWarp;
+constexpr int kUnits = kWarp;                 // units of a row in a chunk: one a lane
+constexpr int kChunk = kUnits * unit::kUnit;  // columns of a chunk
+constexpr int kXStride = unit::kUnit + 4;     // floats a unit of activations takes in shared memory: the
+                                              // padding keeps the lanes' 16-byte reads free of bank conflicts
+constexpr int kSmemBudget = 48 * 1024;        // static shared memory of a block
+
+template <class F, int Tn>
+struct Cfg {
+  static constexpr int kRowBytes = kChunk / F::kBlock * F::kBytes;  // weight bytes of a row in a chunk
+  static constexpr int kPieces = stage_pieces(kRowBytes);
+  static constexpr int kWStride = 16 * kPieces;
+  static constexpr int kXBytes = Tn * kUnits * kXStride * 4;
+  static constexpr int kStageBytes = kRows * kWStride + kXBytes;
+  // Chunks in flight: enough to cover the memory latency where a block has little to compute.
+  static constexpr int kWant = Tn <= 2 ? 4 : 2;
+  static constexpr int kStages = kWant * kStageBytes <= kSmemBudget ? kWant : kSmemBudget / kStageBytes;
+  static_assert(kStages >= 1, "a chunk does not fit in shared memory");
+};
+
+// The tokens' activations of chunk columns [k0, k0 + kChunk) into xs: unit u of token t at
+// xs + (t * kUnits + u) * kXStride, zeros past the last column.
+template <int Tn>
+__device__ __forceinline__ void stage_x(float* xs, const MatmulArgs& a, int64_t k0, bool x_vec, int tid) {
+  constexpr int kQuads = kUnits * unit::kUnit / 4;  // 4 floats each
+  for (int it = tid; it < a.T * kQuads; it += kThreads) {
+    const int t = it / kQuads, u = (it % kQuads) / 4, q = it % 4;
+    float* d = xs + (t * kUnits + u) * kXStride + 4 * q;
+    const int64_t c = k0 + u * unit::kUnit + 4 * q;
+    const float* src = a.X + t * a.ldx + c;
+    if (x_vec && c + 4 <= a.cols) {
+      cp_async16(d, src);
+    } else {
+      for (int e = 0; e < 4; ++e) {
+        if (c + e < a.cols)
+          cp_async4(d + e, src + e);
+        else
+          d[e] = 0.0f;
+      }
+    }
+  }
+}
+
+template <class F, int Tn>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec) {
+  using C = Cfg<F, Tn>;
+  __shared__ __align__(16) uint8_t smem[C::kStages * C::kStageBytes];
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int nrows = static_cast<int>(min64(kRows, a.rows - r0));
+  const int64_t nchunks = ceil_div(a.cols, kChunk);
+  const uint8_t* wrows = a.W + r0 * a.rb;
+  const uint8_t* whi = a.W + a.rows * a.rb;
+
+  // Chunk c's weight bytes start at this offset of each row.
+  auto row_off = [](int64_t c) { return static_cast<size_t>(c * kChunk / F::kBlock * F::kBytes); };
+  auto issue = [&](int64_t c) {
+    if (c < nchunks) {
+      uint8_t* st = smem + (c % C::kStages) * C::kStageBytes;
+      const int64_t k0 = c * kChunk, k1 = min64(a.cols, k0 + kChunk);
+      const int n = static_cast<int>((k1 - k0) / F::kBlock * F::kBytes);
+      stage_rows<C::kPieces>(st, wrows, a.rb, nrows, row_off(c), n, a.W, whi, tid, kThreads);
+      stage_x<Tn>(reinterpret_cast<float*>(st + kRows * C::kWStride), a, k0, x_vec, tid);
+    }
+    cp_async_commit();  // past the end an empty group keeps the count in flight fixed
+  };
+
+  float acc[kRowsPerWarp][Tn] = {};
+  for (int c = 0; c < C::kStages - 1; ++c) issue(c);
+  for (int64_t c = 0; c < nchunks; ++c) {
+    issue(c + C::kStages - 1);  // into the buffer of chunk c - 1, which every thread is done with
+    cp_async_wait<C::kStages - 1>();
+    __syncthreads();
+    const uint8_t* st = smem + (c % C::kStages) * C::kStageBytes;
+    const int64_t col = c * kChunk + lane * unit::kUnit;
+    if (col < a.cols) {
+      // Row j's unit of this lane, decoded; zeros past the last column of a float row (which ends
+      // anywhere), where the staged activations are zeros too.
+      auto decode = [&](int j, float w[unit::kUnit]) {
+        const int i = warp * kRowsPerWarp + j;
+        const uint8_t* row = st + i * C::kWStride + stage_head(wrows + i * a.rb + row_off(c));
+        F::decode(row + lane * unit::kUnit / F::kBlock * F::kBytes,
+                  lane * unit::kUnit % F::kBlock / unit::kUnit, w);
+        if constexpr (F::kBlock == 1) {
+#pragma unroll
+          for (int e = 0; e < unit::kUnit; ++e)
+            if (col + e >= a.cols) w[e] = 0.0f;
+        }
+      };
+      const float* xs = reinterpret_cast<const float*>(st + kRows * C::kWStride) + lane * kXStride;
+      auto load_x = [&](int t, float x[unit::kUnit]) {
+#pragma unroll
+        for (int q = 0; q < unit::kUnit / 4; ++q)
+          *reinterpret_cast<float4*>(x + 4 * q) =
+              reinterpret_cast<const float4*>(xs + t * kUnits * kXStride)[q];
+      };
+      if constexpr (Tn <= 2) {  // few tokens: their activations stay in registers, rows one at a time
+        float x[Tn][unit::kUnit];
+#pragma unroll
+        for (int t = 0; t < Tn; ++t) load_x(t, x[t]);
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j) {
+          if (warp * kRowsPerWarp + j >= nrows) continue;
+          float w[unit::kUnit];
+          decode(j, w);
+#pragma unroll
+          for (int t = 0; t < Tn; ++t)
+#pragma unroll
+            for (int e = 0; e < unit::kUnit; ++e) acc[j][t] = fmaf(w[e], x[t][e], acc[j][t]);
+        }
+      } else {  // more: the rows' weights stay in registers, tokens one at a time
+        float w[kRowsPerWarp][unit::kUnit];
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j)
+          if (warp * kRowsPerWarp + j < nrows) decode(j, w[j]);
+#pragma unroll
+        for (int t = 0; t < Tn; ++t) {
+          float x[unit::kUnit];
+          load_x(t, x);
+#pragma unroll
+          for (int j = 0; j < kRowsPerWarp; ++j)
+#pragma unroll
+            for (int e = 0; e < unit::kUnit; ++e) acc[j][t] = fmaf(w[j][e], x[e], acc[j][t]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();  // the empty groups
+
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int i = warp * kRowsPerWarp + j;
+#pragma unroll
+    for (int t = 0; t < Tn; ++t) {
+      const float s = warp_sum(acc[j][t]);
+      if (lane == 0 && i < nrows && t < a.T) a.Y[t * a.ldy + r0 + i] = s;
+    }
+  }
+}
+
+}  // namespace gemv
+
+template <class F>
+void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
+  using namespace gemv;
+  const bool x_vec = x_rows_aligned(a.X, a.ldx);
+  const dim3 grid(grid_x(ceil_div(a.rows, kRows)));
+  for (int64_t t0 = 0; t0 < a.T; t0 += kMaxT) {
+    MatmulArgs g = a;
+    g.X = a.X + t0 * a.ldx;
+    g.Y = a.Y + t0 * a.ldy;
+    g.T = min64(kMaxT, a.T - t0);
+    if (g.T == 1)
+      gemv_kernel<F, 1><<<grid, kThreads, 0, s>>>(g, x_vec);
+    else if (g.T == 2)
+      gemv_kernel<F, 2><<<grid, kThreads, 0, s>>>(g, x_vec);
+    else if (g.T <= 4)
+      gemv_kernel<F, 4><<<grid, kThreads, 0, s>>>(g, x_vec);
+    else
+      gemv_kernel<F, 8><<<grid, kThreads, 0, s>>>(g, x_vec);
+    STRATA_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,94 @@
+// What the matmul kernel families share: their arguments, the lists of weight formats they are built
+// for (a new format is one line here, its decoder in quant/unit_decode.h and its file in
+// matmul_instances/), the one type switch per family, and the per-format launchers that those
+// instance files define.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.h"
+#include "quant/quant.h"
+#include "quant/unit_decode.h"
+
+// The formats of the float-activation kernels (GEMV and tensor cores).
+#define STRATA_CUDA_MATMUL_FORMATS(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_K) X(Q6_K) X(IQ2_XS)
+// The formats of the integer kernels against q8_0 activations (uses_matmul_q8).
+#define STRATA_CUDA_MATMUL_Q8_FORMATS(X) X(Q8_0) X(Q4_K) X(Q6_K) X(IQ2_XS)
+
+namespace strata::cuda {
+
+// Y[t * ldy + r] = W[r, :] . X[t * ldx, :] for r < rows, t < T; W rows rb bytes apart.
+struct MatmulArgs {
+  const uint8_t* W;
+  size_t rb;
+  int64_t rows, cols;
+  const float* X;
+  int64_t ldx, T;
+  float* Y;
+  int64_t ldy;
+};
+
+// As MatmulArgs with q8_0 activation rows: Xq holds T rows of cols / 32 blocks, xrb bytes apart.
+struct MatmulQ8Args {
+  const uint8_t* W;
+  size_t rb;
+  int64_t rows, cols;
+  const uint8_t* Xq;
+  size_t xrb;
+  int64_t T;
+  float* Y;
+  int64_t ldy;
+};
+
+__host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Activation rows 16-byte aligned (X and ldx): the kernels read them 16 bytes at a time.
+inline bool x_rows_aligned(const float* X, int64_t ldx) {
+  return reinterpret_cast<uintptr_t>(X) % 16 == 0 && ldx % 4 == 0;
+}
+
+// Launchers of one format (defined in matmul_gemv.cuh, matmul_mma.cuh and matmul_q8.cuh, instantiated
+// per format in matmul_instances/). Arguments are checked; any T.
+template <class F>
+void launch_gemv(const MatmulArgs& a, cudaStream_t s);
+template <class F>
+void launch_mma(const MatmulArgs& a, cudaStream_t s);
+template <class F>
+void launch_mmq(const MatmulQ8Args& a, cudaStream_t s);
+
+// Calls fn(F{}) with the decoder of ggml type `type`; UnsupportedError naming `what` otherwise.
+template <class Fn>
+void dispatch_matmul_format(uint32_t type, const char* what, Fn&& fn) {
+  switch (static_cast<QType>(type)) {
+#define STRATA_CASE(N) \
+  case QType::N:       \
+    return fn(unit::N{});
+    STRATA_CUDA_MATMUL_FORMATS(STRATA_CASE)
+#undef STRATA_CASE
+    default:
+      break;
+  }
+  const QuantTraits& q = quant_traits(type, what);  // throws for a type strata does not know
+  throw UnsupportedError(str(what, ": the CUDA backend has no matmul kernel for ggml type ", q.name));
+}
+
+// As dispatch_matmul_format, over the formats with an integer kernel.
+template <class Fn>
+void dispatch_matmul_q8_format(uint32_t type, const char* what, Fn&& fn) {
+  switch (static_cast<QType>(type)) {
+#define STRATA_CASE(N) \
+  case QType::N:       \
+    return fn(unit::N{});
+    STRATA_CUDA_MATMUL_Q8_FORMATS(STRATA_CASE)
+#undef STRATA_CASE
+    default:
+      break;
+  }
+  const QuantTraits& q = quant_traits(type, what);
+  throw UnsupportedError(str(what, ": ggml type ", q.name,
+                             " has no integer kernel; use matmul (uses_matmul_q8 is false for it)"));
+}
+
+}  // namespace strata::cuda

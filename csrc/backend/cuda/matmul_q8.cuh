@@ -1,0 +1,175 @@
+// The integer kernels of matmul_q8 (the MMQ layout: q8_0 activations): per 32-element block the sums
+// of int8 weight and activation lanes by dp4a (exact), then the block's float steps of quant.h's
+// formula in column order on one accumulator per output, so results equal the CPU's bit for bit.
+//
+// A block of 256 threads owns kRB rows by kTB tokens and walks their 32-blocks kNB at a time: the
+// chunk's weight bytes of the rows and activation bytes of the tokens go to shared memory by
+// cp.async; in phase 1 thread (block b, kRPT rows, kTPT tokens) unpacks its rows' block b into int8
+// lanes once and forms the integer sums against each of its tokens' block b; in phase 2 one thread
+// per output applies the float steps of the chunk's blocks in order. Tiles: 8 rows by up to 8 tokens
+// (decode: as many blocks in the grid as there are row groups), 32 rows by 16 tokens beyond.
+#pragma once
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/tile.cuh"
+
+namespace strata::cuda {
+namespace mmq {
+
+constexpr int kThreads = 256;
+constexpr int kQK = kQK8_0;  // elements of a block of the integer kernels
+constexpr int kXBlock = kQ8_0Bytes;
+constexpr int64_t kMaxGridY = 65535;
+
+template <int RB, int TB, int NB, int RPT, int TPT>
+struct Tile {
+  static constexpr int kRB = RB, kTB = TB, kNB = NB, kRPT = RPT, kTPT = TPT;
+  static constexpr int kRowGroups = RB / RPT, kTokGroups = TB / TPT;
+  static constexpr int kOutPerThread = (RB * TB + kThreads - 1) / kThreads;
+  static_assert(NB * kRowGroups * kTokGroups == kThreads, "one thread per (block, row group, token group)");
+};
+constexpr int kSmallMaxT = 8;
+template <int Tn>
+using SmallTile = Tile<8, Tn, 32, 1, Tn>;
+using LargeTile = Tile<32, 16, 8, 4, 4>;
+
+template <class F, class Tl>
+struct Cfg {
+  static constexpr int kCols = Tl::kNB * kQK;  // columns a chunk
+  static_assert(kCols % F::kBlock == 0, "a chunk holds whole weight blocks");
+  static constexpr int kWPieces = stage_pieces(kCols / F::kBlock * F::kBytes), kWStride = 16 * kWPieces;
+  static constexpr int kXPieces = stage_pieces(Tl::kNB * kXBlock), kXStride = 16 * kXPieces;
+  // Integer sums at iv[(b * kPairs + p) * kIvRows + tok * kRB + row] + b: consecutive rows side by
+  // side for phase 2, and the odd stride between blocks spreads phase 1's lanes over the banks.
+  static constexpr int kIvRows = Tl::kTB * Tl::kRB;
+  static constexpr int kIvBlock = F::kPairs * kIvRows + 1;
+  static constexpr int kWdBlock = Tl::kRB + 1;  // weight scales of block b at b * kWdBlock + row
+};
+
+template <class F, class Tl>
+__global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
+  using C = Cfg<F, Tl>;
+  __shared__ __align__(16) uint8_t wraw[Tl::kRB * C::kWStride];
+  __shared__ __align__(16) uint8_t xraw[Tl::kTB * C::kXStride];
+  __shared__ int iv[Tl::kNB * C::kIvBlock];
+  __shared__ float wd[Tl::kNB * C::kWdBlock], wdmin[Tl::kNB * C::kWdBlock];
+  const int tid = threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * Tl::kRB,
+                t0 = static_cast<int64_t>(blockIdx.y) * Tl::kTB;
+  const int nrows = static_cast<int>(min64(Tl::kRB, a.rows - r0));
+  const int ntok = static_cast<int>(min64(Tl::kTB, a.T - t0));
+  const int64_t nblk = a.cols / kQK, nchunks = ceil_div(nblk, Tl::kNB);
+  const uint8_t* wrows = a.W + r0 * a.rb;
+  const uint8_t* xrows = a.Xq + t0 * a.xrb;
+  const uint8_t* whi = a.W + a.rows * a.rb;
+  const uint8_t* xhi = a.Xq + (a.T - 1) * a.xrb + nblk * kXBlock;  // the end of the last row
+  // Phase 1's (block, row group, token group) and phase 2's outputs: fixed for the whole row.
+  const int b = tid % Tl::kNB, rg = tid / Tl::kNB % Tl::kRowGroups, tg = tid / Tl::kNB / Tl::kRowGroups;
+  float acc[Tl::kOutPerThread] = {};
+
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int nb = static_cast<int>(min64(Tl::kNB, nblk - c * Tl::kNB));
+    const size_t woff = static_cast<size_t>(c * C::kCols / F::kBlock * F::kBytes);
+    const size_t xoff = static_cast<size_t>(c * Tl::kNB * kXBlock);
+    stage_rows<C::kWPieces>(wraw, wrows, a.rb, nrows, woff, nb * kQK / F::kBlock * F::kBytes, a.W, whi, tid,
+                            kThreads);
+    stage_rows<C::kXPieces>(xraw, xrows, a.xrb, ntok, xoff, nb * kXBlock, a.Xq, xhi, tid, kThreads);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Phase 1: integer sums.
+    if (b < nb) {
+      unit::Q8Weights wq[Tl::kRPT];
+#pragma unroll
+      for (int j = 0; j < Tl::kRPT; ++j) {
+        const int row = rg * Tl::kRPT + j;
+        if (row >= nrows) continue;
+        const uint8_t* wr = wraw + row * C::kWStride + stage_head(wrows + row * a.rb + woff);
+        F::q8_weights(wr + b * kQK / F::kBlock * F::kBytes, b * kQK % F::kBlock / kQK, wq[j]);
+        if (tg == 0) {
+          wd[b * C::kWdBlock + row] = wq[j].d;
+          wdmin[b * C::kWdBlock + row] = wq[j].dmin;
+        }
+      }
+#pragma unroll
+      for (int tt = 0; tt < Tl::kTPT; ++tt) {
+        const int tok = tg * Tl::kTPT + tt;
+        if (tok >= ntok) continue;
+        const uint8_t* xr = xraw + tok * C::kXStride + stage_head(xrows + tok * a.xrb + xoff);
+        unit::Q8Act xa;
+        unit::q8_act<F>(xr + b * kXBlock, xa);
+#pragma unroll
+        for (int j = 0; j < Tl::kRPT; ++j) {
+          const int row = rg * Tl::kRPT + j;
+          if (row >= nrows) continue;
+          int v[F::kPairs];
+          F::q8_ints(wq[j], xa, v);
+#pragma unroll
+          for (int p = 0; p < F::kPairs; ++p)
+            iv[b * C::kIvBlock + p * C::kIvRows + tok * Tl::kRB + row] = v[p];
+        }
+      }
+    }
+    __syncthreads();
+
+    // Phase 2: the float steps, block by block in column order.
+#pragma unroll
+    for (int k = 0; k < Tl::kOutPerThread; ++k) {
+      const int o = tid + k * kThreads, row = o % Tl::kRB, tok = o / Tl::kRB;
+      if (o >= Tl::kRB * Tl::kTB || row >= nrows || tok >= ntok) continue;
+      const uint8_t* xr = xraw + tok * C::kXStride + stage_head(xrows + tok * a.xrb + xoff);
+      for (int bb = 0; bb < nb; ++bb) {
+        unit::Q8Weights w;
+        w.d = wd[bb * C::kWdBlock + row];
+        w.dmin = wdmin[bb * C::kWdBlock + row];
+        int v[F::kPairs];
+#pragma unroll
+        for (int p = 0; p < F::kPairs; ++p)
+          v[p] = iv[bb * C::kIvBlock + p * C::kIvRows + tok * Tl::kRB + row];
+        const float dx = unit::half_float(unit::ld16(xr + bb * kXBlock + offsetof(BlockQ8_0, d)));
+        acc[k] = F::q8_fma(w, dx, v, acc[k]);
+      }
+    }
+    __syncthreads();  // the next chunk overwrites the staged bytes and the sums
+  }
+
+#pragma unroll
+  for (int k = 0; k < Tl::kOutPerThread; ++k) {
+    const int o = tid + k * kThreads, row = o % Tl::kRB, tok = o / Tl::kRB;
+    if (o < Tl::kRB * Tl::kTB && row < nrows && tok < ntok) a.Y[(t0 + tok) * a.ldy + r0 + row] = acc[k];
+  }
+}
+
+template <class F, class Tl>
+void launch_tile(const MatmulQ8Args& a, cudaStream_t s) {
+  const int64_t per_launch = kMaxGridY * Tl::kTB;  // tokens within CUDA's grid y limit
+  for (int64_t t0 = 0; t0 < a.T; t0 += per_launch) {
+    MatmulQ8Args g = a;
+    g.Xq = a.Xq + t0 * a.xrb;
+    g.Y = a.Y + t0 * a.ldy;
+    g.T = min64(per_launch, a.T - t0);
+    const dim3 grid(grid_x(ceil_div(a.rows, Tl::kRB)), static_cast<unsigned>(ceil_div(g.T, Tl::kTB)));
+    mmq_kernel<F, Tl><<<grid, kThreads, 0, s>>>(g);
+    STRATA_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace mmq
+
+template <class F>
+void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
+  using namespace mmq;
+  if (a.T == 1)
+    launch_tile<F, SmallTile<1>>(a, s);
+  else if (a.T == 2)
+    launch_tile<F, SmallTile<2>>(a, s);
+  else if (a.T <= 4)
+    launch_tile<F, SmallTile<4>>(a, s);
+  else if (a.T <= kSmallMaxT)
+    launch_tile<F, SmallTile<8>>(a, s);
+  else
+    launch_tile<F, LargeTile>(a, s);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,21 @@
+// Launchers of the normalization ops: RMS scales, the GR read (apply_norm), gather, and the
+// per-head RMSNorm + rotary embedding of queries and keys.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace strata::cuda {
+
+void launch_rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs, cudaStream_t s);
+void launch_apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                       int64_t div, int64_t n, float* out, cudaStream_t s);
+void launch_gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out,
+                   cudaStream_t s);
+// NEOX rotation only (UnsupportedError otherwise), as the CPU backend.
+void launch_head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
+                           int64_t pos0, const RopeParams& rope, cudaStream_t s);
+
+}  // namespace strata::cuda

@@ -1,0 +1,47 @@
+// The MMQ gather on the device: rows of x (times grs and w when normed, picked by row index when
+// indexed) quantized to q8_0 exactly as the CPU's quantize_row_q8_0 does, one warp per 32-block.
+#include <cuda_fp16.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/dequant.cuh"
+#include "backend/cuda/quantize.cuh"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One block per output row, one warp per 32-block, one lane per element: d = max|v| / 127 (the max
+// is exact in any order), id = 1 / d (0 for an all-zero block), q = lroundf(v * id), d stored as
+// fp16 rounded to nearest even.
+__global__ void __launch_bounds__(kThreads)
+    quantize_q8_0_kernel(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                         int64_t div, uint8_t* out, size_t out_row_bytes) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i;
+  const float* r = x + s * D;
+  uint8_t* o = out + i * out_row_bytes;
+  const float g = grs ? grs[s] : 0.0f;
+  for (int64_t b = threadIdx.x / kWarp; b < D / 32; b += blockDim.x / kWarp) {
+    const int64_t c = b * 32 + lane;
+    const float v = grs ? __fmul_rn(__fmul_rn(r[c], g), w[c]) : r[c];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    q8_0_store(o + b * kQ8Block, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
+  }
+}
+
+}  // namespace
+
+void launch_quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
+                          int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes, cudaStream_t s) {
+  STRATA_CHECK(D % 32 == 0, ConfigError, "quantize_q8_0: a row of ", D, " elements is not whole 32-blocks");
+  STRATA_CHECK(out_row_bytes >= (size_t)(D / 32 * kQ8Block), ConfigError,
+               "quantize_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", D / 32, " blocks");
+  if (n <= 0 || D == 0) return;
+  quantize_q8_0_kernel<<<grid_x(n), kThreads, 0, s>>>(x, grs, w, D, rows, div, out, out_row_bytes);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace strata::cuda

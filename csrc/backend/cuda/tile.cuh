@@ -1,0 +1,102 @@
+// Shared-memory staging and tensor-core primitives of the matmul kernels: rows of weight or
+// activation bytes copied into shared memory by 16-byte cp.async whatever their alignment, fp16
+// packing, ldmatrix and mma.sync. All of it is sm_80 and later: every architecture strata builds for.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace strata::cuda {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// ---- cp.async: the copy engine of each SM writes shared memory while the threads go on ----
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {  // both 16-byte aligned
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {  // both 4-byte aligned
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---- rows of bytes into shared memory ----
+
+// A staged row keeps its address modulo 16: the byte at p lands stage_head(p) bytes into the row's
+// 16-byte-aligned copy, so every field keeps its alignment.
+__device__ __forceinline__ int stage_head(const uint8_t* p) {
+  return static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15);
+}
+// Pieces of 16 bytes that hold n bytes at any alignment.
+constexpr int stage_pieces(int n) { return (n + 15 + 15) / 16; }
+
+// Copies the bytes [off, off + n) of rows i < count (row i at src + i * stride) to
+// dst + i * 16 * kPieces + stage_head(src + i * stride + off), n <= 16 * kPieces - 15. The 16-byte
+// aligned pieces that cover them go by cp.async where they lie inside [lo, hi), the readable
+// extent of the source; pieces that reach past either end (at most the first and the last of the
+// whole source) go byte by byte. Threads tid, tid + nthreads, ... share the pieces. The caller
+// commits the group, waits for it and syncs before reading.
+template <int kPieces>
+__device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* src, size_t stride, int count,
+                                           size_t off, int n, const uint8_t* lo, const uint8_t* hi, int tid,
+                                           int nthreads) {
+  const uintptr_t lo_a = reinterpret_cast<uintptr_t>(lo), hi_a = reinterpret_cast<uintptr_t>(hi);
+  for (int it = tid; it < count * kPieces; it += nthreads) {
+    const int i = it / kPieces, k = it % kPieces;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(src + static_cast<size_t>(i) * stride + off);
+    const uintptr_t p = (first & ~uintptr_t{15}) + 16 * static_cast<uintptr_t>(k);
+    if (p >= first + static_cast<uintptr_t>(n)) continue;
+    uint8_t* d = dst + i * 16 * kPieces + 16 * k;
+    if (p >= lo_a && p + 16 <= hi_a) {
+      cp_async16(d, reinterpret_cast<const void*>(p));
+    } else {
+      for (int b = 0; b < 16; ++b)
+        if (p + b >= lo_a && p + b < hi_a) d[b] = *reinterpret_cast<const uint8_t*>(p + b);
+    }
+  }
+}
+
+// ---- fp16 tiles and the tensor cores ----
+
+// The largest finite fp16. Values beyond it are clamped rather than rounded to inf, which a zero
+// weight would turn into NaN; NaN stays NaN.
+constexpr float kHalfMax = 65504.0f;
+__device__ __forceinline__ float clamp_half(float v) {
+  return fabsf(v) > kHalfMax ? copysignf(kHalfMax, v) : v;
+}
+// Two floats as the halves of one word (a in the low half), rounded to nearest.
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  const __half2 h = __floats2half2_rn(clamp_half(a), clamp_half(b));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Four 8 x 8 fp16 matrices from shared memory: thread i gives the address of row i % 8 of matrix
+// i / 8 (16 bytes, 16-byte aligned); r[j] holds, in thread t, elements (t / 4, 2 (t % 4) + {0, 1})
+// of matrix j.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+// c += a b for a 16 x 16 fp16 tile a and a 16 x 8 fp16 tile b, c in fp32 (thread t = 4 g + q holds
+// c[0..1] = rows g, columns 2q, 2q + 1 and c[2..3] = row g + 8, the same columns).
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,41 @@
+"""Writes the seed corpus of the fuzz targets: small valid qwen3moe files of every quant family
+strata computes with, a tied head, the smallest declared alignment. Deterministic.
+
+    python3 tests/fuzz/make_seeds.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from strata.testing import make_qwen3moe
+from strata.testing.gguf_edit import U32, Gguf
+
+TINY = dict(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, experts=4, top_k=2, expert_ffn=32, vocab=280)
+WIDE = dict(layers=1, hidden=256, heads=2, kv_heads=1, head_dim=32, experts=2, top_k=1, expert_ffn=256, vocab=262)
+SEEDS = {
+    "f32": (dict(TINY, layers=2), {}),
+    "q8_0": (TINY, {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q8_0", "output": "Q8_0"}),
+    "f16_bf16": (TINY, {"embed": "F16", "attn": "BF16", "router": "F16", "experts": "BF16", "output": "F16"}),
+    "q4_k": (WIDE, {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q4_K", "output": "Q8_0"}),
+    "q6_k": (WIDE, {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q6_K", "output": "Q8_0"}),
+    "iq2_xs": (WIDE, {"embed": "Q8_0", "attn": "Q8_0", "experts": "IQ2_XS", "output": "Q8_0"}),
+}
+
+
+def main(out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    for name, (shape, quant) in SEEDS.items():
+        make_qwen3moe(os.path.join(out, f"{name}.gguf"), **shape, quant=quant, seed=1)
+    raw = open(os.path.join(out, "q8_0.gguf"), "rb").read()
+    g = Gguf.parse(raw)
+    g.tensors = [t for t in g.tensors if t.name != b"output.weight"]  # the head reads the embedding
+    open(os.path.join(out, "tied.gguf"), "wb").write(g.serialize())
+    g = Gguf.parse(raw)
+    g.set("general.alignment", U32, 8)
+    open(os.path.join(out, "align8.gguf"), "wb").write(g.serialize())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
