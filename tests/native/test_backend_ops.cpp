@@ -40,9 +40,9 @@ struct Bounds {
   // matmul from this many tokens on, where a backend computes with fp16 inputs (tensor cores).
   int64_t matmul_tc_from_T = INT64_MAX;
   double matmul_tc = 8e-7;
-  double matmul_q8 = 2e-6;       // measured 2.5e-7 (float scale products, sums)
-  double head_norm_rope = 2e-6;  // at position 0, plus 3e-7 a position (see HeadNormRope)
-  double attention = 2e-6;       // measured 1.7e-7
+  double matmul_q8 = 2e-6;         // measured 2.5e-7 (float scale products, sums)
+  double head_norm_rope = 1.5e-6;  // measured 1.4e-7 at position 0; plus 3e-7 a position (see HeadNormRope)
+  double attention = 1.5e-6;       // measured 1.7e-7
 };
 
 struct BackendFactory {
