@@ -450,6 +450,13 @@ TEST_F(Gguf, BadTensorInfos) {
   // Two tensors over the same bytes.
   expect_format_error(one({"t", 0, {2}, f32s({1, 2}), 0}),
                       {"tensor 't' data [offset", "overlaps tensor 'ok'"});
+  // Overlapping in part: 't' starts inside 'big' (comparing start offsets alone would pass it).
+  {
+    Builder b;
+    b.kv_str("general.architecture", "llama");
+    b.tensors = {{"big", 0, {16}, pattern(64, 1)}, {"t", 0, {2}, f32s({1, 2}), 32}};
+    expect_format_error(b.build(), {"tensor 't' data [offset", "overlaps tensor 'big'"});
+  }
   // Declared bigger than the bytes that are there (the file ends inside the tensor).
   expect_format_error(one({"t", 0, {16}, f32s({1})}),
                       {"tensor 't' data", "64 bytes] ends past the file size"});

@@ -10,6 +10,7 @@ head_dim != hidden / heads (the key_length fallback), kv_heads != heads, top_k 2
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -58,6 +59,13 @@ MIXES = {
     "iq2_xs": ({**_COMMON, **SHAPES["iq2_xs"]}, {**_DENSE_Q8, "experts": "IQ2_XS"}),
 }
 SEED = 11
+
+# A shell that starts a command in the background (`cmd &`, nohup, scripts/mutants run that way) starts
+# it with SIGINT ignored, and every process it spawns inherits that: Python then installs no
+# KeyboardInterrupt handler, and the tests that press Ctrl-C (test_interrupt, test_chat_repl) would
+# fail for want of a terminal's default. Restored here, so children start with the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
