@@ -8,6 +8,7 @@ the tokenizers library), plus memory: failed loads leave neither resident nor vi
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -194,8 +195,11 @@ def test_failed_loads_grow_neither_resident_nor_virtual_memory(tmp_path):
     # Measured in a fresh process: the test runner's own allocations would blur a process-wide count.
     path = make_qwen3moe(tmp_path / "big.gguf", layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64,
                          experts=16, top_k=2, expert_ffn=256, vocab=300, seed=2)
+    # One malloc arena: a thread pool's new threads otherwise may open another 64 MiB arena under
+    # contention (seen once in CI on a loaded machine: VmSize +64.7 MiB, RSS flat), which is not a leak.
+    env = {**os.environ, "MALLOC_ARENA_MAX": "1"}
     out = subprocess.run([sys.executable, "-c", _FAILED_LOADS, str(path)], capture_output=True, text=True,
-                         timeout=300, check=True).stdout.split()
+                         timeout=300, check=True, env=env).stdout.split()
     rss_growth, vm_growth = int(out[-2]), int(out[-1])
     leaked_per_load = 24 * 1024  # KiB of experts one leaking load would keep (measured growth: ~8 KiB)
     assert rss_growth < leaked_per_load // 3, rss_growth
