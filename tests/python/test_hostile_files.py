@@ -195,9 +195,12 @@ def test_failed_loads_grow_neither_resident_nor_virtual_memory(tmp_path):
     # Measured in a fresh process: the test runner's own allocations would blur a process-wide count.
     path = make_qwen3moe(tmp_path / "big.gguf", layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64,
                          experts=16, top_k=2, expert_ffn=256, vocab=300, seed=2)
-    # One malloc arena: a thread pool's new threads otherwise may open another 64 MiB arena under
-    # contention (seen once in CI on a loaded machine: VmSize +64.7 MiB, RSS flat), which is not a leak.
-    env = {**os.environ, "MALLOC_ARENA_MAX": "1"}
+    # glibc's allocator, made to measure leaks rather than its own layout: one arena, and a fixed mmap
+    # threshold, so that the 12 MiB expert copies are mapped and unmapped rather than left in the brk
+    # heap by the dynamic threshold. Without it, in the full suite a freed copy below a live block kept
+    # the heap's top: VmSize +64.7 MiB with RSS flat (seen in CI), which is no leak. A leaked copy
+    # still shows in both.
+    env = {**os.environ, "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
     out = subprocess.run([sys.executable, "-c", _FAILED_LOADS, str(path)], capture_output=True, text=True,
                          timeout=300, check=True, env=env).stdout.split()
     rss_growth, vm_growth = int(out[-2]), int(out[-1])
