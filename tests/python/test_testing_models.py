@@ -124,6 +124,16 @@ def test_one_writer_path_and_determinism(tmp_path, monkeypatch):
     assert a.read_bytes() != c.read_bytes()
 
 
+def test_parallel_writer_writes_the_same_bytes(tmp_path):
+    seen = []
+    serial = make_preset("small", tmp_path / "serial.gguf", layers=3)
+    parallel = make_preset("small", tmp_path / "parallel.gguf", layers=3, workers=3,
+                           progress=lambda done, total: seen.append((done, total)))
+    assert serial.read_bytes() == parallel.read_bytes()
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == seen[-1][1]
+
+
 def test_norm_spread_and_chat_template(tmp_path):
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
     make_qwen3moe(tmp_path / "a.gguf", norm_std=0.3, chat_template=template)

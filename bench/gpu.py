@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""strata beside llama.cpp on the GPU, same GGUF files, one run: prompt and decode tok/s and their ratio.
+
+Scenarios (each a cache configuration of one file):
+  30b      the qwen3-30b-a3b preset (Q4_K experts, Q8_0 dense; 16.75 GiB): every expert on the GPU,
+           half of them (llama.cpp -ncmoe 24), 15 of 48 layers' (-ncmoe 33), none (-ncmoe 48 against a
+           1 GiB strata cache); prompts of 512, 2048 and 8192 tokens; 128 decoded tokens after the
+           512- and after the 8192-token prompt
+  235b     the qwen3-235b-a22b preset (IQ2_XS experts, 69 GiB, written to --shm-dir): --expert-cache
+           14900 against -ncmoe 76; a 2048-token prompt and 32 decoded tokens
+  designs  the 30B file with half the experts cached, strata's decode designs side by side (device or
+           host resolution, graph or op by op)
+
+How the caches are matched: llama.cpp's `-ncmoe N` keeps the experts of layers N..L-1 on the GPU, i.e.
+(L - N) x E experts; strata gets an `--expert-cache` of exactly those bytes ((L - N) x E x the expert's
+bytes), from which it also lends the prompt chunk's scratch (llama.cpp allocates that beside).
+
+For every strata row: ms per decoded token against its floor (the weights a token reads from HBM
+over --hbm-gbps plus the bytes it misses over --link-gbps), the hit rate, GB streamed and the link
+GB/s achieved. llama.cpp runs as its own `llama-bench` binary (--llama-bench; build it from
+../shared/peers as its README says, e.g. in the background while this writes the models: the bench
+waits up to --llama-wait seconds for the binary to appear). Prints a table, writes JSON:
+
+    PYTHONPATH=python python3 bench/gpu.py --dir /tmp/strata-bench --llama-bench /tmp/llama.cpp/build/bin/llama-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import strata
+from strata import _core
+from strata.model import sampling_params
+from strata.testing import make_preset
+
+MiB = 1 << 20
+
+
+@dataclass
+class Config:
+    """One cache configuration of one file: llama.cpp's -ncmoe and strata's matching load options."""
+
+    label: str
+    ncmoe: int | None  # None: no llama.cpp counterpart
+    load: dict[str, Any]
+    prompts: tuple[int, ...]  # prompt lengths timed (pp)
+    decode_after: tuple[int, ...]  # prompt lengths after which gen tokens are decoded (tg)
+
+
+@dataclass
+class Row:
+    scenario: str
+    config: str
+    test: str  # ppN or tgM@N
+    strata_tps: float | None = None
+    llama_tps: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.strata_tps and self.llama_tps:
+            return self.strata_tps / self.llama_tps
+        return None
+
+
+def write_model(directory: str, preset: str, layers: int | None, workers: int) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{preset}-L{layers or 'all'}.gguf")
+    if not os.path.exists(path):
+        t0 = time.monotonic()
+        kw = {"layers": layers} if layers else {}
+        make_preset(preset, path + ".tmp", seed=0, workers=workers, **kw)
+        os.replace(path + ".tmp", path)
+        dt = time.monotonic() - t0
+        gb = os.path.getsize(path) / 1e9
+        print(f"wrote {path}: {gb:.2f} GB in {dt:.1f} s ({gb / dt:.2f} GB/s, {workers} workers)", flush=True)
+    return path
+
+
+def expert_bytes_per_layer(info: strata.ModelInfo) -> int:
+    return info.spec["expert_bytes"] // info.spec["layers"]
+
+
+def token_read_bytes(info: strata.ModelInfo) -> int:
+    """Bytes of weights one decoded token reads: every dense tensor but the embedding table (one row of
+    it), plus K experts in every layer."""
+    s = info.spec
+    embd = next(t for t in info.tensors if t["name"] == "token_embd.weight")
+    dense = s["dense_bytes"] - embd["nbytes"] + embd["nbytes"] // s["vocab"]
+    return dense + s["top_k"] * s["layers"] * (s["expert_bytes"] // (s["layers"] * s["experts"]))
+
+
+def strata_config(path: str, cfg: Config, gen: int, hbm: float, link: float, device: str) -> list[Row]:
+    info = strata.ModelInfo(path)
+    longest = max((*cfg.prompts, *cfg.decode_after))
+    t0 = time.monotonic()
+    m = strata.Model(path, device=device, ctx=longest + gen + 16, progress=False, **cfg.load)
+    load_s = time.monotonic() - t0
+    hi = min(m.tokenizer.special_ids or [m.spec["vocab"]])
+    rng = np.random.default_rng(0)
+    read_bytes = token_read_bytes(info)
+
+    def run(n_prompt: int, n_gen: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        # The Generator directly, with no stop ids: like llama-bench, decode never ends early on an
+        # end-of-turn token that random weights happen to pick. Greedy decoding of random weights
+        # repeats a few tokens, which would route every step to the same experts (hit rates near 1
+        # on any cache); llama-bench feeds a random token each step. A repetition penalty of 1e6 over
+        # the last n_gen tokens makes greedy pick a token not yet decoded every step, so each step
+        # routes like a fresh token (the sampler's cost stays greedy's: one argmax).
+        ids = rng.integers(0, hi, size=n_prompt).tolist()
+        p = sampling_params(max_tokens=max(n_gen, 1), temperature=0, repetition_penalty=1e6,
+                            repeat_last_n=max(n_gen, 1))
+        p.stop_ids = []
+        g = _core.Generator(m._m)
+        m.reset_stats()
+        g.begin(ids, p)
+        c0 = dict(m.cache)
+        for _ in range(n_gen):
+            if g.next() < 0:
+                break
+        return g.stats(), c0, dict(m.cache)
+
+    run(16, 4)  # warm-up: first launches, first copies, the decode graph's recording
+    rows = []
+    for n in cfg.prompts:
+        st, c0, _ = run(n, 0)
+        rows.append(Row("", cfg.label, f"pp{n}", strata_tps=st["prompt_tps"], extra={
+            "prompt_ms": st["prompt_ms"], "chunks": c0["chunks"], "chunk": m.chunk,
+            "gb_streamed": c0["bytes_streamed"] / 1e9,
+            "link_gbps": c0["bytes_streamed"] / 1e9 / (st["prompt_ms"] / 1e3) if st["prompt_ms"] else 0.0}))
+    for n in cfg.decode_after:
+        st, c0, c1 = run(n, gen)
+        hits, misses = c1["hits"] - c0["hits"], c1["misses"] - c0["misses"]
+        streamed = c1["bytes_streamed"] - c0["bytes_streamed"]
+        passes = max(st["decode_passes"], 1)
+        ms = st["decode_ms"] / passes
+        miss_per_token = streamed / passes
+        floor_ms = 1e3 * ((read_bytes - miss_per_token) / hbm + miss_per_token / link)
+        rows.append(Row("", cfg.label, f"tg{gen}@{n}", strata_tps=st["decode_tps"], extra={
+            "ms_per_token": ms, "floor_ms": floor_ms, "over_floor": ms / floor_ms,
+            "hit_rate": hits / (hits + misses) if hits + misses else 1.0, "gb_streamed": streamed / 1e9,
+            "link_gbps": streamed / 1e9 / (st["decode_ms"] / 1e3) if st["decode_ms"] else 0.0,
+            "generated": st["generated"], "decode_path": ("graph" if m._m.decode_graph_active else "op by op")
+            + ", " + m._m.decode_resolution}))
+    for r in rows:
+        r.extra.update({"load_s": load_s, "slots": m.cache["slots"], "cache_bytes": m.cache["cache_bytes"],
+                        "all_resident": m.cache["all_resident"], "source": m.cache["source_kind"],
+                        "device": m.backend.describe()})
+    return rows  # m goes with this frame: its device memory is free before the next configuration loads
+
+
+def llama_config(binary: str, path: str, cfg: Config, gen: int, reps: int, log: list[str]) -> dict[str, float]:
+    """llama-bench's tok/s per test name (ppN, tgM@N) for one -ncmoe value."""
+    out: dict[str, float] = {}
+    base = [binary, "-m", path, "-ngl", "99", "-fa", "1", "-ncmoe", str(cfg.ncmoe), "-o", "json", "-r", str(reps)]
+    calls = []
+    if cfg.prompts or 0 in cfg.decode_after:
+        calls.append(["-p", ",".join(map(str, cfg.prompts or (0,))), "-n", "0"])
+    for n in cfg.decode_after:
+        calls.append(["-p", "0", "-n", str(gen), "-d", str(n)])
+    for extra in calls:
+        cmd = base + extra
+        t0 = time.monotonic()
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        log.append(f"$ {' '.join(cmd)}\n{res.stderr[-4000:]}\n{res.stdout}")
+        if res.returncode != 0:
+            print(f"llama-bench failed ({res.returncode}) after {time.monotonic() - t0:.0f} s: "
+                  f"{res.stderr.strip().splitlines()[-1:]}", flush=True)
+            continue
+        for t in json.loads(res.stdout):
+            if t["n_gen"] > 0:
+                out[f"tg{t['n_gen']}@{t['n_depth']}"] = t["avg_ts"]
+            elif t["n_prompt"] > 0:
+                out[f"pp{t['n_prompt']}"] = t["avg_ts"]
+    return out
+
+
+def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
+    L = info.spec["layers"]
+    per_layer = expert_bytes_per_layer(info)
+
+    def layers_cached(ncmoe: int) -> dict[str, Any]:
+        return {"expert_cache": f"{(L - ncmoe) * per_layer}b", "prefill": "auto:8192"}
+
+    if scenario == "30b":
+        long = () if quick else (8192,)
+        return [
+            Config("all on GPU", 0, {"expert_cache": "all"}, (512, 2048, *long), (512, *long)),
+            Config(f"half the experts (-ncmoe {L // 2})", L // 2, layers_cached(L // 2), (512, 2048), (512, *long)),
+            Config(f"15 of {L} layers (-ncmoe {L - 15})", L - 15, layers_cached(L - 15), (2048,), (512,)),
+            Config(f"none (-ncmoe {L}) / 1 GiB cache", L, {"expert_cache": "1GiB", "prefill": "auto:8192"},
+                   (2048,), (512,)),
+        ]
+    if scenario == "235b":
+        return [Config("14900 MiB cache (-ncmoe 76)", 76, {"expert_cache": "14900", "prefill": "auto:32768"},
+                       (2048,), (512,))]
+    if scenario == "designs":
+        half = layers_cached(L // 2)
+        return [Config(f"half, {name}", None, {**half, **kw}, (), (512,)) for name, kw in (
+            ("resolve device, graph", {"decode_resolve": "device"}),
+            ("resolve device, op by op", {"decode_resolve": "device", "decode_graph": False}),
+            ("resolve host", {"decode_resolve": "host"}),
+        )]
+    raise SystemExit(f"unknown scenario {scenario!r}: 30b, 235b or designs")
+
+
+def wait_for(binary: str, seconds: float) -> bool:
+    t0 = time.monotonic()
+    while not os.access(binary, os.X_OK):
+        if time.monotonic() - t0 > seconds:
+            return False
+        time.sleep(2)
+    return True
+
+
+def print_table(rows: list[Row], hbm: float, link: float) -> None:
+    print(f"\nfloor: weights read / {hbm / 1e12:.1f} TB/s + missed bytes / {link / 1e9:.0f} GB/s")
+    hdr = (f"{'scenario':<8} {'config':<34} {'test':<10} {'llama.cpp':>9} {'strata':>9} {'ratio':>6} "
+           f"{'ms/tok':>7} {'floor':>6} {'hit':>6} {'GB':>7} {'GB/s':>6}")
+    print(hdr)
+    for r in rows:
+        e = r.extra
+
+        def f(v: float | None, spec: str) -> str:
+            return format(v, spec) if v is not None else "-"
+
+        print(f"{r.scenario:<8} {r.config[:34]:<34} {r.test:<10} {f(r.llama_tps, '9.1f'):>9} "
+              f"{f(r.strata_tps, '9.1f'):>9} {f(r.ratio, '6.2f'):>6} {f(e.get('ms_per_token'), '7.2f'):>7} "
+              f"{f(e.get('floor_ms'), '6.2f'):>6} {f(e.get('hit_rate'), '6.3f'):>6} "
+              f"{f(e.get('gb_streamed'), '7.2f'):>7} {f(e.get('link_gbps'), '6.1f'):>6}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", default="30b", help="comma-separated: 30b, 235b, designs (default: 30b)")
+    ap.add_argument("--dir", default="/tmp/strata-bench", help="where the 30B file is written (once)")
+    ap.add_argument("--shm-dir", default="/dev/shm/strata-bench", help="where the 235B file is written (once)")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the presets (smaller files)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes writing a model file")
+    ap.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench binary (none: strata alone)")
+    ap.add_argument("--llama-wait", type=float, default=600, help="seconds to wait for --llama-bench to appear")
+    ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions (-r)")
+    ap.add_argument("--gen-tokens", type=int, default=128, help="decoded tokens per tg test (235b: a quarter)")
+    ap.add_argument("--quick", action="store_true", help="leave out the 8192-token prompts")
+    ap.add_argument("--hbm-gbps", type=float, default=4300, help="HBM bandwidth for the floor, GB/s")
+    ap.add_argument("--link-gbps", type=float, default=54, help="host link bandwidth for the floor, GB/s")
+    ap.add_argument("--device", default="cuda", help="strata's device (cpu: a smoke test of this script)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    hbm, link = a.hbm_gbps * 1e9, a.link_gbps * 1e9
+
+    scenarios = [s for s in a.scenarios.split(",") if s]
+    files = {}
+    for s in scenarios:
+        preset = "qwen3-235b-a22b" if s == "235b" else "qwen3-30b-a3b"
+        if preset not in files:
+            files[preset] = write_model(a.shm_dir if s == "235b" else a.dir, preset, a.layers, a.workers)
+    llama_state: dict[str, str | None] = {}
+
+    def llama_binary() -> str | None:
+        """llama-bench once it exists (it may still be building): waited for at its first use only."""
+        if "path" not in llama_state:
+            llama_state["path"] = None
+            if a.llama_bench and wait_for(a.llama_bench, a.llama_wait):
+                llama_state["path"] = a.llama_bench
+            elif a.llama_bench:
+                print(f"no llama-bench at {a.llama_bench} after {a.llama_wait:.0f} s: strata rows only", flush=True)
+        return llama_state["path"]
+    rows: list[Row] = []
+    log: list[str] = []
+    for s in scenarios:
+        path = files["qwen3-235b-a22b" if s == "235b" else "qwen3-30b-a3b"]
+        info = strata.ModelInfo(path)
+        gen = max(8, a.gen_tokens // 4) if s == "235b" else a.gen_tokens
+        for cfg in configs(s, info, a.quick):
+            t0 = time.monotonic()
+            got = strata_config(path, cfg, gen, hbm, link, a.device)
+            llama = llama_binary() if cfg.ncmoe is not None else None
+            theirs = llama_config(llama, path, cfg, gen, a.reps if s != "235b" else 1, log) if llama else {}
+            for r in got:
+                r.scenario = s
+                r.llama_tps = theirs.get(r.test)
+            rows += got
+            print(f"[{s}] {cfg.label}: {time.monotonic() - t0:.0f} s", flush=True)
+    sizes = ", ".join(f"{os.path.basename(p)} ({os.path.getsize(p) / 2**30:.2f} GiB)" for p in files.values())
+    print(f"\n{rows[0].extra['device'] if rows else a.device}; files: {sizes}")
+    print_table(rows, hbm, link)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"files": files, "hbm_gbps": a.hbm_gbps, "link_gbps": a.link_gbps,
+                       "llama_bench": llama_state.get("path"),
+                       "rows": [{"scenario": r.scenario, "config": r.config, "test": r.test,
+                                 "strata_tps": r.strata_tps, "llama_tps": r.llama_tps, "ratio": r.ratio, **r.extra}
+                                for r in rows]}, f, indent=2)
+        with open(os.path.splitext(a.json)[0] + "-llama.log", "w") as f:
+            f.write("\n".join(log))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
