@@ -20,6 +20,7 @@ import click
 
 import strata
 from strata import GENERATE_DEFAULTS as DEFAULTS
+from strata._llama_flags import Command
 from strata._options import StrataWarning, log_level_error, parse_expert_cache, parse_prefill
 from strata.model import sampling_params, stop_stream
 
@@ -53,7 +54,10 @@ _default_showwarning = warnings.showwarning
 
 class _Strata(click.Group):
     """The command group: commands listed in the order they are defined, and click's usage errors,
-    Ctrl-C and unexpected exceptions each turned into one line on stderr."""
+    Ctrl-C and unexpected exceptions each turned into one line on stderr. Its commands answer
+    llama.cpp's flags first (strata._llama_flags)."""
+
+    command_class = Command
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)

@@ -337,3 +337,43 @@ def test_llama_cpp_flags(f16):
     plain = m.generate(ids, max_tokens=12, temperature=0).tokens
     window = m.generate(ids, max_tokens=12, temperature=0, repetition_penalty=5.0, repeat_last_n=-1).tokens
     assert len(set(window)) >= len(set(plain))  # with every token penalized, no fewer distinct ones
+
+
+# llama.cpp's flags that mean nothing here: refused with what strata does instead (exit 2), or
+# ignored with a warning where strata always does what they ask (-fa, --mlock).
+LLAMA_REFUSED = [
+    (["-ngl", "99"], "--device"), (["--n-gpu-layers", "0"], "--device"), (["--gpu-layers=99"], "--device"),
+    (["-ncmoe", "20"], "--expert-cache"), (["--n-cpu-moe", "20"], "--expert-cache"), (["-cmoe"], "--expert-cache"),
+    (["--cpu-moe"], "--expert-cache"), (["-ot", "exps=CPU"], "--expert-cache"),
+    (["--override-tensor", "exps=CPU"], "--expert-cache"), (["-b", "512"], "--prefill"),
+    (["-ub", "512"], "--prefill"), (["--batch-size", "512"], "--prefill"), (["-ctk", "q8_0"], "--kv-type"),
+    (["--cache-type-v", "f16"], "--kv-type"), (["--no-mmap"], "--source"), (["-cnv"], "strata chat"),
+]
+LLAMA_IGNORED = [["-fa"], ["-fa", "on"], ["--flash-attn", "off"], ["--flash-attn=auto"], ["--mlock"]]
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat", "bench", "info"])
+@pytest.mark.parametrize("flags, needle", LLAMA_REFUSED, ids=[" ".join(f) for f, _ in LLAMA_REFUSED])
+def test_llama_cpp_flags_are_refused_with_what_strata_does(f16, cmd, flags, needle):
+    r = run(cmd, f16, *flags, "-p", "hi") if cmd == "generate" else run(cmd, f16, *flags)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"strata: error: {' '.join(flags)} is a llama.cpp flag: "), lines
+    assert needle in lines[0] and "not a valid integer" not in lines[0]
+
+
+@pytest.mark.parametrize("flags", LLAMA_IGNORED, ids=[" ".join(f) for f in LLAMA_IGNORED])
+def test_harmless_llama_cpp_flags_warn_and_run(f16, flags):
+    plain = run("generate", f16, "-p", "Once upon", "-n", "4", "--temp", "0")
+    r = run("generate", f16, *flags, "-p", "Once upon", "-n", "4", "--temp", "0")
+    assert r.exit_code == 0 and r.stdout == plain.stdout, r.output
+    assert r.stderr.startswith(f"strata: warning: ignoring the llama.cpp flag {' '.join(flags)}: ")
+    assert r.stderr.count("\n") == 1
+
+
+def test_a_llama_flag_as_a_value_is_a_value(f16):
+    """-p -ngl is the prompt '-ngl'; -fa followed by a word that is not on/off is a bare -fa."""
+    r = run("generate", f16, "-p", "-ngl", "-n", "2", "--temp", "0")
+    assert r.exit_code == 0 and "llama.cpp" not in r.stderr
+    r = run("generate", "-fa", f16, "-p", "hi", "-n", "2")
+    assert r.exit_code == 0 and "ignoring the llama.cpp flag -fa:" in r.stderr
