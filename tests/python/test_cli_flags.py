@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import tempfile
 
 import click
@@ -262,11 +263,13 @@ def test_device_errors_name_the_device(f16):
 
 
 @pytest.mark.parametrize("ctx", [4096, 300])
-@pytest.mark.parametrize("prefill", ["8192", "auto", "auto:512", "64", "1"])
+@pytest.mark.parametrize("prefill", [None, "8192", "auto", "auto:512", "64", "1"])
 def test_info_expert_cache_agrees_with_a_load(f16, prefill, ctx):
+    """strata info --expert-cache answers from the load's own plan (the default --prefill and auto too)."""
     slot = strata.ModelInfo(f16).slot_bytes
-    for cache in ("0.001", "0.02", "0.05", "0.1", "0.3", "1", "3", "12", f"{3 * slot}b", "all"):
-        r = run("info", f16, "--expert-cache", cache, "--prefill", prefill, "-c", str(ctx), "--json")
+    for cache in ("0.001", "0.02", "0.05", "0.1", "0.3", "1", "3", "12", f"{3 * slot}b", "all", "auto"):
+        flags = ["--prefill", prefill] if prefill is not None else []
+        r = run("info", f16, "--expert-cache", cache, *flags, "-c", str(ctx), "--json")
         assert r.exit_code == 0, r.output
         plan = json.loads(r.stdout)["cache"]
         try:
@@ -277,6 +280,7 @@ def test_info_expert_cache_agrees_with_a_load(f16, prefill, ctx):
         assert plan["fits"], (cache, plan)
         assert plan["chunk"] == m.chunk, (cache, plan)
         assert plan["borrows"] == m.slots_for(m.chunk)
+        assert plan["all_resident"] == m.cache["all_resident"] and plan["device"] == m.device
         if not plan["all_resident"]:
             assert plan["slots"] == m.cache["slots"]
 
@@ -377,3 +381,46 @@ def test_a_llama_flag_as_a_value_is_a_value(f16):
     assert r.exit_code == 0 and "llama.cpp" not in r.stderr
     r = run("generate", "-fa", f16, "-p", "hi", "-n", "2")
     assert r.exit_code == 0 and "ignoring the llama.cpp flag -fa:" in r.stderr
+
+
+def test_load_defaults_are_the_native_ones(f16):
+    """One source of load defaults: the native ModelConfig; strata.Model's keywords, ModelInfo.load_plan
+    and every CLI flag take theirs from it, and a loaded model's config reads them back."""
+    import inspect
+
+    native = strata._core.ModelConfig()
+    assert dict(strata.LOAD_DEFAULTS) == {
+        "device": native.device, "expert_cache": native.expert_cache, "prefill": native.prefill,
+        "source": native.source, "ctx": native.ctx, "threads": native.threads, "kv_type": native.kv_type,
+        "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve}
+    assert native.prefill_mode == "default"
+    sig = inspect.signature(strata.Model).parameters
+    for k, v in strata.LOAD_DEFAULTS.items():
+        assert sig[k].default == (None if k == "prefill" else v), k
+    flags = {"device": "device", "expert_cache": "expert_cache", "source": "source", "ctx": "ctx",
+             "threads": "threads", "kv_type": "kv_type"}
+    for name in ("generate", "chat", "bench"):
+        params = {p.name: p for p in main.commands[name].params}
+        for k, p in flags.items():
+            if p in params:
+                assert params[p].default == strata.LOAD_DEFAULTS[k], (name, k)
+        assert params["prefill"].default is None  # the default chunk, stepping down
+    assert {p.name: p.default for p in main.commands["info"].params}["ctx"] == strata.LOAD_DEFAULTS["ctx"]
+    m = strata.Model(f16, progress=False, ctx=64)
+    c = m._m.config
+    assert (c.ctx, c.source, c.kv_type, c.prefill, c.prefill_mode) == (64, "auto", "auto", 8192, "default")
+    assert c.expert_cache == "all" == m.expert_cache  # auto, as resolved on the CPU
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("source", "disk", "source (--source)"), ("kv_type", "f8", "kv_type (--kv-type)"),
+    ("decode_resolve", "gpu", "decode_resolve"), ("device", "tpu", "device (--device)"), ("ctx", 0, "ctx (-c/--ctx)"),
+    ("prefill", 0, "--prefill"), ("threads", -1, "threads (-t/--threads)"),
+])
+def test_load_options_are_checked_natively_once(field, value, needle):
+    """ModelConfig.check is the one check of a load's names and ranges (strata.Model calls it)."""
+    c = strata._core.ModelConfig()
+    setattr(c, field, value)
+    with pytest.raises(strata.ConfigError, match=re.escape(needle)):
+        c.check()
+
