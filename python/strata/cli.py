@@ -230,6 +230,7 @@ def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
     if stats.get("prompt_reused"):
         prompt += f" ({stats['prompt_reused']} kept in the KV cache from the last turn)"
     lines = [
+        f"device   {stats.get('device', '?')}",
         f"prompt   {prompt} in {_fmt_ms(stats['prompt_ms'])} ({stats['prompt_tps']:.1f} tok/s), "
         f"{_n(stats['prompt_chunks'], 'chunk')} of up to {_n(stats['prompt_chunk'], 'token')}",
         f"decode   {_n(stats['generated'], 'token')}, "
@@ -519,7 +520,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
         _fail(e)
     st = out.stats
     res = {
-        "model": path, "device": m.device, "threads": m.threads, "load_s": load_s,
+        "model": path, "device": m.device, "device_describe": st["device"], "threads": m.threads, "load_s": load_s,
         "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"], "generated": st["generated"],
         "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"], "decode_path": st["decode_path"],
         **{k: v for k, v in st.items() if k.startswith("cache_")},
@@ -527,7 +528,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
     rows = [
         ("model", f"{os.path.basename(path)}: {m.spec['arch']}, {m.spec['params_total'] / 1e9:.2f} B total, "
                   f"{m.spec['params_active'] / 1e9:.2f} B active"),
-        ("device / threads", f"{m.device} / {res['threads']}"),
+        ("device", st["device"]),
         ("load", f"{load_s:.2f} s"),
         ("prompt", f"{st['prompt_tokens']} tokens, {st['prompt_tps']:.1f} tok/s ({st['prompt_chunks']} chunks of up "
                    f"to {st['prompt_chunk']})"),

@@ -77,6 +77,15 @@ def sampling_params(max_tokens: object = _D["max_tokens"], temperature: object =
     return p
 
 
+# How a decode step finds its experts, said for a GPU and for the CPU (which runs a GPU's two ways of
+# resolving a bounded cache's misses in host memory: "on the device" would be a GPU that is not there).
+_RESOLVED = {
+    True: {"resident": "resident", "device": "resolved on the GPU", "host": "resolved on the host"},
+    False: {"resident": "resident", "device": "resolved in the step (the GPU's way, on the CPU)",
+            "host": "resolved a layer at a time (the host's way, on the CPU)"},
+}
+
+
 @dataclass
 class Completion:
     """The result of a non-streaming generate() or chat()."""
@@ -379,9 +388,11 @@ class Model:
         stats.update({f"cache_{k}": v for k, v in self.cache.items()})
         # How decode steps ran: one recorded graph or op by op; experts resident, resolved on the
         # device or on the host.
+        # Which device ran: "cpu (AVX2, 2 threads)", "cuda: NVIDIA H200, 130.2 GiB free of 139.8 GiB, sm_90".
+        d = self.backend.describe()
+        stats["device"] = d if d.startswith(self.device) else f"{self.device}: {d}"
         stats["decode_path"] = (("graph" if self._m.decode_graph_active else "op by op") + ", experts "
-                                + {"resident": "resident", "device": "resolved on the device",
-                                   "host": "resolved on the host"}[self._m.decode_resolution])
+                                + _RESOLVED[self.device != "cpu"][self._m.decode_resolution])
         self._last_stats = stats
 
     @property

@@ -424,3 +424,19 @@ def test_load_options_are_checked_natively_once(field, value, needle):
     with pytest.raises(strata.ConfigError, match=re.escape(needle)):
         c.check()
 
+
+@pytest.mark.parametrize("decode_resolve", ["auto", "host"])
+def test_stats_name_the_device_and_say_truly_how_decode_ran(f16, decode_resolve):
+    """--stats and bench say which device ran (its kernels and threads on the CPU), and on the CPU
+    never that experts were resolved 'on the device' or 'on the GPU'."""
+    r = run("generate", f16, "-p", "hi", "-n", "3", "--stats", "-t", "1", "--expert-cache", "1MiB")
+    assert r.exit_code == 0, r.output
+    assert "device   cpu (AVX2, 1 thread)" in r.stderr or "device   cpu (scalar, 1 thread)" in r.stderr
+    m = strata.Model(f16, expert_cache="1MiB", threads=2, decode_resolve=decode_resolve, progress=False)
+    st = m.generate("hi there", max_tokens=3, temperature=0).stats
+    assert st["device"] == m.backend.describe() and st["device"].startswith("cpu (") and st["device"].endswith(
+        ", 2 threads)")
+    path = st["decode_path"]
+    assert "on the device" not in path and "on the GPU" not in path and path.endswith("on the CPU)"), path
+    r = run("bench", f16, "--prompt-tokens", "8", "--gen-tokens", "2", "-t", "1")
+    assert r.exit_code == 0 and any(ln.split()[:2] == ["device", "cpu"] for ln in r.stdout.splitlines()), r.stdout
