@@ -91,7 +91,7 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelSpec& spec() const { return plan_.spec; }
-  // As loaded: --expert-cache auto resolved to all_resident or cache_bytes.
+  // As loaded: --expert-cache auto resolved (cache All or Size, with cache_bytes 0 when All).
   const ModelConfig& config() const { return cfg_; }
   const gguf::File& file() const { return *plan_.file; }
   const ModelPlan& plan() const { return plan_; }
@@ -118,7 +118,7 @@ class Model {
   // usable; the KV cache from that pass's pos0 on is then stale.
   void set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 
-  // Runs ids[0..n) at positions pos0.. through the model, chunked by cfg.prefill, filling the KV
+  // Runs ids[0..n) at positions pos0.. through the model, in chunks of chunk() tokens, filling the KV
   // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
   // the last position's (none when logits is null).
   void forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits);
