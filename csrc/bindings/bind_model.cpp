@@ -174,7 +174,8 @@ void bind_model(py::module_& m) {
       "unfused.");
 
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend", "A compute device and its memory.")
-      .def(py::init(&make_backend), py::arg("device") = "cpu", py::arg("threads") = 0)
+      .def(py::init(&make_backend), py::arg("device") = ModelConfig().device,
+           py::arg("threads") = ModelConfig().threads)
       .def_property_readonly("name", &Backend::name)
       .def_property_readonly("threads", &Backend::threads)
       .def("describe", &Backend::describe)
