@@ -419,7 +419,7 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
         rows.append((f"quant {q['role']}", f"{q['type']}: {q['tensors']} tensors, {_fmt_bytes(q['bytes'])}"))
     if "cache" in out:
         c = out["cache"]
-        load = f"--prefill {prefill or LOAD['prefill']} --ctx {ctx}"
+        load = f"--prefill {prefill or str(LOAD['prefill']) + ' (default)'} --ctx {ctx}"
         if c["all_resident"]:
             rows.append(("expert cache", f"all experts resident (nothing streams) on {c['device']}"))
             rows.append((load, f"chunks of {c['chunk']} tokens, on their own scratch"))
