@@ -149,14 +149,7 @@ LoadPlan plan_load(const ModelPlan& plan, const ModelConfig& cfg, Backend& be) {
   const size_t slot = plan.experts.slot_bytes;
   lp.slots = (int64_t)(lp.cache_bytes / slot);
   lp.chunk = plan_chunk(plan.prefill, slot, lp.slots, lp.cache_bytes, T, cfg.prefill_mode);
-  if (lp.error.empty() && !lp.chunk.fits) {
-    lp.error = lp.chunk.error;
-    // A cache bigger than every expert plus the scratch it would then own: "all" is the cheaper fix.
-    const uint64_t all = plan.experts.total_bytes() + plan.prefill.bytes_needed(T, false);
-    if (cfg.cache == CacheKind::Size && (uint64_t)lp.chunk.needs * slot >= all)
-      lp.error +=
-          str("; --expert-cache all (every expert resident, ", mib_str(all), " with the scratch) needs less");
-  }
+  if (lp.error.empty() && !lp.chunk.fits) lp.error = lp.chunk.error;
   return lp;
 }
 
