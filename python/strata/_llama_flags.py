@@ -47,7 +47,7 @@ FLAGS: tuple[LlamaFlag, ...] = (
     LlamaFlag(("-fa", "--flash-attn"), "optional", False,
               "strata's attention is always fused (scores never stored), so there is nothing to switch"),
     LlamaFlag(("--mlock",), "flag", False,
-              "on a GPU strata page-locks the host copy of the experts already; on the CPU it locks nothing"),
+              "with --source host on a GPU the experts' host copy is page-locked already; otherwise nothing is locked"),
 )
 _BY_NAME = {n: f for f in FLAGS for n in f.names}
 
