@@ -180,6 +180,11 @@ class Model:
         # As resolved at load: 'all' or bytes (auto: all on the CPU; on a GPU what was free).
         loaded = self._m.config
         self.expert_cache: str | int = loaded.expert_cache
+        if cfg.prefill_mode == "default" and self._m.chunk < min(cfg.prefill, cfg.ctx):
+            # No silent switch to a slower path (DESIGN invariant 6): a stepped-down chunk is said.
+            warn(f"the expert cache ({self._m.cache_stats()['slots']} slots) has no room for the default prompt "
+                 f"chunk of {min(cfg.prefill, cfg.ctx)} tokens: prompts run in chunks of {self._m.chunk}; a larger "
+                 "--expert-cache keeps the default, --prefill N or auto sets the chunk")
         self.info = ModelInfo._of(file, self._m.plan)
         self.spec: dict[str, Any] = self.info.spec
         if cfg.ctx > self.spec["ctx_train"] > 0:

@@ -202,11 +202,15 @@ def test_default_prefill_steps_down_for_a_small_cache(f16_model):
     does) instead of an error; a --prefill 8192 given is an error naming both fixes with units."""
     info = strata.ModelInfo(f16_model)
     cache = f"{(info.layout(64)['slots'] + 8 * info.spec['top_k']) * info.slot_bytes}b"
-    m = strata.Model(f16_model, expert_cache=cache, progress=False)
-    assert 1 <= m.chunk < 8192
+    with pytest.warns(strata.StrataWarning, match="no room for the default prompt chunk of 4096 tokens") as w:
+        m = strata.Model(f16_model, expert_cache=cache, progress=False)
+    assert 1 <= m.chunk < 8192 and f"prompts run in chunks of {m.chunk}" in str(w[0].message)
     assert m.generate([m.tokenize("hi")[0]], max_tokens=2, temperature=0).stats["generated"] == 2
     r = run("generate", f16_model, "-p", "hi", "-n", "2", "--expert-cache", cache)
     assert r.exit_code == 0, r.output
+    assert r.stderr.count("strata: warning: the expert cache") == 1, r.stderr  # said once, in one line
+    r = run("generate", f16_model, "-p", "hi", "-n", "2", "--expert-cache", cache, "--prefill", str(m.chunk))
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.output  # a chunk given is not a step down
     r = run("generate", f16_model, "-p", "hi", "-n", "2", "--expert-cache", cache, "--prefill", "8192")
     assert r.exit_code == 2 and "chunk of 4096 tokens" in r.stderr and "MiB or more, or --prefill" in r.stderr, r.stderr
     # info answers as the load does
