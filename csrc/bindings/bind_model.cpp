@@ -53,7 +53,7 @@ py::dict cache_dict(Model& m) {
   py::dict d;
   d["all_resident"] = c.all_resident();
   d["source_kind"] = m.source_describe();
-  d["cache_bytes"] = m.config().all_resident ? 0 : m.config().cache_bytes;
+  d["cache_bytes"] = m.config().cache_bytes;
   d["source"] = m.source_kind();
   d["slot_bytes"] = c.slot_bytes();
   d["slots"] = c.n_slots();
@@ -119,6 +119,16 @@ py::dict stats_dict(const GenStats& s) {
   return d;
 }
 
+py::dict load_plan_dict(const LoadPlan& lp) {
+  py::dict d = chunk_dict(lp.chunk);
+  d["kv_type"] = kv_type_name(lp.kv);
+  d["all_resident"] = lp.all_resident;
+  d["cache_bytes"] = lp.cache_bytes;
+  d["cache_slots"] = lp.slots;
+  d["error"] = lp.error;
+  return d;
+}
+
 PrefillShape shape_of(const py::dict& shape) {
   PrefillShape s;
   s.D = shape["D"].cast<int64_t>();
@@ -164,7 +174,8 @@ void bind_model(py::module_& m) {
       "unfused.");
 
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend", "A compute device and its memory.")
-      .def(py::init(&make_backend), py::arg("device") = "cpu", py::arg("threads") = 0)
+      .def(py::init(&make_backend), py::arg("device") = ModelConfig().device,
+           py::arg("threads") = ModelConfig().threads)
       .def_property_readonly("name", &Backend::name)
       .def_property_readonly("threads", &Backend::threads)
       .def("describe", &Backend::describe)
@@ -187,31 +198,59 @@ void bind_model(py::module_& m) {
       .def(
           "plan_chunk",
           [](const ModelPlan& p, int64_t n_slots, size_t cache_bytes, int64_t max_T, bool is_auto) {
-            return chunk_dict(
-                plan_chunk(p.prefill, p.experts.slot_bytes, n_slots, cache_bytes, max_T, is_auto));
+            return chunk_dict(plan_chunk(p.prefill, p.experts.slot_bytes, n_slots, cache_bytes, max_T,
+                                         is_auto ? PrefillMode::Auto : PrefillMode::Fixed));
           },
-          py::arg("n_slots"), py::arg("cache_bytes"), py::arg("max_tokens"), py::arg("auto") = true);
+          py::arg("n_slots"), py::arg("cache_bytes"), py::arg("max_tokens"), py::arg("auto") = true)
+      .def(
+          "plan_load",
+          [](const ModelPlan& p, const ModelConfig& cfg, Backend& be) {
+            return load_plan_dict(plan_load(p, cfg, be));
+          },
+          py::arg("config"), py::arg("backend"),
+          "What a load with this config on this backend takes (auto resolved), or the error it stops with.");
+
+  // The load options with their one set of defaults; strata.Model fills one and check() refuses a
+  // value out of range. expert_cache reads and takes "auto", "all" or a size in bytes; prefill_mode
+  // "default", "fixed" or "auto".
+  py::class_<ModelConfig>(m, "ModelConfig", "A load's options (model/model.h); the defaults are strata's.")
+      .def(py::init<>())
+      .def("check", &check_config, "ConfigError naming the first option out of range.")
+      .def_readwrite("device", &ModelConfig::device)
+      .def_readwrite("threads", &ModelConfig::threads)
+      .def_readwrite("ctx", &ModelConfig::ctx)
+      .def_property(
+          "expert_cache",
+          [](const ModelConfig& c) -> py::object {
+            if (c.cache == CacheKind::Size) return py::int_(c.cache_bytes);
+            return py::str(c.cache == CacheKind::All ? "all" : "auto");
+          },
+          [](ModelConfig& c, const py::object& v) {
+            if (py::isinstance<py::str>(v)) {
+              const std::string s = v.cast<std::string>();
+              STRATA_CHECK(s == "auto" || s == "all", ConfigError,
+                           "--expert-cache must be a size, all or auto, got '", s, "'");
+              c.cache = s == "all" ? CacheKind::All : CacheKind::Auto;
+              c.cache_bytes = 0;
+            } else {
+              c.cache = CacheKind::Size;
+              c.cache_bytes = v.cast<size_t>();
+            }
+          })
+      .def_readwrite("source", &ModelConfig::source)
+      .def_property(
+          "prefill_mode", [](const ModelConfig& c) { return prefill_mode_name(c.prefill_mode); },
+          [](ModelConfig& c, const std::string& v) { c.prefill_mode = parse_prefill_mode(v); })
+      .def_readwrite("prefill", &ModelConfig::prefill)
+      .def_readwrite("gr_unfused", &ModelConfig::gr_unfused)
+      .def_readwrite("kv_type", &ModelConfig::kv_type)
+      .def_readwrite("decode_graph", &ModelConfig::decode_graph)
+      .def_readwrite("decode_resolve", &ModelConfig::decode_resolve);
+  m.attr("PREFILL_AUTO_MAX") = kPrefillAutoMax;
 
   py::class_<Model>(m, "Model")
-      .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend,
-                       const std::string& device, int threads, int64_t ctx, bool all_resident,
-                       size_t cache_bytes, bool cache_auto, const std::string& source, int64_t prefill,
-                       bool prefill_auto, bool gr_unfused, const std::string& kv_type, bool decode_graph,
-                       const std::string& decode_resolve, py::object progress, bool catch_sigint) {
-             ModelConfig cfg;
-             cfg.device = device;
-             cfg.threads = threads;
-             cfg.ctx = ctx;
-             cfg.all_resident = all_resident;
-             cfg.cache_bytes = cache_bytes;
-             cfg.cache_auto = cache_auto;
-             cfg.kv_type = kv_type;
-             cfg.source = source;
-             cfg.prefill = prefill;
-             cfg.prefill_auto = prefill_auto;
-             cfg.gr_unfused = gr_unfused;
-             cfg.decode_graph = decode_graph;
-             cfg.decode_resolve = decode_resolve;
+      .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend, ModelConfig cfg,
+                       py::object progress, bool catch_sigint) {
              // The expert copy reports after each layer: there Ctrl-C stops the load, which frees
              // what it allocated. (The callback is made here, with the GIL, as it holds `progress`.)
              SigintScope scope(catch_sigint);
@@ -229,12 +268,10 @@ void bind_model(py::module_& m) {
                throw;
              }
            }),
-           py::arg("file"), py::arg("backend") = nullptr, py::arg("device") = "cpu", py::arg("threads") = 0,
-           py::arg("ctx") = 4096, py::arg("all_resident") = true, py::arg("cache_bytes") = 0,
-           py::arg("cache_auto") = false, py::arg("source") = "auto", py::arg("prefill") = 8192,
-           py::arg("prefill_auto") = false, py::arg("gr_unfused") = false, py::arg("kv_type") = "auto",
-           py::arg("decode_graph") = true, py::arg("decode_resolve") = "auto",
+           py::arg("file"), py::arg("backend") = nullptr, py::arg("config") = ModelConfig(),
            py::arg("progress") = py::none(), py::arg("catch_sigint") = false)
+      .def_property_readonly(
+          "config", [](const Model& mo) { return mo.config(); }, "The options as loaded (auto resolved).")
       .def_property_readonly("decode_graph_active", &Model::decode_graph_active)
       .def_property_readonly("decode_resolution", &Model::decode_resolution)
       .def_property_readonly("plan", &Model::plan, py::return_value_policy::reference_internal)

@@ -39,12 +39,43 @@ std::shared_ptr<Backend> backend_for(const ModelConfig& cfg, std::shared_ptr<Bac
   return be ? std::move(be) : make_backend(cfg.device, cfg.threads);
 }
 
+const ModelConfig& checked(const ModelConfig& cfg) {
+  check_config(cfg);
+  return cfg;
+}
+
+void check_device(const std::string& device, int threads) {
+  STRATA_CHECK(threads >= 0, ConfigError, "threads (-t/--threads) must be >= 0 (0: every core), got ",
+               threads);
+  STRATA_CHECK(device == "cpu" || device == "cuda" || device == "auto", ConfigError,
+               "device (--device) must be cpu, cuda or auto, got '", device, "'");
+}
+
+bool one_of(const std::string& v, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (v == n) return true;
+  return false;
+}
+
 }  // namespace
 
+void check_config(const ModelConfig& c) {
+  check_device(c.device, c.threads);
+  STRATA_CHECK(c.ctx >= 1, ConfigError, "ctx (-c/--ctx) must be at least 1 token (KV cache length), got ",
+               c.ctx);
+  STRATA_CHECK(c.cache != CacheKind::Size || c.cache_bytes > 0, ConfigError,
+               "--expert-cache must be positive: a size, all or auto");
+  STRATA_CHECK(c.prefill >= 1, ConfigError, "--prefill must be at least 1 token, got ", c.prefill);
+  STRATA_CHECK(one_of(c.source, {"auto", "host", "mmap"}), ConfigError,
+               "source (--source) must be host, mmap or auto, got '", c.source, "'");
+  STRATA_CHECK(one_of(c.kv_type, {"auto", "f16", "f32"}), ConfigError,
+               "kv_type (--kv-type) must be auto, f16 or f32, got '", c.kv_type, "'");
+  STRATA_CHECK(one_of(c.decode_resolve, {"auto", "device", "host"}), ConfigError,
+               "decode_resolve must be auto, device or host, got '", c.decode_resolve, "'");
+}
+
 std::shared_ptr<Backend> make_backend(const std::string& device, int threads) {
-  STRATA_CHECK(threads >= 0, ConfigError, "threads must be >= 0 (0: every core), got ", threads);
-  STRATA_CHECK(device == "cpu" || device == "cuda" || device == "auto", ConfigError,
-               "device must be cpu, cuda or auto, got '", device, "'");
+  check_device(device, threads);
 #if defined(STRATA_HAVE_CUDA)
   if (device == "cuda" || (device == "auto" && cuda_device_count() > 0)) return make_cuda_backend(0);
 #else
@@ -73,7 +104,7 @@ AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, s
   a.cache_bytes = avail / plan.experts.slot_bytes * plan.experts.slot_bytes;
   const ChunkPlan c =
       plan_chunk(plan.prefill, plan.experts.slot_bytes, (int64_t)(a.cache_bytes / plan.experts.slot_bytes),
-                 a.cache_bytes, chunk, cfg.prefill_auto);
+                 a.cache_bytes, chunk, cfg.prefill_mode);
   if (!c.fits) {
     a.error = str("--expert-cache auto: ", mib_str(free_bytes),
                   " free on the device; the dense weights, KV cache (--ctx ", cfg.ctx, ") and scratch take ",
@@ -84,12 +115,48 @@ AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, s
   return a;
 }
 
+LoadPlan plan_load(const ModelPlan& plan, const ModelConfig& cfg, Backend& be) {
+  check_config(cfg);
+  LoadPlan lp;
+  lp.kv = cfg.kv_type == "f32"          ? KvType::F32
+          : cfg.kv_type == "f16"        ? KvType::F16
+          : be.supports_kv(KvType::F16) ? KvType::F16
+                                        : KvType::F32;
+  STRATA_CHECK(be.supports_kv(lp.kv), UnsupportedError, "the ", be.name(), " backend has no ",
+               kv_type_name(lp.kv), " KV cache; use --kv-type f32");
+  const int64_t T = std::min(cfg.prefill, cfg.ctx);  // a chunk is never longer than the context
+  lp.all_resident = cfg.cache == CacheKind::All;
+  lp.cache_bytes = cfg.cache == CacheKind::Size ? cfg.cache_bytes : 0;
+  if (cfg.cache == CacheKind::Auto) {
+    // On the CPU every expert is read where it lies; on a GPU the cache takes what is free.
+    if (be.host_is_device()) {
+      lp.all_resident = true;
+    } else {
+      size_t free_b = 0, total_b = 0;
+      be.memory_info(&free_b, &total_b);
+      const AutoCache a = auto_cache(plan, cfg, lp.kv, free_b, total_b);
+      lp.error = a.error;
+      lp.all_resident = a.all_resident;
+      lp.cache_bytes = a.cache_bytes;
+    }
+  }
+  if (lp.all_resident) {
+    lp.cache_bytes = 0;
+    lp.chunk.chunk = T;
+    lp.chunk.fits = lp.error.empty();
+    return lp;
+  }
+  const size_t slot = plan.experts.slot_bytes;
+  lp.slots = (int64_t)(lp.cache_bytes / slot);
+  lp.chunk = plan_chunk(plan.prefill, slot, lp.slots, lp.cache_bytes, T, cfg.prefill_mode);
+  if (lp.error.empty() && !lp.chunk.fits) lp.error = lp.chunk.error;
+  return lp;
+}
+
 Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shared_ptr<Backend> be)
-    : cfg_(cfg),
+    : cfg_(checked(cfg)),
       be_(backend_for(cfg, std::move(be))),
       plan_(ModelPlan::read(std::move(file), cfg.gr_unfused)) {
-  STRATA_CHECK(cfg_.ctx >= 1, ConfigError, "ctx must be at least 1, got ", cfg_.ctx);
-  STRATA_CHECK(cfg_.prefill >= 1, ConfigError, "--prefill must be at least 1 token, got ", cfg_.prefill);
   const ModelSpec& s = plan_.spec;
   const Prefill& pf = plan_.prefill;
   STRATA_CHECK(!s.ds4 || be_->has_ds4_ops(), UnsupportedError, plan_.file->path(),
@@ -98,31 +165,11 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
                "with --device cpu");
   const ExpertLayout& xl = plan_.experts;
 
-  KvType kv = be_->supports_kv(KvType::F16) ? KvType::F16 : KvType::F32;
-  if (cfg_.kv_type == "f32")
-    kv = KvType::F32;
-  else if (cfg_.kv_type == "f16")
-    kv = KvType::F16;
-  else
-    STRATA_CHECK(cfg_.kv_type == "auto", ConfigError, "--kv-type must be f32, f16 or auto, got '",
-                 cfg_.kv_type, "'");
-  STRATA_CHECK(be_->supports_kv(kv), UnsupportedError, "the ", be_->name(), " backend has no ",
-               kv_type_name(kv), " KV cache; use --kv-type f32");
-
-  if (cfg_.cache_auto) {
-    // On the CPU every expert is read where it lies; on a GPU the cache takes what is free.
-    if (be_->host_is_device()) {
-      cfg_.all_resident = true;
-    } else {
-      size_t free_b = 0, total_b = 0;
-      be_->memory_info(&free_b, &total_b);
-      const AutoCache a = auto_cache(plan_, cfg_, kv, free_b, total_b);
-      if (!a.error.empty()) throw MemoryError(a.error);
-      cfg_.all_resident = a.all_resident;
-      cfg_.cache_bytes = a.cache_bytes;
-    }
-  }
-  if (!cfg_.all_resident) {
+  const LoadPlan lp = plan_load(plan_, cfg_, *be_);
+  if (!lp.error.empty()) throw MemoryError(lp.error);
+  cfg_.cache = lp.all_resident ? CacheKind::All : CacheKind::Size;  // as loaded: auto resolved
+  cfg_.cache_bytes = lp.cache_bytes;
+  if (!lp.all_resident) {
     std::string kind = cfg_.source;
     if (kind == "auto") kind = host_fits(xl.total_bytes()) ? "host" : "mmap";
     if (kind == "host") {
@@ -131,32 +178,21 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       if (!be_->host_is_device())
         src_ = make_registered_source(xl, *be_, plan_.file->base(), plan_.file->file_size());
       if (!src_) src_ = make_host_source(xl, *be_, cfg_.progress);
-    } else if (kind == "mmap") {
-      src_ = make_mmap_source(xl);
     } else {
-      throw ConfigError(str("--source must be host, mmap or auto, got '", cfg_.source, "'"));
+      src_ = make_mmap_source(xl);
     }
   }
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes);
-  STRATA_CHECK(
-      cfg_.decode_resolve == "auto" || cfg_.decode_resolve == "device" || cfg_.decode_resolve == "host",
-      ConfigError, "decode_resolve must be auto, device or host, got '", cfg_.decode_resolve, "'");
   STRATA_CHECK(cfg_.decode_resolve != "device" || cache_->all_resident() || cache_->can_resolve_on_device(),
                UnsupportedError, "decode_resolve 'device': the ", be_->name(),
                " backend cannot read this expert source (", src_ ? src_->describe() : "none",
                ") from its kernels; use decode_resolve 'host' or 'auto', or --source host");
-  kv_ = std::make_unique<KVCache>(*be_, kv, s, cfg_.ctx);
+  kv_ = std::make_unique<KVCache>(*be_, lp.kv, s, cfg_.ctx);
   decode_region_ = DeviceBuffer(*be_, pf.bytes_needed(1, has_source()), "the decode scratch");
 
-  chunk_ = std::min(cfg_.prefill, cfg_.ctx);
-  if (cache_->all_resident()) {
+  chunk_ = lp.chunk.chunk;
+  if (cache_->all_resident())
     own_region_ = DeviceBuffer(*be_, pf.bytes_needed(chunk_, false), "the prompt scratch (lower --prefill)");
-  } else {
-    const ChunkPlan plan =
-        plan_chunk(pf, xl.slot_bytes, cache_->n_slots(), cfg_.cache_bytes, chunk_, cfg_.prefill_auto);
-    if (!plan.fits) throw MemoryError(plan.error);
-    chunk_ = plan.chunk;
-  }
   // Op scratch for the largest chunk and context, now: no op allocates later (nor inside a graph).
   be_->reserve_scratch(cfg_.ctx, chunk_ * s.K, s.n_head, s.head_dim);
   forward_ = find_architecture(s.arch, plan_.file->path())

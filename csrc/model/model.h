@@ -14,28 +14,39 @@
 #include "model/arch.h"
 #include "model/kv_cache.h"
 #include "model/plan.h"
+#include "prefill/chunk_plan.h"
 #include "prefill/prefill.h"
 
 namespace strata {
 
+// The expert cache a load asks for: --expert-cache auto (on the CPU every expert resident; on a GPU
+// what is free, auto_cache), all (every expert resident, nothing streams) or a size in bytes.
+enum class CacheKind { Auto, All, Size };
+
+// A load's options: the only place their defaults live (strata._core.ModelConfig; Python's
+// LOAD_DEFAULTS and the CLI's flags read theirs from it), checked once by check_config.
 struct ModelConfig {
-  std::string device = "cpu";
-  int threads = 0;               // CPU threads; 0: every core
-  int64_t ctx = 4096;            // KV cache length in tokens
-  bool all_resident = false;     // --expert-cache all
-  size_t cache_bytes = 0;        // --expert-cache in bytes when not all_resident
-  bool cache_auto = false;       // --expert-cache auto: all on the CPU; on a GPU what is free (auto_cache)
-  std::string source = "auto";   // host | mmap | auto
-  int64_t prefill = 8192;        // tokens per prompt chunk; with prefill_auto, the largest tried
-  bool prefill_auto = false;     // --prefill auto[:MAX]: the largest chunk <= prefill that fits
-  bool gr_unfused = false;       // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
-  std::string kv_type = "auto";  // f32 | f16 | auto (f16 where the backend keeps it, else f32)
-  bool decode_graph = true;      // record a decode step as one graph where the host decides nothing in
-                                 // it (a GPU, every expert resident or resolved on the device)
+  std::string device = "auto";  // cpu | cuda | auto (CUDA when built with it and a GPU is present)
+  int threads = 0;              // CPU threads; 0: every core
+  int64_t ctx = 4096;           // KV cache length in tokens
+  CacheKind cache = CacheKind::Auto;
+  size_t cache_bytes = 0;                           // the size when cache is Size
+  std::string source = "auto";                      // host | mmap | auto
+  PrefillMode prefill_mode = PrefillMode::Default;  // see PrefillMode (prefill/chunk_plan.h)
+  int64_t prefill = kPrefillDefault;                // tokens per chunk; Auto: the largest tried
+  bool gr_unfused = false;              // STRATA_GR_UNFUSED=1 (read at the edge): carve xn, normalize into it
+  std::string kv_type = "auto";         // f32 | f16 | auto (f16 where the backend keeps it, else f32)
+  bool decode_graph = true;             // record a decode step as one graph where the host decides nothing in
+                                        // it (a GPU, every expert resident or resolved on the device)
   std::string decode_resolve = "auto";  // a bounded cache's decode: "device" (resolve_experts), "host"
                                         // (prepare, one round trip a layer), auto: device where it can
   Progress progress;                    // long loads report here
+
+  bool all_resident() const { return cache == CacheKind::All; }
 };
+
+// ConfigError naming the first option out of range, by the flag a user gives it.
+void check_config(const ModelConfig& cfg);
 
 struct ChunkStats {
   int64_t chunks = 0, chunk_tokens = 0, slots_borrowed = 0;
@@ -57,6 +68,19 @@ struct AutoCache {
 AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, size_t free_bytes,
                      size_t total_bytes);
 
+// What a load of `plan` with `cfg` on `be` takes, decided before anything is allocated: the KV type,
+// the expert cache (auto resolved against the device's free memory) and the prompt chunk, or the
+// error the load stops with. Model loads by it; `strata info --expert-cache` shows it.
+struct LoadPlan {
+  KvType kv = KvType::F32;
+  bool all_resident = false;
+  size_t cache_bytes = 0;  // 0 when all resident
+  int64_t slots = 0;       // slots of the cache (cache_bytes / slot_bytes)
+  ChunkPlan chunk;         // the chunk and the slots it borrows (0 when all resident)
+  std::string error;       // when the load would stop: MemoryError's message
+};
+LoadPlan plan_load(const ModelPlan& plan, const ModelConfig& cfg, Backend& be);
+
 class Model {
  public:
   // Loads the model of an opened file on `be` (made from cfg.device when null). A load that throws
@@ -67,7 +91,7 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelSpec& spec() const { return plan_.spec; }
-  // As loaded: --expert-cache auto resolved to all_resident or cache_bytes.
+  // As loaded: --expert-cache auto resolved (cache All or Size, with cache_bytes 0 when All).
   const ModelConfig& config() const { return cfg_; }
   const gguf::File& file() const { return *plan_.file; }
   const ModelPlan& plan() const { return plan_; }
@@ -94,7 +118,7 @@ class Model {
   // usable; the KV cache from that pass's pos0 on is then stale.
   void set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 
-  // Runs ids[0..n) at positions pos0.. through the model, chunked by cfg.prefill, filling the KV
+  // Runs ids[0..n) at positions pos0.. through the model, in chunks of chunk() tokens, filling the KV
   // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
   // the last position's (none when logits is null).
   void forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits);

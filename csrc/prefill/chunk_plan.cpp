@@ -8,12 +8,29 @@
 
 namespace strata {
 
+const char* prefill_mode_name(PrefillMode m) {
+  switch (m) {
+    case PrefillMode::Fixed:
+      return "fixed";
+    case PrefillMode::Auto:
+      return "auto";
+    default:
+      return "default";
+  }
+}
+
+PrefillMode parse_prefill_mode(const std::string& name) {
+  for (PrefillMode m : {PrefillMode::Default, PrefillMode::Fixed, PrefillMode::Auto})
+    if (name == prefill_mode_name(m)) return m;
+  throw ConfigError(str("prefill mode must be default, fixed or auto, got '", name, "'"));
+}
+
 int64_t region_slots(const Prefill& p, int64_t T, size_t slot_bytes) {
   return (int64_t)((p.bytes_needed(T, true) + slot_bytes - 1) / slot_bytes);
 }
 
 ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_t cache_bytes, int64_t max_T,
-                     bool is_auto) {
+                     PrefillMode mode) {
   STRATA_CHECK(max_T >= 1, ConfigError, "--prefill must be at least 1 token, got ", max_T);
   const auto& s = p.shape();
   // room: slots the chunk needs besides its region, a layer's expert working set or one expert.
@@ -28,13 +45,24 @@ ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_
   auto mib = [&](int64_t slots) { return ((uint64_t)slots * slot_bytes + (1 << 20) - 1) >> 20; };
   const std::string cache =
       str("--expert-cache ", mib_str(cache_bytes), " (", n_slots, " slots of ", slot_bytes, " bytes)");
-  if (!is_auto) {
+  if (mode != PrefillMode::Auto) {
     ChunkPlan c = make(max_T, false);
-    if (!c.fits)
-      c.error = str(cache, " is too small for a prompt chunk of ", c.chunk, " tokens, which borrows ",
-                    c.slots, " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs),
-                    " or more, or a smaller --prefill");
-    return c;
+    if (c.fits) return c;
+    if (mode == PrefillMode::Fixed) {
+      // The largest chunk that fits as a fixed one: the region grows with T (bisection; checked).
+      int64_t lo = 0, hi = max_T;
+      while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        (make(mid, false).fits ? lo : hi) = mid;
+      }
+      c.error =
+          str(cache, " is too small for a prompt chunk of ", c.chunk, " tokens, which borrows ", c.slots,
+              " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs), "MiB or more");
+      if (lo >= 1 && make(lo, false).fits)
+        c.error += str(", or --prefill ", lo, " or fewer tokens, or --prefill auto");
+      return c;
+    }
+    // Default: no --prefill was given, so a cache too small for the default chunk steps down.
   }
   // Halving from max_T (through 256, down to 1): first the largest chunk whose region leaves room
   // for a layer's experts; failing that, the largest that leaves room for one (experts then evict
@@ -49,9 +77,9 @@ ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_
   ChunkPlan c = make(1, false);
   const int64_t useful = std::min<int64_t>(256, max_T);
   c.error = str(cache, " is too small for any prompt chunk: one of 1 token borrows ", c.slots,
-                " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs), " or more");
+                " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs), "MiB or more");
   if (useful > 1 && mib(make(useful, true).needs) > mib(c.needs))
-    c.error += str(" (", mib(make(useful, true).needs), " or more for chunks of ", useful, " tokens)");
+    c.error += str(" (", mib(make(useful, true).needs), "MiB or more for chunks of ", useful, " tokens)");
   return c;
 }
 

@@ -2,7 +2,7 @@
 
 from strata import _core
 from strata._core import ConfigError, Error, FormatError, MemoryError, UnsupportedError
-from strata._options import StrataWarning
+from strata._options import LOAD_DEFAULTS, StrataWarning
 from strata._options import log_level_from_env as _log_level_from_env
 from strata.info import ModelInfo, inspect
 from strata.model import GENERATE_DEFAULTS, Backend, Completion, Model
@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 _core.set_log_level(_log_level_from_env())
 __all__ = [
     "GENERATE_DEFAULTS",
+    "LOAD_DEFAULTS",
     "Backend",
     "Completion",
     "ConfigError",

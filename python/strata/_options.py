@@ -9,9 +9,13 @@ import operator
 import os
 import re
 import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
+from strata import _core
 from strata._core import ConfigError
 
 
@@ -67,7 +71,7 @@ _UNITS = {"": 2**20, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, 
 def parse_expert_cache(value: str | float | None) -> str | int:
     """'all', 'auto', or a byte count from MiB ('14900') or units ('14.5GiB', '900MiB')."""
     if value is None:
-        return "auto"
+        return LOAD_DEFAULTS["expert_cache"]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value <= 0:
             raise ConfigError(f"--expert-cache must be positive, got {value}")
@@ -87,23 +91,76 @@ def parse_expert_cache(value: str | float | None) -> str | int:
     return n
 
 
+def _load_defaults() -> Mapping[str, Any]:
+    c = _core.ModelConfig()
+    return MappingProxyType({
+        "device": c.device, "expert_cache": c.expert_cache, "prefill": c.prefill, "source": c.source,
+        "ctx": c.ctx, "threads": c.threads, "kv_type": c.kv_type, "decode_graph": c.decode_graph,
+        "decode_resolve": c.decode_resolve,
+    })
+
+
+# The native load defaults (model/model.h ModelConfig), the only ones: strata.Model, ModelInfo and
+# the CLI take theirs from here. prefill: the default chunk, which steps down when the cache is too
+# small for it (a --prefill N given by the user does not: it is an error naming what fits).
+LOAD_DEFAULTS: Mapping[str, Any] = _load_defaults()
+
+
 def parse_prefill(value: str | int | None) -> tuple[str, int]:
-    """('fixed', N) for 'N', ('auto', MAX) for 'auto' or 'auto:MAX'."""
+    """('fixed', N) for 'N', ('auto', MAX) for 'auto' or 'auto:MAX', ('default', 8192) for None:
+    the native ModelConfig's prefill_mode and prefill."""
     if value is None:
-        return ("fixed", 8192)
+        return ("default", LOAD_DEFAULTS["prefill"])
     if isinstance(value, int) and not isinstance(value, bool):
         text = str(value)
     else:
         text = str(value).strip().lower()
     m = re.fullmatch(r"auto(?::([0-9]+))?", text)
     if m:
-        mx = int(m.group(1)) if m.group(1) else 32768
+        mx = int(m.group(1)) if m.group(1) else _core.PREFILL_AUTO_MAX
         if mx < 1:
             raise ConfigError(f"--prefill auto:MAX needs MAX >= 1, got '{value}'")
         return ("auto", mx)
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--prefill '{value}' must be a token count >= 1 ('8192') or 'auto[:MAX]'")
     return ("fixed", int(text))
+
+
+def _as_str(value: object, name: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def _as_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object = LOAD_DEFAULTS["expert_cache"],
+                prefill: object = None, source: object = LOAD_DEFAULTS["source"], ctx: object = LOAD_DEFAULTS["ctx"],
+                threads: object = LOAD_DEFAULTS["threads"], kv_type: object = LOAD_DEFAULTS["kv_type"],
+                decode_graph: object = LOAD_DEFAULTS["decode_graph"],
+                decode_resolve: object = LOAD_DEFAULTS["decode_resolve"],
+                gr_unfused: bool | None = None) -> _core.ModelConfig:
+    """The native ModelConfig of strata.Model's keywords: user text parsed and types checked here
+    (strata.ConfigError naming the argument), ranges and names checked natively (ModelConfig.check)."""
+    c = _core.ModelConfig()
+    c.device = _as_str(device, "device (--device)", "a name such as 'cpu' or 'cuda'")
+    c.threads = threads_from_env(threads)
+    c.ctx = as_int(ctx, "ctx (-c/--ctx)", None, 2**62, "KV cache length in tokens")
+    c.expert_cache = parse_expert_cache(expert_cache)  # type: ignore[arg-type]
+    c.prefill_mode, c.prefill = parse_prefill(prefill)  # type: ignore[arg-type]
+    c.source = _as_str(source, "source (--source)", "host, mmap or auto")
+    c.kv_type = _as_str(kv_type, "kv_type (--kv-type)", "auto, f16 or f32")
+    c.decode_graph = _as_bool(decode_graph, "decode_graph")
+    c.decode_resolve = _as_str(decode_resolve, "decode_resolve", "auto, device or host")
+    if gr_unfused is not None and not isinstance(gr_unfused, bool):
+        raise ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
+    c.gr_unfused = gr_unfused_from_env(gr_unfused)
+    c.check()
+    return c
 
 
 def cores() -> int:

@@ -20,6 +20,8 @@ import click
 
 import strata
 from strata import GENERATE_DEFAULTS as DEFAULTS
+from strata._llama_flags import Command
+from strata._options import LOAD_DEFAULTS as LOAD
 from strata._options import StrataWarning, log_level_error, parse_expert_cache, parse_prefill
 from strata.model import sampling_params, stop_stream
 
@@ -29,9 +31,10 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a job stopped by Ctrl-C
 
 _EXPERT_CACHE_HELP = ("Expert cache size: MiB (14900), a size with units (14.5GiB, 900MiB), 'all' (every expert "
-                      "resident, nothing streams) or 'auto' (on the CPU: all).")
-_PREFILL_HELP = ("Prompt tokens per chunk: N, or auto[:MAX] for the largest chunk <= MAX (default 32768) that the "
-                 "expert cache leaves room for, stepping down to 1 token.")
+                      "resident, nothing streams) or 'auto' (on the CPU: all; on a GPU: what is free).")
+_PREFILL_HELP = (f"Prompt tokens per chunk: N, or auto[:MAX] for the largest chunk <= MAX (default "
+                 f"{strata._core.PREFILL_AUTO_MAX}) that the expert cache leaves room for, stepping down to 1 token.  "
+                 f"[default: {LOAD['prefill']}, stepping down as auto does when the expert cache is too small for it]")
 
 
 # ---- errors, warnings, interrupts: one line each ----
@@ -53,7 +56,10 @@ _default_showwarning = warnings.showwarning
 
 class _Strata(click.Group):
     """The command group: commands listed in the order they are defined, and click's usage errors,
-    Ctrl-C and unexpected exceptions each turned into one line on stderr."""
+    Ctrl-C and unexpected exceptions each turned into one line on stderr. Its commands answer
+    llama.cpp's flags first (strata._llama_flags)."""
+
+    command_class = Command
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
@@ -125,20 +131,26 @@ def _model_path(model: str | None, model_opt: str | None) -> str:
     return model if model is not None else model_opt  # type: ignore[return-value]
 
 
-def _load_options(ctx_default: int | None = 4096) -> Decorator:
+_device_option = click.option(
+    "--device", default=LOAD["device"], show_default=True, metavar="NAME",
+    help="Compute device: auto (cuda when strata was built with it and a GPU is present, else cpu), cuda or cpu.")
+
+
+def _load_options(ctx_default: int | None = LOAD["ctx"]) -> Decorator:
     opts = [
-        click.option("--device", default="auto", show_default=True, metavar="NAME",
-                     help="Compute device: auto (cuda when strata was built with it and a GPU is present, else "
-                          "cpu), cuda or cpu."),
-        click.option("--kv-type", type=click.Choice(["auto", "f16", "f32"]), default="auto", show_default=True,
+        _device_option,
+        click.option("--kv-type", type=click.Choice(["auto", "f16", "f32"]), default=LOAD["kv_type"],
+                     show_default=True,
                      help="KV cache element type: auto (f16 on a GPU, f32 on the CPU), f16, or f32 (for checking a "
                           "GPU against the CPU)."),
-        click.option("--expert-cache", default="auto", show_default=True, metavar="SIZE", help=_EXPERT_CACHE_HELP),
-        click.option("--prefill", default="8192", show_default=True, metavar="N|auto[:MAX]", help=_PREFILL_HELP),
-        click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default="auto", show_default=True,
+        click.option("--expert-cache", default=LOAD["expert_cache"], show_default=True, metavar="SIZE",
+                     help=_EXPERT_CACHE_HELP),
+        click.option("--prefill", default=None, metavar="N|auto[:MAX]", help=_PREFILL_HELP),
+        click.option("--source", type=click.Choice(["auto", "host", "mmap"]), default=LOAD["source"],
+                     show_default=True,
                      help="Where streamed experts live: host (a copy in RAM), mmap (read from the file), auto "
                           "(host when it fits in the free RAM)."),
-        click.option("-t", "--threads", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("-t", "--threads", type=click.IntRange(min=0), default=LOAD["threads"], show_default=True,
                      help="CPU threads; 0: STRATA_THREADS, else every core."),
         click.option("-q", "--quiet", is_flag=True,
                      help="No progress lines on stderr (they show only on a terminal, for steps over a second)."),
@@ -218,6 +230,7 @@ def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
     if stats.get("prompt_reused"):
         prompt += f" ({stats['prompt_reused']} kept in the KV cache from the last turn)"
     lines = [
+        f"device   {stats.get('device', '?')}",
         f"prompt   {prompt} in {_fmt_ms(stats['prompt_ms'])} ({stats['prompt_tps']:.1f} tok/s), "
         f"{_n(stats['prompt_chunks'], 'chunk')} of up to {_n(stats['prompt_chunk'], 'token')}",
         f"decode   {_n(stats['generated'], 'token')}, "
@@ -349,13 +362,15 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
 @click.option("--expert-cache", default=None, metavar="SIZE",
               help="Also show the slots of this expert cache and the prompt chunk a load with it takes "
                    "(as --expert-cache of generate).")
-@click.option("--prefill", default="8192", show_default=True, metavar="N|auto[:MAX]",
-              help="With --expert-cache: the --prefill of that load.")
-@click.option("-c", "--ctx", type=click.IntRange(min=1), default=4096, show_default=True,
+@click.option("--prefill", default=None, metavar="N|auto[:MAX]",
+              help=f"With --expert-cache: the --prefill of that load.  [default: {LOAD['prefill']}, stepping down "
+                   "when the cache is too small for it]")
+@click.option("-c", "--ctx", type=click.IntRange(min=1), default=LOAD["ctx"], show_default=True,
               help="With --expert-cache: the --ctx of that load (a chunk is at most ctx tokens).")
+@_device_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def info(model: str | None, model_opt: str | None, expert_cache: str | None, prefill: str, ctx: int,
-         as_json: bool) -> None:
+def info(model: str | None, model_opt: str | None, expert_cache: str | None, prefill: str | None, ctx: int,
+         device: str, as_json: bool) -> None:
     """Architecture, shapes, parameters, quant mix and memory of MODEL (a GGUF file), from its header
     alone: nothing is loaded. With --expert-cache, the slots and the prompt chunk that a load with the
     same --expert-cache, --prefill and --ctx takes, or the error it stops with."""
@@ -381,7 +396,10 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
     out["quant_mix"] = [{"role": r, "type": ty, "tensors": n, "bytes": mix_bytes[(r, ty)]}
                         for (r, ty), n in sorted(mix.items())]
     if expert_cache is not None:
-        out["cache"] = load_plan(m, expert_cache, prefill, ctx)
+        try:
+            out["cache"] = m.load_plan(expert_cache=expert_cache, prefill=prefill, ctx=ctx, device=device)
+        except strata.Error as e:
+            _fail(e)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
@@ -401,9 +419,9 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
         rows.append((f"quant {q['role']}", f"{q['type']}: {q['tensors']} tensors, {_fmt_bytes(q['bytes'])}"))
     if "cache" in out:
         c = out["cache"]
-        load = f"--prefill {prefill} --ctx {ctx}"
+        load = f"--prefill {prefill or str(LOAD['prefill']) + ' (default)'} --ctx {ctx}"
         if c["all_resident"]:
-            rows.append(("expert cache", "all experts resident (nothing streams)"))
+            rows.append(("expert cache", f"all experts resident (nothing streams) on {c['device']}"))
             rows.append((load, f"chunks of {c['chunk']} tokens, on their own scratch"))
         else:
             rows.append(("expert cache", f"{c['cache_bytes'] / MiB:.2f} MiB = {c['slots']} slots of "
@@ -415,26 +433,9 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
         click.echo(f"{k:<{w}}  {v}")
 
 
-def load_plan(m: strata.ModelInfo, expert_cache: str, prefill: str, ctx: int) -> dict[str, Any]:
-    """What strata.Model(expert_cache=, prefill=, ctx=) of this file does with its prompt chunk: the
-    chunk it takes and the slots it borrows, or the error the load stops with."""
-    try:
-        cache = parse_expert_cache(expert_cache)
-        mode, max_tokens = parse_prefill(prefill)
-    except strata.Error as e:
-        _fail(e)
-    T = min(max_tokens, ctx)  # as the load: a chunk is never longer than the context
-    if cache in ("all", "auto"):  # on the CPU, auto is all
-        return {"all_resident": True, "chunk": T, "borrows": 0, "fits": True, "error": ""}
-    p = m.plan_chunk(f"{cache}b", T, auto=(mode == "auto"))
-    return {"all_resident": False, "cache_bytes": p["cache_bytes"], "slot_bytes": m.slot_bytes,
-            "slots": p["cache_slots"], "chunk": p["chunk"], "borrows": p["slots"], "needs": p["needs"],
-            "fits": p["fits"], "error": p["error"]}
-
-
 @main.command(short_help="The scratch buffers of one prompt chunk and the slots it borrows.")
 @_model_args
-@click.option("--tokens", type=click.IntRange(min=1), default=8192, show_default=True,
+@click.option("--tokens", type=click.IntRange(min=1), default=LOAD["prefill"], show_default=True,
               help="Tokens in the chunk (T).")
 @click.option("--no-source", is_flag=True, help="Plan for an all-resident cache (no ExpertSource streams experts).")
 @click.option("--unfused", is_flag=True, help="Plan with the GR read unfused (xn carved), as STRATA_GR_UNFUSED=1.")
@@ -519,7 +520,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
         _fail(e)
     st = out.stats
     res = {
-        "model": path, "device": m.device, "threads": m.threads, "load_s": load_s,
+        "model": path, "device": m.device, "device_describe": st["device"], "threads": m.threads, "load_s": load_s,
         "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"], "generated": st["generated"],
         "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"], "decode_path": st["decode_path"],
         **{k: v for k, v in st.items() if k.startswith("cache_")},
@@ -527,7 +528,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
     rows = [
         ("model", f"{os.path.basename(path)}: {m.spec['arch']}, {m.spec['params_total'] / 1e9:.2f} B total, "
                   f"{m.spec['params_active'] / 1e9:.2f} B active"),
-        ("device / threads", f"{m.device} / {res['threads']}"),
+        ("device", st["device"]),
         ("load", f"{load_s:.2f} s"),
         ("prompt", f"{st['prompt_tokens']} tokens, {st['prompt_tps']:.1f} tok/s ({st['prompt_chunks']} chunks of up "
                    f"to {st['prompt_chunk']})"),

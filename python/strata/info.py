@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from strata import _core
-from strata._options import gr_unfused_from_env, parse_expert_cache
+from strata._options import LOAD_DEFAULTS, gr_unfused_from_env, load_config, parse_expert_cache
 
 
 def _open(path: str | os.PathLike) -> _core.GGUFFile:
@@ -86,7 +86,7 @@ class ModelInfo:
     def gr_unfused(self) -> bool:
         return self._plan.gr_unfused
 
-    def layout(self, tokens: int = 8192, source: bool = True) -> dict[str, Any]:
+    def layout(self, tokens: int = LOAD_DEFAULTS["prefill"], source: bool = True) -> dict[str, Any]:
         """The prompt scratch plan for a chunk of `tokens`: bytes_needed, kind, buffers, slots.
 
         source: plan for experts streamed from an ExpertSource (False: every expert resident).
@@ -115,3 +115,20 @@ class ModelInfo:
         d["cache_bytes"] = size
         d["cache_slots"] = n
         return d
+
+    def load_plan(self, expert_cache: str | float | None = LOAD_DEFAULTS["expert_cache"],
+                  prefill: str | int | None = None, ctx: int = LOAD_DEFAULTS["ctx"],
+                  device: str = LOAD_DEFAULTS["device"], kv_type: str = LOAD_DEFAULTS["kv_type"],
+                  backend: _core.Backend | None = None) -> dict[str, Any]:
+        """What strata.Model(path, expert_cache=, prefill=, ctx=, device=, kv_type=) takes, as the native
+        load decides it (auto against the device's free memory): all_resident, cache_bytes, slots,
+        slot_bytes, chunk, borrows (slots the chunk borrows), needs, fits, kv_type, and error (the
+        MemoryError the load stops with, '' when it fits)."""
+        cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, ctx=ctx, kv_type=kv_type,
+                          gr_unfused=self.gr_unfused)
+        be = backend if backend is not None else _core.Backend(cfg.device, cfg.threads)
+        p = self._plan.plan_load(cfg, be)
+        return {"device": be.name, "kv_type": p["kv_type"], "all_resident": p["all_resident"],
+                "cache_bytes": p["cache_bytes"], "slot_bytes": self.slot_bytes, "slots": p["cache_slots"],
+                "chunk": p["chunk"], "borrows": p["slots"], "needs": p["needs"], "fits": p["fits"],
+                "error": p["error"]}

@@ -15,14 +15,12 @@ import numpy as np
 
 from strata import _core
 from strata._options import (
+    LOAD_DEFAULTS,
     as_float,
     as_int,
-    gr_unfused_from_env,
+    load_config,
     log_level_error,
-    parse_expert_cache,
-    parse_prefill,
     parse_seed,
-    threads_from_env,
     warn,
 )
 from strata._progress import ProgressBar, PromptProgress, is_terminal
@@ -57,6 +55,7 @@ def _native_defaults() -> Mapping[str, Any]:
 # The native sampler's defaults, the only ones: Model.generate and the CLI take theirs from here.
 GENERATE_DEFAULTS: Mapping[str, Any] = _native_defaults()
 _D = GENERATE_DEFAULTS
+_L = LOAD_DEFAULTS
 
 
 def sampling_params(max_tokens: object = _D["max_tokens"], temperature: object = _D["temperature"],
@@ -76,6 +75,15 @@ def sampling_params(max_tokens: object = _D["max_tokens"], temperature: object =
     s.seed = parse_seed(seed)
     s.check()  # the ranges, from the sampler itself
     return p
+
+
+# How a decode step finds its experts, said for a GPU and for the CPU (which runs a GPU's two ways of
+# resolving a bounded cache's misses in host memory: "on the device" would be a GPU that is not there).
+_RESOLVED = {
+    True: {"resident": "resident", "device": "resolved on the GPU", "host": "resolved on the host"},
+    False: {"resident": "resident", "device": "resolved in the step (the GPU's way, on the CPU)",
+            "host": "resolved a layer at a time (the host's way, on the CPU)"},
+}
 
 
 @dataclass
@@ -116,8 +124,11 @@ class Model:
     """A Mixture-of-Experts GGUF loaded on `device`, experts streamed through the expert cache.
 
     expert_cache: MiB (14900), a size with units ('14.5GiB', '900MiB'), 'all' (every expert
-    resident, nothing streams) or 'auto' (CPU: all). prefill: tokens per prompt chunk, or
-    'auto[:MAX]' for the largest chunk <= MAX the cache leaves room for. source: 'host' (a
+    resident, nothing streams) or 'auto' (CPU: all; GPU: what is free beside the dense weights, the KV
+    cache and the scratch). prefill: tokens per prompt chunk, or 'auto[:MAX]' for the largest chunk
+    <= MAX the cache leaves room for; None: 8192, stepping down as auto does when the cache is too
+    small for it (a given N that does not fit is an error naming the cache and the --prefill that do).
+    The defaults are the native ModelConfig's (strata.LOAD_DEFAULTS). source: 'host' (a
     copy of the experts in RAM), 'mmap' (read from the file) or 'auto'. threads: CPU threads
     (0: STRATA_THREADS, else every core). gr_unfused: carve the normalized input xn, a debug/A-B
     switch with byte-identical logits (None: from STRATA_GR_UNFUSED). backend: run on this
@@ -136,71 +147,55 @@ class Model:
     def __init__(
         self,
         path: str | os.PathLike,
-        device: str = "auto",
-        expert_cache: str | float | None = "auto",
-        prefill: str | int | None = 8192,
-        source: str = "auto",
-        ctx: int = 4096,
-        threads: int = 0,
+        device: str = _L["device"],
+        expert_cache: str | float | None = _L["expert_cache"],
+        prefill: str | int | None = None,
+        source: str = _L["source"],
+        ctx: int = _L["ctx"],
+        threads: int = _L["threads"],
         progress: bool = True,
         gr_unfused: bool | None = None,
         backend: Backend | None = None,
-        kv_type: str = "auto",
-        decode_graph: bool = True,
-        decode_resolve: str = "auto",
+        kv_type: str = _L["kv_type"],
+        decode_graph: bool = _L["decode_graph"],
+        decode_resolve: str = _L["decode_resolve"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
         self.path = os.fspath(path)
         if backend is not None and not isinstance(backend, Backend):
             raise _core.ConfigError(f"backend must be a strata.Backend, got {backend!r}")
-        if not isinstance(device, str):
-            raise _core.ConfigError(f"device (--device) must be a name such as 'cpu' or 'cuda', got {device!r}")
-        if source not in ("auto", "host", "mmap"):
-            raise _core.ConfigError(f"source (--source) must be host, mmap or auto, got {source!r}")
-        if decode_resolve not in ("auto", "device", "host"):
-            raise _core.ConfigError(f"decode_resolve must be auto, device or host, got {decode_resolve!r}")
-        if not isinstance(decode_graph, bool):
-            raise _core.ConfigError(f"decode_graph must be True or False, got {decode_graph!r}")
-        if gr_unfused is not None and not isinstance(gr_unfused, bool):
-            raise _core.ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
-        ctx = as_int(ctx, "ctx (-c/--ctx)", 1, 2**31 - 1, "KV cache length in tokens")
-        cache = parse_expert_cache(expert_cache)
-        mode, chunk = parse_prefill(prefill)
-        threads = threads_from_env(threads)
+        cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
+                          threads=threads, kv_type=kv_type, decode_graph=decode_graph,
+                          decode_resolve=decode_resolve, gr_unfused=gr_unfused)
         if log_level_error():
             warn(f"{log_level_error()}; using warn")
         file = _open(self.path)  # mapped and validated once; the native model shares it
         # The device is the native side's to name and check, before the cache size that depends on it.
-        self.backend: Backend = backend if backend is not None else Backend(device, threads)
-        device = self.backend.name
-        if kv_type not in ("auto", "f16", "f32"):
-            raise _core.ConfigError(f"kv_type (--kv-type) must be auto, f16 or f32, got {kv_type!r}")
-        # auto: on the CPU every expert resident; on a GPU what is free (resolved natively, below).
-        self.expert_cache = cache
+        self.backend: Backend = backend if backend is not None else Backend(cfg.device, cfg.threads)
+        cfg.device = self.backend.name
         self._progress = bool(progress)
         bar = ProgressBar(f"loading experts ({os.path.basename(self.path)})") if self._shows_progress() else None
-        self._m = _core.Model(
-            file, self.backend, device=self.backend.name, threads=threads, ctx=ctx, all_resident=(cache == "all"),
-            cache_bytes=0 if cache in ("all", "auto") else int(cache), cache_auto=(cache == "auto"),
-            kv_type=kv_type, decode_graph=decode_graph, decode_resolve=decode_resolve, source=source, prefill=chunk,
-            prefill_auto=(mode == "auto"), gr_unfused=gr_unfused_from_env(gr_unfused), progress=bar,
-            catch_sigint=_catch_sigint(),
-        )
-        if cache == "auto":  # as resolved at load
-            c = self._m.cache_stats()
-            self.expert_cache = "all" if c["all_resident"] else int(c["cache_bytes"])
+        self._m = _core.Model(file, self.backend, cfg, progress=bar, catch_sigint=_catch_sigint())
+        # As resolved at load: 'all' or bytes (auto: all on the CPU; on a GPU what was free).
+        loaded = self._m.config
+        self.expert_cache: str | int = loaded.expert_cache
+        if cfg.prefill_mode == "default" and self._m.chunk < min(cfg.prefill, cfg.ctx):
+            # No silent switch to a slower path (DESIGN invariant 6): a stepped-down chunk is said.
+            warn(f"the expert cache ({self._m.cache_stats()['slots']} slots) has no room for the default prompt "
+                 f"chunk of {min(cfg.prefill, cfg.ctx)} tokens: prompts run in chunks of {self._m.chunk}; a larger "
+                 "--expert-cache keeps the default, --prefill N or auto sets the chunk")
         self.info = ModelInfo._of(file, self._m.plan)
         self.spec: dict[str, Any] = self.info.spec
-        if ctx > self.spec["ctx_train"] > 0:
-            warn(f"ctx (-c/--ctx) {ctx} is more than the {self.spec['ctx_train']} tokens {os.path.basename(self.path)} "
-                 "was trained for: text past that length may degrade")
+        if cfg.ctx > self.spec["ctx_train"] > 0:
+            warn(f"ctx (-c/--ctx) {cfg.ctx} is more than the {self.spec['ctx_train']} tokens "
+                 f"{os.path.basename(self.path)} was trained for: text past that length may degrade")
         # After the native load, so an unknown architecture is reported before the tokenizer.
         md = self.info.metadata
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat_template: str | None = md.get("tokenizer.chat_template")
         self.device = self.backend.name  # "cpu" or "cuda", as resolved from "auto"
-        self.ctx = ctx
+        self.ctx = loaded.ctx
         self._last_stats: dict[str, Any] = {}
         self._last_gen: _core.Generator | None = None  # the last generation that ran its prompt
 
@@ -238,7 +233,7 @@ class Model:
             raise _core.ConfigError(f"{what}: token id {int(bad[0])} is out of range [0, {V})")
         return arr.astype(np.int32)
 
-    def layout(self, tokens: int = 8192, source: bool = True) -> dict[str, Any]:
+    def layout(self, tokens: int = LOAD_DEFAULTS["prefill"], source: bool = True) -> dict[str, Any]:
         """The prompt scratch plan for a chunk of `tokens`: bytes_needed, kind, buffers, slots."""
         return self.info.layout(tokens, source)
 
@@ -398,9 +393,11 @@ class Model:
         stats.update({f"cache_{k}": v for k, v in self.cache.items()})
         # How decode steps ran: one recorded graph or op by op; experts resident, resolved on the
         # device or on the host.
+        # Which device ran: "cpu (AVX2, 2 threads)", "cuda: NVIDIA H200, 130.2 GiB free of 139.8 GiB, sm_90".
+        d = self.backend.describe()
+        stats["device"] = d if d.startswith(self.device) else f"{self.device}: {d}"
         stats["decode_path"] = (("graph" if self._m.decode_graph_active else "op by op") + ", experts "
-                                + {"resident": "resident", "device": "resolved on the device",
-                                   "host": "resolved on the host"}[self._m.decode_resolution])
+                                + _RESOLVED[self.device != "cpu"][self._m.decode_resolution])
         self._last_stats = stats
 
     @property

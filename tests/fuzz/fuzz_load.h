@@ -33,17 +33,20 @@ inline uint32_t fnv1a(const uint8_t* p, size_t n) {
 inline void load_and_run(std::shared_ptr<gguf::File> file, uint32_t h) {
   const ModelPlan plan = ModelPlan::read(file, false);
   ModelConfig cfg;
+  cfg.device = "cpu";
   cfg.threads = 1 + (h >> 8) % 2;
   cfg.ctx = 16;
+  cfg.prefill_mode = PrefillMode::Fixed;
   cfg.prefill = 1 + (h >> 4) % 4;
   cfg.gr_unfused = (h >> 12) & 1;
   switch (h % 3) {
     case 0:
-      cfg.all_resident = true;
+      cfg.cache = CacheKind::All;
       break;
     case 1:
     case 2: {
       cfg.source = h % 3 == 1 ? "host" : "mmap";
+      cfg.cache = CacheKind::Size;
       // Room for the chunk's region and its experts, sometimes less (a MemoryError is an ending too).
       const int64_t slots = plan.spec.K + 4 * ((h >> 16) % 4) + (h >> 20) % 3;
       cfg.cache_bytes = (size_t)slots * plan.experts.slot_bytes;

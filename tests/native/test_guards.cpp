@@ -149,8 +149,10 @@ class Guards : public ::testing::Test {
     be_ = std::make_shared<OverrunBackend>();
     ModelConfig cfg;
     cfg.ctx = 64;
+    cfg.cache = CacheKind::Size;
     cfg.cache_bytes = 16 << 20;  // every expert and the region
     cfg.source = "host";
+    cfg.prefill_mode = PrefillMode::Fixed;
     cfg.prefill = kChunk;
     model_ = std::make_unique<Model>(gguf::File::open(path_.string()), cfg, be_);
     ASSERT_FALSE(model_->cache().all_resident());

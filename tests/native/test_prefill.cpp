@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "prefill/chunk_plan.h"
 #include "prefill/prefill.h"
 
 using namespace strata;
@@ -304,4 +305,44 @@ TEST(Prefill, RejectsBadV4Shapes) {
   s = ok;
   s.v4.shared_ffn = 0;
   EXPECT_THROW(Prefill{s}, ConfigError);
+}
+
+// The three --prefill modes on one cache. Fixed is exactly N, or an error naming with units the
+// cache that fits N and the largest --prefill that fits the cache; Default is N when it fits, else
+// what Auto takes (so a small cache steps the default chunk down instead of failing).
+TEST(ChunkPlan, ModesAndTheirErrors) {
+  const Prefill pf(shapes()[0].second);
+  const size_t slot = 4096;
+  const int64_t n = region_slots(pf, 256, slot) + 2;  // room for 256 tokens and an expert, not 8192
+  const ChunkPlan fixed = plan_chunk(pf, slot, n, n * slot, 8192, PrefillMode::Fixed);
+  ASSERT_FALSE(fixed.fits);
+  const std::string& e = fixed.error;
+  ASSERT_NE(e.find("MiB or more, or --prefill "), std::string::npos) << e;
+  const int64_t named = std::stoll(e.substr(e.find(", or --prefill ") + 15));
+  EXPECT_GE(named, 256) << e;
+  EXPECT_TRUE(plan_chunk(pf, slot, n, n * slot, named, PrefillMode::Fixed).fits) << e;
+  EXPECT_FALSE(plan_chunk(pf, slot, n, n * slot, named + 1, PrefillMode::Fixed).fits) << e;
+  const uint64_t mib = std::stoull(e.substr(e.find("use --expert-cache ") + 19));
+  EXPECT_TRUE(plan_chunk(pf, slot, (int64_t)((mib << 20) / slot), mib << 20, 8192, PrefillMode::Fixed).fits)
+      << e;
+
+  const ChunkPlan def = plan_chunk(pf, slot, n, n * slot, 8192, PrefillMode::Default);
+  const ChunkPlan aut = plan_chunk(pf, slot, n, n * slot, 8192, PrefillMode::Auto);
+  EXPECT_TRUE(def.fits && aut.fits);
+  EXPECT_EQ(def.chunk, aut.chunk);
+  EXPECT_LT(def.chunk, 8192);
+  // Room for 8192 and one expert: Default and Fixed take it, Auto (room for a layer's experts) less.
+  const int64_t n8k = region_slots(pf, 8192, slot) + 1;
+  EXPECT_EQ(plan_chunk(pf, slot, n8k, n8k * slot, 8192, PrefillMode::Default).chunk, 8192);
+  EXPECT_EQ(plan_chunk(pf, slot, n8k, n8k * slot, 8192, PrefillMode::Fixed).chunk, 8192);
+  EXPECT_LT(plan_chunk(pf, slot, n8k, n8k * slot, 8192, PrefillMode::Auto).chunk, 8192);
+  // No chunk fits: the error names a cache with its unit, and no --prefill.
+  const ChunkPlan none = plan_chunk(pf, slot, 1, slot, 8192, PrefillMode::Fixed);
+  EXPECT_FALSE(none.fits);
+  EXPECT_EQ(none.error.find("--prefill"), std::string::npos) << none.error;
+  EXPECT_NE(none.error.find("MiB or more"), std::string::npos) << none.error;
+
+  for (PrefillMode m : {PrefillMode::Default, PrefillMode::Fixed, PrefillMode::Auto})
+    EXPECT_EQ(parse_prefill_mode(prefill_mode_name(m)), m);
+  EXPECT_THROW(parse_prefill_mode("fast"), ConfigError);
 }

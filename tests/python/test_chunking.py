@@ -51,7 +51,9 @@ def test_error_names_a_cache_that_works(q4k):
     _, probe = q4k
     plan = probe.plan_chunk(f"{probe.spec['slot_bytes']}b", 4096)
     assert not plan["fits"] and "too small for any prompt chunk" in plan["error"]
-    # The message names the smallest cache that works (a chunk of 1 token), and one for chunks of 256.
-    smallest, useful = (int(x.split()[0]) for x in plan["error"].split("use --expert-cache ")[1].split("(", 1))
+    # The message names the smallest cache that works (a chunk of 1 token), and one for chunks of 256,
+    # each with its unit, as --expert-cache takes it.
+    smallest, useful = (x.split()[0] for x in plan["error"].split("use --expert-cache ")[1].split("(", 1))
+    assert smallest.endswith("MiB") and useful.endswith("MiB")
     assert probe.plan_chunk(smallest, 4096)["fits"]
     assert probe.plan_chunk(useful, 4096)["chunk"] >= 256

@@ -183,10 +183,39 @@ def test_unknown_quant_type(f16_model, tmp_path):
 
 
 def test_cache_too_small_names_the_fix(f16_model):
-    with pytest.raises(strata.MemoryError, match=r"--expert-cache \d+") as e:
-        strata.Model(f16_model, expert_cache="20KiB", prefill=512, progress=False)
-    mib = int(str(e.value).split("use --expert-cache ")[1].split()[0])
-    strata.Model(f16_model, expert_cache=mib, prefill=512, progress=False)
+    """A given --prefill that does not fit names, with units, the cache that fits it and the --prefill
+    that fits the cache; each of them loads."""
+    slot = strata.ModelInfo(f16_model).slot_bytes
+    with pytest.raises(strata.MemoryError, match=r"use --expert-cache \d+MiB or more, or --prefill \d+ or fewer "
+                       r"tokens, or --prefill auto") as e:
+        strata.Model(f16_model, expert_cache=f"{6 * slot}b", prefill=512, progress=False)
+    cache = str(e.value).split("use --expert-cache ")[1].split()[0]
+    prefill = int(str(e.value).split(", or --prefill ")[1].split()[0])
+    assert strata.Model(f16_model, expert_cache=cache, prefill=512, progress=False).chunk == 512
+    assert strata.Model(f16_model, expert_cache=f"{6 * slot}b", prefill=prefill, progress=False).chunk == prefill
+    with pytest.raises(strata.MemoryError, match=r"use --expert-cache \d+MiB or more$"):
+        strata.Model(f16_model, expert_cache="20KiB", prefill=512, progress=False)  # no chunk fits: no --prefill
+
+
+def test_default_prefill_steps_down_for_a_small_cache(f16_model):
+    """No --prefill given: a cache too small for the default chunk of 8192 takes a smaller one (as auto
+    does) instead of an error; a --prefill 8192 given is an error naming both fixes with units."""
+    info = strata.ModelInfo(f16_model)
+    cache = f"{(info.layout(64)['slots'] + 8 * info.spec['top_k']) * info.slot_bytes}b"
+    with pytest.warns(strata.StrataWarning, match="no room for the default prompt chunk of 4096 tokens") as w:
+        m = strata.Model(f16_model, expert_cache=cache, progress=False)
+    assert 1 <= m.chunk < 8192 and f"prompts run in chunks of {m.chunk}" in str(w[0].message)
+    assert m.generate([m.tokenize("hi")[0]], max_tokens=2, temperature=0).stats["generated"] == 2
+    r = run("generate", f16_model, "-p", "hi", "-n", "2", "--expert-cache", cache)
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count("strata: warning: the expert cache") == 1, r.stderr  # said once, in one line
+    r = run("generate", f16_model, "-p", "hi", "-n", "2", "--expert-cache", cache, "--prefill", str(m.chunk))
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.output  # a chunk given is not a step down
+    r = run("generate", f16_model, "-p", "hi", "-n", "2", "--expert-cache", cache, "--prefill", "8192")
+    assert r.exit_code == 2 and "chunk of 4096 tokens" in r.stderr and "MiB or more, or --prefill" in r.stderr, r.stderr
+    # info answers as the load does
+    plan = json.loads(run("info", f16_model, "--expert-cache", cache, "--json").stdout)["cache"]
+    assert plan["fits"] and plan["chunk"] == m.chunk
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import tempfile
 
 import click
@@ -262,11 +263,13 @@ def test_device_errors_name_the_device(f16):
 
 
 @pytest.mark.parametrize("ctx", [4096, 300])
-@pytest.mark.parametrize("prefill", ["8192", "auto", "auto:512", "64", "1"])
+@pytest.mark.parametrize("prefill", [None, "8192", "auto", "auto:512", "64", "1"])
 def test_info_expert_cache_agrees_with_a_load(f16, prefill, ctx):
+    """strata info --expert-cache answers from the load's own plan (the default --prefill and auto too)."""
     slot = strata.ModelInfo(f16).slot_bytes
-    for cache in ("0.001", "0.02", "0.05", "0.1", "0.3", "1", "3", "12", f"{3 * slot}b", "all"):
-        r = run("info", f16, "--expert-cache", cache, "--prefill", prefill, "-c", str(ctx), "--json")
+    for cache in ("0.001", "0.02", "0.05", "0.1", "0.3", "1", "3", "12", f"{3 * slot}b", "all", "auto"):
+        flags = ["--prefill", prefill] if prefill is not None else []
+        r = run("info", f16, "--expert-cache", cache, *flags, "-c", str(ctx), "--json")
         assert r.exit_code == 0, r.output
         plan = json.loads(r.stdout)["cache"]
         try:
@@ -277,6 +280,7 @@ def test_info_expert_cache_agrees_with_a_load(f16, prefill, ctx):
         assert plan["fits"], (cache, plan)
         assert plan["chunk"] == m.chunk, (cache, plan)
         assert plan["borrows"] == m.slots_for(m.chunk)
+        assert plan["all_resident"] == m.cache["all_resident"] and plan["device"] == m.device
         if not plan["all_resident"]:
             assert plan["slots"] == m.cache["slots"]
 
@@ -337,3 +341,102 @@ def test_llama_cpp_flags(f16):
     plain = m.generate(ids, max_tokens=12, temperature=0).tokens
     window = m.generate(ids, max_tokens=12, temperature=0, repetition_penalty=5.0, repeat_last_n=-1).tokens
     assert len(set(window)) >= len(set(plain))  # with every token penalized, no fewer distinct ones
+
+
+# llama.cpp's flags that mean nothing here: refused with what strata does instead (exit 2), or
+# ignored with a warning where strata always does what they ask (-fa, --mlock).
+LLAMA_REFUSED = [
+    (["-ngl", "99"], "--device"), (["--n-gpu-layers", "0"], "--device"), (["--gpu-layers=99"], "--device"),
+    (["-ncmoe", "20"], "--expert-cache"), (["--n-cpu-moe", "20"], "--expert-cache"), (["-cmoe"], "--expert-cache"),
+    (["--cpu-moe"], "--expert-cache"), (["-ot", "exps=CPU"], "--expert-cache"),
+    (["--override-tensor", "exps=CPU"], "--expert-cache"), (["-b", "512"], "--prefill"),
+    (["-ub", "512"], "--prefill"), (["--batch-size", "512"], "--prefill"), (["-ctk", "q8_0"], "--kv-type"),
+    (["--cache-type-v", "f16"], "--kv-type"), (["--no-mmap"], "--source"), (["-cnv"], "strata chat"),
+]
+LLAMA_IGNORED = [["-fa"], ["-fa", "on"], ["--flash-attn", "off"], ["--flash-attn=auto"], ["--mlock"]]
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat", "bench", "info"])
+@pytest.mark.parametrize("flags, needle", LLAMA_REFUSED, ids=[" ".join(f) for f, _ in LLAMA_REFUSED])
+def test_llama_cpp_flags_are_refused_with_what_strata_does(f16, cmd, flags, needle):
+    r = run(cmd, f16, *flags, "-p", "hi") if cmd == "generate" else run(cmd, f16, *flags)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"strata: error: {' '.join(flags)} is a llama.cpp flag: "), lines
+    assert needle in lines[0] and "not a valid integer" not in lines[0]
+
+
+@pytest.mark.parametrize("flags", LLAMA_IGNORED, ids=[" ".join(f) for f in LLAMA_IGNORED])
+def test_harmless_llama_cpp_flags_warn_and_run(f16, flags):
+    plain = run("generate", f16, "-p", "Once upon", "-n", "4", "--temp", "0")
+    r = run("generate", f16, *flags, "-p", "Once upon", "-n", "4", "--temp", "0")
+    assert r.exit_code == 0 and r.stdout == plain.stdout, r.output
+    assert r.stderr.startswith(f"strata: warning: ignoring the llama.cpp flag {' '.join(flags)}: ")
+    assert r.stderr.count("\n") == 1
+
+
+def test_a_llama_flag_as_a_value_is_a_value(f16):
+    """-p -ngl is the prompt '-ngl'; -fa followed by a word that is not on/off is a bare -fa."""
+    r = run("generate", f16, "-p", "-ngl", "-n", "2", "--temp", "0")
+    assert r.exit_code == 0 and "llama.cpp" not in r.stderr
+    r = run("generate", "-fa", f16, "-p", "hi", "-n", "2")
+    assert r.exit_code == 0 and "ignoring the llama.cpp flag -fa:" in r.stderr
+
+
+def test_load_defaults_are_the_native_ones(f16):
+    """One source of load defaults: the native ModelConfig; strata.Model's keywords, ModelInfo.load_plan
+    and every CLI flag take theirs from it, and a loaded model's config reads them back."""
+    import inspect
+
+    native = strata._core.ModelConfig()
+    assert dict(strata.LOAD_DEFAULTS) == {
+        "device": native.device, "expert_cache": native.expert_cache, "prefill": native.prefill,
+        "source": native.source, "ctx": native.ctx, "threads": native.threads, "kv_type": native.kv_type,
+        "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve}
+    assert native.prefill_mode == "default"
+    sig = inspect.signature(strata.Model).parameters
+    for k, v in strata.LOAD_DEFAULTS.items():
+        assert sig[k].default == (None if k == "prefill" else v), k
+    flags = {"device": "device", "expert_cache": "expert_cache", "source": "source", "ctx": "ctx",
+             "threads": "threads", "kv_type": "kv_type"}
+    for name in ("generate", "chat", "bench"):
+        params = {p.name: p for p in main.commands[name].params}
+        for k, p in flags.items():
+            if p in params:
+                assert params[p].default == strata.LOAD_DEFAULTS[k], (name, k)
+        assert params["prefill"].default is None  # the default chunk, stepping down
+    assert {p.name: p.default for p in main.commands["info"].params}["ctx"] == strata.LOAD_DEFAULTS["ctx"]
+    m = strata.Model(f16, progress=False, ctx=64)
+    c = m._m.config
+    assert (c.ctx, c.source, c.kv_type, c.prefill, c.prefill_mode) == (64, "auto", "auto", 8192, "default")
+    assert c.expert_cache == "all" == m.expert_cache  # auto, as resolved on the CPU
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("source", "disk", "source (--source)"), ("kv_type", "f8", "kv_type (--kv-type)"),
+    ("decode_resolve", "gpu", "decode_resolve"), ("device", "tpu", "device (--device)"), ("ctx", 0, "ctx (-c/--ctx)"),
+    ("prefill", 0, "--prefill"), ("threads", -1, "threads (-t/--threads)"),
+])
+def test_load_options_are_checked_natively_once(field, value, needle):
+    """ModelConfig.check is the one check of a load's names and ranges (strata.Model calls it)."""
+    c = strata._core.ModelConfig()
+    setattr(c, field, value)
+    with pytest.raises(strata.ConfigError, match=re.escape(needle)):
+        c.check()
+
+
+@pytest.mark.parametrize("decode_resolve", ["auto", "host"])
+def test_stats_name_the_device_and_say_truly_how_decode_ran(f16, decode_resolve):
+    """--stats and bench say which device ran (its kernels and threads on the CPU), and on the CPU
+    never that experts were resolved 'on the device' or 'on the GPU'."""
+    r = run("generate", f16, "-p", "hi", "-n", "3", "--stats", "-t", "1", "--expert-cache", "1MiB")
+    assert r.exit_code == 0, r.output
+    assert "device   cpu (AVX2, 1 thread)" in r.stderr or "device   cpu (scalar, 1 thread)" in r.stderr
+    m = strata.Model(f16, expert_cache="1MiB", threads=2, decode_resolve=decode_resolve, progress=False)
+    st = m.generate("hi there", max_tokens=3, temperature=0).stats
+    assert st["device"] == m.backend.describe() and st["device"].startswith("cpu (") and st["device"].endswith(
+        ", 2 threads)")
+    path = st["decode_path"]
+    assert "on the device" not in path and "on the GPU" not in path and path.endswith("on the CPU)"), path
+    r = run("bench", f16, "--prompt-tokens", "8", "--gen-tokens", "2", "-t", "1")
+    assert r.exit_code == 0 and any(ln.split()[:2] == ["device", "cpu"] for ln in r.stdout.splitlines()), r.stdout

@@ -105,11 +105,16 @@ def test_sampling_defaults_in_one_place():
 def test_failed_load_leaks_nothing(f16, source):
     be = strata.Backend("cpu", 1)
     base = be.live_allocations()
-    # A 3-slot cache is too small for a 4096-token chunk: the load fails at the chunk plan, after the
-    # source, the cache's slots, the KV cache and the decode scratch were allocated.
+    # A 3-slot cache is too small for a 4096-token chunk: the load fails at its plan, before anything
+    # is allocated.
     slot = strata.ModelInfo(f16).slot_bytes
     with pytest.raises(strata.MemoryError, match="--expert-cache"):
         strata.Model(f16, expert_cache=f"{3 * slot}b", prefill=4096, ctx=4096, source=source, backend=be,
+                     progress=False)
+    assert be.live_allocations() == base
+    # A KV cache of half a TiB fails after the source and the cache's slots were allocated.
+    with pytest.raises(strata.MemoryError, match="KV cache"):
+        strata.Model(f16, expert_cache=f"{100 * slot}b", prefill=1, ctx=2**31 - 1, source=source, backend=be,
                      progress=False)
     assert be.live_allocations() == base
     # the same configuration with a chunk that fits loads, allocates, and gives it all back when dropped

@@ -145,6 +145,12 @@ def test_gpu_expert_cache_auto_and_describe(mix_path):
     m = gpu(mix_path("q8_0"))
     assert "free" in m.backend.describe()
     assert m.cache["all_resident"]  # a tiny model fits: every expert resident
+    st = m.generate("hello", max_tokens=2, temperature=0).stats
+    assert st["device"].startswith("cuda: ") and "free of" in st["device"], st["device"]
+    assert "on the CPU" not in st["decode_path"]
+    # strata info answers from the load's own plan on the GPU too (auto against its free memory)
+    plan = strata.ModelInfo(mix_path("q8_0")).load_plan(expert_cache="auto", device="cuda", backend=m.backend)
+    assert plan["device"] == "cuda" and plan["fits"] and plan["all_resident"] == m.cache["all_resident"]
 
 
 @pytest.mark.parametrize("mix", ["q4_k", "f16"])

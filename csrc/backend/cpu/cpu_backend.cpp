@@ -44,7 +44,11 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
   const char* name() const override { return "cpu"; }
-  std::string describe() const override { return str("cpu, ", pool_.size(), " threads"); }
+  // The kernels it runs and on how many threads: "cpu (AVX2, 2 threads)" or "cpu (scalar, 1 thread)".
+  std::string describe() const override {
+    return str("cpu (", best_isa() == Isa::Avx2 ? "AVX2" : "scalar", ", ", pool_.size(),
+               pool_.size() == 1 ? " thread)" : " threads)");
+  }
   int threads() const override { return pool_.size(); }
   void set_interrupt(const std::atomic<bool>* flag) override { pool_.set_interrupt(flag); }
 
