@@ -168,7 +168,38 @@ def hf_model(path: str, q8_experts: bool = False):
             want = own[k]
             t = torch.from_numpy(np.ascontiguousarray(v)).to(want.dtype).reshape(want.shape)
             want.copy_(t)
+    # transformers has one swiglu_limit for every layer and for the routed and the shared experts; the
+    # file has one per layer for each (the shared ones fall back to the routed ones, as strata reads them).
+    L = len(cfg.layer_types)
+    routed = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_exp", cfg.swiglu_limit), L)
+    shared = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_shexp", None), L) or routed
+    for layer, lim, shlim in zip(model.model.layers, routed, shared, strict=True):
+        layer.mlp.experts.limit, layer.mlp.shared_experts.limit = lim, shlim
+        if not cfg.norm_topk_prob:  # transformers' V4 routers always renormalize the top-k weights
+            layer.mlp.gate.forward = types.MethodType(_unnormalized_router(layer.mlp.gate.forward), layer.mlp.gate)
     if q8_experts:
         for layer in model.model.layers:
             layer.mlp.experts.forward = types.MethodType(_experts_with_q8_0_inputs, layer.mlp.experts)
     return model
+
+
+def _meta_of(path: str, key: str, default):
+    return _meta(gguf.GGUFReader(path), key, default)
+
+
+def _per_layer(v, n: int) -> list[float] | None:
+    """A per-layer value (an array, or one scalar for every layer) as n floats; None when absent."""
+    if v is None:
+        return None
+    return [float(x) for x in v[:n]] if isinstance(v, list) else [float(v)] * n
+
+
+def _unnormalized_router(forward):
+    """A V4 router's forward with the top-k weights left as scored (expert_weights_norm false)."""
+
+    def run(self, hidden_states, *args):
+        logits, _, indices = forward(hidden_states, *args)
+        raw = self.score_fn(logits).gather(1, indices)
+        return logits, raw * self.routed_scaling_factor, indices
+
+    return run
