@@ -169,12 +169,15 @@ def hf_model(path: str, q8_experts: bool = False):
             t = torch.from_numpy(np.ascontiguousarray(v)).to(want.dtype).reshape(want.shape)
             want.copy_(t)
     # transformers has one swiglu_limit for every layer and for the routed and the shared experts; the
-    # file has one per layer for each (the shared ones fall back to the routed ones, as strata reads them).
+    # file has one per layer for each, read as llama.cpp and strata read them: no routed limit (or 0) is
+    # no clamp, no shared limit (or a negative one) is the routed one.
     L = len(cfg.layer_types)
-    routed = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_exp", cfg.swiglu_limit), L)
-    shared = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_shexp", None), L) or routed
+    routed = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_exp", None), L) or [0.0] * L
+    shared = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_shexp", None), L) or [-1.0] * L
+    shared = [r if s < 0 else s for r, s in zip(routed, shared, strict=True)]
     for layer, lim, shlim in zip(model.model.layers, routed, shared, strict=True):
-        layer.mlp.experts.limit, layer.mlp.shared_experts.limit = lim, shlim
+        layer.mlp.experts.limit = lim if lim > 0 else float("inf")
+        layer.mlp.shared_experts.limit = shlim if shlim > 0 else float("inf")
         if not cfg.norm_topk_prob:  # transformers' V4 routers always renormalize the top-k weights
             layer.mlp.gate.forward = types.MethodType(_unnormalized_router(layer.mlp.gate.forward), layer.mlp.gate)
     if q8_experts:
