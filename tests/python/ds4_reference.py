@@ -168,7 +168,41 @@ def hf_model(path: str, q8_experts: bool = False):
             want = own[k]
             t = torch.from_numpy(np.ascontiguousarray(v)).to(want.dtype).reshape(want.shape)
             want.copy_(t)
+    # transformers has one swiglu_limit for every layer and for the routed and the shared experts; the
+    # file has one per layer for each, read as llama.cpp and strata read them: no routed limit (or 0) is
+    # no clamp, no shared limit (or a negative one) is the routed one.
+    L = len(cfg.layer_types)
+    routed = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_exp", None), L) or [0.0] * L
+    shared = _per_layer(_meta_of(path, "deepseek4.swiglu_clamp_shexp", None), L) or [-1.0] * L
+    shared = [r if s < 0 else s for r, s in zip(routed, shared, strict=True)]
+    for layer, lim, shlim in zip(model.model.layers, routed, shared, strict=True):
+        layer.mlp.experts.limit = lim if lim > 0 else float("inf")
+        layer.mlp.shared_experts.limit = shlim if shlim > 0 else float("inf")
+        if not cfg.norm_topk_prob:  # transformers' V4 routers always renormalize the top-k weights
+            layer.mlp.gate.forward = types.MethodType(_unnormalized_router(layer.mlp.gate.forward), layer.mlp.gate)
     if q8_experts:
         for layer in model.model.layers:
             layer.mlp.experts.forward = types.MethodType(_experts_with_q8_0_inputs, layer.mlp.experts)
     return model
+
+
+def _meta_of(path: str, key: str, default):
+    return _meta(gguf.GGUFReader(path), key, default)
+
+
+def _per_layer(v, n: int) -> list[float] | None:
+    """A per-layer value (an array, or one scalar for every layer) as n floats; None when absent."""
+    if v is None:
+        return None
+    return [float(x) for x in v[:n]] if isinstance(v, list) else [float(v)] * n
+
+
+def _unnormalized_router(forward):
+    """A V4 router's forward with the top-k weights left as scored (expert_weights_norm false)."""
+
+    def run(self, hidden_states, *args):
+        logits, _, indices = forward(hidden_states, *args)
+        raw = self.score_fn(logits).gather(1, indices)
+        return logits, raw * self.routed_scaling_factor, indices
+
+    return run

@@ -94,6 +94,38 @@ def test_ctrl_c_stops_the_answer_only(model):
     assert "Traceback" not in (c.before or "")
 
 
+def _stop_string_in(text: str) -> str:
+    """Three printable characters of `text` (from its fourth on) found first where they are: a stop string
+    that the answer completes."""
+    for i in range(3, len(text) - 3):
+        s = text[i : i + 3]
+        if s.isprintable() and "\ufffd" not in s and text.find(s) == i:
+            return s
+    pytest.fail(f"no stop string to take from {text!r}")
+
+
+def test_stop_ends_each_answer(model):
+    """--stop: the answer ends before the stop string, on the screen and in the history."""
+    m = strata.Model(model, progress=False)
+    full = ChatSession(m, out=io.StringIO(), err=io.StringIO(), max_tokens=16, temperature=0.0).turn("hello")
+    stop = _stop_string_in(full)
+    cut = full[: full.find(stop)]
+    out = io.StringIO()
+    s = ChatSession(m, stop=[stop], out=out, err=io.StringIO(), max_tokens=16, temperature=0.0)
+    assert s.turn("hello") == cut and out.getvalue() == cut + "\n"
+    assert s.history[-1] == {"role": "assistant", "content": cut}
+
+    c = spawn(model, "-n", "16", "--temp", "0", "--stop", "\x01never", "--stop", stop)
+    c.expect("> ")
+    c.sendline("hello")
+    c.expect("> ")
+    assert c.before.replace("\r\n", "\n") == "hello\n" + cut + "\n"
+    c.sendline("/exit")
+    c.expect(pexpect.EOF)
+    c.close()
+    assert c.exitstatus == 0
+
+
 def test_a_stopped_answer_stays_in_the_history(model):
     """In process: the part of an answer shown before Ctrl-C is the assistant's turn."""
     m = strata.Model(model, progress=False)

@@ -68,6 +68,24 @@ def test_generate_stop_strings(f16_model):
     assert r.output == full.output
 
 
+def test_generate_chat_stop_strings(f16_model):
+    """--stop with --chat ends the streamed reply before the first stop string, as Model.chat(stop=) does."""
+    args = ["generate", f16_model, "-p", "Once upon a time", "--chat", "--system", "Be brief.", "-n", "24",
+            "--temp", "0"]
+    full = run(*args)
+    assert full.exit_code == 0, full.output
+    text = full.output[:-1]  # the newline the command ends with
+    assert len(text) > 8
+    stop = text[4:7]
+    cut = text[: text.find(stop)]
+    r = run(*args, "--stop", "\x00never", "--stop", stop)
+    assert r.exit_code == 0 and r.output == cut + "\n", r.output
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]
+    m = strata.Model(f16_model, progress=False)
+    assert m.chat(msgs, max_tokens=24, temperature=0, stop=[stop]).text == cut
+    assert run(*args, "--stop", "\x00never").output == full.output
+
+
 def test_generate_flags_reach_the_model(f16_model):
     """--system goes before the user's message, and every sampling flag reaches the sampler: the CLI
     prints what Model.chat / Model.generate give for the same options (and other options give other text)."""

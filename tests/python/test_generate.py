@@ -202,6 +202,20 @@ def test_stop_strings_cut_text_streamed_or_not(model):
     assert model.last_stats["stop_reason"] == "stop_string"
 
 
+def test_chat_stop_strings_cut_text_streamed_or_not(model):
+    """chat(stop=) cuts the reply before the first stop string, streamed or not, as generate(stop=) does."""
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
+    full = model.chat(msgs, max_tokens=24, temperature=0).text
+    assert len(full) > 6
+    stop = full[3:6]
+    cut = full[: full.find(stop)]
+    out = model.chat(msgs, max_tokens=24, temperature=0, stop=[stop, "\x00never"])
+    assert out.text == cut and out.stats["stop_reason"] == "stop_string"
+    pieces = list(model.chat(msgs, max_tokens=24, temperature=0, stop=stop, stream=True))
+    assert "".join(pieces) == cut
+    assert model.last_stats["stop_reason"] == "stop_string"
+
+
 def test_stop_strings_completed_by_one_token_cut_at_the_earliest(model):
     """Two stop strings that one token completes together: the text ends before the one that starts first,
     whichever order they are given in."""

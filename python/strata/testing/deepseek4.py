@@ -31,7 +31,8 @@ DEEPSEEK4_PRESETS: dict[str, dict] = {
     "v4-flash": dict(layers=43, hidden=4096, heads=64, head_dim=512, rope_dim=64, q_lora=1024, o_groups=8,
                      o_lora=1024, window=128, compress_ratios=(0, 0) + (4, 128) * 20 + (4,), hash_layers=3,
                      experts=256, top_k=6, expert_ffn=2048, index_heads=64, index_dim=128, index_topk=512,
-                     vocab=129280, ctx=1048576),
+                     vocab=129280, ctx=1048576, rope_theta=10000.0, rms_eps=1e-6, yarn_beta_fast=32.0,
+                     yarn_beta_slow=1.0, swiglu_limit_shared=10.0),
 }
 """Model shapes for `make_deepseek4_preset`."""
 
@@ -83,16 +84,19 @@ def make_deepseek4(
     hc: int = 4,
     sinkhorn_iters: int = 20,
     vocab: int = 512,
-    ctx: int = 4096,
-    rope_theta: float = 10000.0,
+    ctx: int = 8192,
+    rope_theta: float = 30000.0,
     compress_rope_theta: float = 160000.0,
+    rope_scaling: str = "yarn",
     yarn_factor: float = 16.0,
     yarn_orig_ctx: int = 65536,
-    yarn_beta_fast: float = 32.0,
-    yarn_beta_slow: float = 1.0,
+    yarn_beta_fast: float = 24.0,
+    yarn_beta_slow: float = 2.0,
     swiglu_limit: float = 10.0,
+    swiglu_limit_shared: float | None = None,
     routed_scale: float = 1.5,
-    rms_eps: float = 1e-6,
+    expert_weights_norm: bool = True,
+    rms_eps: float = 1e-3,
     hc_eps: float = 1e-6,
     mtp: bool = False,
     quant: dict[str, str] | None = None,
@@ -107,6 +111,14 @@ def make_deepseek4(
     nonlinearity is exercised. Hash tables route each token to `top_k` distinct experts. mtp: append one
     MTP block as llama.cpp's converter numbers it (block_count + 1, nextn_predict_layers = 1), which
     readers must ignore. Each tensor depends only on `seed` and its name. Returns the path.
+
+    Every hyperparameter a reader has a fallback for differs from it by default, so that a key read
+    wrongly (or not at all) moves the logits: context_length 8192 (fallback 4096), RoPE base 30000
+    (10000), RMS epsilon 1e-3 (1e-6; large enough that 1e-5 or 1e-6 instead moves the logits), YaRN
+    (none) with beta 24 / 2 (32 / 1) and an original context unlike context_length, normalized routing
+    weights (not), key_length and rope.dimension_count unlike hidden / heads, and a shared experts' SwiGLU
+    limit (swiglu_limit_shared; None: 0.75 x swiglu_limit) unlike the routed one (the fallback).
+    rope_scaling: "yarn" or "none" (no YaRN keys written).
     """
     ratios = [int(r) for r in compress_ratios]
     dims = dict(layers=layers, hidden=hidden, heads=heads, head_dim=head_dim, rope_dim=rope_dim, q_lora=q_lora,
@@ -121,6 +133,9 @@ def make_deepseek4(
         raise ValueError("need heads % o_groups == 0, top_k <= experts, an even rope_dim <= head_dim, index_dim")
     if not 0 <= hash_layers <= layers:
         raise ValueError(f"hash_layers must be in [0, {layers}], got {hash_layers}")
+    if rope_scaling not in ("yarn", "none"):
+        raise ValueError(f"rope_scaling must be 'yarn' or 'none', got {rope_scaling!r}")
+    shared_limit = 0.75 * swiglu_limit if swiglu_limit_shared is None else swiglu_limit_shared
     types = _resolve_quant(quant)
     voc = tok.vocab(vocab)
     n_blocks = layers + (1 if mtp else 0)
@@ -150,10 +165,10 @@ def make_deepseek4(
     w.add_uint32(a + "expert_feed_forward_length", expert_ffn)
     w.add_uint32(a + "expert_shared_count", shared_experts)
     w.add_float32(a + "expert_weights_scale", routed_scale)
-    w.add_bool(a + "expert_weights_norm", True)
+    w.add_bool(a + "expert_weights_norm", expert_weights_norm)
     w.add_uint32(a + "expert_gating_func", 4)  # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS
     w.add_array(a + "swiglu_clamp_exp", [float(swiglu_limit)] * n_blocks)
-    w.add_array(a + "swiglu_clamp_shexp", [float(swiglu_limit)] * n_blocks)
+    w.add_array(a + "swiglu_clamp_shexp", [float(shared_limit)] * n_blocks)
     w.add_uint32(a + "attention.indexer.head_count", index_heads)
     w.add_uint32(a + "attention.indexer.key_length", index_dim)
     w.add_uint32(a + "attention.indexer.top_k", index_topk)
@@ -166,11 +181,12 @@ def make_deepseek4(
     w.add_float32(a + "hyper_connection.epsilon", hc_eps)
     w.add_uint32(a + "hash_layer_count", hash_layers)
     w.add_uint32(a + "embedding_length_out", hidden * hc)
-    w.add_string(a + "rope.scaling.type", "yarn")
-    w.add_float32(a + "rope.scaling.factor", yarn_factor)
-    w.add_uint32(a + "rope.scaling.original_context_length", yarn_orig_ctx)
-    w.add_float32(a + "rope.scaling.yarn_beta_fast", yarn_beta_fast)
-    w.add_float32(a + "rope.scaling.yarn_beta_slow", yarn_beta_slow)
+    w.add_string(a + "rope.scaling.type", rope_scaling)
+    if rope_scaling == "yarn":
+        w.add_float32(a + "rope.scaling.factor", yarn_factor)
+        w.add_uint32(a + "rope.scaling.original_context_length", yarn_orig_ctx)
+        w.add_float32(a + "rope.scaling.yarn_beta_fast", yarn_beta_fast)
+        w.add_float32(a + "rope.scaling.yarn_beta_slow", yarn_beta_slow)
     if mtp:
         w.add_uint32(a + "nextn_predict_layers", 1)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if types["experts"] == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
