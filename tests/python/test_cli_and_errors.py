@@ -49,15 +49,20 @@ def test_generate_chat_and_stop(f16_model, tmp_path):
     assert r.exit_code == 2 and "--system needs --chat" in r.stderr
 
 
-def test_generate_stop_strings(f16_model):
-    """--stop (repeatable) ends the streamed text before the first stop string that appears."""
-    args = ["generate", f16_model, "-p", "Once upon a time", "-n", "24", "--temp", "0"]
+def _unstopped(args: list[str]):
+    """The command's full output, its text, a stop string from inside it and the text before it."""
     full = run(*args)
     assert full.exit_code == 0, full.output
     text = full.output[:-1]  # the newline the command ends with
     assert len(text) > 8
     stop = text[4:7]
-    cut = text[: text.find(stop)]
+    return full, text, stop, text[: text.find(stop)]
+
+
+def test_generate_stop_strings(f16_model):
+    """--stop (repeatable) ends the streamed text before the first stop string that appears."""
+    args = ["generate", f16_model, "-p", "Once upon a time", "-n", "24", "--temp", "0"]
+    full, text, stop, cut = _unstopped(args)
     for extra in (["--stop", stop], ["--stop", "\x00never", "--stop", stop], ["--stop", text[6:9], "--stop", stop]):
         r = run(*args, *extra)
         assert r.exit_code == 0, r.output
@@ -72,12 +77,7 @@ def test_generate_chat_stop_strings(f16_model):
     """--stop with --chat ends the streamed reply before the first stop string, as Model.chat(stop=) does."""
     args = ["generate", f16_model, "-p", "Once upon a time", "--chat", "--system", "Be brief.", "-n", "24",
             "--temp", "0"]
-    full = run(*args)
-    assert full.exit_code == 0, full.output
-    text = full.output[:-1]  # the newline the command ends with
-    assert len(text) > 8
-    stop = text[4:7]
-    cut = text[: text.find(stop)]
+    full, _, stop, cut = _unstopped(args)
     r = run(*args, "--stop", "\x00never", "--stop", stop)
     assert r.exit_code == 0 and r.output == cut + "\n", r.output
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]
