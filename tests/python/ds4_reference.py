@@ -88,8 +88,9 @@ def _experts_with_q8_0_inputs(self, hidden_states, top_k_index, top_k_weights):
         k_pos, rows = torch.where((top_k_index == e).T)
         if rows.numel() == 0:
             continue
-        h = self._apply_gate(F.linear(q8_0_round_trip(hidden_states[rows]), self.gate_up_proj[e]))
-        y = F.linear(q8_0_round_trip(h), self.down_proj[e])
+        x = q8_0_round_trip(hidden_states[rows], (id(self), e, 0), rows)
+        h = self._apply_gate(F.linear(x, self.gate_up_proj[e]))
+        y = F.linear(q8_0_round_trip(h, (id(self), e, 1), rows), self.down_proj[e])
         out.index_add_(0, rows, y * top_k_weights[rows, k_pos, None])
     return out
 
