@@ -130,8 +130,8 @@ def _check_mmq(mix: str, ours: np.ndarray, path: str, ids: list[int]) -> None:
     print(f"MMQ {mix} vs q8_0-activation transformers: max {pos.max():.2e} (at {int(pos.argmax())}), "
           f"median {np.median(pos):.2e}; {ties} near-ties could move a position by up to {allowance.max():.1e} "
           f"(median {np.median(allowance):.1e}); vs plain transformers {plain:.2e}")
-    # Whatever strata's float32 arithmetic: every position within float32 noise of the reference, or within
-    # the reach of the roundings it may take the other way (twice their summed one-flip moves: first order).
+    # Whatever order strata's float32 sums take: every position within float32 noise of the reference, or
+    # within the reach of the roundings it may take the other way (twice their summed one-flip moves).
     unexplained = np.nonzero(pos > TOLERANCE[mix] + 2 * allowance)[0]
     assert not len(unexplained), (f"{mix}: positions {unexplained.tolist()} are {pos[unexplained]} off, more than "
                                   f"float32 noise and the q8_0 flips strata may take ({allowance[unexplained]})")
