@@ -6,6 +6,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
+from float64_reference import Float64, q8_0_round_trip, run_in_float64
+
 
 def _meta(r: gguf.GGUFReader, key: str, default=None):
     f = r.fields.get(key)
@@ -75,16 +77,6 @@ def _tensors(path: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _q8_0_round_trip(x):
-    """x (rows of whole 32-blocks) through gguf's Q8_0 quantize and dequantize, as float32."""
-    import torch
-
-    Q8 = gguf.GGMLQuantizationType.Q8_0
-    a = x.detach().numpy().astype(np.float32)
-    back = gguf.quants.dequantize(gguf.quants.quantize(a, Q8), Q8)
-    return torch.from_numpy(back.reshape(a.shape).astype(np.float32))
-
-
 def _experts_with_q8_0_inputs(self, hidden_states, top_k_index, top_k_weights):
     """DeepseekV4Experts.forward with the routed experts' input rows and the down projection's input
     quantized to q8_0, where strata's MMQ layout quantizes them (the shared expert stays float)."""
@@ -96,15 +88,17 @@ def _experts_with_q8_0_inputs(self, hidden_states, top_k_index, top_k_weights):
         k_pos, rows = torch.where((top_k_index == e).T)
         if rows.numel() == 0:
             continue
-        h = self._apply_gate(F.linear(_q8_0_round_trip(hidden_states[rows]), self.gate_up_proj[e]))
-        y = F.linear(_q8_0_round_trip(h), self.down_proj[e])
+        x = q8_0_round_trip(hidden_states[rows], (id(self), e, 0), rows)
+        h = self._apply_gate(F.linear(x, self.gate_up_proj[e]))
+        y = F.linear(q8_0_round_trip(h, (id(self), e, 1), rows), self.down_proj[e])
         out.index_add_(0, rows, y * top_k_weights[rows, k_pos, None])
     return out
 
 
 def hf_model(path: str, q8_experts: bool = False):
-    """DeepseekV4ForCausalLM (float32, eval) with the GGUF's weights; with q8_experts, the routed
-    experts' inputs go through q8_0 as in strata's MMQ layout."""
+    """DeepseekV4ForCausalLM (float32, eval) with the GGUF's weights; with q8_experts, in float64
+    (float64_reference) with the routed experts' inputs through q8_0 as in strata's MMQ layout."""
+    import contextlib
     import types
 
     import torch
@@ -112,7 +106,9 @@ def hf_model(path: str, q8_experts: bool = False):
 
     cfg = hf_config(path)
     torch.manual_seed(0)
-    model = transformers.DeepseekV4ForCausalLM(cfg).float().eval()
+    with Float64() if q8_experts else contextlib.nullcontext():
+        model = transformers.DeepseekV4ForCausalLM(cfg)
+    model = (model.double() if q8_experts else model.float()).eval()
     g = _tensors(path)
     sd: dict[str, np.ndarray] = {
         "model.embed_tokens.weight": g["token_embd.weight"], "lm_head.weight": g["output.weight"],
@@ -183,6 +179,7 @@ def hf_model(path: str, q8_experts: bool = False):
     if q8_experts:
         for layer in model.model.layers:
             layer.mlp.experts.forward = types.MethodType(_experts_with_q8_0_inputs, layer.mlp.experts)
+        return run_in_float64(model)
     return model
 
 

@@ -18,6 +18,7 @@ from strata.testing import make_deepseek4
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 from ds4_reference import hf_model  # noqa: E402
+from float64_reference import flip_allowance  # noqa: E402
 
 # The tiny preset exercises every path on prompts of > 128 tokens: a window of 8, layers of ratios 0, 4
 # (16-head indexer, top-3) and 128, two hash-routed layers, HC = 4, one shared expert.
@@ -98,22 +99,41 @@ def test_logits_match_transformers_iq2xxs_q2k(quant, layout):
         print(f"deepseek4 IQ2_XXS/Q2_K mmq: median {np.median(per_pos):.2e}, max {per_pos.max():.2e}, {over} over")
         assert np.median(per_pos) <= 1.5e-2
         assert over <= len(ids) // 4
-        # measured: max 6.9e-3, median 9.2e-5
-        check_mmq_against_q8_reference(quant, ours, ids, "IQ2_XXS/Q2_K", max_bound=5e-2, median_bound=1e-3)
+        # measured against the float64 reference: max 4.6e-3 (at 147), median 5.1e-7, none over 1e-2
+        check_mmq_against_q8_reference(quant, ours, ids, "IQ2_XXS/Q2_K", max_bound=5e-2, median_bound=5e-6)
 
 
 def check_mmq_against_q8_reference(path: str, ours: np.ndarray, ids: list[int], what: str, max_bound: float,
                                    median_bound: float) -> None:
-    """The MMQ layout against transformers with the same q8_0 round trip of the routed experts' inputs
-    (test_vs_transformers' reference for qwen3moe): a router or indexer choice that flips on q8_0 noise
-    flips in both. What is left: our q8_0 of a row and gguf's of the same row in float64 can land one
-    q8_0 step apart where an element sits within rounding of a half step, and that step travels on."""
+    """The MMQ layout against transformers in float64 with the same q8_0 round trip of the routed
+    experts' inputs (test_vs_transformers' reference for qwen3moe): a router or indexer choice that
+    flips on q8_0 noise flips in both, and the reference is the same on every CPU (float64_reference;
+    a float32 one put flips where torch's summation order did: median 7.3e-6 and 2.3e-3 on a Xeon).
+    What is left is strata's own float32 noise: an element within it (~1e-5 of a step) of a rounding
+    half lands one q8_0 step from the reference's, which moves that position by ~1e-3 (up to 7e-3
+    measured) and the next ones through the window and the compressed blocks. Such a step can in turn
+    flip a near-tie of a router or of the indexer's top-3, which moves a position by O(0.1), so a few
+    positions may pass one step's reach: at most len(ids) // 32 over 1e-2, and none over max_bound.
+    Derived as in test_vs_transformers (float64_reference.flip_allowance), all the near-ties together
+    reach up to 0.7 (q8_0, 86 of them) and 1.4 (IQ2_XXS/Q2_K, 362) at the worst position, and 1.7e-2 and
+    0.17 at the median one: the bounds are this build's own flips, measured; the reach, 13 s and 63 s to
+    compute, is reported when they fail."""
     ref = hf_logits(path, ids, q8_experts=True)
     per_pos = np.abs(ours - ref).max(axis=1) / np.abs(ref).max()
+    over = int((per_pos > 1e-2).sum())
     print(f"deepseek4 {what} mmq vs q8_0-activation transformers: max {per_pos.max():.2e} "
-          f"(at {int(per_pos.argmax())}), median {np.median(per_pos):.2e}")
-    assert per_pos.max() <= max_bound
-    assert np.median(per_pos) <= median_bound
+          f"(at {int(per_pos.argmax())}), median {np.median(per_pos):.2e}, {over} over 1e-2")
+    if per_pos.max() <= max_bound and np.median(per_pos) <= median_bound and over <= len(ids) // 32:
+        return
+    # Failed: say how far the q8_0 roundings strata may take the other way reach at each position
+    # (float64_reference.flip_allowance; 6 s to 30 s here, so only on failure).
+    _, allowance, ties = flip_allowance(_hf(path, True), ids)
+    worst = int(per_pos.argmax())
+    raise AssertionError(
+        f"{what}: max {per_pos.max():.3e} at {worst} (bound {max_bound}; {ties} near-ties reach {allowance[worst]:.1e} "
+        f"there), median {np.median(per_pos):.3e} (bound {median_bound}; flips reach {np.median(allowance):.1e}), "
+        f"{over} positions over 1e-2 (bound {len(ids) // 32}); positions off by more than float32 noise and the "
+        f"flips' reach: {np.nonzero(per_pos > 3e-6 + 2 * allowance)[0].tolist()}")
 
 
 def test_logits_match_transformers_q8_0(ds4_dir):
@@ -128,8 +148,9 @@ def test_logits_match_transformers_q8_0(ds4_dir):
     assert err <= 1e-4
     m = strata.Model(path, expert_cache="all", prefill=32, progress=False)
     assert m.layout(32, source=False)["kind"] == "mmq"
-    # measured: max 2.9e-3, median 3.2e-7
-    check_mmq_against_q8_reference(path, m.logits(ids), ids, "q8_0", max_bound=3e-2, median_bound=3e-6)
+    # measured against the float64 reference: max 8.1e-2 at 152 (two positions over 1e-2, both past
+    # position 150), median 2.2e-7
+    check_mmq_against_q8_reference(path, m.logits(ids), ids, "q8_0", max_bound=0.3, median_bound=3e-6)
 
 
 def test_swiglu_clamp_matches_transformers(ds4_dir):

@@ -21,6 +21,8 @@ from strata.testing import make_qwen3moe
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
+from float64_reference import Float64, flip_allowance, q8_0_round_trip, run_in_float64  # noqa: E402
+
 torch.set_num_threads(1)  # the models are tiny; on a loaded 2-core machine more threads only contend
 
 # The exact path (fused layout, float32 from exactly dequantized weights): both sides hold the same
@@ -31,25 +33,33 @@ TOLERANCE = {mix: 3e-6 for mix in MIXES}
 
 # The MMQ layout quantizes each expert's input rows (and the down projection's input) to q8_0. Its
 # reference is transformers with the same q8_0 round trip (gguf.quants, an independent implementation
-# of ggml's rule) at the same two places, so a router that flips on q8_0 noise flips in both.
-# What is left: the reference rounds torch's float activations, which differ from strata's in the last
-# bits, so an element within ~1e-4 of a rounding half can land one q8_0 step (block max / 127) apart:
-# ~1e-3 at that position, a little less at the later ones through attention. The median position
-# has no such step. (max over positions, median) measured: q8_0 (3.4e-7, 2.2e-7), q4_k (1.8e-3,
-# 3.1e-7), q6_k (1.3e-3, 2.7e-6; top-8 of 12 over D = F = 256 quantizes the most elements),
-# iq2_xs (3.9e-3, 3.4e-7). Against plain transformers (no q8_0) the same logits are 6e-3 to 3e-2 away.
-MMQ_TOLERANCE = {"q8_0": (3e-6, 2e-6), "q4_k": (1e-2, 3e-6), "q6_k": (1e-2, 2.5e-5), "iq2_xs": (2e-2, 3e-6)}
+# of ggml's rule) at the same two places, so a router that flips on q8_0 noise flips in both. The
+# reference runs in float64 (float64_reference): its activations, and so its roundings, are the same
+# on every CPU, ISA and thread count (the logits are bit-identical under ATEN_CPU_CAPABILITY avx2 and
+# avx512, 1 and 2 threads, MKL_CBWR AUTO and COMPATIBLE). A float32 reference was not: its roundings
+# followed torch's summation order, and an Intel Xeon's MKL put a flip early where this EPYC's did not
+# (q4_k median 5.7e-6 there, 3.0e-7 here).
+# What is left is strata's own float32 noise, which is the same on every machine with AVX2 (its
+# kernels are bit-identical across ISAs and thread counts): an element whose exact value sits within
+# that noise of a rounding half lands one q8_0 step (block max / 127) from the reference's. How far
+# that can go is derived from the reference itself (float64_reference.flip_allowance): every element
+# within TIE_MARGIN (3e-4 of a step) of a half is flipped alone and its move summed per position.
+# One flip moves its position by ~1e-3 of max |logit| and the later ones through attention by up to
+# as much; all of them together reach at most 1.9e-2 (q8_0, 69 near-ties), 2.7e-2 (q4_k, 103), 4.3e-2
+# (q6_k, 198), 2.9e-2 (iq2_xs, 54). _check_mmq holds every position to float32 noise plus twice that
+# reach, which holds whatever order strata's float32 sums take, and to the tighter bounds below,
+# measured on this build's own flips: the max bound ~5x the largest (q8_0's, with none, the exact
+# path's), the median bound ~10x the float32 noise where no flip comes early, ~3x one flip's reach
+# where one does (iq2_xs: an element 7.6e-6 of a step from a half at position 3 moves every later
+# position by ~1.5e-3; there the max bound and the per-position one carry the test).
+# (max over positions, median) measured: q8_0 (1.7e-7, 1.0e-7; no flip), q4_k (1.8e-3 at 41,
+# 2.8e-7), q6_k (8.7e-4 at 21, 2.2e-6; top-8 of 12 over D = F = 256 quantizes the most elements),
+# iq2_xs (3.7e-3 at 3, 1.5e-3). Against plain transformers (no q8_0) the same logits are 6e-3 to 3e-2
+# away.
+MMQ_TOLERANCE = {"q8_0": (3e-6, 1e-6), "q4_k": (1e-2, 3e-6), "q6_k": (1e-2, 2.5e-5), "iq2_xs": (2e-2, 5e-3)}
 QUANTIZED = list(MMQ_TOLERANCE)
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 1234567890 <|im_start|>user\nhello<|im_end|>"
-
-
-def _q8_0_round_trip(x):
-    """x (rows of whole 32-blocks) through gguf's Q8_0 quantize and dequantize, as float32."""
-    Q8 = gguf.GGMLQuantizationType.Q8_0
-    a = x.detach().numpy().astype(np.float32)
-    back = gguf.quants.dequantize(gguf.quants.quantize(a, Q8), Q8)
-    return torch.from_numpy(back.reshape(a.shape).astype(np.float32))
 
 
 def _experts_with_q8_0_inputs(self, hidden_states, top_k_index, top_k_weights):
@@ -60,23 +70,32 @@ def _experts_with_q8_0_inputs(self, hidden_states, top_k_index, top_k_weights):
         k_pos, rows = torch.where((top_k_index == e).T)
         if rows.numel() == 0:
             continue
-        gate, up = F.linear(_q8_0_round_trip(hidden_states[rows]), self.gate_up_proj[e]).chunk(2, dim=-1)
-        y = F.linear(_q8_0_round_trip(self.act_fn(gate) * up), self.down_proj[e])
+        x = q8_0_round_trip(hidden_states[rows], (id(self), e, 0), rows)
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        y = F.linear(q8_0_round_trip(self.act_fn(gate) * up, (id(self), e, 1), rows), self.down_proj[e])
         out.index_add_(0, rows, y * top_k_weights[rows, k_pos, None])
     return out
 
 
 @functools.cache
 def _hf(path: str, q8_experts: bool = False):
+    """transformers' model of the file in float32; with q8_experts, in float64 (float64_reference) with
+    the experts' inputs through q8_0."""
     F = strata.ModelInfo(path).spec["expert_ffn"]
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), moe_intermediate_size=F, norm_topk_prob=True,
-        dtype=torch.float32,
-    ).eval()
-    if q8_experts:
-        for layer in m.model.layers:
-            layer.mlp.experts.forward = types.MethodType(_experts_with_q8_0_inputs, layer.mlp.experts)
-    return m
+
+    def load():
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), moe_intermediate_size=F, norm_topk_prob=True,
+            dtype=torch.float64 if q8_experts else torch.float32,
+        ).eval()
+
+    if not q8_experts:
+        return load()
+    with Float64():
+        m = load()
+    for layer in m.model.layers:
+        layer.mlp.experts.forward = types.MethodType(_experts_with_q8_0_inputs, layer.mlp.experts)
+    return run_in_float64(m)
 
 
 @functools.cache
@@ -98,13 +117,27 @@ def _per_position(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.abs(a - ref).max(axis=1) / np.abs(ref).max()
 
 
+@functools.cache
+def _q8_reference(path: str, ids: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    return flip_allowance(_hf(path, q8_experts=True), list(ids))
+
+
 def _check_mmq(mix: str, ours: np.ndarray, path: str, ids: list[int]) -> None:
-    ref = _hf_logits(path, tuple(ids), q8_experts=True)
+    ref, allowance, ties = _q8_reference(path, tuple(ids))
     pos = _per_position(ours, ref)
     worst, median = MMQ_TOLERANCE[mix]
+    plain = _rel_err(ours, _hf_logits(path, tuple(ids)))
     print(f"MMQ {mix} vs q8_0-activation transformers: max {pos.max():.2e} (at {int(pos.argmax())}), "
-          f"median {np.median(pos):.2e}; vs plain transformers {_rel_err(ours, _hf_logits(path, tuple(ids))):.2e}")
-    assert pos.max() <= worst, f"{mix}: position {int(pos.argmax())} is {pos.max():.3e} off (bound {worst})"
+          f"median {np.median(pos):.2e}; {ties} near-ties could move a position by up to {allowance.max():.1e} "
+          f"(median {np.median(allowance):.1e}); vs plain transformers {plain:.2e}")
+    # Whatever order strata's float32 sums take: every position within float32 noise of the reference, or
+    # within the reach of the roundings it may take the other way (twice their summed one-flip moves).
+    unexplained = np.nonzero(pos > TOLERANCE[mix] + 2 * allowance)[0]
+    assert not len(unexplained), (f"{mix}: positions {unexplained.tolist()} are {pos[unexplained]} off, more than "
+                                  f"float32 noise and the q8_0 flips strata may take ({allowance[unexplained]})")
+    # And this build's own flips (the same on every AVX2 machine), measured.
+    p = int(pos.argmax())
+    assert pos.max() <= worst, f"{mix}: position {p} is {pos.max():.3e} off (bound {worst}, flips {allowance[p]:.1e})"
     assert np.median(pos) <= median, f"{mix}: median position {np.median(pos):.3e} off (bound {median})"
 
 
