@@ -163,8 +163,8 @@ def llama_config(binary: str, path: str, cfg: Config, gen: int, reps: int, log: 
     out: dict[str, float] = {}
     base = [binary, "-m", path, "-ngl", "99", "-fa", "1", "-ncmoe", str(cfg.ncmoe), "-o", "json", "-r", str(reps)]
     calls = []
-    if cfg.prompts or 0 in cfg.decode_after:
-        calls.append(["-p", ",".join(map(str, cfg.prompts or (0,))), "-n", "0"])
+    if cfg.prompts:
+        calls.append(["-p", ",".join(map(str, cfg.prompts)), "-n", "0"])
     for n in cfg.decode_after:
         calls.append(["-p", "0", "-n", str(gen), "-d", str(n)])
     for extra in calls:

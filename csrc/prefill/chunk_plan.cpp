@@ -58,7 +58,7 @@ ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_
       c.error =
           str(cache, " is too small for a prompt chunk of ", c.chunk, " tokens, which borrows ", c.slots,
               " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs), "MiB or more");
-      if (lo >= 1 && make(lo, false).fits)
+      if (lo >= 1)  // lo only ever takes a chunk that fits
         c.error += str(", or --prefill ", lo, " or fewer tokens, or --prefill auto");
       return c;
     }

@@ -391,11 +391,11 @@ class Model:
         """The generation's stats and the cache's into `stats`, which become last_stats."""
         stats.update(gen.stats())
         stats.update({f"cache_{k}": v for k, v in self.cache.items()})
-        # How decode steps ran: one recorded graph or op by op; experts resident, resolved on the
-        # device or on the host.
         # Which device ran: "cpu (AVX2, 2 threads)", "cuda: NVIDIA H200, 130.2 GiB free of 139.8 GiB, sm_90".
         d = self.backend.describe()
         stats["device"] = d if d.startswith(self.device) else f"{self.device}: {d}"
+        # How decode steps ran: one recorded graph or op by op; experts resident, resolved on the
+        # device or on the host.
         stats["decode_path"] = (("graph" if self._m.decode_graph_active else "op by op") + ", experts "
                                 + _RESOLVED[self.device != "cpu"][self._m.decode_resolution])
         self._last_stats = stats
