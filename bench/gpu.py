@@ -27,6 +27,7 @@ waits up to --llama-wait seconds for the binary to appear). Prints a table, writ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -251,6 +252,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions (-r)")
     ap.add_argument("--gen-tokens", type=int, default=128, help="decoded tokens per tg test (235b: a quarter)")
     ap.add_argument("--quick", action="store_true", help="leave out the 8192-token prompts")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated starts of configuration labels to run (e.g. all,half,none)")
+    ap.add_argument("--decode-only", action="store_true", help="leave out the prompt tests")
     ap.add_argument("--hbm-gbps", type=float, default=4300, help="HBM bandwidth for the floor, GB/s")
     ap.add_argument("--link-gbps", type=float, default=54, help="host link bandwidth for the floor, GB/s")
     ap.add_argument("--device", default="cuda", help="strata's device (cpu: a smoke test of this script)")
@@ -282,6 +286,10 @@ def main() -> None:
         info = strata.ModelInfo(path)
         gen = max(8, a.gen_tokens // 4) if s == "235b" else a.gen_tokens
         for cfg in configs(s, info, a.quick):
+            if a.only and not any(cfg.label.startswith(o) for o in a.only.split(",")):
+                continue
+            if a.decode_only:
+                cfg = dataclasses.replace(cfg, prompts=())
             t0 = time.monotonic()
             got = strata_config(path, cfg, gen, hbm, link, a.device)
             llama = llama_binary() if cfg.ncmoe is not None else None

@@ -178,6 +178,13 @@ class Backend {
   // The GR read: out[i, :] = x[s, :] * grs[s] * w with s = rows ? rows[i] / div : i.
   virtual void apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
                           int64_t div, int64_t n, float* out) = 0;
+  // The GR read of T whole rows in one op: grs = rms_scale(x), then out = apply_norm(x, grs, w), bit
+  // for bit those two (a backend may fuse them into one pass over x).
+  virtual void rms_norm_read(const float* x, int64_t T, int64_t D, float eps, const float* w, float* grs,
+                             float* out) {
+    rms_scale(x, T, D, eps, grs);
+    apply_norm(x, grs, w, D, nullptr, 1, T, out);
+  }
   // out[i, :] = x[rows[i] / div, :] (rows of D floats).
   virtual void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) = 0;
   // The MMQ gather: out row i (out_row_bytes apart) = q8_0 blocks of x[s, :] * grs[s] * w, or of

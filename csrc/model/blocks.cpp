@@ -13,9 +13,8 @@ namespace strata {
 
 const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps, const float* w,
                      float* stage) {
-  be.rms_scale(b.R, T, D, eps, b.grs);
   float* out = b.xn ? b.xn : stage;
-  be.apply_norm(b.R, b.grs, w, D, nullptr, 1, T, out);
+  be.rms_norm_read(b.R, T, D, eps, w, b.grs, out);
   return out;
 }
 

@@ -73,6 +73,25 @@ TEST_P(Op, RmsScale) {
     }
 }
 
+// The fused GR read equals its two steps on the same backend bit for bit (which their own tests hold
+// against the reference).
+TEST_P(Op, RmsNormReadIsScaleThenApply) {
+  std::mt19937 rng(31);
+  for (int64_t D : {229, 2048})
+    for (int64_t T : kTs) {
+      const auto x = randf(rng, T * D, -2.f, 2.f), w = randf(rng, D, -1.5f, 1.5f);
+      constexpr float kEps = 3e-4f;
+      Dev<float> dx(be(), x, "x"), dw(be(), w, "w"), g1(be(), T, "grs"), g2(be(), T, "grs fused");
+      Dev<float> o1(be(), T * D, "norm out"), o2(be(), T * D, "norm out fused");
+      be().rms_scale(dx.p(), T, D, kEps, g1.p());
+      be().apply_norm(dx.p(), g1.p(), dw.p(), D, nullptr, 1, T, o1.p());
+      be().rms_norm_read(dx.p(), T, D, kEps, dw.p(), g2.p(), o2.p());
+      const std::string what = str("rms_norm_read D=", D, " T=", T);
+      expect_same(g2.get(), g1.get(), what + " grs");
+      expect_same(o2.get(), o1.get(), what + " out");
+    }
+}
+
 TEST_P(Op, ApplyNormAndGather) {
   std::mt19937 rng(4);
   const int64_t D = 229, K = 3;

@@ -31,6 +31,8 @@ constexpr int kAccPerThread = 16;                            // output elements 
 constexpr int kMaxRows = 16;                                 // (query, head) rows per block
 constexpr int64_t kMaxRowFloats = kThreads * kAccPerThread;  // rows * head_dim per block
 constexpr int64_t kStageFloats = 4096;                       // staged K or V floats per block
+constexpr int64_t kSplitHeads = 2;                           // query heads per decode block
+constexpr int64_t kSmemFloats = 48 * 1024 / 4;               // a block's shared memory without opt-in
 
 __device__ __forceinline__ float kv_load(const float* p) { return *p; }
 __device__ __forceinline__ float kv_load(const uint16_t* p) { return __half2float(__ushort_as_half(*p)); }
@@ -255,9 +257,17 @@ Shape make_shape(int64_t T, int64_t pos0, const int32_t* pos_dev, int64_t H, int
   s.group = H / KV;
   s.scale = scale;
   const int64_t max_rows = std::min<int64_t>(kMaxRows, kMaxRowFloats / hd);
-  s.gr = (int)std::min(s.group, max_rows);
+  // Decode: kSplitHeads query heads a block (grid z takes the rest of the group), so that even a short
+  // context has a few blocks per kv head and key block; its keys are staged as many at a time as
+  // shared memory holds (fewer waits on memory). Neither changes a float operation.
+  s.gr = (int)std::min(s.group, split ? (hd <= 1024 ? kSplitHeads : 1) : max_rows);
   s.qt = split ? 1 : (int)std::max<int64_t>(1, max_rows / s.gr);
-  s.ksub = (int)std::clamp<int64_t>(kStageFloats / hd, 1, kKeyBlock);
+  if (split) {
+    const int64_t R = s.gr, fixed = R * hd + R * kKeyBlock + 7 * R;
+    s.ksub = (int)std::clamp<int64_t>((kSmemFloats - fixed) / hd, 1, kKeyBlock);
+  } else {
+    s.ksub = (int)std::clamp<int64_t>(kStageFloats / hd, 1, kKeyBlock);
+  }
   return s;
 }
 

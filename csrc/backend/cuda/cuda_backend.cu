@@ -310,6 +310,11 @@ class CudaBackend final : public Backend {
     use();
     cuda::launch_apply_norm(x, grs, w, D, rows, div, n, out, compute_);
   }
+  void rms_norm_read(const float* x, int64_t T, int64_t D, float eps, const float* w, float* grs,
+                     float* out) override {
+    use();
+    cuda::launch_rms_norm_read(x, T, D, eps, w, grs, out, compute_);
+  }
   void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) override {
     use();
     cuda::launch_gather(x, D, rows, div, n, out, compute_);

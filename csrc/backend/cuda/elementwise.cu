@@ -1,5 +1,6 @@
 // Elementwise kernels (add, SwiGLU) and the MoE combine, scatter_add: each token's rows are found by
-// a stable sort by token, then added in order of i as the CPU adds them (bit-identical, no atomics).
+// a stable sort by token (or, for a few rows, walked in order by every column's thread), then added
+// in order of i as the CPU adds them (bit-identical, no atomics).
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -88,6 +89,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Few rows (a decode step's K): no sort; each thread owns a column of every output row and walks
+// the rows in order of i, so each token's sum takes the same steps as scatter_add_kernel's.
+constexpr int64_t kSmallScatter = 64;
+__global__ void __launch_bounds__(kThreads)
+    scatter_add_small_kernel(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n,
+                             int64_t D, float* out) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= D) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t r = rows[i];
+    float* o = out + (r / K) * D + c;
+    *o = __fadd_rn(*o, __fmul_rn(y[i * D + c], w[r]));
+  }
+}
+
 }  // namespace
 
 void launch_add(float* x, const float* y, int64_t n, cudaStream_t s) {
@@ -109,6 +125,11 @@ void launch_scatter_add(const float* y, const int32_t* rows, const float* w, int
   STRATA_CHECK(K >= 1, ConfigError, "scatter_add: K=", K, " must be at least 1");
   STRATA_CHECK(n < 0x7fffffff, ConfigError, "scatter_add: ", n, " rows exceed int32");
   if (n <= 0 || D <= 0) return;
+  if (n <= kSmallScatter) {
+    scatter_add_small_kernel<<<grid_x(ceil_div(D, kThreads)), kThreads, 0, s>>>(y, rows, w, K, n, D, out);
+    STRATA_CUDA_LAUNCH_CHECK();
+    return;
+  }
   int32_t* perm = static_cast<int32_t*>(scratch);
   sort_by_token_kernel<<<1, kSortThreads, counting_sort_smem(256), s>>>(rows, K, n, perm, perm + n);
   STRATA_CUDA_LAUNCH_CHECK();

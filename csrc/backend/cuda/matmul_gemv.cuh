@@ -158,24 +158,86 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& a, bool x_vec, int6
   }
 }
 
+// ---- one token: a warp per row, weights read straight from memory ----
+// The same float operations as gemv_block<F, 1> (lane l adds the products of units l, l + 32, .. of
+// the row in column order on one fma chain, then warp_sum), so results are bit for bit those of the
+// staged kernel; without the staging and its barriers, many more rows are in flight at once.
+constexpr int kRowWarps = 4, kRowThreads = kRowWarps * kWarp;
+
+// Unit u's 16 weights of the row: zeros past the last column of a float row, whose tail is copied
+// first so that nothing past the row's end is read.
+template <class F>
+__device__ __forceinline__ void row_unit(const uint8_t* row, int64_t cols, int64_t col, float w[unit::kUnit]) {
+  const uint8_t* p = row + col / F::kBlock * F::kBytes;
+  if constexpr (F::kBlock == 1) {
+    if (col + unit::kUnit > cols) {
+      __align__(16) uint8_t tail[unit::kUnit * F::kBytes] = {};
+      for (int64_t e = 0; e < cols - col; ++e)
+        for (int b = 0; b < F::kBytes; ++b) tail[e * F::kBytes + b] = p[e * F::kBytes + b];
+      F::decode(tail, 0, w);
+#pragma unroll
+      for (int e = 0; e < unit::kUnit; ++e)
+        if (col + e >= cols) w[e] = 0.0f;
+      return;
+    }
+  }
+  F::decode(p, static_cast<int>(col % F::kBlock / unit::kUnit), w);
+}
+
+// The 16 activations of columns col..: zeros past the last column.
+__device__ __forceinline__ void row_x(const float* x, int64_t cols, int64_t col, bool x_vec, float v[unit::kUnit]) {
+  if (x_vec && col + unit::kUnit <= cols) {
+#pragma unroll
+    for (int q = 0; q < unit::kUnit / 4; ++q)
+      *reinterpret_cast<float4*>(v + 4 * q) = __ldg(reinterpret_cast<const float4*>(x + col) + q);
+  } else {
+#pragma unroll
+    for (int e = 0; e < unit::kUnit; ++e) v[e] = col + e < cols ? __ldg(x + col + e) : 0.0f;
+  }
+}
+
+// W row . x, on every lane of the warp.
+template <class F>
+__device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec, int lane) {
+  float acc = 0.0f;
+  const int64_t units = ceil_div(cols, unit::kUnit);
+#pragma unroll 4
+  for (int64_t u = lane; u < units; u += kWarp) {
+    float w[unit::kUnit], v[unit::kUnit];
+    row_unit<F>(row, cols, u * unit::kUnit, w);
+    row_x(x, cols, u * unit::kUnit, x_vec, v);
+#pragma unroll
+    for (int e = 0; e < unit::kUnit; ++e) acc = fmaf(w[e], v[e], acc);
+  }
+  return warp_sum(acc);
+}
+
+template <class F>
+__global__ void __launch_bounds__(kRowThreads) gemv_row_kernel(MatmulArgs a, bool x_vec) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  if (r >= a.rows) return;
+  const float s = row_dot<F>(a.W + r * a.rb, a.X, a.cols, x_vec, threadIdx.x % kWarp);
+  if (threadIdx.x % kWarp == 0) a.Y[r] = s;
+}
+
+// matmul_experts, one token per row i: row r of row i's expert matrix against X row i.
+template <class F>
+__global__ void __launch_bounds__(kRowThreads) gemv_row_experts_kernel(ExpertsArgs g, bool x_vec) {
+  const int64_t i = blockIdx.y, r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  if (r >= g.rows) return;
+  const int lane = threadIdx.x % kWarp;
+  const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
+  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
+    if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const float s = row_dot<F>(W + r * g.rb, g.X + i * g.ldx, g.cols, x_vec, lane);
+  if (lane == 0) g.Y[i * g.ldy + r] = s;
+}
+
 template <class F, int Tn>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec) {
   gemv_block<F, Tn>(a, x_vec, static_cast<int64_t>(blockIdx.x) * kRows);
-}
-
-// matmul_experts: block (x, i) computes rows x * kRows.. of row i's expert matrix against X row i,
-// the same work (and float operations) as gemv_kernel<F, 1> on that matrix.
-template <class F>
-__global__ void __launch_bounds__(kThreads) gemv_experts_kernel(ExpertsArgs g, bool x_vec) {
-  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
-  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
-    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + kRows); r += kThreads)
-      g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
-    return;
-  }
-  const MatmulArgs a{W, g.rb, g.rows, g.cols, g.X + i * g.ldx, g.ldx, 1, g.Y + i * g.ldy, g.ldy};
-  gemv_block<F, 1>(a, x_vec, r0);
 }
 
 }  // namespace gemv
@@ -191,7 +253,7 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
     if (g.T == 1)
-      gemv_kernel<F, 1><<<grid, kThreads, 0, s>>>(g, x_vec);
+      gemv_row_kernel<F><<<grid_x(ceil_div(a.rows, kRowWarps)), kRowThreads, 0, s>>>(g, x_vec);
     else if (g.T == 2)
       gemv_kernel<F, 2><<<grid, kThreads, 0, s>>>(g, x_vec);
     else if (g.T <= 4)
@@ -205,8 +267,8 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
 template <class F>
 void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace gemv;
-  const dim3 grid(grid_x(ceil_div(g.rows, kRows)), static_cast<unsigned>(g.n));
-  gemv_experts_kernel<F><<<grid, kThreads, 0, s>>>(g, x_rows_aligned(g.X, g.ldx));
+  const dim3 grid(grid_x(ceil_div(g.rows, kRowWarps)), static_cast<unsigned>(g.n));
+  gemv_row_experts_kernel<F><<<grid, kRowThreads, 0, s>>>(g, x_rows_aligned(g.X, g.ldx));
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -6,8 +6,8 @@
 // chunk's weight bytes of the rows and activation bytes of the tokens go to shared memory by
 // cp.async; in phase 1 thread (block b, kRPT rows, kTPT tokens) unpacks its rows' block b into int8
 // lanes once and forms the integer sums against each of its tokens' block b; in phase 2 one thread
-// per output applies the float steps of the chunk's blocks in order. Tiles: 8 rows by up to 8 tokens
-// (decode: as many blocks in the grid as there are row groups), 32 rows by 16 tokens beyond.
+// per output applies the float steps of the chunk's blocks in order. Tiles: 8 rows by 2 to 8 tokens,
+// 32 rows by 16 tokens beyond; one token (decode) runs the MMVQ kernel (vec below), same steps.
 #pragma once
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -145,21 +145,83 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
   mmq_block<F, Tl>(a, static_cast<int64_t>(blockIdx.x) * Tl::kRB, static_cast<int64_t>(blockIdx.y) * Tl::kTB);
 }
 
-// matmul_q8_experts: block (x, i) is mmq_kernel<F, SmallTile<1>>'s block x on row i's expert matrix
-// against q8_0 row i.
+// ---- one token (decode): the MMVQ kernel ----
+// Per output the same float steps in the same order as mmq_block (the blocks' q8_fma in column order
+// on one accumulator from 0), so results are bit for bit the CPU's and the tile kernel's; the work is
+// laid out for a single activation row instead: a block of 128 threads owns 16 rows and walks their
+// columns 64 blocks (2048 columns) at a time. Phase 1: each thread forms the integer sums of 8 (row,
+// block) pairs straight from global memory (consecutive threads on consecutive blocks of a row), with
+// no staging and many rows in flight; phase 2: thread r applies row r's float steps in order.
+namespace vec {
+constexpr int kThreads = 128, kRows = 16, kNB = 64;
+constexpr int kPerThread = kRows * kNB / kThreads;
+static_assert(kRows <= kThreads, "phase 2 takes one thread per row");
+
 template <class F>
-__global__ void __launch_bounds__(kThreads) mmq_experts_kernel(ExpertsArgs g) {
-  using Tl = SmallTile<1>;
-  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * Tl::kRB;
+__device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t rows, int64_t cols,
+                                           const uint8_t* xq, float* y, int64_t r0) {
+  constexpr int kIvRow = kNB * F::kPairs + 1;  // odd strides: phase 2's threads on distinct banks
+  constexpr int kWdRow = kNB + 1;
+  __shared__ int iv[kRows * kIvRow];
+  __shared__ float wd[kRows * kWdRow], wdmin[kRows * kWdRow], dxs[kNB];
+  const int tid = threadIdx.x;
+  const int nrows = static_cast<int>(min64(kRows, rows - r0));
+  const int64_t nblk = cols / kQK;
+  float acc = 0.0f;
+  for (int64_t c0 = 0; c0 < nblk; c0 += kNB) {
+    const int nb = static_cast<int>(min64(kNB, nblk - c0));
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int p = tid + k * kThreads, row = p / kNB, b = p % kNB;
+      if (row >= nrows || b >= nb) continue;
+      const int64_t blk = c0 + b;
+      unit::Q8Weights w;
+      F::q8_weights(W + (r0 + row) * rb + blk * kQK / F::kBlock * F::kBytes, blk * kQK % F::kBlock / kQK, w);
+      unit::Q8Act xa;
+      const float dx = unit::q8_act<F>(xq + blk * kXBlock, xa);
+      int v[F::kPairs];
+      F::q8_ints(w, xa, v);
+#pragma unroll
+      for (int q = 0; q < F::kPairs; ++q) iv[row * kIvRow + b * F::kPairs + q] = v[q];
+      wd[row * kWdRow + b] = w.d;
+      wdmin[row * kWdRow + b] = w.dmin;
+      if (row == 0) dxs[b] = dx;
+    }
+    __syncthreads();
+    if (tid < nrows) {
+      for (int b = 0; b < nb; ++b) {
+        unit::Q8Weights w;
+        w.d = wd[tid * kWdRow + b];
+        w.dmin = wdmin[tid * kWdRow + b];
+        int v[F::kPairs];
+#pragma unroll
+        for (int q = 0; q < F::kPairs; ++q) v[q] = iv[tid * kIvRow + b * F::kPairs + q];
+        acc = F::q8_fma(w, dxs[b], v, acc);
+      }
+    }
+    __syncthreads();  // the next chunk overwrites the sums
+  }
+  if (tid < nrows) y[r0 + tid] = acc;
+}
+
+template <class F>
+__global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
+  mmvq_block<F>(a.W, a.rb, a.rows, a.cols, a.Xq, a.Y, static_cast<int64_t>(blockIdx.x) * kRows);
+}
+
+// matmul_q8_experts: block (x, i) is mmvq_kernel's block x on row i's expert matrix against q8_0 row i.
+template <class F>
+__global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
+  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
   if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
-    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + Tl::kRB); r += kThreads)
+    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + kRows); r += kThreads)
       g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
-  const MatmulQ8Args a{W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.xrb, 1, g.Y + i * g.ldy, g.ldy};
-  mmq_block<F, Tl>(a, r0, 0);
+  mmvq_block<F>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Y + i * g.ldy, r0);
 }
+}  // namespace vec
 
 template <class F, class Tl>
 void launch_tile(const MatmulQ8Args& a, cudaStream_t s) {
@@ -180,9 +242,10 @@ void launch_tile(const MatmulQ8Args& a, cudaStream_t s) {
 template <class F>
 void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
   using namespace mmq;
-  if (a.T == 1)
-    launch_tile<F, SmallTile<1>>(a, s);
-  else if (a.T == 2)
+  if (a.T == 1) {
+    vec::mmvq_kernel<F><<<grid_x(ceil_div(a.rows, vec::kRows)), vec::kThreads, 0, s>>>(a);
+    STRATA_CUDA_LAUNCH_CHECK();
+  } else if (a.T == 2)
     launch_tile<F, SmallTile<2>>(a, s);
   else if (a.T <= 4)
     launch_tile<F, SmallTile<4>>(a, s);
@@ -195,8 +258,8 @@ void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
 template <class F>
 void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace mmq;
-  const dim3 grid(grid_x(ceil_div(g.rows, SmallTile<1>::kRB)), static_cast<unsigned>(g.n));
-  mmq_experts_kernel<F><<<grid, kThreads, 0, s>>>(g);
+  const dim3 grid(grid_x(ceil_div(g.rows, vec::kRows)), static_cast<unsigned>(g.n));
+  vec::mmvq_experts_kernel<F><<<grid, vec::kThreads, 0, s>>>(g);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

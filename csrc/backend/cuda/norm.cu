@@ -35,6 +35,21 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) o[c] = __fmul_rn(__fmul_rn(r[c], g), w[c]);
 }
 
+// rms_scale_kernel then apply_norm_kernel (no row index) in one block per token: the same sums and
+// roundings, x read once more from cache instead of a second launch.
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_read_kernel(const float* x, int64_t D, float eps, const float* w, float* grs, float* out) {
+  __shared__ float red[kWarp];
+  const float* r = x + (int64_t)blockIdx.x * D;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(r[i], r[i], ss);
+  ss = block_sum(ss, red);
+  const float g = 1.0f / sqrtf(ss / (float)D + eps);
+  if (threadIdx.x == 0) grs[blockIdx.x] = g;
+  float* o = out + (int64_t)blockIdx.x * D;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) o[c] = __fmul_rn(__fmul_rn(r[c], g), w[c]);
+}
+
 __global__ void __launch_bounds__(kThreads)
     gather_kernel(const float* x, int64_t D, const int32_t* rows, int64_t div, float* out) {
   const int64_t i = blockIdx.x;
@@ -92,6 +107,13 @@ void launch_apply_norm(const float* x, const float* grs, const float* w, int64_t
                        int64_t div, int64_t n, float* out, cudaStream_t s) {
   if (n <= 0) return;
   apply_norm_kernel<<<grid_x(n), kThreads, 0, s>>>(x, grs, w, D, rows, div, out);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_rms_norm_read(const float* x, int64_t T, int64_t D, float eps, const float* w, float* grs, float* out,
+                          cudaStream_t s) {
+  if (T <= 0) return;
+  rms_norm_read_kernel<<<grid_x(T), kThreads, 0, s>>>(x, D, eps, w, grs, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

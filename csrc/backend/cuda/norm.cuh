@@ -10,6 +10,8 @@
 namespace strata::cuda {
 
 void launch_rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs, cudaStream_t s);
+void launch_rms_norm_read(const float* x, int64_t T, int64_t D, float eps, const float* w, float* grs, float* out,
+                          cudaStream_t s);
 void launch_apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
                        int64_t div, int64_t n, float* out, cudaStream_t s);
 void launch_gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out,
