@@ -37,6 +37,48 @@ constexpr int64_t kSmemFloats = 48 * 1024 / 4;               // a block's shared
 __device__ __forceinline__ float kv_load(const float* p) { return *p; }
 __device__ __forceinline__ float kv_load(const uint16_t* p) { return __half2float(__ushort_as_half(*p)); }
 
+// Keys (or values) s0 .. s0 + ns of kv head kvh into kv ([ns][hd] floats). Where rows are whole
+// 16-byte pieces, each thread first loads up to kStageLoads pieces through the read-only path (no
+// store between them, so they are all in flight at once), then converts and stores them.
+constexpr int kStageLoads = 8;
+__device__ __forceinline__ void widen(const uint4& raw, const float*, float* d) {
+  *reinterpret_cast<uint4*>(d) = raw;
+}
+__device__ __forceinline__ void widen(const uint4& raw, const uint16_t*, float* d) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    d[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xFFFF)));
+    d[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
+  }
+}
+template <class KvT>
+__device__ __forceinline__ void stage_kv(float* kv, const KvT* src, int64_t s0, int ns, int64_t KV, int64_t kvh,
+                                         int64_t hd) {
+  constexpr int kPer = 16 / sizeof(KvT);  // elements of a piece
+  const bool vec = hd % kPer == 0 && (KV * hd) % kPer == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (!vec) {
+    for (int64_t e = threadIdx.x; e < ns * hd; e += kThreads)
+      kv[e] = kv_load(src + ((s0 + e / hd) * KV + kvh) * hd + e % hd);
+    return;
+  }
+  const int64_t per_row = hd / kPer, total = ns * per_row;
+  for (int64_t base = 0; base < total; base += (int64_t)kStageLoads * kThreads) {
+    uint4 raw[kStageLoads];
+#pragma unroll
+    for (int i = 0; i < kStageLoads; ++i) {
+      const int64_t e = base + i * kThreads + threadIdx.x;
+      if (e < total)
+        raw[i] = __ldg(reinterpret_cast<const uint4*>(src + ((s0 + e / per_row) * KV + kvh) * hd) + e % per_row);
+    }
+#pragma unroll
+    for (int i = 0; i < kStageLoads; ++i) {
+      const int64_t e = base + i * kThreads + threadIdx.x;
+      if (e < total) widen(raw[i], src, kv + (e / per_row) * hd + (e % per_row) * kPer);
+    }
+  }
+}
+
 // The fold of one block into a row's state (see the file comment); returns the factors a, b.
 struct Fold {
   float a, b;
@@ -123,8 +165,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t s0 = j0; s0 < j1; s0 += sh.ksub) {
       const int ns = (int)min((int64_t)sh.ksub, j1 - s0);
       __syncthreads();  // kv is free again
-      for (int64_t e = threadIdx.x; e < ns * hd; e += kThreads)
-        kv[e] = kv_load(kc + ((s0 + e / hd) * sh.KV + kvh) * hd + e % hd);
+      stage_kv(kv, kc, s0, ns, sh.KV, kvh, hd);
       __syncthreads();
       for (int p = warp; p < R * ns; p += kWarps) {
         const int r = p / ns, jj = p % ns;
@@ -163,8 +204,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t s0 = j0; s0 < j1; s0 += sh.ksub) {
       const int ns = (int)min((int64_t)sh.ksub, j1 - s0);
       __syncthreads();  // kv is free again; the softmax's row_nv and p are visible
-      for (int64_t e = threadIdx.x; e < ns * hd; e += kThreads)
-        kv[e] = kv_load(vc + ((s0 + e / hd) * sh.KV + kvh) * hd + e % hd);
+      stage_kv(kv, vc, s0, ns, sh.KV, kvh, hd);
       __syncthreads();
       for (int jj = 0; jj < ns; ++jj) {
         const int j = (int)(s0 - j0) + jj;

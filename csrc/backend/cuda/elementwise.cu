@@ -97,10 +97,23 @@ __global__ void __launch_bounds__(kThreads)
                              int64_t D, float* out) {
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= D) return;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t r = rows[i];
-    float* o = out + (r / K) * D + c;
-    *o = __fadd_rn(*o, __fmul_rn(y[i * D + c], w[r]));
+  // A batch of rows' products loaded before any output is written: their loads are in flight together.
+  constexpr int kBatch = 8;
+  for (int64_t i0 = 0; i0 < n; i0 += kBatch) {
+    float p[kBatch];
+    int32_t r[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k < n) {
+        r[k] = __ldg(rows + i0 + k);
+        p[k] = __fmul_rn(__ldg(y + (i0 + k) * D + c), __ldg(w + r[k]));
+      }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (i0 + k < n) {
+        float* o = out + (r[k] / K) * D + c;
+        *o = __fadd_rn(*o, p[k]);
+      }
   }
 }
 

@@ -170,6 +170,10 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
   float acc = 0.0f;
   for (int64_t c0 = 0; c0 < nblk; c0 += kNB) {
     const int nb = static_cast<int>(min64(kNB, nblk - c0));
+    // All of this thread's pairs first, into registers (no store between their loads, so they are in
+    // flight together), then into shared memory.
+    int v[kPerThread][F::kPairs];
+    float d[kPerThread], dmin[kPerThread], dx[kPerThread];
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int p = tid + k * kThreads, row = p / kNB, b = p % kNB;
@@ -178,14 +182,20 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
       unit::Q8Weights w;
       F::q8_weights(W + (r0 + row) * rb + blk * kQK / F::kBlock * F::kBytes, blk * kQK % F::kBlock / kQK, w);
       unit::Q8Act xa;
-      const float dx = unit::q8_act<F>(xq + blk * kXBlock, xa);
-      int v[F::kPairs];
-      F::q8_ints(w, xa, v);
+      dx[k] = unit::q8_act<F>(xq + blk * kXBlock, xa);
+      F::q8_ints(w, xa, v[k]);
+      d[k] = w.d;
+      dmin[k] = w.dmin;
+    }
 #pragma unroll
-      for (int q = 0; q < F::kPairs; ++q) iv[row * kIvRow + b * F::kPairs + q] = v[q];
-      wd[row * kWdRow + b] = w.d;
-      wdmin[row * kWdRow + b] = w.dmin;
-      if (row == 0) dxs[b] = dx;
+    for (int k = 0; k < kPerThread; ++k) {
+      const int p = tid + k * kThreads, row = p / kNB, b = p % kNB;
+      if (row >= nrows || b >= nb) continue;
+#pragma unroll
+      for (int q = 0; q < F::kPairs; ++q) iv[row * kIvRow + b * F::kPairs + q] = v[k][q];
+      wd[row * kWdRow + b] = d[k];
+      wdmin[row * kWdRow + b] = dmin[k];
+      if (row == 0) dxs[b] = dx[k];
     }
     __syncthreads();
     if (tid < nrows) {

@@ -41,13 +41,38 @@ __global__ void __launch_bounds__(kThreads)
     rms_norm_read_kernel(const float* x, int64_t D, float eps, const float* w, float* grs, float* out) {
   __shared__ float red[kWarp];
   const float* r = x + (int64_t)blockIdx.x * D;
+  float* o = out + (int64_t)blockIdx.x * D;
+  // This thread's columns a batch at a time, loaded before use: their loads are in flight together.
+  constexpr int kBatch = 8;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(r[i], r[i], ss);
+  for (int64_t c0 = threadIdx.x; c0 < D; c0 += (int64_t)kBatch * blockDim.x) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + (int64_t)k * blockDim.x;
+      v[k] = c < D ? r[c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (c0 + (int64_t)k * blockDim.x < D) ss = fmaf(v[k], v[k], ss);
+  }
   ss = block_sum(ss, red);
   const float g = 1.0f / sqrtf(ss / (float)D + eps);
   if (threadIdx.x == 0) grs[blockIdx.x] = g;
-  float* o = out + (int64_t)blockIdx.x * D;
-  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) o[c] = __fmul_rn(__fmul_rn(r[c], g), w[c]);
+  for (int64_t c0 = threadIdx.x; c0 < D; c0 += (int64_t)kBatch * blockDim.x) {
+    float v[kBatch], wv[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + (int64_t)k * blockDim.x;
+      v[k] = c < D ? r[c] : 0.0f;
+      wv[k] = c < D ? w[c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + (int64_t)k * blockDim.x;
+      if (c < D) o[c] = __fmul_rn(__fmul_rn(v[k], g), wv[k]);
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kThreads)

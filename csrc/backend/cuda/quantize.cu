@@ -2,6 +2,8 @@
 // indexed) quantized to q8_0 exactly as the CPU's quantize_row_q8_0 does, one warp per 32-block.
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/quantize.cuh"
@@ -11,7 +13,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One block per output row, one warp per 32-block, one lane per element: d = max|v| / 127 (the max
+// Blocks (output row, group of its 32-blocks), one warp per 32-block, one lane per element: d = max|v| / 127 (the max
 // is exact in any order), id = 1 / d (0 for an all-zero block), q = lroundf(v * id), d stored as
 // fp16 rounded to nearest even.
 __global__ void __launch_bounds__(kThreads)
@@ -22,7 +24,9 @@ __global__ void __launch_bounds__(kThreads)
   const float* r = x + s * D;
   uint8_t* o = out + i * out_row_bytes;
   const float g = grs ? grs[s] : 0.0f;
-  for (int64_t b = threadIdx.x / kWarp; b < D / 32; b += blockDim.x / kWarp) {
+  // Grid y spreads a row's blocks over kThreads / kWarp warps each: one block a warp in most rows.
+  for (int64_t b = blockIdx.y * (int64_t)(blockDim.x / kWarp) + threadIdx.x / kWarp; b < D / 32;
+       b += (int64_t)gridDim.y * (blockDim.x / kWarp)) {
     const int64_t c = b * 32 + lane;
     const float v = grs ? __fmul_rn(__fmul_rn(r[c], g), w[c]) : r[c];
     const float amax = warp_max(fabsf(v));
@@ -40,7 +44,8 @@ void launch_quantize_q8_0(const float* x, const float* grs, const float* w, int6
   STRATA_CHECK(out_row_bytes >= (size_t)(D / 32 * kQ8Block), ConfigError,
                "quantize_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", D / 32, " blocks");
   if (n <= 0 || D == 0) return;
-  quantize_q8_0_kernel<<<grid_x(n), kThreads, 0, s>>>(x, grs, w, D, rows, div, out, out_row_bytes);
+  const unsigned per_row = (unsigned)std::min<int64_t>(ceil_div(D / 32, kThreads / kWarp), 65535);
+  quantize_q8_0_kernel<<<dim3(grid_x(n), per_row), kThreads, 0, s>>>(x, grs, w, D, rows, div, out, out_row_bytes);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
