@@ -379,9 +379,15 @@ TEST_P(Op, KvStoreAndAttentionPerKvType) {
 // give the same bits, on every KV type the backend keeps.
 TEST_P(Op, AttentionIndependentOfChunking) {
   std::mt19937 rng(16);
-  const int64_t H = 8, KV = 2, hd = 64, width = KV * hd, pos0 = 120, T = 19;  // crosses key 128
-  const int64_t ctx = pos0 + T, first = 7;
+  struct Shape {
+    int64_t H, KV, hd;
+  };
+  // Query heads per kv head 4, 16 and 1; head dims of the GPU's decode kernel and one it leaves to the
+  // general kernel (72).
+  for (const Shape sh : {Shape{8, 2, 64}, Shape{32, 2, 128}, Shape{3, 3, 256}, Shape{4, 2, 72}})
   for (KvType t : {KvType::F32, KvType::F16}) {
+    const int64_t H = sh.H, KV = sh.KV, hd = sh.hd, width = KV * hd, pos0 = 120, T = 19;  // crosses key 128
+    const int64_t ctx = pos0 + T, first = 7;
     if (!be().supports_kv(t)) continue;
     const size_t eb = kv_elem_bytes(t);
     const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f),
@@ -401,8 +407,9 @@ TEST_P(Op, AttentionIndependentOfChunking) {
       be().attention(dq.p() + i * H * hd, kc.p(), vc.p(), t, 1, pos0 + i, H, KV, hd, scale,
                      tokens.p() + i * H * hd);
     const auto w = whole.get();
-    expect_same(chunks.get(), w, str("attention in two chunks vs one, ", kv_type_name(t)));
-    expect_same(tokens.get(), w, str("attention token by token vs one chunk, ", kv_type_name(t)));
+    const std::string what = str(kv_type_name(t), ", H=", H, " KV=", KV, " hd=", hd);
+    expect_same(chunks.get(), w, "attention in two chunks vs one, " + what);
+    expect_same(tokens.get(), w, "attention token by token vs one chunk, " + what);
   }
 }
 

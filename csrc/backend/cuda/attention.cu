@@ -243,6 +243,144 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- decode (one query): attention_decode_kernel ----
+// The same float operations as attention_kernel<., true> laid out for one query: a block per (key
+// block, kv head) stages the block's keys, then its values, 32 keys at a time in their stored type
+// (16-byte loads, shared by the group's query heads), and each warp takes whole query heads. A warp
+// forms its head's 32 per-lane dot partials of a piece's keys (lane l: dims l, l + 32, .. in order,
+// as the prompt kernel) and sums them with a transposed butterfly: the same additions as warp_sum,
+// leaving key 32 p + l's score on lane l, which is also where the softmax sums take it from.
+constexpr int kDecWarps = 8, kDecThreads = kDecWarps * kWarp, kPiece = 32, kDecPieces = kKeyBlock / kPiece;
+
+// v[k] (k < 32): this lane's partial of key k. Returns key `lane`'s total: at offset o the lanes with
+// bit o set keep the upper o keys, the others the lower, each adding its partner's partial of the
+// keys it keeps, which is warp_sum's pairing at every step.
+__device__ __forceinline__ float transposed_sum(float v[kWarp], int lane) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const bool up = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < o; ++i) {
+      const float send = up ? v[i] : v[i + o], keep = up ? v[i + o] : v[i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+    }
+  }
+  return v[0];
+}
+
+// Keys (or values) j0 + k, k < nk, of kv head kvh as stored into piece ([kPiece][hd]).
+template <class KvT>
+__device__ __forceinline__ void stage_piece(KvT* piece, const KvT* src, int64_t j0, int nk, int64_t KV,
+                                            int64_t kvh, int64_t hd) {
+  constexpr int kPer = 16 / sizeof(KvT);
+  const int64_t per_row = hd / kPer, total = nk * per_row;
+  uint4 raw[kStageLoads];
+#pragma unroll
+  for (int i = 0; i < kStageLoads; ++i) {
+    const int64_t e = i * kDecThreads + threadIdx.x;
+    if (e < total) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + ((j0 + e / per_row) * KV + kvh) * hd) + e % per_row);
+  }
+#pragma unroll
+  for (int i = 0; i < kStageLoads; ++i) {
+    const int64_t e = i * kDecThreads + threadIdx.x;
+    if (e < total) reinterpret_cast<uint4*>(piece + (e / per_row) * hd)[e % per_row] = raw[i];
+  }
+}
+
+template <class KvT, int kDims, int kHpw>
+__global__ void __launch_bounds__(kDecThreads)
+    attention_decode_kernel(const float* q, const KvT* kc, const KvT* vc, Shape sh, float* part_ml,
+                            float* part_acc) {
+  __shared__ __align__(16) KvT piece[kPiece * kDims * kWarp];
+  const int64_t pos0 = sh.pos0 + (sh.pos_dev ? *sh.pos_dev : 0);
+  const int64_t jb = blockIdx.x;
+  if (jb >= ceil_div(pos0 + 1, kKeyBlock)) return;  // a launch sized for the largest position
+  constexpr int64_t hd = kDims * kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t kvh = blockIdx.y, j0 = jb * kKeyBlock;
+  const int nv = (int)min((int64_t)kKeyBlock, pos0 + 1 - j0);  // keys of this block the query sees
+  float qr[kHpw][kDims], sc[kHpw][kDecPieces];
+#pragma unroll
+  for (int i = 0; i < kHpw; ++i) {
+    const int64_t g = warp + kDecWarps * i;
+#pragma unroll
+    for (int d = 0; d < kDims; ++d)
+      qr[i][d] = g < sh.group ? q[(kvh * sh.group + g) * hd + lane + kWarp * d] : 0.0f;
+  }
+  // Scores.
+#pragma unroll
+  for (int p = 0; p < kDecPieces; ++p) {
+    const int nk = min(kPiece, nv - p * kPiece);
+    if (nk <= 0) break;
+    __syncthreads();  // the piece is free
+    stage_piece(piece, kc, j0 + p * kPiece, nk, sh.KV, kvh, hd);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kHpw; ++i) {
+      if (warp + kDecWarps * i >= sh.group) continue;
+      float part[kWarp];
+#pragma unroll
+      for (int k = 0; k < kWarp; ++k) {
+        float d = 0.0f;
+        if (k < nk)
+#pragma unroll
+          for (int dd = 0; dd < kDims; ++dd) d = fmaf(qr[i][dd], kv_load(piece + k * hd + lane + kWarp * dd), d);
+        part[k] = d;
+      }
+      sc[i][p] = transposed_sum(part, lane) * sh.scale;
+    }
+  }
+  // Softmax of the block, per head: m_b, p_j, l_b as the prompt kernel takes them.
+  float m[kHpw], l[kHpw];
+#pragma unroll
+  for (int i = 0; i < kHpw; ++i) {
+    m[i] = -INFINITY;
+#pragma unroll
+    for (int p = 0; p < kDecPieces; ++p)
+      if (p * kPiece + lane < nv) m[i] = fmaxf(m[i], sc[i][p]);
+    m[i] = warp_max(m[i]);
+    l[i] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kDecPieces; ++p)
+      if (p * kPiece + lane < nv) {
+        sc[i][p] = expf(sc[i][p] - m[i]);
+        l[i] = l[i] + sc[i][p];
+      }
+    l[i] = warp_sum(l[i]);
+  }
+  // a_b = sum_j p_j v_j, keys in order; lane l holds dims l, l + 32, ..
+  float acc[kHpw][kDims] = {};
+#pragma unroll
+  for (int p = 0; p < kDecPieces; ++p) {
+    const int nk = min(kPiece, nv - p * kPiece);
+    if (nk <= 0) break;
+    __syncthreads();
+    stage_piece(piece, vc, j0 + p * kPiece, nk, sh.KV, kvh, hd);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kHpw; ++i) {
+      if (warp + kDecWarps * i >= sh.group) continue;
+      for (int k = 0; k < nk; ++k) {
+        const float pj = __shfl_sync(kFullMask, sc[i][p], k);
+#pragma unroll
+        for (int dd = 0; dd < kDims; ++dd) acc[i][dd] = fmaf(pj, kv_load(piece + k * hd + lane + kWarp * dd), acc[i][dd]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kHpw; ++i) {
+    const int64_t g = warp + kDecWarps * i;
+    if (g >= sh.group) continue;
+    const int64_t part = jb * sh.H + kvh * sh.group + g;
+    if (lane == 0) {
+      part_ml[part * 2] = m[i];
+      part_ml[part * 2 + 1] = l[i];
+    }
+#pragma unroll
+    for (int dd = 0; dd < kDims; ++dd) part_acc[part * hd + lane + kWarp * dd] = acc[i][dd];
+  }
+}
+
 // The decode combine: per head, the key blocks' partials folded in key order, one thread per dim.
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
@@ -251,6 +389,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, kKeyBlock);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
+#pragma unroll 8  // the partials' loads of several blocks in flight at once
     for (int64_t jb = 0; jb < nb; ++jb) {
       const int64_t p = jb * H + h;
       const Fold f = fold(m, l, part_ml[p * 2], part_ml[p * 2 + 1]);
@@ -316,6 +455,37 @@ size_t smem_bytes(const Shape& s) {
   return (size_t)(R * s.hd + R * kKeyBlock + (int64_t)s.ksub * s.hd + 7 * R) * sizeof(float);
 }
 
+// attention_decode_kernel where its shape allows (head dims 64, 128 or 256, up to 16 query heads per
+// kv head, 16-byte aligned caches); false otherwise (the general split kernel then runs).
+template <class KvT, int kDims>
+void launch_decode_dims(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb, float* part_ml,
+                        float* part_acc, cudaStream_t st) {
+  const dim3 grid(grid_x(nb), (unsigned)s.KV);
+  if (s.group <= kDecWarps)
+    attention_decode_kernel<KvT, kDims, 1><<<grid, kDecThreads, 0, st>>>(q, kc, vc, s, part_ml, part_acc);
+  else
+    attention_decode_kernel<KvT, kDims, 2><<<grid, kDecThreads, 0, st>>>(q, kc, vc, s, part_ml, part_acc);
+}
+template <class KvT>
+bool launch_decode(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb, float* part_ml,
+                   float* part_acc, cudaStream_t st) {
+  const bool aligned = reinterpret_cast<uintptr_t>(kc) % 16 == 0 && reinterpret_cast<uintptr_t>(vc) % 16 == 0;
+  if (!aligned || s.group > 2 * kDecWarps) return false;
+  switch (s.hd) {
+    case 64:
+      launch_decode_dims<KvT, 2>(q, kc, vc, s, nb, part_ml, part_acc, st);
+      return true;
+    case 128:
+      launch_decode_dims<KvT, 4>(q, kc, vc, s, nb, part_ml, part_acc, st);
+      return true;
+    case 256:
+      launch_decode_dims<KvT, 8>(q, kc, vc, s, nb, part_ml, part_acc, st);
+      return true;
+    default:
+      return false;
+  }
+}
+
 template <class KvT>
 void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64_t pos0, const PosSource& ps,
                   int64_t H, int64_t KV, int64_t hd, float scale, float* out, void* scratch,
@@ -329,8 +499,9 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
     const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kKeyBlock) : ceil_div(pos0 + 1, kKeyBlock);
     float* part_ml = static_cast<float*>(scratch);
     float* part_acc = part_ml + nb * H * 2;
-    attention_kernel<KvT, true><<<dim3(grid_x(nb), (unsigned)KV, chunks), kThreads, smem, st>>>(
-        q, kc, vc, s, out, part_ml, part_acc);
+    if (!launch_decode(q, kc, vc, s, nb, part_ml, part_acc, st))
+      attention_kernel<KvT, true><<<dim3(grid_x(nb), (unsigned)KV, chunks), kThreads, smem, st>>>(
+          q, kc, vc, s, out, part_ml, part_acc);
     STRATA_CUDA_LAUNCH_CHECK();
     combine_kernel<<<grid_x(H), (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st>>>(
         part_ml, part_acc, pos0, ps.dev, H, hd, out);
