@@ -394,15 +394,19 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
         _fail(f"strata serve needs starlette and uvicorn ({e}): pip install starlette uvicorn")
     if api_key is not None and not api_key.strip():
         _fail("--api-key is empty: give a key, or leave the flag out to serve without one")
-    if not is_loopback(host) and not api_key:
-        click.echo(f"strata: warning: listening on {host} without --api-key: anyone who can reach this address "
-                   "can use the model; give --api-key KEY (or STRATA_API_KEY)", err=True)
     try:  # before the load, which may take minutes: a taken port is said at once
         sock = listen(host, port)
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port or --host")
-    m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              ctx=ctx, threads=threads)
+    if not is_loopback(host) and not api_key:
+        click.echo(f"strata: warning: listening on {host} without --api-key: anyone who can reach this address "
+                   "can use the model; give --api-key KEY (or STRATA_API_KEY)", err=True)
+    try:
+        m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill,
+                  source=source, ctx=ctx, threads=threads)
+    except BaseException:
+        sock.close()
+        raise
     try:
         server = Server(m, host=host, parallel=parallel, queue=queue, turn=turn, api_key=api_key,
                         model_id=model_id, sock=sock)

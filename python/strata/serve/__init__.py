@@ -133,8 +133,3 @@ class Server:
         self._uv.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
-
-    @property
-    def engine_idle(self) -> bool:
-        """Whether the engine thread has ended or waits between steps (nothing native runs)."""
-        return self.engine._thread is None or not self.engine._thread.is_alive()

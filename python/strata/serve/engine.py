@@ -135,6 +135,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._current: Job | None = None  # whose turn it is
         self._turn_left = 0
+        self._rr = 0  # the current job's place in _active
         self._kv_gen: _core.Generator | None = None  # the generator that last ran: it holds the KV cache
         self._busy_since: float | None = None  # when the step in progress began (None: between steps)
         self._service_ema = 0.0  # seconds a request holds a slot, smoothed (for Retry-After)
@@ -195,12 +196,12 @@ class Engine:
             self._calls.clear()
             self._cv.notify_all()
         for j in jobs:
-            if not j.ended:
-                j.ended = True
-                j.cancelled = True
-                with self._cv:
-                    self.counters.failed += 1
-                j.emit(Failed(503, "server_error", "server_shutting_down", reason))
+            with self._cv:
+                if j.ended:
+                    continue
+                j.ended = j.cancelled = True
+                self.counters.failed += 1
+            j.emit(Failed(503, "server_error", "server_shutting_down", reason))
         for _, fut in calls:
             fut.set_exception(Stopped(reason))
         if self._thread is None:
@@ -261,20 +262,20 @@ class Engine:
             self._active.append(j)
 
     def _schedule(self) -> list[Job]:
-        """The jobs the next step advances: the one whose turn it is (round robin, `turn` tokens
-        each, so that switching, which re-runs a sequence's tokens, happens seldom)."""
+        """The jobs the next step advances: the one whose turn it is (round robin in admission
+        order, `turn` steps each, so that switching, which re-runs a sequence's tokens, is seldom)."""
         if not self._active:
             self._current = None
             return []
         cur = self._current
-        if cur is None or cur not in self._active or self._turn_left <= 0:
-            if cur in self._active and len(self._active) > 1:
-                i = (self._active.index(cur) + 1) % len(self._active)
-            elif cur in self._active:
-                i = self._active.index(cur)
-            else:
-                i = 0
-            self._current = self._active[i]
+        if cur in self._active:
+            if self._turn_left <= 0:  # its turn is over: the next one's
+                self._rr = (self._active.index(cur) + 1) % len(self._active)
+                self._current = self._active[self._rr]
+                self._turn_left = self.turn
+        else:  # it ended: the one that followed it has moved into its place
+            self._rr %= len(self._active)
+            self._current = self._active[self._rr]
             self._turn_left = self.turn
         self._turn_left -= 1
         return [self._current][:NATIVE_BATCH]
@@ -331,7 +332,8 @@ class Engine:
         self._end(j, ev)
 
     def _end(self, j: Job, ev: Done | Failed | None) -> None:
-        """Frees `j`'s slot, counts it, and sends its last event (None: cancelled, no one listens)."""
+        """Frees `j`'s slot, counts it, and sends its last event (None: cancelled, no one listens).
+        A job the shutdown already ended (and counted) only gives its tokens to the totals."""
         with self._cv:
             if j in self._active:
                 self._active.remove(j)
@@ -344,17 +346,17 @@ class Engine:
                 c.recomputed += st["recomputed"]
                 c.prompt_seconds += st["prompt_ms"] / 1000
                 c.decode_seconds += st["decode_ms"] / 1000
+            if j.ended:
+                return
+            j.ended = True
             if isinstance(ev, Done):
                 c.finished += 1
                 held = time.monotonic() - (j.started or j.submitted)
                 self._service_ema = held if not self._service_ema else 0.8 * self._service_ema + 0.2 * held
             elif isinstance(ev, Failed):
                 c.failed += 1
-            elif not j.ended:  # (a job the shutdown ended is counted there)
+            else:
                 c.cancelled += 1
-        if j.ended:
-            return
-        j.ended = True
         if ev is not None:
             j.emit(ev)
         # The expert cache's counters change only in steps: read here, on this thread, for /metrics.
