@@ -102,7 +102,11 @@ async def _next(q: asyncio.Queue, gone: asyncio.Future) -> Any:
     if not q.empty():
         return q.get_nowait()
     get = asyncio.ensure_future(q.get())
-    done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled with the response (the client left): leave no task behind
+        get.cancel()
+        raise
     if get in done:
         return get.result()
     get.cancel()
