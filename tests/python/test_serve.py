@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.shared import ErrorObject
@@ -53,10 +55,12 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
+_HTTP = httpx.Client(timeout=30)  # one connection pool for the raw requests
+
+
 def _post(server, route: str, body: dict | bytes, **kw) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(server.url + route, content=content, headers={"content-type": "application/json"},
-                      timeout=30, **kw)
+    return _HTTP.post(server.url + route, content=content, headers={"content-type": "application/json"}, **kw)
 
 
 def _sse(text: str) -> list:
@@ -402,3 +406,30 @@ def test_cli_stops_within_a_second(path, sig):
     assert rc == (130 if sig == signal.SIGINT else 0), err
     assert "server_shutting_down" in "".join(got[-3:]) and "[DONE]" not in "".join(got)
     assert "Traceback" not in err and "stopped" in err
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8)
+_FIELDS = ["messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+           "repeat_penalty", "repeat_last_n", "stop", "seed", "n", "stream", "stream_options", "presence_penalty",
+           "frequency_penalty", "logprobs", "logit_bias", "response_format", "ignore_eos", "tools", "model"]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(_FIELDS), value=_JSON, route=st.sampled_from(["chat", "text"]))
+def test_any_field_value_is_answered_or_refused_never_a_500(server, field, value, route):
+    body = {"messages": MSGS} if route == "chat" else {"prompt": "Hello"}
+    body["max_tokens"] = 2
+    if field == "messages" and route == "text":
+        field = "prompt"
+    if field.startswith("max_") and type(value) is int and value > 4:
+        value = 4  # a valid length, kept short
+    body[field] = value
+    r = _post(server, "/v1/chat/completions" if route == "chat" else "/v1/completions", body)
+    assert r.status_code in (200, 400), r.text
+    if r.status_code == 400:
+        err = r.json()["error"]
+        ErrorObject.model_validate(err, strict=True)
+        assert err["message"] and "Traceback" not in err["message"]
