@@ -105,3 +105,23 @@ def test_stop_strings_end_the_sequence(make_mix):
     assert "".join(s.pieces) == full[: full.find(stop)]
     assert s.end.finish_reason == "stop" and s.end.stats["stop_reason"] == "stop_string"
 
+
+
+def test_a_failing_job_does_not_stop_the_engine(make_mix):
+    m = strata.Model(make_mix("f32"), progress=False, ctx=256)
+    eng = Engine(m)
+    eng.start()
+    try:
+        def explode(ev) -> None:
+            raise RuntimeError("the client's callback broke")
+
+        bad, _ = _job(m, "first", max_tokens=4)
+        bad.emit = explode
+        eng.submit(bad)
+        good, sink = _job(m, "second", max_tokens=4)
+        eng.submit(good)
+        assert sink.ended.wait(10) and isinstance(sink.end, Done)
+        assert eng.alive and eng.state()["slots_busy"] == 0
+    finally:
+        eng.shutdown()
+    assert not eng.alive

@@ -162,7 +162,10 @@ class Service:
 
     # ---- plain routes ----
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", **self.engine.state()})
+        # 503 once the engine has stopped, so that a proxy's health check takes the replica out.
+        ok = self.engine.alive
+        return JSONResponse({"status": "ok" if ok else "stopped", **self.engine.state()},
+                            status_code=200 if ok else 503)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": self._model_list()})

@@ -10,6 +10,7 @@ batch and `_schedule`'s width of 1; nothing else here changes."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
@@ -21,6 +22,8 @@ from typing import Any
 
 from strata import _core
 from strata.tokenizer import StreamDecoder
+
+log = logging.getLogger("strata.serve")
 
 # Sequences advanced by one native step: 1 until the native side has one KV region per sequence.
 NATIVE_BATCH = 1
@@ -90,9 +93,6 @@ class Job:
     decoder: StreamDecoder | None = None
     ended: bool = False
 
-    def cancel(self) -> None:
-        self.cancelled = True
-
 
 @dataclass
 class Counters:
@@ -137,7 +137,6 @@ class Engine:
         self._turn_left = 0
         self._rr = 0  # the current job's place in _active
         self._kv_gen: _core.Generator | None = None  # the generator that last ran: it holds the KV cache
-        self._busy_since: float | None = None  # when the step in progress began (None: between steps)
         self._service_ema = 0.0  # seconds a request holds a slot, smoothed (for Retry-After)
         self._ids = itertools.count(1)
         self.counters.cache = dict(model.cache)
@@ -220,27 +219,44 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            with self._cv:
-                while not self._stopping and not self._calls and not self._runnable():
-                    self._cv.wait()
-                if self._stopping:
+            try:
+                if not self._cycle():
                     return
-                calls = list(self._calls)
-                self._calls.clear()
-                self._reap()
-                self._admit()
-                batch = self._schedule()
-                self._busy_since = time.monotonic() if batch else None
-            for fn, fut in calls:
-                try:
-                    fut.set_result(fn())
-                except Exception as e:  # handed to the caller, who answers its client
-                    fut.set_exception(e)
-            if batch:
-                self._run_step(batch)
-                with self._cv:
-                    self._busy_since = None
-                    self.counters.steps += 1
+            except Exception as e:  # a bug: said once; the jobs in flight fail and the engine goes on
+                log.error("engine: %s: %s", type(e).__name__, e)
+                for j in list(self._active):
+                    try:
+                        self._fail(j, Failed(500, "server_error", None, f"internal error: {type(e).__name__}: {e}"))
+                    except Exception:
+                        self._active.remove(j)
+
+    def _cycle(self) -> bool:
+        """Waits for work, then runs the calls and one step; False when stopping."""
+        with self._cv:
+            while not self._stopping and not self._calls and not self._runnable():
+                self._cv.wait()
+            if self._stopping:
+                return False
+            calls = list(self._calls)
+            self._calls.clear()
+            self._reap()
+            self._admit()
+            batch = self._schedule()
+        for fn, fut in calls:
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # handed to the caller, who answers its client
+                fut.set_exception(e)
+        if batch:
+            self._run_step(batch)
+            with self._cv:
+                self.counters.steps += 1
+        return True
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs (False before start() and after shutdown)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     def _runnable(self) -> bool:
         return bool(self._active or self._waiting)
