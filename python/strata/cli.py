@@ -419,9 +419,9 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
     click.echo(f"strata serve: stopped{f' ({signal.Signals(sig).name})' if sig else ''}: {c.finished} requests "
                f"finished, {c.cancelled} cancelled by their clients, {c.failed} failed or ended by the stop with an "
                "error", err=True)
-    if server.engine._thread is not None and server.engine._thread.is_alive():
-        # A prompt runs inside the native model, which no other thread can stop: leave without it.
-        click.echo("strata serve: a prompt was still running; exiting without waiting for it", err=True)
+    if not server.engine_stopped:
+        # A prompt chunk runs inside the native model, which no other thread can stop: leave without it.
+        click.echo("strata serve: a prompt chunk was still running; exiting without waiting for it", err=True)
         sys.stderr.flush()
         os._exit(EXIT_INTERRUPTED if sig == signal.SIGINT else 0)
     if sig == signal.SIGINT:

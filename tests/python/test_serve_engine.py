@@ -125,3 +125,72 @@ def test_a_failing_job_does_not_stop_the_engine(make_mix):
     finally:
         eng.shutdown()
     assert not eng.alive
+
+
+LONG_PROMPT = " ".join(f"expert {i} of layer {i % 3} streams into slot {i % 5};" for i in range(12))
+
+
+@pytest.fixture(scope="module")
+def chunked(make_mix) -> strata.Model:
+    """Prompt chunks of 8 tokens and a cache that streams: a long prompt runs as many steps."""
+    path = make_mix("q4_k")
+    return strata.Model(path, progress=False, ctx=512, prefill=8, source="host",
+                        expert_cache=f"{strata.ModelInfo(path).slot_bytes * 12}b")
+
+
+def test_a_long_prompt_runs_a_chunk_a_step_and_gives_one_calls_tokens(chunked):
+    m = chunked
+    ids = m.tokenize(LONG_PROMPT)
+    assert len(ids) > 8 * 10
+    alone = m.generate(ids, max_tokens=10, temperature=0).text
+    other = m.generate(PROMPTS[0], max_tokens=10, temperature=0).text
+    eng = Engine(m, parallel=2, turn=1)
+    (a, sa), (b, sb) = _job(m, LONG_PROMPT, max_tokens=10), _job(m, PROMPTS[0], max_tokens=10)
+    eng.submit(a)
+    eng.submit(b)
+    eng.start()
+    try:
+        assert sa.ended.wait(30) and sb.ended.wait(30)
+    finally:
+        eng.shutdown()
+    assert "".join(sa.pieces) == alone and "".join(sb.pieces) == other
+    assert eng.counters.steps >= len(ids) // 8 + 2 * 10  # the prompt's chunks were steps of their own
+    assert sa.end.stats["prompt_reused"] == 0 and sa.end.stats["prompt_tokens"] == len(ids)
+
+
+def test_a_cancel_stops_a_long_prompt_after_one_chunk(chunked):
+    m = chunked
+    eng = Engine(m)
+    j, sink = _job(m, LONG_PROMPT, max_tokens=4)
+    eng.submit(j)
+    eng.call(lambda: eng.cancel(j))  # runs before the first step; the cancel lands after it
+    eng.start()
+    try:
+        t, s2 = _job(m, "then this", max_tokens=2)
+        eng.submit(t)
+        assert s2.ended.wait(10)
+    finally:
+        eng.shutdown()
+    assert sink.end is None and eng.counters.cancelled == 1
+    # The cancelled prompt ran its first chunk only; the next request ran its own prompt.
+    assert eng.counters.prompt_tokens == 8 + len(m.tokenize("then this"))
+
+
+def test_a_follow_up_with_a_long_new_part_keeps_the_history(chunked):
+    m = chunked
+    first = LONG_PROMPT[: len(LONG_PROMPT) // 2]
+    eng = Engine(m)
+    eng.start()
+    try:
+        j1, s1 = _job(m, first, max_tokens=3)
+        eng.submit(j1)
+        assert s1.ended.wait(10)
+        follow = first + "".join(s1.pieces) + LONG_PROMPT
+        j2, s2 = _job(m, follow, max_tokens=6)
+        eng.submit(j2)
+        assert s2.ended.wait(10)
+    finally:
+        eng.shutdown()
+    ids1 = m.tokenize(first)
+    assert s2.end.stats["prompt_reused"] >= len(ids1) - 1
+    assert "".join(s2.pieces) == m.generate(follow, max_tokens=6, temperature=0).text

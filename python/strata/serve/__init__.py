@@ -97,6 +97,8 @@ class Server:
                                 access_log=verbose, timeout_graceful_shutdown=1, server_header=False)
         self._uv = _Uvicorn(config, self.engine)
         self._thread: threading.Thread | None = None
+        # After run(): False when a prompt chunk was still running in the native model (not waited for).
+        self.engine_stopped = True
         logging.getLogger("strata.serve").setLevel(logging.INFO)
 
     @property
@@ -111,7 +113,7 @@ class Server:
         try:
             self._uv.run(sockets=[self.sock])
         finally:
-            self.engine.shutdown("the server has stopped", wait=0.5)
+            self.engine_stopped = self.engine.shutdown("the server has stopped", wait=0.5)
             self.sock.close()
         return self._uv.signal
 

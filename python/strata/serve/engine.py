@@ -1,8 +1,8 @@
 """The serving engine: one thread owns the Model and runs steps; each request is a Job (a sequence
 with its own tokens, sampler and stop strings) that takes slots, queues and can be cancelled.
 
-What a step is today: the native Model has one KV cache, so one step advances one sequence (its
-prompt, or one token). Sequences in flight take turns of `turn` tokens; a sequence whose tokens
+What a step is today: the native Model has one KV cache, so one step advances one sequence (one
+chunk of its prompt, or one token). Sequences in flight take turns of `turn` tokens; a sequence whose tokens
 are not in the KV cache re-runs them (Generator::reclaim_kv) before its next token. A batched
 native step (several sequences, each with its own KV region) replaces `_run_step`'s loop over the
 batch and `_schedule`'s width of 1; nothing else here changes."""
@@ -87,6 +87,10 @@ class Job:
     cancelled: bool = False
     # The engine's own, touched on its thread only.
     gen: _core.Generator | None = None
+    prefilled: int = 0  # prompt tokens whose KV is in (the prompt runs a chunk a step)
+    reused: int = 0  # of them, those an earlier sequence had left in the KV cache
+    prompt_ms_done: float = 0.0  # time of the prompt's pieces before the current one
+    out: list[int] = field(default_factory=list)  # tokens generated
     started: float = 0.0
     text: str = ""
     emitted: int = 0
@@ -137,6 +141,7 @@ class Engine:
         self._turn_left = 0
         self._rr = 0  # the current job's place in _active
         self._kv_gen: _core.Generator | None = None  # the generator that last ran: it holds the KV cache
+        self._kv_job: Job | None = None  # its job
         self._service_ema = 0.0  # seconds a request holds a slot, smoothed (for Retry-After)
         self._ids = itertools.count(1)
         self.counters.cache = dict(model.cache)
@@ -168,11 +173,12 @@ class Engine:
             self._cv.notify()
 
     def call(self, fn: Callable[[], Any]) -> Future:
-        """Runs fn() on the engine thread between two steps; its Future has the result."""
+        """Runs fn() on the engine thread between two steps (the first, when it has not started);
+        its Future has the result."""
         fut: Future = Future()
         with self._cv:
-            if self._stopping or self._thread is None:
-                fut.set_exception(Stopped("the engine is not running"))
+            if self._stopping:
+                fut.set_exception(Stopped("the engine has stopped"))
                 return fut
             self._calls.append((fn, fut))
             self._cv.notify()
@@ -186,7 +192,7 @@ class Engine:
     def shutdown(self, reason: str = "the server is shutting down", wait: float = 0.5) -> bool:
         """Stops taking requests, fails every job in flight or waiting with 503 `reason`, and waits
         up to `wait` seconds for the step in progress; False when it is still running (a prompt
-        inside the native model cannot be stopped from another thread)."""
+        chunk inside the native model cannot be stopped from another thread)."""
         with self._cv:
             self._stopping = True
             jobs = list(self._active) + list(self._waiting)
@@ -285,7 +291,8 @@ class Engine:
             return []
         cur = self._current
         if cur in self._active:
-            if self._turn_left <= 0:  # its turn is over: the next one's
+            # Its turn is over (but a prompt in progress keeps it: its pieces build on the KV cache).
+            if self._turn_left <= 0 and not _mid_prompt(cur):
                 self._rr = (self._active.index(cur) + 1) % len(self._active)
                 self._current = self._active[self._rr]
                 self._turn_left = self.turn
@@ -306,39 +313,72 @@ class Engine:
                 self._fail(j, Failed(500, "server_error", None, f"{type(e).__name__}: {e}"))
 
     def _advance(self, j: Job) -> None:
-        """One step of `j`: its prompt (and first token), or its next token."""
-        if j.gen is None:
-            gen = _core.Generator(self.model._m)
-            j.decoder = StreamDecoder(self.model.tokenizer, skip_special=True)
-            j.gen = gen
-            gen.begin(j.ids, j.params, reuse=self._kv_gen)
-            self._kv_gen = gen
-        tok = j.gen.next()
-        self._kv_gen = j.gen
+        """One step of `j`: a chunk of its prompt (the last with the first token), or its next token."""
+        if j.gen is None or _mid_prompt(j):
+            self._prompt_piece(j)
+            if _mid_prompt(j):
+                return
+        tok = j.gen.next()  # type: ignore[union-attr]
+        self._kv_gen, self._kv_job = j.gen, j
         hold = max((len(s) for s in j.stops), default=1) - 1
         if tok >= 0:
+            j.out.append(tok)
             j.text += j.decoder.feed(tok)  # type: ignore[union-attr]
         else:
             j.text += j.decoder.flush()  # type: ignore[union-attr]
         hit = min((i for i in (j.text.find(s, max(0, j.emitted - hold)) for s in j.stops) if i >= 0), default=-1)
         if hit >= 0:
             j.text = j.text[:hit]
-            j.gen.finish("stop_string")
+            j.gen.finish("stop_string")  # type: ignore[union-attr]
         ended = hit >= 0 or tok < 0
         safe = len(j.text) if ended or not j.stops else len(j.text) - hold
         if safe > j.emitted:
             j.emit(Piece(j.text[j.emitted:safe]))
             j.emitted = safe
         if ended:
-            st = j.gen.stats()
+            st = j.gen.stats()  # type: ignore[union-attr]
             self._end(j, Done(FINISH_REASON.get(st["stop_reason"], "stop"), self._stats(j, st)))
+
+    def _prompt_piece(self, j: Job) -> None:
+        """Runs the next piece of `j`'s prompt: at most one prompt chunk (the model's) past what the
+        KV cache holds, so that a cancel or a stop waits for one chunk, not a whole long prompt. The
+        pieces begin where the native chunks would, so the logits are those of one call."""
+        n, chunk = len(j.ids), max(1, self.model.chunk)
+        if j.gen is None:
+            j.decoder = StreamDecoder(self.model.tokenizer, skip_special=True)
+            # What Generator.begin will keep (it runs the last prompt token whatever the cache holds).
+            kept = min(_common_prefix(self._kv_tokens(), j.ids), n - 1) if self._kv_gen is not None else 0
+            end = n if n - kept <= chunk else kept + chunk
+            reuse = self._kv_gen
+        else:
+            end = min(n, j.prefilled + chunk)
+            reuse = j.gen
+            j.prompt_ms_done += j.gen.stats()["prompt_ms"]
+        gen = _core.Generator(self.model._m)
+        j.gen = gen
+        gen.begin(j.ids if end == n else j.ids[:end], j.params, reuse=reuse)
+        if j.prefilled == 0:
+            j.reused = gen.stats()["prompt_reused"]
+        j.prefilled = end
+        self._kv_gen, self._kv_job = gen, j
+
+    def _kv_tokens(self) -> list[int]:
+        """The tokens whose KV the last sequence that ran left in the cache (as Generator::kv_valid
+        counts them: not its last sampled token, which no pass has fed yet)."""
+        j = self._kv_job
+        if j is None:
+            return []
+        if _mid_prompt(j) or not j.out:
+            return j.ids[:j.prefilled]
+        return j.ids + j.out[:-1]
 
     def _stats(self, j: Job, st: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
         return {
-            "prompt_tokens": st["prompt_total"], "prompt_reused": st["prompt_reused"],
+            "prompt_tokens": st["prompt_total"], "prompt_reused": j.reused,
             "completion_tokens": st["generated"], "recomputed": st["recomputed"],
-            "stop_reason": st["stop_reason"], "prompt_ms": st["prompt_ms"], "decode_ms": st["decode_ms"],
+            "stop_reason": st["stop_reason"], "prompt_ms": j.prompt_ms_done + st["prompt_ms"],
+            "decode_ms": st["decode_ms"],
             "queue_ms": (j.started - j.submitted) * 1000, "total_ms": (now - j.submitted) * 1000,
         }
 
@@ -356,11 +396,11 @@ class Engine:
             c = self.counters
             if j.gen is not None:
                 st = j.gen.stats()
-                c.prompt_tokens += st["prompt_tokens"]
-                c.prompt_reused += st["prompt_reused"]
+                c.prompt_tokens += st["prompt_tokens"]  # a prompt stopped between pieces: those run
+                c.prompt_reused += j.reused
                 c.generated += st["generated"]
                 c.recomputed += st["recomputed"]
-                c.prompt_seconds += st["prompt_ms"] / 1000
+                c.prompt_seconds += (j.prompt_ms_done + st["prompt_ms"]) / 1000
                 c.decode_seconds += st["decode_ms"] / 1000
             if j.ended:
                 return
@@ -377,3 +417,16 @@ class Engine:
             j.emit(ev)
         # The expert cache's counters change only in steps: read here, on this thread, for /metrics.
         self.counters.cache = dict(self.model.cache)
+
+
+def _mid_prompt(j: Job) -> bool:
+    """Whether `j` has begun its prompt and not run all of it."""
+    return j.gen is not None and j.prefilled < len(j.ids)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
