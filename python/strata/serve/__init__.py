@@ -10,7 +10,6 @@ OpenAI schema are app.py and api.py."""
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import signal
 import socket
@@ -21,6 +20,7 @@ from typing import Any
 
 import uvicorn
 
+from strata._options import log_level_from_env
 from strata.serve.app import Service
 from strata.serve.engine import Engine
 
@@ -88,18 +88,18 @@ class Server:
         self.model = model
         self.engine = Engine(model, parallel=parallel, max_queue=queue, turn=turn)
         self.model_id = model_id or os.path.basename(model.path)
-        self.service = Service(self.engine, self.model_id, api_key or None)
+        level = log_level_from_env()
+        self.service = Service(self.engine, self.model_id, api_key or None, debug=level == "debug")
         self.sock = sock if sock is not None else listen(host, port)
         self.host = host
         self.port: int = self.sock.getsockname()[1]
-        verbose = os.environ.get("STRATA_LOG", "").strip().lower() in ("info", "debug")
+        verbose = level in ("info", "debug")  # uvicorn's startup lines and one line per request
         config = uvicorn.Config(self.service.app(), lifespan="off", log_level="info" if verbose else "warning",
                                 access_log=verbose, timeout_graceful_shutdown=1, server_header=False)
         self._uv = _Uvicorn(config, self.engine)
         self._thread: threading.Thread | None = None
         # After run(): False when a prompt chunk was still running in the native model (not waited for).
         self.engine_stopped = True
-        logging.getLogger("strata.serve").setLevel(logging.INFO)
 
     @property
     def url(self) -> str:

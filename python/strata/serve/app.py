@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
 import time
 from collections import Counter
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,10 +45,11 @@ class _Edge:
     """Outermost ASGI layer: the API key (every route but /health), request counts by route and
     status for /metrics, and the last word on anything that escaped the app (a JSON 500)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, counts: Counter) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, counts: Counter, debug: bool = False) -> None:
         self.app = app
         self.api_key = api_key
         self.counts = counts
+        self.debug = debug
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,9 +71,11 @@ class _Edge:
                                       headers={"WWW-Authenticate": "Bearer"}))(scope, receive, counted)
             else:
                 await self.app(scope, receive, counted)
+        except ClientDisconnect:  # the client left while sending its body: no one to answer
+            pass
         except Exception as e:  # the app's handlers answer everything; this is a bug, said in one line
             log.error("internal error on %s: %s: %s", path, type(e).__name__, e)
-            if os.environ.get("STRATA_LOG", "").strip().lower() == "debug":
+            if self.debug:
                 log.exception("the traceback (STRATA_LOG=debug)")
             if not status["code"]:
                 await JSONResponse(api.error_body(f"internal error: {type(e).__name__}: {e}", "server_error"),
@@ -116,8 +118,9 @@ async def _next(q: asyncio.Queue, gone: asyncio.Future) -> Any:
 class Service:
     """The routes, over one Engine and its Model."""
 
-    def __init__(self, engine: Engine, model_id: str, api_key: str | None = None) -> None:
+    def __init__(self, engine: Engine, model_id: str, api_key: str | None = None, debug: bool = False) -> None:
         self.engine = engine
+        self.debug = debug  # tracebacks of internal errors in the server's log
         self.model = engine.model
         self.model_id = model_id
         self.api_key = api_key
@@ -140,7 +143,7 @@ class Service:
         app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
                                                            ApiError: self._api_error,
                                                            Exception: self._internal_error})
-        return _Edge(app, self.api_key, self.counts)
+        return _Edge(app, self.api_key, self.counts, self.debug)
 
     # ---- errors ----
     async def _http_error(self, request: Request, exc: Exception) -> Response:

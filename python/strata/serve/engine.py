@@ -2,14 +2,13 @@
 with its own tokens, sampler and stop strings) that takes slots, queues and can be cancelled.
 
 What a step is today: the native Model has one KV cache, so one step advances one sequence (one
-chunk of its prompt, or one token). Sequences in flight take turns of `turn` tokens; a sequence whose tokens
-are not in the KV cache re-runs them (Generator::reclaim_kv) before its next token. A batched
+chunk of its prompt, or one token). Sequences in flight take turns of `turn` steps; a sequence
+whose tokens are not in the KV cache re-runs them (Generator::reclaim_kv) before its next token. A batched
 native step (several sequences, each with its own KV region) replaces `_run_step`'s loop over the
 batch and `_schedule`'s width of 1; nothing else here changes."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
@@ -81,7 +80,6 @@ class Job:
     params: _core.GenParams
     stops: list[str]
     emit: Callable[[Event], None]
-    id: str = ""
     submitted: float = field(default_factory=time.monotonic)
     # Set from any thread; the engine drops the job before its next step.
     cancelled: bool = False
@@ -143,7 +141,6 @@ class Engine:
         self._kv_gen: _core.Generator | None = None  # the generator that last ran: it holds the KV cache
         self._kv_job: Job | None = None  # its job
         self._service_ema = 0.0  # seconds a request holds a slot, smoothed (for Retry-After)
-        self._ids = itertools.count(1)
         self.counters.cache = dict(model.cache)
 
     # ---- from any thread ----
@@ -161,8 +158,6 @@ class Engine:
                 self.counters.rejected += 1
                 raise QueueFull(f"all {self.parallel} slots are busy and {len(self._waiting)} requests are "
                                 "waiting (the queue is full); retry later", self._retry_after())
-            if not job.id:
-                job.id = f"{next(self._ids)}"
             self._waiting.append(job)
             self._cv.notify()
 
@@ -213,10 +208,6 @@ class Engine:
             return True
         self._thread.join(wait)
         return not self._thread.is_alive()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._active)
 
     # ---- the engine thread ----
     def _retry_after(self) -> int:
