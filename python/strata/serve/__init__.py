@@ -95,7 +95,8 @@ class Server:
         self.port: int = self.sock.getsockname()[1]
         verbose = level in ("info", "debug")  # uvicorn's startup lines and one line per request
         config = uvicorn.Config(self.service.app(), lifespan="off", log_level="info" if verbose else "warning",
-                                access_log=verbose, timeout_graceful_shutdown=1, server_header=False)
+                                access_log=verbose, timeout_graceful_shutdown=0.5,  # type: ignore[arg-type]
+                                server_header=False)
         self._uv = _Uvicorn(config, self.engine)
         self._thread: threading.Thread | None = None
         # After run(): False when a prompt chunk was still running in the native model (not waited for).
@@ -108,12 +109,13 @@ class Server:
 
     def run(self) -> int | None:
         """Serves until Ctrl-C or SIGTERM (on the main thread) or stop(); returns the signal that
-        stopped it, or None. The step in progress gets half a second to end."""
+        stopped it, or None. Connections get half a second to finish (every request in flight has
+        been answered with an error by then), the step in progress a third of a second."""
         self.engine.start()
         try:
             self._uv.run(sockets=[self.sock])
         finally:
-            self.engine_stopped = self.engine.shutdown("the server has stopped", wait=0.5)
+            self.engine_stopped = self.engine.shutdown("the server has stopped", wait=0.3)
             self.sock.close()
         return self._uv.signal
 
