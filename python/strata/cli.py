@@ -371,7 +371,8 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
 @click.option("--queue", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests that may wait for a slot; beyond them a request gets 429 with Retry-After.")
 @click.option("--turn", type=click.IntRange(min=1), default=16, show_default=True,
-              help="With --parallel > 1: tokens a request makes before the next one in flight takes its turn.")
+              help="With --parallel > 1: tokens a request makes before the next one in flight takes its turn (a long "
+                   "prompt keeps the turn until it is in).")
 @click.option("--api-key", envvar="STRATA_API_KEY", default=None, metavar="KEY",
               help="Require 'Authorization: Bearer KEY' on every route but /health (also from STRATA_API_KEY).")
 @click.option("--name", "model_id", default=None, metavar="ID",
