@@ -58,7 +58,9 @@ def _run(path: str, cache: str, clients: int, requests: int, tokens: int, turn: 
     return {"clients": clients, "requests": len(lat), "wall_s": wall, "tok_s": len(lat) * tokens / wall,
             "p50_s": statistics.median(lat), "p99_s": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
             "hit_rate": hits / max(1, hits + misses), "recomputed": counters.recomputed,
-            "generated": counters.generated}
+            "generated": counters.generated,
+            # the engine's own time in prompts and decode passes: the work, less the HTTP side's
+            "engine_s": counters.prompt_seconds + counters.decode_seconds}
 
 
 def main() -> None:
@@ -77,12 +79,15 @@ def main() -> None:
             rows.append(_run(path, a.cache, n, a.requests, a.tokens, a.turn))
         one = _run(path, a.cache, 1, 8, a.tokens, a.turn)  # 8 in a row
         eight = _run(path, a.cache, 8, 1, a.tokens, a.turn)  # 8 at once
-    print(f"{'clients':>7} {'requests':>8} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'hit rate':>8} {'re-run tok':>10}")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall-clock numbers need an idle machine)")
+    print(f"{'clients':>7} {'requests':>8} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'hit rate':>8} {'re-run tok':>10} "
+          f"{'engine s':>8}")
     for r in rows:
         print(f"{r['clients']:>7} {r['requests']:>8} {r['tok_s']:>8.1f} {r['p50_s']:>7.2f} {r['p99_s']:>7.2f} "
-              f"{r['hit_rate']:>8.3f} {r['recomputed']:>10}")
+              f"{r['hit_rate']:>8.3f} {r['recomputed']:>10} {r['engine_s']:>8.2f}")
     speedup = one["wall_s"] / eight["wall_s"]
-    print(f"8 requests in a row {one['wall_s']:.2f} s, 8 at once {eight['wall_s']:.2f} s: {speedup:.2f}x "
+    print(f"8 requests in a row {one['wall_s']:.2f} s (engine {one['engine_s']:.2f} s), 8 at once "
+          f"{eight['wall_s']:.2f} s (engine {eight['engine_s']:.2f} s): {speedup:.2f}x "
           "(nothing is batched yet: sequences take turns on one KV cache)")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
