@@ -1,4 +1,4 @@
-"""The `strata` command line: generate, chat, info, layout, bench, demo.
+"""The `strata` command line: generate, chat, serve, info, layout, bench, demo.
 
 Every bad flag value ends in one line naming the flag and what it takes (exit 2), Ctrl-C in a
 note and the stats asked for (exit 130), and a traceback never reaches the user."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -355,6 +356,77 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
     session = ChatSession(m, system=system, stop=list(stop), stats=stats, print_stats=_print_stats,
                           ctx_full_note=_ctx_full_note, **kw)
     session.run()
+
+
+@main.command(short_help="Serve the model over an OpenAI-compatible HTTP API.")
+@_model_args
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback without --api-key warns.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="TCP port; 0 picks a free one (the startup line names it).")
+@click.option("-np", "--parallel", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Slots: requests in flight at once, taking turns on the one KV cache (each may use the "
+                   "whole -c/--ctx; a switch re-runs the next one's tokens, so more than 1 trades speed for "
+                   "fairness until batched decoding lands).")
+@click.option("--queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests that may wait for a slot; beyond them a request gets 429 with Retry-After.")
+@click.option("--turn", type=click.IntRange(min=1), default=16, show_default=True,
+              help="With --parallel > 1: tokens a request makes before the next one in flight takes its turn (a long "
+                   "prompt keeps the turn until it is in).")
+@click.option("--api-key", envvar="STRATA_API_KEY", default=None, metavar="KEY",
+              help="Require 'Authorization: Bearer KEY' on every route but /health (also from STRATA_API_KEY).")
+@click.option("--name", "model_id", default=None, metavar="ID",
+              help="The model's id in /v1/models and responses  [default: the file's name]")
+@_load_options()
+def serve(model: str | None, model_opt: str | None, host: str, port: int, parallel: int, queue: int, turn: int,
+          api_key: str | None, model_id: str | None, device: str, kv_type: str, expert_cache: str, prefill: str,
+          source: str, ctx: int, threads: int, quiet: bool) -> None:
+    """Serve MODEL (a GGUF file) over OpenAI's HTTP API: POST /v1/chat/completions (the model's chat
+    template) and /v1/completions, streamed (SSE) or not; GET /v1/models, /health and /metrics
+    (Prometheus).
+
+    Requests beyond --parallel wait in a queue of --queue, then get 429. A follow-up turn of a
+    conversation runs only its new tokens when the KV cache still holds the earlier ones. Ctrl-C or
+    SIGTERM stops the server within a second; requests in flight get an error, not silence."""
+    path = _model_path(model, model_opt)
+    try:
+        from strata.serve import Server, is_loopback, listen
+    except ImportError as e:
+        _fail(f"strata serve needs starlette and uvicorn ({e}): pip install starlette uvicorn")
+    if api_key is not None and not api_key.strip():
+        _fail("--api-key is empty: give a key, or leave the flag out to serve without one")
+    try:  # before the load, which may take minutes: a taken port is said at once
+        sock = listen(host, port)
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port or --host")
+    if not is_loopback(host) and not api_key:
+        click.echo(f"strata: warning: listening on {host} without --api-key: anyone who can reach this address "
+                   "can use the model; give --api-key KEY (or STRATA_API_KEY)", err=True)
+    try:
+        m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill,
+                  source=source, ctx=ctx, threads=threads)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        server = Server(m, host=host, parallel=parallel, queue=queue, turn=turn, api_key=api_key,
+                        model_id=model_id, sock=sock)
+    except strata.Error as e:
+        _fail(e)
+    click.echo(f"strata serve: {server.model_id} on {server.url}/v1 ({_n(parallel, 'slot')}, queue {queue}, "
+               f"ctx {m.ctx}, {'API key required' if api_key else 'no API key'}); Ctrl-C stops", err=True)
+    sig = server.run()
+    c = server.engine.counters
+    click.echo(f"strata serve: stopped{f' ({signal.Signals(sig).name})' if sig else ''}: {c.finished} requests "
+               f"finished, {c.cancelled} cancelled by their clients, {c.failed} failed or ended by the stop with an "
+               "error", err=True)
+    if not server.engine_stopped:
+        # A prompt chunk runs inside the native model, which no other thread can stop: leave without it.
+        click.echo("strata serve: a prompt chunk was still running; exiting without waiting for it", err=True)
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED if sig == signal.SIGINT else 0)
+    if sig == signal.SIGINT:
+        sys.exit(EXIT_INTERRUPTED)
 
 
 @main.command(short_help="Architecture, sizes, quant mix and cache plan of a model.")

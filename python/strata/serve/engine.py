@@ -1,0 +1,423 @@
+"""The serving engine: one thread owns the Model and runs steps; each request is a Job (a sequence
+with its own tokens, sampler and stop strings) that takes slots, queues and can be cancelled.
+
+What a step is today: the native Model has one KV cache, so one step advances one sequence (one
+chunk of its prompt, or one token). Sequences in flight take turns of `turn` steps; a sequence
+whose tokens are not in the KV cache re-runs them (Generator::reclaim_kv) before its next token. A batched
+native step (several sequences, each with its own KV region) replaces `_run_step`'s loop over the
+batch and `_schedule`'s width of 1; nothing else here changes."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata import _core
+from strata.tokenizer import StreamDecoder
+
+log = logging.getLogger("strata.serve")
+
+# Sequences advanced by one native step: 1 until the native side has one KV region per sequence.
+NATIVE_BATCH = 1
+
+# finish_reason of the OpenAI schema for each native stop_reason.
+FINISH_REASON = {"stop_token": "stop", "stop_string": "stop", "max_tokens": "length", "ctx_full": "length"}
+
+
+@dataclass
+class Piece:
+    """Text the sequence made since the last piece."""
+
+    text: str
+
+
+@dataclass
+class Done:
+    """The sequence ended: finish_reason ('stop' or 'length') and its stats."""
+
+    finish_reason: str
+    stats: dict[str, Any]
+
+
+@dataclass
+class Failed:
+    """The sequence could not run: an HTTP status, OpenAI's error type and code, and why."""
+
+    status: int
+    type: str
+    code: str | None
+    message: str
+
+
+Event = Piece | Done | Failed
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the queue is full; retry_after: seconds a client should wait."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Stopped(Exception):
+    """The engine is shutting down and takes no new requests."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's sequence. `emit` is called on the engine thread with each Event, and must
+    not block (the server hands it to its event loop)."""
+
+    ids: list[int]
+    params: _core.GenParams
+    stops: list[str]
+    emit: Callable[[Event], None]
+    submitted: float = field(default_factory=time.monotonic)
+    # Set from any thread; the engine drops the job before its next step.
+    cancelled: bool = False
+    # The engine's own, touched on its thread only.
+    gen: _core.Generator | None = None
+    prefilled: int = 0  # prompt tokens whose KV is in (the prompt runs a chunk a step)
+    reused: int = 0  # of them, those an earlier sequence had left in the KV cache
+    prompt_ms_done: float = 0.0  # time of the prompt's pieces before the current one
+    out: list[int] = field(default_factory=list)  # tokens generated
+    started: float = 0.0
+    text: str = ""
+    emitted: int = 0
+    decoder: StreamDecoder | None = None
+    ended: bool = False
+
+
+@dataclass
+class Counters:
+    """What /metrics reports: totals since start, updated on the engine thread."""
+
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected: int = 0
+    prompt_tokens: int = 0
+    prompt_reused: int = 0
+    generated: int = 0
+    recomputed: int = 0
+    steps: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs Jobs on `model` from one thread: up to `parallel` in flight, `max_queue` more waiting.
+
+    submit() never blocks; the thread starts with start() and ends with shutdown(), which fails
+    every job still in flight or waiting with 503 (nothing ends silently)."""
+
+    def __init__(self, model: Any, parallel: int = 1, max_queue: int = 64, turn: int = 16) -> None:
+        if parallel < 1 or max_queue < 0 or turn < 1:
+            raise _core.ConfigError(f"parallel must be >= 1, max_queue >= 0 and turn >= 1; got {parallel}, "
+                                    f"{max_queue}, {turn}")
+        self.model = model
+        self.parallel = parallel
+        self.max_queue = max_queue
+        self.turn = turn
+        self.counters = Counters()
+        self._cv = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._active: list[Job] = []
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._current: Job | None = None  # whose turn it is
+        self._turn_left = 0
+        self._rr = 0  # the current job's place in _active
+        self._kv_gen: _core.Generator | None = None  # the generator that last ran: it holds the KV cache
+        self._kv_job: Job | None = None  # its job
+        self._service_ema = 0.0  # seconds a request holds a slot, smoothed (for Retry-After)
+        self.counters.cache = dict(model.cache)
+
+    # ---- from any thread ----
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="strata-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queues `job`; QueueFull when every slot is busy and the queue is full, Stopped when
+        shutting down."""
+        with self._cv:
+            if self._stopping:
+                raise Stopped("the server is shutting down")
+            if len(self._active) + len(self._waiting) >= self.parallel + self.max_queue:
+                self.counters.rejected += 1
+                raise QueueFull(f"all {self.parallel} slots are busy and {len(self._waiting)} requests are "
+                                "waiting (the queue is full); retry later", self._retry_after())
+            self._waiting.append(job)
+            self._cv.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Drops `job` before its next step (a client that went away)."""
+        with self._cv:
+            job.cancelled = True
+            self._cv.notify()
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Runs fn() on the engine thread between two steps (the first, when it has not started);
+        its Future has the result."""
+        fut: Future = Future()
+        with self._cv:
+            if self._stopping:
+                fut.set_exception(Stopped("the engine has stopped"))
+                return fut
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut
+
+    def state(self) -> dict[str, int]:
+        with self._cv:
+            return {"slots": self.parallel, "slots_busy": len(self._active), "queue": len(self._waiting),
+                    "queue_max": self.max_queue}
+
+    def shutdown(self, reason: str = "the server is shutting down", wait: float = 0.5) -> bool:
+        """Stops taking requests, fails every job in flight or waiting with 503 `reason`, and waits
+        up to `wait` seconds for the step in progress; False when it is still running (a prompt
+        chunk inside the native model cannot be stopped from another thread)."""
+        with self._cv:
+            self._stopping = True
+            jobs = list(self._active) + list(self._waiting)
+            self._waiting.clear()
+            calls = list(self._calls)
+            self._calls.clear()
+            self._cv.notify_all()
+        for j in jobs:
+            with self._cv:
+                if j.ended:
+                    continue
+                j.ended = j.cancelled = True
+                self.counters.failed += 1
+            j.emit(Failed(503, "server_error", "server_shutting_down", reason))
+        for _, fut in calls:
+            fut.set_exception(Stopped(reason))
+        if self._thread is None:
+            return True
+        self._thread.join(wait)
+        return not self._thread.is_alive()
+
+    # ---- the engine thread ----
+    def _retry_after(self) -> int:
+        per = self._service_ema or 1.0
+        return max(1, min(60, math.ceil(per * (len(self._waiting) + 1) / self.parallel)))
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                if not self._cycle():
+                    return
+            except Exception as e:  # a bug: said once; the jobs in flight fail and the engine goes on
+                log.error("engine: %s: %s", type(e).__name__, e)
+                for j in list(self._active):
+                    try:
+                        self._fail(j, Failed(500, "server_error", None, f"internal error: {type(e).__name__}: {e}"))
+                    except Exception:
+                        self._active.remove(j)
+
+    def _cycle(self) -> bool:
+        """Waits for work, then runs the calls and one step; False when stopping."""
+        with self._cv:
+            while not self._stopping and not self._calls and not self._runnable():
+                self._cv.wait()
+            if self._stopping:
+                return False
+            calls = list(self._calls)
+            self._calls.clear()
+            self._reap()
+            self._admit()
+            batch = self._schedule()
+        for fn, fut in calls:
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # handed to the caller, who answers its client
+                fut.set_exception(e)
+        if batch:
+            self._run_step(batch)
+            with self._cv:
+                self.counters.steps += 1
+        return True
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs (False before start() and after shutdown)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def _runnable(self) -> bool:
+        return bool(self._active or self._waiting)
+
+    def _reap(self) -> None:
+        """Drops cancelled jobs (waiting or in flight): their slots are free for this step."""
+        for j in [j for j in self._waiting if j.cancelled]:
+            self._waiting.remove(j)
+            self._end(j, None)
+        for j in [j for j in self._active if j.cancelled]:
+            if j.gen is not None:
+                j.gen.finish("caller")
+            self._end(j, None)
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._active) < self.parallel:
+            j = self._waiting.popleft()
+            j.started = time.monotonic()
+            self._active.append(j)
+
+    def _schedule(self) -> list[Job]:
+        """The jobs the next step advances: the one whose turn it is (round robin in admission
+        order, `turn` steps each, so that switching, which re-runs a sequence's tokens, is seldom)."""
+        if not self._active:
+            self._current = None
+            return []
+        cur = self._current
+        if cur in self._active:
+            # Its turn is over (but a prompt in progress keeps it: its pieces build on the KV cache).
+            if self._turn_left <= 0 and not _mid_prompt(cur):
+                self._rr = (self._active.index(cur) + 1) % len(self._active)
+                self._current = self._active[self._rr]
+                self._turn_left = self.turn
+        else:  # it ended: the one that followed it has moved into its place
+            self._rr %= len(self._active)
+            self._current = self._active[self._rr]
+            self._turn_left = self.turn
+        self._turn_left -= 1
+        return [self._current][:NATIVE_BATCH]
+
+    def _run_step(self, batch: list[Job]) -> None:
+        for j in batch:
+            try:
+                self._advance(j)
+            except _core.ConfigError as e:  # a request the native checks refuse (e.g. too long)
+                self._fail(j, Failed(400, "invalid_request_error", None, str(e)))
+            except Exception as e:  # strata.Error or worse: the server answers, logs and goes on
+                self._fail(j, Failed(500, "server_error", None, f"{type(e).__name__}: {e}"))
+
+    def _advance(self, j: Job) -> None:
+        """One step of `j`: a chunk of its prompt (the last with the first token), or its next token."""
+        if j.gen is None or _mid_prompt(j):
+            self._prompt_piece(j)
+            if _mid_prompt(j):
+                return
+        tok = j.gen.next()  # type: ignore[union-attr]
+        self._kv_gen, self._kv_job = j.gen, j
+        hold = max((len(s) for s in j.stops), default=1) - 1
+        if tok >= 0:
+            j.out.append(tok)
+            j.text += j.decoder.feed(tok)  # type: ignore[union-attr]
+        else:
+            j.text += j.decoder.flush()  # type: ignore[union-attr]
+        hit = min((i for i in (j.text.find(s, max(0, j.emitted - hold)) for s in j.stops) if i >= 0), default=-1)
+        if hit >= 0:
+            j.text = j.text[:hit]
+            j.gen.finish("stop_string")  # type: ignore[union-attr]
+        ended = hit >= 0 or tok < 0
+        safe = len(j.text) if ended or not j.stops else len(j.text) - hold
+        if safe > j.emitted:
+            j.emit(Piece(j.text[j.emitted:safe]))
+            j.emitted = safe
+        if ended:
+            st = j.gen.stats()  # type: ignore[union-attr]
+            self._end(j, Done(FINISH_REASON.get(st["stop_reason"], "stop"), self._stats(j, st)))
+
+    def _prompt_piece(self, j: Job) -> None:
+        """Runs the next piece of `j`'s prompt: at most one prompt chunk (the model's) past what the
+        KV cache holds, so that a cancel or a stop waits for one chunk, not a whole long prompt. The
+        pieces begin where the native chunks would, so the logits are those of one call."""
+        n, chunk = len(j.ids), max(1, self.model.chunk)
+        if j.gen is None:
+            j.decoder = StreamDecoder(self.model.tokenizer, skip_special=True)
+            # What Generator.begin will keep (it runs the last prompt token whatever the cache holds).
+            kept = min(_common_prefix(self._kv_tokens(), j.ids), n - 1) if self._kv_gen is not None else 0
+            end = n if n - kept <= chunk else kept + chunk
+            reuse = self._kv_gen
+        else:
+            end = min(n, j.prefilled + chunk)
+            reuse = j.gen
+            j.prompt_ms_done += j.gen.stats()["prompt_ms"]
+        gen = _core.Generator(self.model._m)
+        j.gen = gen
+        gen.begin(j.ids if end == n else j.ids[:end], j.params, reuse=reuse)
+        if j.prefilled == 0:
+            j.reused = gen.stats()["prompt_reused"]
+        j.prefilled = end
+        self._kv_gen, self._kv_job = gen, j
+
+    def _kv_tokens(self) -> list[int]:
+        """The tokens whose KV the last sequence that ran left in the cache (as Generator::kv_valid
+        counts them: not its last sampled token, which no pass has fed yet)."""
+        j = self._kv_job
+        if j is None:
+            return []
+        if _mid_prompt(j) or not j.out:
+            return j.ids[:j.prefilled]
+        return j.ids + j.out[:-1]
+
+    def _stats(self, j: Job, st: dict[str, Any]) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "prompt_tokens": st["prompt_total"], "prompt_reused": j.reused,
+            "completion_tokens": st["generated"], "recomputed": st["recomputed"],
+            "stop_reason": st["stop_reason"], "prompt_ms": j.prompt_ms_done + st["prompt_ms"],
+            "decode_ms": st["decode_ms"],
+            "queue_ms": (j.started - j.submitted) * 1000, "total_ms": (now - j.submitted) * 1000,
+        }
+
+    def _fail(self, j: Job, ev: Failed) -> None:
+        if j.gen is not None:
+            j.gen.finish("caller")
+        self._end(j, ev)
+
+    def _end(self, j: Job, ev: Done | Failed | None) -> None:
+        """Frees `j`'s slot, counts it, and sends its last event (None: cancelled, no one listens).
+        A job the shutdown already ended (and counted) only gives its tokens to the totals."""
+        with self._cv:
+            if j in self._active:
+                self._active.remove(j)
+            c = self.counters
+            if j.gen is not None:
+                st = j.gen.stats()
+                c.prompt_tokens += st["prompt_tokens"]  # a prompt stopped between pieces: those run
+                c.prompt_reused += j.reused
+                c.generated += st["generated"]
+                c.recomputed += st["recomputed"]
+                c.prompt_seconds += (j.prompt_ms_done + st["prompt_ms"]) / 1000
+                c.decode_seconds += st["decode_ms"] / 1000
+            if j.ended:
+                return
+            j.ended = True
+            if isinstance(ev, Done):
+                c.finished += 1
+                held = time.monotonic() - (j.started or j.submitted)
+                self._service_ema = held if not self._service_ema else 0.8 * self._service_ema + 0.2 * held
+            elif isinstance(ev, Failed):
+                c.failed += 1
+            else:
+                c.cancelled += 1
+        if ev is not None:
+            j.emit(ev)
+        # The expert cache's counters change only in steps: read here, on this thread, for /metrics.
+        self.counters.cache = dict(self.model.cache)
+
+
+def _mid_prompt(j: Job) -> bool:
+    """Whether `j` has begun its prompt and not run all of it."""
+    return j.gen is not None and j.prefilled < len(j.ids)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
