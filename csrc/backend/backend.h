@@ -206,6 +206,17 @@ class Backend {
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
   virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w,
                               float eps, int64_t pos0, const RopeParams& rope) = 0;
+  // The attention block's per-head steps of T tokens as one op, bit for bit these calls:
+  // head_norm_rope of q (n_head heads, q_norm) and of k (n_kv_head heads, k_norm), then kv_store of the
+  // rotated k into kc and of v into vc at pos0 (rows of n_kv_head * head_dim).
+  virtual void qk_rope_store(float* q, float* k, const float* v, int64_t T, int64_t n_head, int64_t n_kv_head,
+                             int64_t head_dim, const float* q_norm, const float* k_norm, float eps, int64_t pos0,
+                             const RopeParams& rope, void* kc, void* vc, KvType t) {
+    head_norm_rope(q, T, n_head, head_dim, q_norm, eps, pos0, rope);
+    head_norm_rope(k, T, n_kv_head, head_dim, k_norm, eps, pos0, rope);
+    kv_store(kc, t, pos0, T, n_kv_head * head_dim, k);
+    kv_store(vc, t, pos0, T, n_kv_head * head_dim, v);
+  }
   // Whether the backend keeps a KV cache of this element type.
   virtual bool supports_kv(KvType t) const = 0;
   // cache rows [pos0, pos0 + T) (rows of `width` elements of type t) = src (T x width floats),

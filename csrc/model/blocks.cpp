@@ -48,11 +48,9 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
   matmul(be, w.q, x, T, b.q);
   matmul(be, w.k, x, T, b.k);
   matmul(be, w.v, x, T, b.v);
-  be.head_norm_rope(b.q, T, a.n_head, a.head_dim, w.q_norm, a.eps, pos0, a.rope);
-  be.head_norm_rope(b.k, T, a.n_kv_head, a.head_dim, w.k_norm, a.eps, pos0, a.rope);
   const KvType kt = ctx.kv.type();
-  be.kv_store(ctx.kv.k(l), kt, pos0, T, KVd, b.k);
-  be.kv_store(ctx.kv.v(l), kt, pos0, T, KVd, b.v);
+  be.qk_rope_store(b.q, b.k, b.v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
+                   ctx.kv.k(l), ctx.kv.v(l), kt);
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
   be.attention(b.q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, b.attn);
   matmul(be, w.o, b.attn, T, b.proj);

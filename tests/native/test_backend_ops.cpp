@@ -294,6 +294,38 @@ TEST_P(Op, HeadNormRope) {
     }
 }
 
+// The attention block's fused per-head op equals its four steps on the same backend bit for bit.
+TEST_P(Op, QkRopeStoreIsItsSteps) {
+  std::mt19937 rng(32);
+  const int64_t H = 6, KV = 2, hd = 40, width = KV * hd, ctx = 50, pos0 = 37;
+  for (int64_t T : {1, 5})
+    for (bool normed : {true, false})
+      for (KvType t : {KvType::F32, KvType::F16}) {
+        if (!be().supports_kv(t)) continue;
+        const RopeParams rope{hd - 8, 5e5f, true};  // a tail of unrotated dims
+        const auto q = randf(rng, T * H * hd, -2.f, 2.f), k = randf(rng, T * width, -2.f, 2.f),
+                   v = randf(rng, T * width, -2.f, 2.f), qn = randf(rng, hd, 0.5f, 1.5f),
+                   kn = randf(rng, hd, 0.5f, 1.5f);
+        const size_t cb = (size_t)ctx * width * kv_elem_bytes(t);
+        Dev<float> q1(be(), q, "q"), k1(be(), k, "k"), q2(be(), q, "q fused"), k2(be(), k, "k fused");
+        Dev<float> dv(be(), v, "v"), dqn(be(), qn, "q_norm"), dkn(be(), kn, "k_norm");
+        Dev<uint8_t> kc1(be(), cb, "k cache"), vc1(be(), cb, "v cache"), kc2(be(), cb, "k cache fused"),
+            vc2(be(), cb, "v cache fused");
+        const float* qw = normed ? dqn.p() : nullptr;
+        const float* kw = normed ? dkn.p() : nullptr;
+        be().head_norm_rope(q1.p(), T, H, hd, qw, 1e-5f, pos0, rope);
+        be().head_norm_rope(k1.p(), T, KV, hd, kw, 1e-5f, pos0, rope);
+        be().kv_store(kc1.p(), t, pos0, T, width, k1.p());
+        be().kv_store(vc1.p(), t, pos0, T, width, dv.p());
+        be().qk_rope_store(q2.p(), k2.p(), dv.p(), T, H, KV, hd, qw, kw, 1e-5f, pos0, rope, kc2.p(), vc2.p(), t);
+        const std::string what = str("qk_rope_store T=", T, normed ? " normed " : " ", kv_type_name(t));
+        expect_same(q2.get(), q1.get(), what + " q");
+        expect_same(k2.get(), k1.get(), what + " k");
+        expect_same(kc2.get(), kc1.get(), what + " k cache");
+        expect_same(vc2.get(), vc1.get(), what + " v cache");
+      }
+}
+
 TEST_P(Op, Attention) {
   std::mt19937 rng(9);
   const int64_t H = 6, KV = 2, hd = 76;

@@ -368,6 +368,13 @@ class CudaBackend final : public Backend {
     use();
     cuda::launch_head_norm_rope(x, T, n_heads, head_dim, w, eps, pos0, pos_.dev, rope, compute_);
   }
+  void qk_rope_store(float* q, float* k, const float* v, int64_t T, int64_t n_head, int64_t n_kv_head,
+                     int64_t head_dim, const float* q_norm, const float* k_norm, float eps, int64_t pos0,
+                     const RopeParams& rope, void* kc, void* vc, KvType t) override {
+    use();
+    cuda::launch_qk_rope_store(q, k, v, T, n_head, n_kv_head, head_dim, q_norm, k_norm, eps, pos0, pos_.dev, rope,
+                               kc, vc, t, compute_);
+  }
   bool supports_kv(KvType t) const override { return t == KvType::F32 || t == KvType::F16; }
   void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) override {
     use();

@@ -1,5 +1,7 @@
 // Normalization kernels: per-token RMS scales, the GR read (x * grs * w, optionally by row index),
 // gather, and the per-head RMSNorm + NEOX rotary embedding of queries and keys.
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
@@ -92,13 +94,16 @@ struct InvFreq {
 // One block per (token, head), the head staged in shared memory: RMSNorm (block sum in a fixed
 // tree), then NEOX rotation of pairs (i, i + n_dims / 2) with the precise cosf/sinf, each product
 // and sum rounded on its own as on the CPU.
-__global__ void __launch_bounds__(kRopeThreads)
-    head_norm_rope_kernel(float* x, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
-                          const int32_t* pos_dev, int64_t half, InvFreq inv_freq) {
-  extern __shared__ float sh[];  // hd floats
-  __shared__ float red[kWarp];
-  const int64_t th = blockIdx.x;
-  float* h = x + th * hd;
+// One head in place (sh: hd floats of shared memory); also into the KV row kv (f32 or f16) when set.
+__device__ __forceinline__ void kv_put(void* kv, bool f16, int64_t i, float v) {
+  if (f16)
+    static_cast<uint16_t*>(kv)[i] = __half_as_ushort(__float2half_rn(v));
+  else
+    static_cast<float*>(kv)[i] = v;
+}
+__device__ __forceinline__ void norm_rope_head(float* h, float* sh, float* red, int64_t hd, const float* w,
+                                               float eps, float pos, int64_t half, const InvFreq& inv_freq,
+                                               void* kv, bool f16) {
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = h[i];
   if (w) {
     float ss = 0.0f;
@@ -108,16 +113,71 @@ __global__ void __launch_bounds__(kRopeThreads)
     for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = __fmul_rn(__fmul_rn(sh[i], g), w[i]);
   }
   __syncthreads();
-  const float pos = (float)(pos0 + (pos_dev ? *pos_dev : 0) + th / n_heads);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     float s, c;
     sincosf(__fmul_rn(pos, inv_freq.v[i]), &s, &c);
     const float x0 = sh[i], x1 = sh[i + half];
-    h[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    h[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    h[i] = y0;
+    h[i + half] = y1;
+    if (kv) {
+      kv_put(kv, f16, i, y0);
+      kv_put(kv, f16, i + half, y1);
+    }
   }
-  if (w)  // the unrotated tail keeps its normalized values
-    for (int64_t i = 2 * half + threadIdx.x; i < hd; i += blockDim.x) h[i] = sh[i];
+  for (int64_t i = 2 * half + threadIdx.x; i < hd; i += blockDim.x) {  // the unrotated tail
+    if (w) h[i] = sh[i];
+    if (kv) kv_put(kv, f16, i, sh[i]);
+  }
+}
+
+// qk_rope_store: blocks (token, head) over the n_head query heads, then the n_kv heads of k (also
+// written to kc), then those of v (copied to vc); the cache rows at pos0 + pos_dev + token.
+__global__ void __launch_bounds__(kRopeThreads)
+    qk_rope_store_kernel(float* q, float* k, const float* v, int64_t n_head, int64_t n_kv, int64_t hd,
+                         const float* q_norm, const float* k_norm, float eps, int64_t pos0, const int32_t* pos_dev,
+                         int64_t half, InvFreq inv_freq, void* kc, void* vc, bool f16) {
+  extern __shared__ float sh[];  // hd floats
+  __shared__ float red[kWarp];
+  const int64_t per_token = n_head + 2 * n_kv, t = blockIdx.x / per_token, j = blockIdx.x % per_token;
+  const int64_t row = pos0 + (pos_dev ? *pos_dev : 0) + t;
+  const int64_t width = n_kv * hd, eb = f16 ? 2 : 4;
+  if (j < n_head) {
+    norm_rope_head(q + (t * n_head + j) * hd, sh, red, hd, q_norm, eps, (float)row, half, inv_freq, nullptr, f16);
+  } else if (j < n_head + n_kv) {
+    const int64_t kh = j - n_head;
+    void* dst = static_cast<uint8_t*>(kc) + (row * width + kh * hd) * eb;
+    norm_rope_head(k + (t * n_kv + kh) * hd, sh, red, hd, k_norm, eps, (float)row, half, inv_freq, dst, f16);
+  } else {
+    const int64_t vh = j - n_head - n_kv;
+    void* dst = static_cast<uint8_t*>(vc) + (row * width + vh * hd) * eb;
+    const float* src = v + (t * n_kv + vh) * hd;
+    for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) kv_put(dst, f16, i, src[i]);
+  }
+}
+
+__global__ void __launch_bounds__(kRopeThreads)
+    head_norm_rope_kernel(float* x, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
+                          const int32_t* pos_dev, int64_t half, InvFreq inv_freq) {
+  extern __shared__ float sh[];  // hd floats
+  __shared__ float red[kWarp];
+  const int64_t th = blockIdx.x;
+  const float pos = (float)(pos0 + (pos_dev ? *pos_dev : 0) + th / n_heads);
+  norm_rope_head(x + th * hd, sh, red, hd, w, eps, pos, half, inv_freq, nullptr, false);
+}
+
+// The rotation's inverse frequencies and the launch checks of the per-head ops.
+InvFreq rope_inv_freq(const RopeParams& rope, int64_t hd, const char* op) {
+  STRATA_CHECK(rope.neox && rope.n_dims % 2 == 0 && rope.n_dims <= hd, UnsupportedError, op,
+               ": only NEOX rotation of an even number of dims <= head_dim is implemented");
+  const int64_t half = rope.n_dims / 2;
+  STRATA_CHECK(half <= kMaxRopeHalf, UnsupportedError, op, ": the CUDA backend rotates at most ",
+               2 * kMaxRopeHalf, " dims per head, not ", rope.n_dims);
+  STRATA_CHECK((size_t)hd * sizeof(float) <= 48 * 1024, UnsupportedError, op, ": head_dim ", hd, " is too large");
+  InvFreq inv{};
+  for (int64_t i = 0; i < half; ++i)
+    inv.v[i] = 1.0f / std::pow(rope.freq_base, (float)(2 * i) / (float)rope.n_dims);
+  return inv;
 }
 
 }  // namespace
@@ -151,19 +211,22 @@ void launch_gather(const float* x, int64_t D, const int32_t* rows, int64_t div, 
 
 void launch_head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps,
                            int64_t pos0, const int32_t* pos_dev, const RopeParams& rope, cudaStream_t s) {
-  STRATA_CHECK(rope.neox && rope.n_dims % 2 == 0 && rope.n_dims <= hd, UnsupportedError,
-               "head_norm_rope: only NEOX rotation of an even number of dims <= head_dim is implemented");
-  const int64_t half = rope.n_dims / 2;
-  STRATA_CHECK(half <= kMaxRopeHalf, UnsupportedError, "head_norm_rope: the CUDA backend rotates at most ",
-               2 * kMaxRopeHalf, " dims per head, not ", rope.n_dims);
+  const InvFreq inv = rope_inv_freq(rope, hd, "head_norm_rope");
   if (T <= 0 || n_heads <= 0) return;
-  InvFreq inv{};
-  for (int64_t i = 0; i < half; ++i)
-    inv.v[i] = 1.0f / std::pow(rope.freq_base, (float)(2 * i) / (float)rope.n_dims);
-  const size_t smem = (size_t)hd * sizeof(float);
-  STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, "head_norm_rope: head_dim ", hd, " is too large");
-  head_norm_rope_kernel<<<grid_x(T * n_heads), kRopeThreads, smem, s>>>(x, n_heads, hd, w, eps, pos0, pos_dev,
-                                                                        half, inv);
+  head_norm_rope_kernel<<<grid_x(T * n_heads), kRopeThreads, (size_t)hd * sizeof(float), s>>>(
+      x, n_heads, hd, w, eps, pos0, pos_dev, rope.n_dims / 2, inv);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_qk_rope_store(float* q, float* k, const float* v, int64_t T, int64_t n_head, int64_t n_kv, int64_t hd,
+                          const float* q_norm, const float* k_norm, float eps, int64_t pos0, const int32_t* pos_dev,
+                          const RopeParams& rope, void* kc, void* vc, KvType t, cudaStream_t s) {
+  const InvFreq inv = rope_inv_freq(rope, hd, "qk_rope_store");
+  STRATA_CHECK(n_head >= 0 && n_kv >= 0, ConfigError, "qk_rope_store: negative head counts");
+  if (T <= 0 || n_head + n_kv == 0) return;
+  qk_rope_store_kernel<<<grid_x(T * (n_head + 2 * n_kv)), kRopeThreads, (size_t)hd * sizeof(float), s>>>(
+      q, k, v, n_head, n_kv, hd, q_norm, k_norm, eps, pos0, pos_dev, rope.n_dims / 2, inv, kc, vc,
+      t == KvType::F16);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
