@@ -23,7 +23,7 @@ def profile(path: str, tokens: int, prompt: int, cache: str) -> None:
 
     import strata
     from strata import _core
-    from strata._options import sampling_params
+    from strata.model import sampling_params
 
     m = strata.Model(path, device="cuda", ctx=prompt + tokens + 64, progress=False, expert_cache=cache,
                      decode_graph=False)
