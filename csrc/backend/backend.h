@@ -203,6 +203,18 @@ class Backend {
   // Y[t, r] = W[r, :] . X[t, :]; W has `rows` rows of `cols` elements of ggml type `type`.
   virtual void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
                       int64_t T, float* Y, int64_t ldy) = 0;
+  // Several matmuls of one activation, bit for bit these calls: matmul(type, outs[i].W, outs[i].rows,
+  // cols, X, ldx, T, outs[i].Y, outs[i].ldy) for i < n (a backend may run them as one launch).
+  struct MatmulOut {
+    const void* W;
+    int64_t rows;
+    float* Y;
+    int64_t ldy;
+  };
+  virtual void matmul_n(uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T, const MatmulOut* outs,
+                        int n) {
+    for (int i = 0; i < n; ++i) matmul(type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy);
+  }
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
   virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w,
                               float eps, int64_t pos0, const RopeParams& rope) = 0;

@@ -45,9 +45,15 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
                      const AttentionShape& a, const float* x, int64_t T, int64_t pos0) {
   Backend& be = ctx.be;
   const int64_t KVd = a.n_kv_head * a.head_dim;
-  matmul(be, w.q, x, T, b.q);
-  matmul(be, w.k, x, T, b.k);
-  matmul(be, w.v, x, T, b.v);
+  if (w.q.type == w.k.type && w.q.type == w.v.type && w.q.cols == w.k.cols && w.q.cols == w.v.cols) {
+    const Backend::MatmulOut outs[3] = {
+        {w.q.data, w.q.rows, b.q, w.q.rows}, {w.k.data, w.k.rows, b.k, w.k.rows}, {w.v.data, w.v.rows, b.v, w.v.rows}};
+    be.matmul_n(w.q.type, w.q.cols, x, w.q.cols, T, outs, 3);
+  } else {
+    matmul(be, w.q, x, T, b.q);
+    matmul(be, w.k, x, T, b.k);
+    matmul(be, w.v, x, T, b.v);
+  }
   const KvType kt = ctx.kv.type();
   be.qk_rope_store(b.q, b.k, b.v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
                    ctx.kv.k(l), ctx.kv.v(l), kt);

@@ -265,6 +265,38 @@ TEST_P(Op, Matmul) {
   }
 }
 
+// Several matmuls of one activation (the attention's q, k, v) equal their single calls bit for bit,
+// in both phases: one token (a GPU's one launch) and more.
+TEST_P(Op, MatmulNIsItsCalls) {
+  std::mt19937 rng(33);
+  for (QType t : kAllTypes) {
+    const int64_t cols = cols_of(t);
+    const int64_t rows[3] = {37, 5, 130};
+    std::vector<Dev<uint8_t>> W;
+    for (int64_t r : rows) W.emplace_back(be(), random_weights(t, r, cols, rng), "W");
+    for (Phase ph : {Phase::Decode, Phase::Prompt})
+      for (int64_t T : {1, 3}) {
+        const int64_t ldx = cols + 4;
+        Dev<float> dx(be(), randf(rng, T * ldx, -2.f, 2.f), "X");
+        std::vector<Dev<float>> one, many;
+        Backend::MatmulOut outs[3];
+        be().set_phase(ph);
+        for (int i = 0; i < 3; ++i) {
+          one.emplace_back(be(), T * (rows[i] + 1), "Y");
+          many.emplace_back(be(), T * (rows[i] + 1), "Y n");
+          be().matmul((uint32_t)t, W[i].p(), rows[i], cols, dx.p(), ldx, T, one.back().p(), rows[i] + 1);
+          outs[i] = {W[i].p(), rows[i], many.back().p(), rows[i] + 1};
+        }
+        be().matmul_n((uint32_t)t, cols, dx.p(), ldx, T, outs, 3);
+        be().set_phase(Phase::Any);
+        for (int i = 0; i < 3; ++i)
+          expect_same(many[i].get(), one[i].get(),
+                      str("matmul_n ", quant_traits(t).name, " matrix ", i, " T=", T,
+                          ph == Phase::Decode ? " decode" : " prompt"));
+      }
+  }
+}
+
 TEST_P(Op, HeadNormRope) {
   std::mt19937 rng(8);
   const int64_t H = 5, hd = 76;

@@ -245,139 +245,147 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- decode (one query): attention_decode_kernel ----
 // The same float operations as attention_kernel<., true> laid out for one query: a block per (key
-// block, kv head) stages the block's keys, then its values, 32 keys at a time in their stored type
-// (16-byte loads, shared by the group's query heads), and each warp takes whole query heads. A warp
-// forms its head's 32 per-lane dot partials of a piece's keys (lane l: dims l, l + 32, .. in order,
-// as the prompt kernel) and sums them with a transposed butterfly: the same additions as warp_sum,
-// leaving key 32 p + l's score on lane l, which is also where the softmax sums take it from.
-constexpr int kDecWarps = 8, kDecThreads = kDecWarps * kWarp, kPiece = 32, kDecPieces = kKeyBlock / kPiece;
+// block, kv head) stages the block's keys, then its values, in their stored type (16-byte loads, as
+// many keys at a time as kStageBytes holds), shared by the group's query heads. Its 16 warps split the
+// work three ways, each part exactly as the prompt kernel takes it:
+//   scores: a task is (head, 32 keys): lane l forms the 32 keys' dot partials over dims l, l + 32, ..
+//     in order, and a transposed butterfly sums them with warp_sum's additions, leaving key k's
+//     score (times scale) on lane k, from where it goes to shared memory;
+//   softmax: a warp per head, lane l taking keys l, l + 32, .. in order for the max and the sum;
+//   a_b: a task is (head, 32 dims), one dim a lane, its fma chain over the keys in order.
+constexpr int kDecWarps = 16, kDecThreads = kDecWarps * kWarp, kPiece = 32, kDecMaxGroup = 16;
+constexpr int kStageBytes = 32 * 1024;
 
 // v[k] (k < 32): this lane's partial of key k. Returns key `lane`'s total: at offset o the lanes with
 // bit o set keep the upper o keys, the others the lower, each adding its partner's partial of the
-// keys it keeps, which is warp_sum's pairing at every step.
-__device__ __forceinline__ float transposed_sum(float v[kWarp], int lane) {
+// keys it keeps, which is warp_sum's pairing at every step. (A template per offset: every index is a
+// constant, so v stays in registers.)
+template <int O>
+__device__ __forceinline__ void transposed_step(float v[kWarp], int lane) {
+  const bool up = (lane & O) != 0;
 #pragma unroll
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-    const bool up = (lane & o) != 0;
-#pragma unroll
-    for (int i = 0; i < o; ++i) {
-      const float send = up ? v[i] : v[i + o], keep = up ? v[i + o] : v[i];
-      v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
-    }
+  for (int i = 0; i < O; ++i) {
+    const float send = up ? v[i] : v[i + O], keep = up ? v[i + O] : v[i];
+    v[i] = keep + __shfl_xor_sync(kFullMask, send, O);
   }
+  if constexpr (O > 1) transposed_step<O / 2>(v, lane);
+}
+__device__ __forceinline__ float transposed_sum(float v[kWarp], int lane) {
+  transposed_step<kWarp / 2>(v, lane);
   return v[0];
 }
 
-// Keys (or values) j0 + k, k < nk, of kv head kvh as stored into piece ([kPiece][hd]).
+// Keys (or values) j0 + k, k < nk, of kv head kvh as stored into buf ([nk][hd]).
 template <class KvT>
-__device__ __forceinline__ void stage_piece(KvT* piece, const KvT* src, int64_t j0, int nk, int64_t KV,
-                                            int64_t kvh, int64_t hd) {
-  constexpr int kPer = 16 / sizeof(KvT);
+__device__ __forceinline__ void stage_keys(KvT* buf, const KvT* src, int64_t j0, int nk, int64_t KV, int64_t kvh,
+                                           int64_t hd) {
+  constexpr int kPer = 16 / sizeof(KvT), kLoads = kStageBytes / 16 / kDecThreads;
   const int64_t per_row = hd / kPer, total = nk * per_row;
-  uint4 raw[kStageLoads];
+  uint4 raw[kLoads];
 #pragma unroll
-  for (int i = 0; i < kStageLoads; ++i) {
+  for (int i = 0; i < kLoads; ++i) {
     const int64_t e = i * kDecThreads + threadIdx.x;
     if (e < total) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + ((j0 + e / per_row) * KV + kvh) * hd) + e % per_row);
   }
 #pragma unroll
-  for (int i = 0; i < kStageLoads; ++i) {
+  for (int i = 0; i < kLoads; ++i) {
     const int64_t e = i * kDecThreads + threadIdx.x;
-    if (e < total) reinterpret_cast<uint4*>(piece + (e / per_row) * hd)[e % per_row] = raw[i];
+    if (e < total) reinterpret_cast<uint4*>(buf + (e / per_row) * hd)[e % per_row] = raw[i];
   }
 }
 
-template <class KvT, int kDims, int kHpw>
+template <class KvT, int kDims>
 __global__ void __launch_bounds__(kDecThreads)
     attention_decode_kernel(const float* q, const KvT* kc, const KvT* vc, Shape sh, float* part_ml,
                             float* part_acc) {
-  __shared__ __align__(16) KvT piece[kPiece * kDims * kWarp];
+  constexpr int64_t hd = kDims * kWarp;
+  constexpr int64_t kFit = kStageBytes / (hd * (int64_t)sizeof(KvT));
+  constexpr int kRound = (int)(kFit < kKeyBlock ? kFit : kKeyBlock);  // keys staged at a time
+  constexpr int kRoundPieces = kRound / kPiece;
+  static_assert(kRound % kPiece == 0 && kKeyBlock % kRound == 0, "whole pieces, whole rounds");
+  __shared__ __align__(16) KvT buf[kRound * hd];
+  __shared__ float sc[kDecMaxGroup * kKeyBlock];  // scores, then p, per head
+  __shared__ float row_m[kDecMaxGroup], row_l[kDecMaxGroup];
   const int64_t pos0 = sh.pos0 + (sh.pos_dev ? *sh.pos_dev : 0);
   const int64_t jb = blockIdx.x;
   if (jb >= ceil_div(pos0 + 1, kKeyBlock)) return;  // a launch sized for the largest position
-  constexpr int64_t hd = kDims * kWarp;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int group = (int)sh.group;
   const int64_t kvh = blockIdx.y, j0 = jb * kKeyBlock;
   const int nv = (int)min((int64_t)kKeyBlock, pos0 + 1 - j0);  // keys of this block the query sees
-  float qr[kHpw][kDims], sc[kHpw][kDecPieces];
-#pragma unroll
-  for (int i = 0; i < kHpw; ++i) {
-    const int64_t g = warp + kDecWarps * i;
-#pragma unroll
-    for (int d = 0; d < kDims; ++d)
-      qr[i][d] = g < sh.group ? q[(kvh * sh.group + g) * hd + lane + kWarp * d] : 0.0f;
-  }
+  const float* qg = q + kvh * group * hd;
+
   // Scores.
-#pragma unroll
-  for (int p = 0; p < kDecPieces; ++p) {
-    const int nk = min(kPiece, nv - p * kPiece);
-    if (nk <= 0) break;
-    __syncthreads();  // the piece is free
-    stage_piece(piece, kc, j0 + p * kPiece, nk, sh.KV, kvh, hd);
+  for (int r0 = 0; r0 < nv; r0 += kRound) {
+    const int nk = min(kRound, nv - r0);
+    __syncthreads();  // buf is free
+    stage_keys(buf, kc, j0 + r0, nk, sh.KV, kvh, hd);
     __syncthreads();
+    for (int task = warp; task < group * kRoundPieces; task += kDecWarps) {
+      const int h = task / kRoundPieces, k0 = task % kRoundPieces * kPiece;
+      if (k0 >= nk) continue;
+      float qr[kDims];
 #pragma unroll
-    for (int i = 0; i < kHpw; ++i) {
-      if (warp + kDecWarps * i >= sh.group) continue;
+      for (int d = 0; d < kDims; ++d) qr[d] = qg[h * hd + lane + kWarp * d];
       float part[kWarp];
 #pragma unroll
       for (int k = 0; k < kWarp; ++k) {
         float d = 0.0f;
-        if (k < nk)
+        if (k0 + k < nk)
 #pragma unroll
-          for (int dd = 0; dd < kDims; ++dd) d = fmaf(qr[i][dd], kv_load(piece + k * hd + lane + kWarp * dd), d);
+          for (int dd = 0; dd < kDims; ++dd) d = fmaf(qr[dd], kv_load(buf + (k0 + k) * hd + lane + kWarp * dd), d);
         part[k] = d;
       }
-      sc[i][p] = transposed_sum(part, lane) * sh.scale;
+      const float score = transposed_sum(part, lane) * sh.scale;
+      if (k0 + lane < nk) sc[h * kKeyBlock + r0 + k0 + lane] = score;
     }
   }
-  // Softmax of the block, per head: m_b, p_j, l_b as the prompt kernel takes them.
-  float m[kHpw], l[kHpw];
-#pragma unroll
-  for (int i = 0; i < kHpw; ++i) {
-    m[i] = -INFINITY;
-#pragma unroll
-    for (int p = 0; p < kDecPieces; ++p)
-      if (p * kPiece + lane < nv) m[i] = fmaxf(m[i], sc[i][p]);
-    m[i] = warp_max(m[i]);
-    l[i] = 0.0f;
-#pragma unroll
-    for (int p = 0; p < kDecPieces; ++p)
-      if (p * kPiece + lane < nv) {
-        sc[i][p] = expf(sc[i][p] - m[i]);
-        l[i] = l[i] + sc[i][p];
-      }
-    l[i] = warp_sum(l[i]);
-  }
-  // a_b = sum_j p_j v_j, keys in order; lane l holds dims l, l + 32, ..
-  float acc[kHpw][kDims] = {};
-#pragma unroll
-  for (int p = 0; p < kDecPieces; ++p) {
-    const int nk = min(kPiece, nv - p * kPiece);
-    if (nk <= 0) break;
-    __syncthreads();
-    stage_piece(piece, vc, j0 + p * kPiece, nk, sh.KV, kvh, hd);
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kHpw; ++i) {
-      if (warp + kDecWarps * i >= sh.group) continue;
-      for (int k = 0; k < nk; ++k) {
-        const float pj = __shfl_sync(kFullMask, sc[i][p], k);
-#pragma unroll
-        for (int dd = 0; dd < kDims; ++dd) acc[i][dd] = fmaf(pj, kv_load(piece + k * hd + lane + kWarp * dd), acc[i][dd]);
-      }
+  __syncthreads();
+  // Softmax of the block, a warp per head: m_b, p_j, l_b.
+  for (int h = warp; h < group; h += kDecWarps) {
+    float* sr = sc + h * kKeyBlock;
+    float m = -INFINITY;
+    for (int j = lane; j < nv; j += kWarp) m = fmaxf(m, sr[j]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < nv; j += kWarp) {
+      const float p = expf(sr[j] - m);
+      sr[j] = p;
+      l = l + p;
     }
-  }
-#pragma unroll
-  for (int i = 0; i < kHpw; ++i) {
-    const int64_t g = warp + kDecWarps * i;
-    if (g >= sh.group) continue;
-    const int64_t part = jb * sh.H + kvh * sh.group + g;
+    l = warp_sum(l);
     if (lane == 0) {
-      part_ml[part * 2] = m[i];
-      part_ml[part * 2 + 1] = l[i];
+      row_m[h] = m;
+      row_l[h] = l;
     }
+  }
+  // a_b = sum_j p_j v_j, keys in order: a task is (head, 32 dims).
+  constexpr int kTasks = (kDecMaxGroup * kDims + kDecWarps - 1) / kDecWarps;
+  float acc[kTasks] = {};
+  for (int r0 = 0; r0 < nv; r0 += kRound) {
+    const int nk = min(kRound, nv - r0);
+    __syncthreads();  // buf is free; the softmax's p are visible
+    stage_keys(buf, vc, j0 + r0, nk, sh.KV, kvh, hd);
+    __syncthreads();
 #pragma unroll
-    for (int dd = 0; dd < kDims; ++dd) part_acc[part * hd + lane + kWarp * dd] = acc[i][dd];
+    for (int t = 0; t < kTasks; ++t) {
+      const int task = warp + t * kDecWarps, h = task / kDims, dg = task % kDims;
+      if (h >= group) continue;
+      const float* sr = sc + h * kKeyBlock + r0;
+      const KvT* col = buf + dg * kWarp + lane;
+      for (int k = 0; k < nk; ++k) acc[t] = fmaf(sr[k], kv_load(col + k * hd), acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kTasks; ++t) {
+    const int task = warp + t * kDecWarps, h = task / kDims, dg = task % kDims;
+    if (h >= group) continue;
+    const int64_t part = jb * sh.H + kvh * group + h;
+    part_acc[part * hd + dg * kWarp + lane] = acc[t];
+    if (dg == 0 && lane == 0) {
+      part_ml[part * 2] = row_m[h];
+      part_ml[part * 2 + 1] = row_l[h];
+    }
   }
 }
 
@@ -460,17 +468,14 @@ size_t smem_bytes(const Shape& s) {
 template <class KvT, int kDims>
 void launch_decode_dims(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb, float* part_ml,
                         float* part_acc, cudaStream_t st) {
-  const dim3 grid(grid_x(nb), (unsigned)s.KV);
-  if (s.group <= kDecWarps)
-    attention_decode_kernel<KvT, kDims, 1><<<grid, kDecThreads, 0, st>>>(q, kc, vc, s, part_ml, part_acc);
-  else
-    attention_decode_kernel<KvT, kDims, 2><<<grid, kDecThreads, 0, st>>>(q, kc, vc, s, part_ml, part_acc);
+  attention_decode_kernel<KvT, kDims>
+      <<<dim3(grid_x(nb), (unsigned)s.KV), kDecThreads, 0, st>>>(q, kc, vc, s, part_ml, part_acc);
 }
 template <class KvT>
 bool launch_decode(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb, float* part_ml,
                    float* part_acc, cudaStream_t st) {
   const bool aligned = reinterpret_cast<uintptr_t>(kc) % 16 == 0 && reinterpret_cast<uintptr_t>(vc) % 16 == 0;
-  if (!aligned || s.group > 2 * kDecWarps) return false;
+  if (!aligned || s.group > kDecMaxGroup) return false;
   switch (s.hd) {
     case 64:
       launch_decode_dims<KvT, 2>(q, kc, vc, s, nb, part_ml, part_acc, st);

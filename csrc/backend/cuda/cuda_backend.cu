@@ -342,14 +342,19 @@ class CudaBackend final : public Backend {
   void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
               int64_t T, float* Y, int64_t ldy) override {
     use();
-    // A prompt always on tensor cores and decode always on GEMV, whatever the number of tokens: a
-    // row's result then never depends on the chunking (see Phase).
+    cuda::launch_matmul_path(matmul_path(type, rows, cols, T), type, W, rows, cols, X, ldx, T, Y, ldy, compute_);
+  }
+  // A prompt always on tensor cores and decode always on GEMV, whatever the number of tokens: a row's
+  // result then never depends on the chunking (see Phase); Phase::Any chooses by the shape.
+  cuda::MatmulPath matmul_path(uint32_t type, int64_t rows, int64_t cols, int64_t T) const {
     if (phase() == Phase::Any)
-      cuda::launch_matmul(type, W, rows, cols, X, ldx, T, Y, ldy, compute_);
-    else
-      cuda::launch_matmul_path(
-          phase() == Phase::Prompt ? cuda::MatmulPath::TensorCore : cuda::MatmulPath::Gemv, type, W, rows,
-          cols, X, ldx, T, Y, ldy, compute_);
+      return cuda::matmul_should_use_gemv(type, rows, cols, T) ? cuda::MatmulPath::Gemv : cuda::MatmulPath::TensorCore;
+    return phase() == Phase::Prompt ? cuda::MatmulPath::TensorCore : cuda::MatmulPath::Gemv;
+  }
+  void matmul_n(uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T, const MatmulOut* outs,
+                int n) override {
+    use();
+    cuda::launch_matmul_n(matmul_path(type, 0, cols, T), type, cols, X, ldx, T, outs, n, compute_);
   }
   void matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                       const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,

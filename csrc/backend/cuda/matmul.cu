@@ -46,6 +46,37 @@ void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t r
   });
 }
 
+void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T,
+                     const Backend::MatmulOut* outs, int n, cudaStream_t s) {
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) total += outs[i].rows;
+  if (path != MatmulPath::Gemv || T != 1 || n < 1 || n > kGemvMulti || total == 0 || cols == 0) {
+    for (int i = 0; i < n; ++i)
+      launch_matmul_path(path, type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy, s);
+    return;
+  }
+  dispatch_matmul_format(type, "matmul weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
+                 " are not 4-byte aligned");
+    GemvMultiArgs g{};
+    g.n = n;
+    g.rb = row_bytes(F::kType, cols);
+    g.cols = cols;
+    g.X = X;
+    g.total = total;
+    for (int i = 0; i < n; ++i) {
+      check_shape("matmul", outs[i].rows, cols, T, outs[i].ldy);
+      check_weights<F>(outs[i].W, g.rb, "matmul");
+      g.W[i] = static_cast<const uint8_t*>(outs[i].W);
+      g.rows[i] = outs[i].rows;
+      g.Y[i] = outs[i].Y;
+    }
+    launch_gemv_multi<F>(g, s);
+  });
+}
+
 void launch_matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
                    int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
   const MatmulPath path =

@@ -220,6 +220,17 @@ __global__ void __launch_bounds__(kRowThreads) gemv_row_kernel(MatmulArgs a, boo
   if (threadIdx.x % kWarp == 0) a.Y[r] = s;
 }
 
+// Several matrices' rows against one activation row (matmul_n): row r of the stacked row space.
+template <class F>
+__global__ void __launch_bounds__(kRowThreads) gemv_multi_kernel(GemvMultiArgs g, bool x_vec) {
+  int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  if (r >= g.total) return;
+  int i = 0;
+  while (i + 1 < g.n && r >= g.rows[i]) r -= g.rows[i++];
+  const float s = row_dot<F>(g.W[i] + r * g.rb, g.X, g.cols, x_vec, threadIdx.x % kWarp);
+  if (threadIdx.x % kWarp == 0) g.Y[i][r] = s;
+}
+
 // matmul_experts, one token per row i: row r of row i's expert matrix against X row i.
 template <class F>
 __global__ void __launch_bounds__(kRowThreads) gemv_row_experts_kernel(ExpertsArgs g, bool x_vec) {
@@ -262,6 +273,13 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
       gemv_kernel<F, 8><<<grid, kThreads, 0, s>>>(g, x_vec);
     STRATA_CUDA_LAUNCH_CHECK();
   }
+}
+
+template <class F>
+void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
+  using namespace gemv;
+  gemv_multi_kernel<F><<<grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s>>>(g, x_rows_aligned(g.X, 4));
+  STRATA_CUDA_LAUNCH_CHECK();
 }
 
 template <class F>

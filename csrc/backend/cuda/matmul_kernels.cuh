@@ -32,6 +32,19 @@ struct MatmulArgs {
   int64_t ldy;
 };
 
+// Up to kGemvMulti matmuls of one activation row (T = 1) in one launch: rows [0, rows[0]) of the
+// stacked row space are W[0]'s, the next rows[1] W[1]'s, ...; each W of cols elements, rows rb apart.
+constexpr int kGemvMulti = 4;
+struct GemvMultiArgs {
+  const uint8_t* W[kGemvMulti];
+  int64_t rows[kGemvMulti];
+  float* Y[kGemvMulti];
+  int n;
+  size_t rb;
+  int64_t cols, total;
+  const float* X;
+};
+
 // As MatmulArgs with q8_0 activation rows: Xq holds T rows of cols / 32 blocks, xrb bytes apart.
 struct MatmulQ8Args {
   const uint8_t* W;
@@ -83,6 +96,8 @@ inline bool x_rows_aligned(const float* X, int64_t ldx) {
 // per format in matmul_instances/). Arguments are checked; any T.
 template <class F>
 void launch_gemv(const MatmulArgs& a, cudaStream_t s);
+template <class F>
+void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s);
 template <class F>
 void launch_mma(const MatmulArgs& a, cudaStream_t s);
 template <class F>

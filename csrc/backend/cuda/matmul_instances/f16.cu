@@ -5,6 +5,7 @@
 namespace strata::cuda {
 
 template void launch_gemv<unit::F16>(const MatmulArgs&, cudaStream_t);
+template void launch_gemv_multi<unit::F16>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::F16>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::F16>(const MatmulArgs&, cudaStream_t);
 

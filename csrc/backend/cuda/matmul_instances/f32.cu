@@ -5,6 +5,7 @@
 namespace strata::cuda {
 
 template void launch_gemv<unit::F32>(const MatmulArgs&, cudaStream_t);
+template void launch_gemv_multi<unit::F32>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::F32>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::F32>(const MatmulArgs&, cudaStream_t);
 
