@@ -4,6 +4,7 @@
 #pragma once
 #if defined(__x86_64__)
 #include <cstdint>
+#include <cstring>
 
 #include "quant/formats.h"
 #include "quant/simd.h"
@@ -137,6 +138,192 @@ struct DecIQ2_XS {  // parts: the sixteen 16-element groups, each two grid entri
   }
   static float tail(const uint8_t*, int64_t) { return 0.0f; }
 };
+
+// ---- The newer formats through one decoder: each gives a 32-element block as 32 signed bytes (the
+// same bytes the integer kernels multiply) and the float steps that turn a byte into dequant_row's
+// value: v * s, (v * s) + o or (v * s) - o, with s and o per 16-element half. ----
+
+// Bytes 0-15: the low nibbles of the 16 bytes at qs; bytes 16-31: their high nibbles.
+STRATA_SIMD inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+// Byte l: 0x10 where bit l of the 32-bit little-endian word at qh is set, else 0.
+STRATA_SIMD inline __m256i high_bits32(const uint8_t* qh) {
+  uint32_t w;
+  std::memcpy(&w, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(w)),
+      _mm256_setr_epi64x(0x0000000000000000ll, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+// Bit `bit` of each of the 32 bytes at p, as 0 or 1.
+STRATA_SIMD inline __m256i bit_of_bytes(const uint8_t* p, int bit) {
+  return _mm256_and_si256(_mm256_srl_epi16(load256(p), _mm_cvtsi32_si128(bit)), _mm256_set1_epi8(1));
+}
+// A 16-entry codebook of signed bytes, in both 128-bit lanes, for _mm256_shuffle_epi8.
+STRATA_SIMD inline __m256i codebook32(uint64_t lo, uint64_t hi) {
+  return _mm256_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo), static_cast<long long>(hi),
+                           static_cast<long long>(lo));
+}
+
+enum class Form { Mul, MulAdd, MulSub };
+
+// A 32-element block's bytes and the float steps of its two halves.
+struct Bytes32 {
+  __m256i v;
+  float s0, s1, o0 = 0.0f, o1 = 0.0f;
+};
+
+// The formats: kBlock elements per block, kSize bytes, kForm, at(block, j) for 32-block j.
+struct Q4_0Bytes {
+  static constexpr int64_t kBlock = kQK4;
+  static constexpr size_t kSize = sizeof(BlockQ4_0);
+  static constexpr Form kForm = Form::Mul;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int) {
+    const BlockQ4_0& b = *reinterpret_cast<const BlockQ4_0*>(blk);
+    const float d = h2f(b.d);
+    return {_mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(kQ4_0Bias)), d, d};
+  }
+};
+struct Q4_1Bytes {
+  static constexpr int64_t kBlock = kQK4;
+  static constexpr size_t kSize = sizeof(BlockQ4_1);
+  static constexpr Form kForm = Form::MulAdd;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int) {
+    const BlockQ4_1& b = *reinterpret_cast<const BlockQ4_1*>(blk);
+    const float d = h2f(b.d), m = h2f(b.m);
+    return {nibbles32(b.qs), d, d, m, m};
+  }
+};
+struct Q5_0Bytes {
+  static constexpr int64_t kBlock = kQK4;
+  static constexpr size_t kSize = sizeof(BlockQ5_0);
+  static constexpr Form kForm = Form::Mul;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int) {
+    const BlockQ5_0& b = *reinterpret_cast<const BlockQ5_0*>(blk);
+    const float d = h2f(b.d);
+    const __m256i q = _mm256_or_si256(nibbles32(b.qs), high_bits32(b.qh));
+    return {_mm256_sub_epi8(q, _mm256_set1_epi8(kQ5_0Bias)), d, d};
+  }
+};
+struct Q5_1Bytes {
+  static constexpr int64_t kBlock = kQK4;
+  static constexpr size_t kSize = sizeof(BlockQ5_1);
+  static constexpr Form kForm = Form::MulAdd;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int) {
+    const BlockQ5_1& b = *reinterpret_cast<const BlockQ5_1*>(blk);
+    const float d = h2f(b.d), m = h2f(b.m);
+    return {_mm256_or_si256(nibbles32(b.qs), high_bits32(b.qh)), d, d, m, m};
+  }
+};
+struct IQ4_NLBytes {
+  static constexpr int64_t kBlock = kQK4;
+  static constexpr size_t kSize = sizeof(BlockIQ4_NL);
+  static constexpr Form kForm = Form::Mul;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int) {
+    const BlockIQ4_NL& b = *reinterpret_cast<const BlockIQ4_NL*>(blk);
+    const float d = h2f(b.d);
+    return {_mm256_shuffle_epi8(codebook32(kIq4nlLo, kIq4nlHi), nibbles32(b.qs)), d, d};
+  }
+};
+struct MXFP4Bytes {
+  static constexpr int64_t kBlock = kQK4;
+  static constexpr size_t kSize = sizeof(BlockMXFP4);
+  static constexpr Form kForm = Form::Mul;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int) {
+    const BlockMXFP4& b = *reinterpret_cast<const BlockMXFP4*>(blk);
+    const float d = f32_from_bits(e8m0_half_bits(b.e));
+    return {_mm256_shuffle_epi8(codebook32(kMxfp4Lo, kMxfp4Hi), nibbles32(b.qs)), d, d};
+  }
+};
+struct Q5_KBytes {  // q in [0, 31]; s = d * sc, o = dmin * m
+  static constexpr int64_t kBlock = kQK_K;
+  static constexpr size_t kSize = sizeof(BlockQ5_K);
+  static constexpr Form kForm = Form::MulSub;
+  STRATA_SIMD static __m256i q(const BlockQ5_K& b, int j) {
+    const Q4_KSub s = q4_k_sub(j);
+    const __m256i lo =
+        _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)), _mm256_set1_epi8(0xF));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(bit_of_bytes(b.qh, j), 4));
+  }
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int j) {
+    const BlockQ5_K& b = *reinterpret_cast<const BlockQ5_K*>(blk);
+    uint8_t sc, m;
+    q4_k_scale_min(b.scales, j, sc, m);
+    const float ds = h2f(b.d) * static_cast<float>(sc), dm = h2f(b.dmin) * static_cast<float>(m);
+    return {q(b, j), ds, ds, dm, dm};
+  }
+};
+struct Q3_KBytes {  // q in [-4, 3]; s = d * sc per half
+  static constexpr int64_t kBlock = kQK_K;
+  static constexpr size_t kSize = sizeof(BlockQ3_K);
+  static constexpr Form kForm = Form::Mul;
+  STRATA_SIMD static __m256i q(const BlockQ3_K& b, int j) {
+    const Q3_KSub s = q3_k_sub(j);
+    const __m256i lo =
+        _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)), _mm256_set1_epi8(3));
+    const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(bit_of_bytes(b.hmask, j), 2));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(kQ3_KBias));
+  }
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int j) {
+    const BlockQ3_K& b = *reinterpret_cast<const BlockQ3_K*>(blk);
+    const float d = h2f(b.d);
+    return {q(b, j), d * static_cast<float>(q3_k_scale(b.scales, 2 * j)),
+            d * static_cast<float>(q3_k_scale(b.scales, 2 * j + 1))};
+  }
+};
+struct IQ4_XSBytes {  // codebook values; s = d * (sc - 32)
+  static constexpr int64_t kBlock = kQK_K;
+  static constexpr size_t kSize = sizeof(BlockIQ4_XS);
+  static constexpr Form kForm = Form::Mul;
+  STRATA_SIMD static __m256i q(const BlockIQ4_XS& b, int j) {
+    return _mm256_shuffle_epi8(codebook32(kIq4nlLo, kIq4nlHi), nibbles32(b.qs + 16 * j));
+  }
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int j) {
+    const BlockIQ4_XS& b = *reinterpret_cast<const BlockIQ4_XS*>(blk);
+    const float dl = h2f(b.d) * static_cast<float>(iq4_xs_scale(b, j));
+    return {q(b, j), dl, dl};
+  }
+};
+
+// The decoder over any of them: parts are the 32-element blocks.
+template <class F>
+struct DecBytes {
+  static constexpr int64_t kBlock = F::kBlock, kSubs = F::kBlock / 32, kGroups = 4;
+  struct Sub {
+    __m256 s0, s1, o0, o1;
+    alignas(32) int8_t v[32];
+  };
+  STRATA_SIMD static Sub sub(const uint8_t* row, int64_t blk, int j) {
+    const Bytes32 b = F::at(row + blk * F::kSize, j);
+    Sub s;
+    s.s0 = _mm256_set1_ps(b.s0);
+    s.s1 = _mm256_set1_ps(b.s1);
+    s.o0 = _mm256_set1_ps(b.o0);
+    s.o1 = _mm256_set1_ps(b.o1);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.v), b.v);
+    return s;
+  }
+  STRATA_SIMD static __m256 group(const Sub& s, int g) {
+    const __m256 y = _mm256_mul_ps(g < 2 ? s.s0 : s.s1, _mm256_cvtepi32_ps(i8x8(s.v + 8 * g)));
+    if constexpr (F::kForm == Form::MulAdd) return _mm256_add_ps(y, g < 2 ? s.o0 : s.o1);
+    if constexpr (F::kForm == Form::MulSub) return _mm256_sub_ps(y, g < 2 ? s.o0 : s.o1);
+    return y;
+  }
+  static float tail(const uint8_t*, int64_t) { return 0.0f; }
+};
+using DecQ4_0 = DecBytes<Q4_0Bytes>;
+using DecQ4_1 = DecBytes<Q4_1Bytes>;
+using DecQ5_0 = DecBytes<Q5_0Bytes>;
+using DecQ5_1 = DecBytes<Q5_1Bytes>;
+using DecIQ4_NL = DecBytes<IQ4_NLBytes>;
+using DecMXFP4 = DecBytes<MXFP4Bytes>;
+using DecQ5_K = DecBytes<Q5_KBytes>;
+using DecQ3_K = DecBytes<Q3_KBytes>;
+using DecIQ4_XS = DecBytes<IQ4_XSBytes>;
 
 // dequant_row for AVX2: the decoder's vectors stored in order.
 template <class D>

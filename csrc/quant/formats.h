@@ -213,4 +213,134 @@ STRATA_HD constexpr int iq2_xxs_grid_index(uint32_t grid_word, int k) {
 STRATA_HD constexpr int iq2_xxs_sign_index(uint32_t sign_word, int k) { return (sign_word >> (7 * k)) & 127; }
 STRATA_HD constexpr int iq2_xxs_scale(uint32_t sign_word) { return static_cast<int>(sign_word >> 28); }
 
+// ---- The 32-element formats. Element l of a block is nibble l / 16 of qs[l % 16]; Q5_0 and Q5_1 add
+// bit l of the little-endian word qh as its fifth bit. Q4_0: x = d * (q - 8); Q4_1: x = (d * q) + m;
+// Q5_0: x = d * (q - 16); Q5_1: x = (d * q) + m; IQ4_NL: x = d * kIq4nlValues[q]; MXFP4: x = e * kMxfp4Values[q]
+// with e an E8M0 power of two (halved: the values are doubled e2m1). ----
+
+constexpr int64_t kQK4 = 32;  // elements per block of the 32-element formats
+
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQK4 / 2];
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+struct BlockQ4_1 {
+  uint16_t d, m;
+  uint8_t qs[kQK4 / 2];
+};
+static_assert(sizeof(BlockQ4_1) == 20);
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK4 / 2];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+struct BlockQ5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[kQK4 / 2];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK4 / 2];
+};
+static_assert(sizeof(BlockIQ4_NL) == 18);
+struct BlockMXFP4 {  // 17 bytes: blocks sit at any byte
+  uint8_t e;
+  uint8_t qs[kQK4 / 2];
+};
+static_assert(sizeof(BlockMXFP4) == 17);
+
+// The 4-bit code of element l (0..31) of a 32-element block's qs.
+STRATA_HD constexpr int nibble_q(const uint8_t* qs, int l) { return (qs[l % 16] >> (4 * (l / 16))) & 0xF; }
+// The fifth bit of element l from the 4 bytes of qh.
+STRATA_HD constexpr int q5_high(const uint8_t* qh, int l) { return (qh[l / 8] >> (l % 8)) & 1; }
+constexpr int kQ4_0Bias = 8, kQ5_0Bias = 16;
+
+// The non-linear codebooks, eight signed bytes to a word (device code reads them as constants).
+constexpr uint64_t kIq4nlLo = 0xF6EADDCFBFAD9881ull, kIq4nlHi = 0x7159453526190D01ull;
+constexpr uint64_t kMxfp4Lo = 0x0C08060403020100ull, kMxfp4Hi = 0xF4F8FAFCFDFEFF00ull;
+STRATA_HD constexpr int codebook(uint64_t lo, uint64_t hi, int k) {
+  return static_cast<int8_t>(static_cast<uint8_t>((k < 8 ? lo : hi) >> (8 * (k & 7))));
+}
+STRATA_HD constexpr int iq4_nl_value(int k) { return codebook(kIq4nlLo, kIq4nlHi, k); }
+STRATA_HD constexpr int mxfp4_value(int k) { return codebook(kMxfp4Lo, kMxfp4Hi, k); }
+// ggml's kvalues_iq4nl and kvalues_mxfp4 (e2m1 doubled).
+static_assert(iq4_nl_value(0) == -127 && iq4_nl_value(1) == -104 && iq4_nl_value(2) == -83 &&
+              iq4_nl_value(3) == -65 && iq4_nl_value(4) == -49 && iq4_nl_value(5) == -35 &&
+              iq4_nl_value(6) == -22 && iq4_nl_value(7) == -10 && iq4_nl_value(8) == 1 &&
+              iq4_nl_value(9) == 13 && iq4_nl_value(10) == 25 && iq4_nl_value(11) == 38 &&
+              iq4_nl_value(12) == 53 && iq4_nl_value(13) == 69 && iq4_nl_value(14) == 89 &&
+              iq4_nl_value(15) == 113);
+static_assert(mxfp4_value(0) == 0 && mxfp4_value(1) == 1 && mxfp4_value(2) == 2 && mxfp4_value(3) == 3 &&
+              mxfp4_value(4) == 4 && mxfp4_value(5) == 6 && mxfp4_value(6) == 8 && mxfp4_value(7) == 12 &&
+              mxfp4_value(8) == 0 && mxfp4_value(9) == -1 && mxfp4_value(10) == -2 &&
+              mxfp4_value(11) == -3 && mxfp4_value(12) == -4 && mxfp4_value(13) == -6 &&
+              mxfp4_value(14) == -8 && mxfp4_value(15) == -12);
+// ggml_e8m0_to_fp32_half: 2^(e - 128) as float bits, subnormal for e < 2.
+STRATA_HD constexpr uint32_t e8m0_half_bits(uint32_t e) { return e < 2 ? 0x00200000u << e : (e - 1) << 23; }
+
+// ---- Q5_K: Q4_K's sub-blocks, scales and mins, with a fifth bit: bit j of qh[l] for element l of
+// sub-block j. x = (d * sc_j) * q - dmin * m_j with q in [0, 31] (d * sc_j, dmin * m_j rounded first). ----
+
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];  // as Q4_K's
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];  // as Q4_K's
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+
+STRATA_HD constexpr int q5_k_q(const BlockQ5_K& b, int j, int l) {
+  const Q4_KSub s = q4_k_sub(j);
+  return ((b.qs[s.qs + l] >> s.shift) & kQ4_KMask) | (((b.qh[l] >> j) & 1) << 4);
+}
+
+// ---- Q3_K: eight 32-element blocks j; element l of block j has its low 2 bits at bits
+// [2 (j % 4), +2) of qs[32 (j / 4) + l] and its high bit at bit j of hmask[l]; q = low - (high ? 0 : 4)
+// in [-4, 3]. Sixteen 6-bit scales, one per 16 elements, minus 32. x = (d * sc_g) * q. ----
+
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];  // low 4 bits: bytes 0-7 (g < 8 low nibble, else high); high 2 bits: bytes 8-11
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
+struct Q3_KSub {
+  int qs, shift;
+};
+STRATA_HD constexpr Q3_KSub q3_k_sub(int j) { return {(j / 4) * 32, (j % 4) * 2}; }
+constexpr int kQ3_KBias = 4;
+STRATA_HD constexpr int q3_k_q(const BlockQ3_K& b, int j, int l) {
+  const Q3_KSub s = q3_k_sub(j);
+  return ((b.qs[s.qs + l] >> s.shift) & 3) - (((b.hmask[l] >> j) & 1) ? 0 : kQ3_KBias);
+}
+// The scale of 16-element group g (0..15), in [-32, 31].
+STRATA_HD constexpr int q3_k_scale(const uint8_t* scales, int g) {
+  const int lo = g < 8 ? scales[g] & 0xF : scales[g - 8] >> 4;
+  const int hi = (scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+// ---- IQ4_XS: eight 32-element blocks j with a 6-bit scale (low 4 bits: nibble j % 2 of scales_l[j / 2],
+// high 2: bits 2j, 2j + 1 of scales_h) minus 32; element l of block j is kIq4nl[nibble_q(qs + 16 j, l)].
+// x = (d * sc_j) * value. ----
+
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQK_K / 64];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+STRATA_HD constexpr int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
+  return (((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
 }  // namespace strata

@@ -19,8 +19,10 @@ using namespace strata;
 
 namespace {
 
-const QType kAll[] = {QType::F32,  QType::F16,    QType::BF16, QType::Q8_0,   QType::Q4_K,
-                      QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
+const QType kAll[] = {QType::F32,    QType::F16,  QType::BF16,   QType::Q8_0,  QType::Q4_K,
+                      QType::Q6_K,   QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS, QType::Q5_K,
+                      QType::Q3_K,   QType::IQ4_XS, QType::MXFP4, QType::Q5_0, QType::Q4_0,
+                      QType::Q4_1,   QType::Q5_1,   QType::IQ4_NL};
 
 // Byte offsets of each block's fp16 fields, which random bytes must not turn into inf/nan.
 std::vector<size_t> half_fields(QType t) {
@@ -39,6 +41,17 @@ std::vector<size_t> half_fields(QType t) {
       return {0};
     case QType::Q2_K:
       return {80, 82};
+    case QType::Q5_K:
+    case QType::Q4_1:
+    case QType::Q5_1:
+      return {0, 2};
+    case QType::Q3_K:
+      return {108};
+    case QType::IQ4_XS:
+    case QType::Q5_0:
+    case QType::Q4_0:
+    case QType::IQ4_NL:
+      return {0};
     default:
       return {};
   }
@@ -62,6 +75,7 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
       const uint16_t h = f32_to_fp16(u(rng) * 0.05f);
       std::memcpy(&w[off + f], &h, 2);
     }
+    if (t == QType::MXFP4) w[off] = static_cast<uint8_t>(116 + rng() % 9);  // E8M0 scale 2^-12 .. 2^-4
   }
   return w;
 }
@@ -105,8 +119,8 @@ TEST(Quant, UnsupportedTypeNamesItAndTheFix) {
   } catch (const UnsupportedError& e) {
     EXPECT_STREQ(e.what(),
                  "blk.0.ffn_down_exps.weight: quant type IQ3_S (21) is not supported by strata; "
-                 "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS. Re-quantize the model "
-                 "with one of them.");
+                 "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS, Q5_K, Q3_K, IQ4_XS, MXFP4, "
+                 "Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL. Re-quantize the model with one of them.");
   }
   EXPECT_THROW(quant_traits(99, "x"), UnsupportedError);
 }
@@ -281,7 +295,9 @@ TEST(Quant, MatmulRejectsBadShapes) {
 
 namespace {
 
-const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
+const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K,  QType::Q6_K,   QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS,
+                          QType::Q5_K, QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,  QType::Q5_0, QType::Q4_0,
+                          QType::Q4_1, QType::Q5_1,  QType::IQ4_NL};
 
 // T rows of q8_0 blocks of x (cols wide), xrb bytes apart, and their dequantized values.
 std::vector<uint8_t> quantize_x(const std::vector<float>& x, int64_t T, int64_t cols, int64_t xrb,

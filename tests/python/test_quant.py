@@ -13,8 +13,10 @@ from strata import _core
 
 # ggml type -> byte offsets of each block's fp16 fields (kept finite so no inf/nan appears).
 HALF_FIELDS = {G.F16: [0], G.Q8_0: [0], G.Q4_K: [0, 2], G.Q6_K: [208], G.IQ2_XS: [0], G.Q2_K: [80, 82],
-               G.IQ2_XXS: [0]}
-TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS]
+               G.IQ2_XXS: [0], G.Q5_K: [0, 2], G.Q3_K: [108], G.IQ4_XS: [0], G.MXFP4: [], G.Q5_0: [0],
+               G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_1: [0, 2], G.IQ4_NL: [0]}
+NEW_TYPES = [G.Q5_K, G.Q3_K, G.IQ4_XS, G.MXFP4, G.Q5_0, G.Q4_0, G.Q4_1, G.Q5_1, G.IQ4_NL]
+TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS, *NEW_TYPES]
 
 
 def random_blocks(qtype: G, n_elems: int, rng: np.random.Generator) -> np.ndarray:
@@ -30,7 +32,36 @@ def random_blocks(qtype: G, n_elems: int, rng: np.random.Generator) -> np.ndarra
     for off in HALF_FIELDS[qtype]:
         halves = rng.uniform(-0.05, 0.05, n_blocks).astype(np.float16)
         blocks[:, off : off + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
+    if qtype == G.MXFP4:  # E8M0 scales 2^-12 .. 2^-4 (the byte minus 128)
+        blocks[:, 0] = rng.integers(116, 125, n_blocks)
     return blocks.reshape(-1)
+
+
+# Edge halves for the scale fields: zeros of both signs, the largest finite, the smallest subnormal, one.
+EDGE_HALVES = np.array([0.0, -0.0, 65504.0, -65504.0, 2.0**-24, 1.0], np.float16)
+
+
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda t: t.name)
+def test_dequantize_edges_are_bit_identical_to_gguf(qtype: G):
+    """Zero and maximal scales (every fp16 field at each edge value, MXFP4 every E8M0 byte), all-zero and
+    all-one bytes, and every code: random bytes over 512 blocks hold each 4-bit code and each 6-bit scale."""
+    rng = np.random.default_rng(100 + int(qtype))
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    n_blocks = 512
+    blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    blocks[0], blocks[1] = 0, 255
+    for off in HALF_FIELDS[qtype]:
+        halves = EDGE_HALVES[rng.integers(0, len(EDGE_HALVES), n_blocks)]
+        halves[:2] = [0.0, 65504.0]  # the all-zero block and the all-ones block at the largest scale
+        blocks[:, off : off + 2] = halves.view(np.uint8).reshape(-1, 2)
+    if qtype == G.MXFP4:
+        blocks[:256, 0] = np.arange(256)
+    raw = blocks.reshape(-1)
+    n = n_blocks * block_size
+    ours = _core.dequantize(int(qtype), raw, n)
+    ref = gguf_dequantize(raw, qtype).reshape(-1).astype(np.float32, copy=False)
+    assert not np.isnan(ref).any()
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
 
 
 def test_quant_types_lists_the_supported_set():
@@ -87,7 +118,7 @@ def test_unsupported_type_raises():
     ):
         _core.dequantize(int(G.IQ3_S), np.zeros(110, np.uint8), 256)
     with pytest.raises(strata.UnsupportedError, match="Re-quantize"):
-        _core.matmul(int(G.Q4_0), np.zeros(18, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
+        _core.matmul(int(G.TQ1_0), np.zeros(54, np.uint8), 1, 256, np.zeros((1, 256), np.float32))
 
 
 def test_size_mismatches_raise_config_error():
@@ -101,7 +132,7 @@ def test_size_mismatches_raise_config_error():
         _core.matmul(int(G.Q8_0), np.zeros(34, np.uint8), 2, 32, np.zeros((1, 32), np.float32))
 
 
-Q8_TYPES = [G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS]
+Q8_TYPES = [G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS, *NEW_TYPES]
 
 
 def q8_0_roundtrip(x: np.ndarray) -> np.ndarray:
