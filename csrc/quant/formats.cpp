@@ -163,6 +163,52 @@ inline void block_iq4_xs(const BlockIQ4_XS& b, float* y) {
   }
 }
 
+// gguf: db = d * (0.5 + s) * 0.5 per 32 elements, then (db * magnitude) * (+-1).
+inline void block_iq3_xxs(const BlockIQ3_XXS& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const float db = d * (0.5f + static_cast<float>(iq3_xxs_scale(b, j))) * 0.5f;
+    for (int l = 0; l < 32; ++l)
+      y[32 * j + l] = db * static_cast<float>(iq3_xxs_magnitude(b, j, l)) * kPlusMinus[iq3_xxs_negative(b, j, l)];
+  }
+}
+
+// gguf: db = d * (1 + 2 s) per 32 elements, then (db * magnitude) * (+-1).
+inline void block_iq3_s(const BlockIQ3_S& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const float db = d * static_cast<float>(1 + 2 * iq3_s_scale(b, j));
+    for (int l = 0; l < 32; ++l)
+      y[32 * j + l] = db * static_cast<float>(iq3_s_magnitude(b, j, l)) * kPlusMinus[bit_sign(b.signs, 32 * j + l)];
+  }
+}
+
+// gguf: db = d * (0.5 + s) * 0.25 per 16 elements, then (db * magnitude) * (+-1).
+inline void block_iq2_s(const BlockIQ2_S& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int g = 0; g < 16; ++g) {
+    const float db = iq2_xs_group_scale(d, iq2_s_scale(b, g));
+    for (int n = 16 * g; n < 16 * g + 16; ++n)
+      y[n] = db * static_cast<float>(iq2_s_magnitude(b, n)) * kPlusMinus[bit_sign(b.signs, n)];
+  }
+}
+
+// gguf: dl = d * (2 s + 1), then dl * (g + delta); g + delta = v8 / 8 exactly.
+inline void block_iq1_s(const BlockIQ1_S& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const float dl = d * static_cast<float>(2 * iq1_s_scale(b, j) + 1);
+    for (int l = 0; l < 32; ++l) y[32 * j + l] = dl * (static_cast<float>(iq1_s_value8(b, j, l)) * kIq1Delta);
+  }
+}
+inline void block_iq1_m(const BlockIQ1_M& b, float* y) {
+  const float d = fp16_to_f32(iq1_m_d(b));
+  for (int g = 0; g < 16; ++g) {
+    const float dl = d * static_cast<float>(2 * iq1_m_scale(b, g) + 1);
+    for (int n = 16 * g; n < 16 * g + 16; ++n) y[n] = dl * (static_cast<float>(iq1_m_value8(b, n)) * kIq1Delta);
+  }
+}
+
 inline void block_f16(const uint16_t& h, float* y) { *y = fp16_to_f32(h); }
 inline void block_bf16(const uint16_t& h, float* y) { *y = bf16_to_f32(h); }
 
@@ -187,6 +233,14 @@ void row_iq4_nl(const void* src, float* dst, int64_t n) { blocks<BlockIQ4_NL, kQ
 void row_mxfp4(const void* src, float* dst, int64_t n) { blocks<BlockMXFP4, kQK4, block_mxfp4>(src, dst, n); }
 void row_q5_k(const void* src, float* dst, int64_t n) { blocks<BlockQ5_K, kQK_K, block_q5_k>(src, dst, n); }
 void row_q3_k(const void* src, float* dst, int64_t n) { blocks<BlockQ3_K, kQK_K, block_q3_k>(src, dst, n); }
+#define STRATA_ROW_FN(name, B) \
+  void row_##name(const void* src, float* dst, int64_t n) { blocks<B, kQK_K, block_##name>(src, dst, n); }
+STRATA_ROW_FN(iq3_xxs, BlockIQ3_XXS)
+STRATA_ROW_FN(iq3_s, BlockIQ3_S)
+STRATA_ROW_FN(iq2_s, BlockIQ2_S)
+STRATA_ROW_FN(iq1_s, BlockIQ1_S)
+STRATA_ROW_FN(iq1_m, BlockIQ1_M)
+#undef STRATA_ROW_FN
 void row_iq4_xs(const void* src, float* dst, int64_t n) { blocks<BlockIQ4_XS, kQK_K, block_iq4_xs>(src, dst, n); }
 
 // The AVX2 rows store decode_avx2.h's vectors: the same float32 operations in the same order as
@@ -231,6 +285,11 @@ constexpr QuantTraits kTraits[] = {
     STRATA_ROW(Q4_1, q4_1, kQK4, DecQ4_1),
     STRATA_ROW(Q5_1, q5_1, kQK4, DecQ5_1),
     STRATA_ROW(IQ4_NL, iq4_nl, kQK4, DecIQ4_NL),
+    STRATA_ROW(IQ3_XXS, iq3_xxs, kQK_K, DecIQ3_XXS),
+    STRATA_ROW(IQ3_S, iq3_s, kQK_K, DecIQ3_S),
+    STRATA_ROW(IQ2_S, iq2_s, kQK_K, DecIQ2_S),
+    STRATA_ROW(IQ1_S, iq1_s, kQK_K, DecIQ1_S),
+    STRATA_ROW(IQ1_M, iq1_m, kQK_K, DecIQ1_M),
 #undef STRATA_ROW
 };
 #undef SIMD

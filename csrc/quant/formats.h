@@ -10,7 +10,11 @@
 #include "core/half.h"
 #include "core/host_device.h"
 #include "quant/iq2xs_grid.h"
+#include "quant/iq1s_grid.h"
+#include "quant/iq2s_grid.h"
 #include "quant/iq2xxs_grid.h"
+#include "quant/iq3s_grid.h"
+#include "quant/iq3xxs_grid.h"
 
 namespace strata {
 
@@ -341,6 +345,114 @@ static_assert(sizeof(BlockIQ4_XS) == 136);
 
 STRATA_HD constexpr int iq4_xs_scale(const BlockIQ4_XS& b, int j) {
   return (((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
+// ---- The grid i-quants. Each 32-element block j of a super-block has an integer scale and 32 grid
+// values (magnitude times sign); `..._value(b, j, l)` is element l's, `..._scale(b, j, h)` the scale of
+// its half h, and the float value is (db * magnitude) * sign as gguf computes it (IQ1: dl * (g + delta)).
+// The accessors that read a grid are host-only: device code reads its copies (unit_decode.h). ----
+
+// IQ3_XXS: qs[8 j + k] indexes kIq3xxsGrid (four magnitudes) for elements 4k..4k+3; the word at sas + 4 j
+// holds four 7-bit sign indices (into iq2_xs_signs, one per 8 elements) and a 4-bit scale s (bits 28-31).
+// db = d * (0.5 + s) * 0.5.
+struct BlockIQ3_XXS {
+  uint16_t d;
+  uint8_t qs[kQK_K / 4];
+  uint8_t sas[kQK_K / 8];
+};
+static_assert(sizeof(BlockIQ3_XXS) == 98);
+STRATA_HD constexpr uint32_t iq3_xxs_word(const BlockIQ3_XXS& b, int j) {
+  return static_cast<uint32_t>(b.sas[4 * j]) | (static_cast<uint32_t>(b.sas[4 * j + 1]) << 8) |
+         (static_cast<uint32_t>(b.sas[4 * j + 2]) << 16) | (static_cast<uint32_t>(b.sas[4 * j + 3]) << 24);
+}
+STRATA_HD constexpr int iq3_xxs_scale(const BlockIQ3_XXS& b, int j) { return static_cast<int>(iq3_xxs_word(b, j) >> 28); }
+constexpr int iq3_xxs_magnitude(const BlockIQ3_XXS& b, int j, int l) {
+  return static_cast<int>((kIq3xxsGrid[b.qs[8 * j + l / 4]] >> (8 * (l % 4))) & 0xFF);
+}
+STRATA_HD constexpr bool iq3_xxs_negative(const BlockIQ3_XXS& b, int j, int l) {
+  return iq2_xs_negative(iq2_xs_signs(static_cast<int>((iq3_xxs_word(b, j) >> (7 * (l / 8))) & 127)), l % 8);
+}
+
+// IQ3_S: grid index i (0..63) = qs[i] | bit i % 8 of qh[i / 8] << 8, into kIq3sGrid (four magnitudes) for
+// elements 4i..4i+3; element n's sign is bit n % 8 of signs[n / 8]; block j's 4-bit scale s is nibble
+// j % 2 of scales[j / 2]. db = d * (1 + 2 s).
+struct BlockIQ3_S {
+  uint16_t d;
+  uint8_t qs[kQK_K / 4];
+  uint8_t qh[kQK_K / 32];
+  uint8_t signs[kQK_K / 8];
+  uint8_t scales[kQK_K / 64];
+};
+static_assert(sizeof(BlockIQ3_S) == 110);
+STRATA_HD constexpr int iq3_s_scale(const BlockIQ3_S& b, int j) { return (b.scales[j / 2] >> (4 * (j % 2))) & 0xF; }
+constexpr int iq3_s_magnitude(const BlockIQ3_S& b, int j, int l) {
+  const int i = 8 * j + l / 4;
+  const int index = b.qs[i] | (((b.qh[i / 8] >> (i % 8)) & 1) << 8);
+  return static_cast<int>((kIq3sGrid[index] >> (8 * (l % 4))) & 0xFF);
+}
+STRATA_HD constexpr bool bit_sign(const uint8_t* signs, int n) { return (signs[n / 8] >> (n % 8)) & 1; }
+
+// IQ2_S: grid index i (0..31) = qs[i] | bits 2 (i % 4) of qh[i / 4] << 8, into kIq2sGrid (eight magnitudes)
+// for elements 8i..8i+7; element n's sign is bit n % 8 of signs[n / 8]; 16-element group g's 4-bit scale is
+// nibble g % 2 of scales[g / 2]. db = d * (0.5 + s) * 0.25, as IQ2_XS.
+struct BlockIQ2_S {
+  uint16_t d;
+  uint8_t qs[kQK_K / 8];
+  uint8_t signs[kQK_K / 8];
+  uint8_t qh[kQK_K / 32];
+  uint8_t scales[kQK_K / 32];
+};
+static_assert(sizeof(BlockIQ2_S) == 82);
+STRATA_HD constexpr int iq2_s_scale(const BlockIQ2_S& b, int g) { return (b.scales[g / 2] >> (4 * (g % 2))) & 0xF; }
+constexpr int iq2_s_magnitude(const BlockIQ2_S& b, int n) {
+  const int i = n / 8;
+  const int index = b.qs[i] | (((b.qh[i / 4] >> (2 * (i % 4))) & 3) << 8);
+  return static_cast<int>((kIq2sGrid[index] >> (8 * (n % 8))) & 0xFF);
+}
+
+// IQ1_S: 32-element block j's 16-bit qh[j] holds four 3-bit high parts of its grid indices (bits 3k..3k+2,
+// for elements 8k..8k+7: index qs[4 j + k] | high << 8, into kIq1sGrid: eight values in {-1, 0, 1}), a 3-bit
+// scale s (bits 12-14) and the sign of delta (bit 15). x = (d * (2 s + 1)) * (g + delta), delta = +-1/8;
+// the integer kernels use 8 g + 8 delta in [-9, 9].
+struct BlockIQ1_S {
+  uint16_t d;
+  uint8_t qs[kQK_K / 8];
+  uint16_t qh[kQK_K / 32];
+};
+static_assert(sizeof(BlockIQ1_S) == 50);
+constexpr float kIq1Delta = 0.125f;
+constexpr int iq1_grid_value(int index, int e) {
+  return static_cast<int8_t>(static_cast<uint8_t>((kIq1sGrid[index] >> (8 * e)) & 0xFF));
+}
+STRATA_HD constexpr int iq1_s_scale(const BlockIQ1_S& b, int j) { return (b.qh[j] >> 12) & 7; }
+STRATA_HD constexpr bool iq1_s_delta_negative(const BlockIQ1_S& b, int j) { return (b.qh[j] >> 15) & 1; }
+// 8 (g + delta) of element l of block j, in [-9, 9].
+constexpr int iq1_s_value8(const BlockIQ1_S& b, int j, int l) {
+  const int k = l / 8, index = b.qs[4 * j + k] | (((b.qh[j] >> (3 * k)) & 7) << 8);
+  return 8 * iq1_grid_value(index, l % 8) + (iq1_s_delta_negative(b, j) ? -1 : 1);
+}
+
+// IQ1_M: no d field: its 16 bits are the top nibbles of the four 16-bit words of scales, which also hold
+// sixteen 3-bit scales s (word w bits 3f..3f+2: elements 16 (4 w + f)..). Grid index i (0..31) = qs[i] |
+// bits 0-2 of nibble i % 2 of qh[i / 2] << 8, for elements 8i..8i+7; bit 3 of that nibble is the sign of
+// its delta. x = (d * (2 s + 1)) * (g + delta).
+struct BlockIQ1_M {
+  uint8_t qs[kQK_K / 8];
+  uint8_t qh[kQK_K / 16];
+  uint8_t scales[kQK_K / 32];
+};
+static_assert(sizeof(BlockIQ1_M) == 56);
+STRATA_HD constexpr uint32_t iq1_m_word(const BlockIQ1_M& b, int w) {
+  return static_cast<uint32_t>(b.scales[2 * w]) | (static_cast<uint32_t>(b.scales[2 * w + 1]) << 8);
+}
+STRATA_HD constexpr uint16_t iq1_m_d(const BlockIQ1_M& b) {
+  return static_cast<uint16_t>((iq1_m_word(b, 0) >> 12) | ((iq1_m_word(b, 1) >> 8) & 0xF0) |
+                               ((iq1_m_word(b, 2) >> 4) & 0xF00) | (iq1_m_word(b, 3) & 0xF000));
+}
+STRATA_HD constexpr int iq1_m_scale(const BlockIQ1_M& b, int g) { return (iq1_m_word(b, g / 4) >> (3 * (g % 4))) & 7; }
+constexpr int iq1_m_value8(const BlockIQ1_M& b, int n) {
+  const int i = n / 8, nib = (b.qh[i / 2] >> (4 * (i % 2))) & 0xF;
+  return 8 * iq1_grid_value(b.qs[i] | ((nib & 7) << 8), n % 8) + ((nib & 8) ? -1 : 1);
 }
 
 }  // namespace strata

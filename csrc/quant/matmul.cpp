@@ -271,6 +271,11 @@ STRATA_GEMV(mxfp4, DecMXFP4)
 STRATA_GEMV(q3_k, DecQ3_K)
 STRATA_GEMV(q5_k, DecQ5_K)
 STRATA_GEMV(iq4_xs, DecIQ4_XS)
+STRATA_GEMV(iq3_xxs, DecIQ3_XXS)
+STRATA_GEMV(iq3_s, DecIQ3_S)
+STRATA_GEMV(iq2_s, DecIQ2_S)
+STRATA_GEMV(iq1_s, DecIQ1_S)
+STRATA_GEMV(iq1_m, DecIQ1_M)
 #undef STRATA_GEMV
 
 }  // namespace quant_detail

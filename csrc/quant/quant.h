@@ -26,8 +26,13 @@ enum class QType : uint32_t {
   Q6_K = 14,
   IQ2_XXS = 16,
   IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
   IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
   IQ4_XS = 23,
+  IQ1_M = 29,
   BF16 = 30,
   MXFP4 = 39
 };
@@ -104,6 +109,11 @@ void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const f
 //   MXFP4:  a = fma(e * dx, (float)S(v), a)   (e the block's halved E8M0 scale, v the doubled e2m1 value)
 //   Q4_1, Q5_1: a = fma(d * dx, (float)S(q), a); a = fma(m * dx, (float)S(1), a)
 //   IQ4_XS: a = fma(d * dx, (float)(sc * S(v)), a)
+//   IQ3_XXS: a = fma((d * 0.25f) * dx, (float)((2 s + 1) S(g)), a)
+//   IQ3_S:  a = fma(d * dx, (float)((2 s + 1) S(g)), a)
+//   IQ2_S:  a = fma((d * 0.125f) * dx, (float)((2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g)), a)
+//   IQ1_S:  a = fma((d * 0.125f) * dx, (float)((2 s + 1) S(v8)), a)   (v8 = 8 (g + delta), in [-9, 9])
+//   IQ1_M:  a = fma((d * 0.125f) * dx, (float)((2 s_lo + 1) S_lo(v8) + (2 s_hi + 1) S_hi(v8)), a)
 //   Q6_K:   a = fma(d * dx, (float)(sc_lo * S_lo(q6 - 32) + sc_hi * S_hi(q6 - 32)), a)
 //   IQ2_XS: a = fma((d * dx) * 0.125f, (float)((2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g)), a)
 //   IQ2_XXS: a = fma((d * dx) * 0.125f, (float)((2 s + 1) S(g)), a)

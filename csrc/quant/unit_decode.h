@@ -594,3 +594,4 @@ STRATA_HD inline float q8_act(const uint8_t* p, Q8Act& x) {
 // The formats added since, one header per family (they use the reads and steps above).
 #include "quant/unit_decode_32.h"
 #include "quant/unit_decode_256.h"
+#include "quant/unit_decode_grid.h"

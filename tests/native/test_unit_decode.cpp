@@ -32,7 +32,9 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
   if (t == QType::Q6_K) halves = {208};
   if (t == QType::Q5_K || t == QType::Q4_1 || t == QType::Q5_1) halves = {0, 2};
   if (t == QType::Q3_K) halves = {108};
-  if (t == QType::IQ4_XS || t == QType::Q5_0 || t == QType::Q4_0 || t == QType::IQ4_NL) halves = {0};
+  if (t == QType::IQ4_XS || t == QType::Q5_0 || t == QType::Q4_0 || t == QType::IQ4_NL || t == QType::IQ3_XXS ||
+      t == QType::IQ3_S || t == QType::IQ2_S || t == QType::IQ1_S)
+    halves = {0};
   for (size_t off = 0; off < w.size(); off += q.type_size) {
     if (t == QType::F32) {
       const float v = u(rng);
@@ -46,6 +48,10 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
       std::memcpy(&w[off + f], &h, 2);
     }
     if (t == QType::MXFP4) w[off] = static_cast<uint8_t>(116 + rng() % 9);  // E8M0 scale 2^-12 .. 2^-4
+    if (t == QType::IQ1_M) {  // the fp16 scale in the top nibbles of the words at bytes 48-55
+      const uint16_t h = f32_to_fp16(u(rng) * 0.05f);
+      for (int i = 0; i < 4; ++i) w[off + 49 + 2 * i] = static_cast<uint8_t>((w[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 0xF) << 4));
+    }
   }
   return w;
 }
@@ -105,6 +111,11 @@ TEST(UnitDecode, UnitsEqualDequantRow) {
   check_units<unit::Q5_1>(7 * 32, rng);
   check_units<unit::IQ4_NL>(7 * 32, rng);
   check_units<unit::MXFP4>(7 * 32, rng);
+  check_units<unit::IQ3_XXS>(3 * 256, rng);
+  check_units<unit::IQ3_S>(3 * 256, rng);
+  check_units<unit::IQ2_S>(3 * 256, rng);
+  check_units<unit::IQ1_S>(3 * 256, rng);
+  check_units<unit::IQ1_M>(3 * 256, rng);
 }
 
 // Every byte pattern of the Q4_K and Q6_K fields at once: the quants decoded from random bytes above
@@ -173,6 +184,11 @@ TEST(UnitDecode, IntegerBlocksRebuildMatmulQ8) {
   check_q8<unit::Q5_1>(7 * 32, rng);
   check_q8<unit::IQ4_NL>(7 * 32, rng);
   check_q8<unit::MXFP4>(7 * 32, rng);
+  check_q8<unit::IQ3_XXS>(3 * 256, rng);
+  check_q8<unit::IQ3_S>(3 * 256, rng);
+  check_q8<unit::IQ2_S>(3 * 256, rng);
+  check_q8<unit::IQ1_S>(3 * 256, rng);
+  check_q8<unit::IQ1_M>(3 * 256, rng);
 }
 
 }  // namespace
