@@ -60,6 +60,15 @@ SHAPES = {
     # one kv head, head_dim 40 (IQ4_NL attention output rows of 160), top_k 3
     "iq4_xs": dict(hidden=256, heads=4, kv_heads=1, head_dim=40, experts=8, top_k=3, expert_ffn=256,
                    rope_theta=2e5, rms_eps=2.5e-4),
+    # 4 heads of 64, top_k 5
+    "q2_k": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, experts=8, top_k=5, expert_ffn=256,
+                 rope_theta=3e4, rms_eps=7e-5),
+    # 2 heads of 128, one kv head, 16 experts top_k 6
+    "ud-iq1_s": dict(hidden=256, heads=2, kv_heads=1, head_dim=128, experts=16, top_k=6, expert_ffn=256,
+                     rope_theta=6e4, rms_eps=1.2e-4),
+    # 16 heads of 16, 6 experts top_k 2
+    "ud-iq3_xxs": dict(hidden=256, heads=16, kv_heads=4, head_dim=16, experts=6, top_k=2, expert_ffn=256,
+                       rope_theta=9e4, rms_eps=3e-4),
     # hidden 224, head_dim 56, 6 experts top_k 3: 32-element rows
     "legacy": dict(hidden=224, heads=4, kv_heads=1, head_dim=56, experts=6, top_k=3, expert_ffn=64,
                    rope_theta=3e5, rms_eps=1e-4),
@@ -78,6 +87,9 @@ MIXES = {
     "q3_k_m": ({**_COMMON, **SHAPES["q3_k_m"]}, QUANT_MIXES["Q3_K_M"]),
     "iq4_xs": ({**_COMMON, **SHAPES["iq4_xs"]}, QUANT_MIXES["IQ4_XS"]),
     "legacy": ({**_COMMON, **SHAPES["legacy"]}, QUANT_MIXES["legacy"]),
+    "q2_k": ({**_COMMON, **SHAPES["q2_k"]}, QUANT_MIXES["Q2_K"]),
+    "ud-iq1_s": ({**_COMMON, **SHAPES["ud-iq1_s"]}, QUANT_MIXES["UD-IQ1_S"]),
+    "ud-iq3_xxs": ({**_COMMON, **SHAPES["ud-iq3_xxs"]}, QUANT_MIXES["UD-IQ3_XXS"]),
 }
 SEED = 11
 

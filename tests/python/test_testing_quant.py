@@ -25,7 +25,7 @@ def test_encode_scale(qtype, scale):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ2_XS", "Q8_0", "Q5_K", "Q3_K", "IQ4_XS", "MXFP4", "Q5_0",
-                                   "Q4_0", "Q4_1", "Q5_1", "IQ4_NL"])
+                                   "Q4_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_S", "IQ1_S", "IQ1_M"])
 def test_random_blocks_are_random(qtype):
     a = random_blocks(qtype, (2, 256), 0.1, np.random.default_rng(1))
     b = random_blocks(qtype, (2, 256), 0.1, np.random.default_rng(2))
@@ -36,5 +36,5 @@ def test_rejects_partial_blocks_and_unknown_types():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="multiple of 256"):
         encode(np.zeros((2, 128), np.float32), "Q4_K", rng)
-    with pytest.raises(ValueError, match="unsupported quant type 'IQ3_S'"):
-        random_blocks("IQ3_S", (1, 256), 1.0, rng)
+    with pytest.raises(ValueError, match="unsupported quant type 'TQ1_0'"):
+        random_blocks("TQ1_0", (1, 256), 1.0, rng)

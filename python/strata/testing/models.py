@@ -47,6 +47,15 @@ QUANT_MIXES: dict[str, dict[str, str]] = {
                "output": "Q6_K"},
     # bartowski-style IQ4_XS files, with IQ4_NL where rows are no multiple of 256
     "IQ4_XS": {"embed": "Q8_0", "attn": "IQ4_NL", "router": "F32", "experts": "IQ4_XS", "output": "Q6_K"},
+    # Q2_K files: Q2_K gate/up, Q3_K down and attention
+    "Q2_K": {"embed": "Q4_K", "attn": "Q3_K", "router": "F32", "experts": "Q2_K", "expert_down": "Q3_K",
+             "output": "Q6_K"},
+    # unsloth's UD-IQ1_S files of 200B-1T models: IQ1_S gate/up, IQ1_M down, IQ4_XS attention
+    "UD-IQ1_S": {"embed": "Q4_K", "attn": "IQ4_XS", "router": "F32", "experts": "IQ1_S", "expert_down": "IQ1_M",
+                 "output": "Q6_K"},
+    # the UD-IQ2/IQ3 files: IQ3_XXS gate/up, IQ3_S down, IQ2_S attention, IQ2_XXS embeddings
+    "UD-IQ3_XXS": {"embed": "IQ2_XXS", "attn": "IQ2_S", "router": "F32", "experts": "IQ3_XXS",
+                   "expert_down": "IQ3_S", "output": "Q5_K"},
     # legacy files: Q4_0 / Q4_1 / Q5_1
     "legacy": {"embed": "Q8_0", "attn": "Q5_1", "router": "F32", "experts": "Q4_0", "expert_down": "Q4_1",
                "output": "Q8_0"},
@@ -78,6 +87,11 @@ _FILE_TYPES = {
     "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
     "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
     "Q5_1": gguf.LlamaFileType.MOSTLY_Q5_1,
+    "IQ3_XXS": gguf.LlamaFileType.MOSTLY_IQ3_XXS,
+    "IQ3_S": gguf.LlamaFileType.MOSTLY_IQ3_S,
+    "IQ2_S": gguf.LlamaFileType.MOSTLY_IQ2_S,
+    "IQ1_S": gguf.LlamaFileType.MOSTLY_IQ1_S,
+    "IQ1_M": gguf.LlamaFileType.MOSTLY_IQ1_M,
 }
 _CHUNK_ELEMS = 1 << 23  # elements generated at a time: bounds memory to ~100 MB whatever the tensor
 

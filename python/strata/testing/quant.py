@@ -9,7 +9,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
 QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XS", "Q2_K", "IQ2_XXS", "Q5_K", "Q3_K", "IQ4_XS",
-          "MXFP4", "Q5_0", "Q4_0", "Q4_1", "Q5_1", "IQ4_NL")
+          "MXFP4", "Q5_0", "Q4_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_S", "IQ1_S", "IQ1_M")
 """Type names `encode` and `random_blocks` accept."""
 
 # gguf.quants.quantize supports these
@@ -134,6 +134,14 @@ def _blocks(qtype: str, n_blocks: int, d: float, rng: np.random.Generator) -> np
         # is random per block. IQ4_XS's 6-bit scales minus 32 are already of either sign.
         sign = np.where(_raw_bytes(n_blocks, rng) & 1, 1.0, -1.0) if qtype != "IQ4_XS" else 1.0
         _field(b, 0, "<f2")[:] = (_f16(d) * sign).astype(np.float16)
+    elif qtype in ("IQ3_XXS", "IQ3_S", "IQ2_S", "IQ1_S"):  # f16 d first; grid values with random signs
+        _field(b, 0, "<f2")[:] = _f16(d)
+    elif qtype == "IQ1_M":  # the f16 d in the top nibbles of the four 16-bit words at bytes 48-55
+        bits = int(np.array(_f16(d)).view(np.uint16))
+        w = b[:, 48:56].copy().view("<u2")
+        for i in range(4):
+            w[:, i] = (w[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12)
+        b[:, 48:56] = w.view(np.uint8)
     elif qtype in ("Q4_1", "Q5_1"):  # f16 d, f16 m, (4 B fifth bits,) 16 B quants: m = -(mean q) d
         _field(b, 0, "<f2")[:] = _f16(d)
         _field(b, 2, "<f2")[:] = _f16(-(7.5 if qtype == "Q4_1" else 15.5) * d)
