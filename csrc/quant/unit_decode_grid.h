@@ -24,6 +24,8 @@ __device__ const GridCopy<uint32_t, 256> kIq3xxsGridOnDevice = grid_copy(kIq3xxs
 __device__ const GridCopy<uint32_t, 512> kIq3sGridOnDevice = grid_copy(kIq3sGrid);
 __device__ const GridCopy<uint64_t, 1024> kIq2sGridOnDevice = grid_copy(kIq2sGrid);
 __device__ const GridCopy<uint64_t, 2048> kIq1sGridOnDevice = grid_copy(kIq1sGrid);
+#endif
+#if defined(__CUDA_ARCH__)
 #define STRATA_GRID(host, i) host##OnDevice.v[i]
 #else
 #define STRATA_GRID(host, i) host[i]
