@@ -153,9 +153,9 @@ STRATA_SIMD inline __m256i nibbles32(const uint8_t* qs) {
 STRATA_SIMD inline __m256i bit_mask32(const uint8_t* p) {
   uint32_t w;
   std::memcpy(&w, p, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(w)),
-      _mm256_setr_epi64x(0x0000000000000000ll, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll));
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(w)),
+                                             _mm256_setr_epi64x(0x0000000000000000ll, 0x0101010101010101ll,
+                                                                0x0202020202020202ll, 0x0303030303030303ll));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
@@ -249,8 +249,8 @@ struct Q5_KBytes {  // q in [0, 31]; s = d * sc, o = dmin * m
   static constexpr Form kForm = Form::MulSub;
   STRATA_SIMD static __m256i q(const BlockQ5_K& b, int j) {
     const Q4_KSub s = q4_k_sub(j);
-    const __m256i lo =
-        _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)), _mm256_set1_epi8(0xF));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)),
+                                        _mm256_set1_epi8(0xF));
     return _mm256_or_si256(lo, _mm256_slli_epi16(bit_of_bytes(b.qh, j), 4));
   }
   STRATA_SIMD static Bytes32 at(const uint8_t* blk, int j) {
@@ -267,8 +267,8 @@ struct Q3_KBytes {  // q in [-4, 3]; s = d * sc per half
   static constexpr Form kForm = Form::Mul;
   STRATA_SIMD static __m256i q(const BlockQ3_K& b, int j) {
     const Q3_KSub s = q3_k_sub(j);
-    const __m256i lo =
-        _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)), _mm256_set1_epi8(3));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)),
+                                        _mm256_set1_epi8(3));
     const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(bit_of_bytes(b.hmask, j), 2));
     return _mm256_sub_epi8(q, _mm256_set1_epi8(kQ3_KBias));
   }
@@ -307,10 +307,11 @@ struct IQ3_XXSBytes {
   static constexpr Form kForm = Form::Mul;
   STRATA_SIMD static __m256i q(const BlockIQ3_XXS& b, int j) {
     const uint8_t* i = b.qs + 8 * j;
-    const __m256i mag = _mm256_setr_epi32(
-        static_cast<int>(kIq3xxsGrid[i[0]]), static_cast<int>(kIq3xxsGrid[i[1]]), static_cast<int>(kIq3xxsGrid[i[2]]),
-        static_cast<int>(kIq3xxsGrid[i[3]]), static_cast<int>(kIq3xxsGrid[i[4]]), static_cast<int>(kIq3xxsGrid[i[5]]),
-        static_cast<int>(kIq3xxsGrid[i[6]]), static_cast<int>(kIq3xxsGrid[i[7]]));
+    const __m256i mag =
+        _mm256_setr_epi32(static_cast<int>(kIq3xxsGrid[i[0]]), static_cast<int>(kIq3xxsGrid[i[1]]),
+                          static_cast<int>(kIq3xxsGrid[i[2]]), static_cast<int>(kIq3xxsGrid[i[3]]),
+                          static_cast<int>(kIq3xxsGrid[i[4]]), static_cast<int>(kIq3xxsGrid[i[5]]),
+                          static_cast<int>(kIq3xxsGrid[i[6]]), static_cast<int>(kIq3xxsGrid[i[7]]));
     const uint32_t w = iq3_xxs_word(b, j);
     const auto sg = [&](int k) { return grid_ll(kIq2xsSignBytes[(w >> (7 * k)) & 127]); };
     return _mm256_sign_epi8(mag, _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0)));
@@ -354,14 +355,17 @@ struct IQ2_SBytes {
   STRATA_SIMD static Bytes32 at(const uint8_t* blk, int j) {
     const BlockIQ2_S& b = *reinterpret_cast<const BlockIQ2_S*>(blk);
     const float d = h2f(b.d);
-    return {q(b, j), iq2_xs_group_scale(d, iq2_s_scale(b, 2 * j)), iq2_xs_group_scale(d, iq2_s_scale(b, 2 * j + 1))};
+    return {q(b, j), iq2_xs_group_scale(d, iq2_s_scale(b, 2 * j)),
+            iq2_xs_group_scale(d, iq2_s_scale(b, 2 * j + 1))};
   }
 };
 // 8 g + delta byte by byte, g in {-1, 0, 1} from four grid entries, delta +-1 per 8 elements.
 STRATA_SIMD inline __m256i iq1_bytes(const int index[4], const int delta[4]) {
   const auto g = [&](int k) { return grid_ll(kIq1sGrid[index[k]]); };
   const __m256i g8 = _mm256_sign_epi8(_mm256_set1_epi8(8), _mm256_set_epi64x(g(3), g(2), g(1), g(0)));
-  const auto dl = [&](int k) { return grid_ll(static_cast<uint64_t>(static_cast<uint8_t>(delta[k])) * 0x0101010101010101ull); };
+  const auto dl = [&](int k) {
+    return grid_ll(static_cast<uint64_t>(static_cast<uint8_t>(delta[k])) * 0x0101010101010101ull);
+  };
   return _mm256_add_epi8(g8, _mm256_set_epi64x(dl(3), dl(2), dl(1), dl(0)));
 }
 struct IQ1_SBytes {

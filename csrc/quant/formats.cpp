@@ -122,7 +122,8 @@ inline void block_q5_0(const BlockQ5_0& b, float* y) {
 }
 inline void block_q5_1(const BlockQ5_1& b, float* y) {
   const float d = fp16_to_f32(b.d), m = fp16_to_f32(b.m);
-  for (int l = 0; l < kQK4; ++l) y[l] = d * static_cast<float>(nibble_q(b.qs, l) | (q5_high(b.qh, l) << 4)) + m;
+  for (int l = 0; l < kQK4; ++l)
+    y[l] = d * static_cast<float>(nibble_q(b.qs, l) | (q5_high(b.qh, l) << 4)) + m;
 }
 inline void block_iq4_nl(const BlockIQ4_NL& b, float* y) {
   const float d = fp16_to_f32(b.d);
@@ -159,7 +160,8 @@ inline void block_iq4_xs(const BlockIQ4_XS& b, float* y) {
   const float d = fp16_to_f32(b.d);
   for (int j = 0; j < 8; ++j) {
     const float dl = d * static_cast<float>(iq4_xs_scale(b, j));
-    for (int l = 0; l < 32; ++l) y[j * 32 + l] = dl * static_cast<float>(iq4_nl_value(nibble_q(b.qs + 16 * j, l)));
+    for (int l = 0; l < 32; ++l)
+      y[j * 32 + l] = dl * static_cast<float>(iq4_nl_value(nibble_q(b.qs + 16 * j, l)));
   }
 }
 
@@ -169,7 +171,8 @@ inline void block_iq3_xxs(const BlockIQ3_XXS& b, float* y) {
   for (int j = 0; j < 8; ++j) {
     const float db = d * (0.5f + static_cast<float>(iq3_xxs_scale(b, j))) * 0.5f;
     for (int l = 0; l < 32; ++l)
-      y[32 * j + l] = db * static_cast<float>(iq3_xxs_magnitude(b, j, l)) * kPlusMinus[iq3_xxs_negative(b, j, l)];
+      y[32 * j + l] =
+          db * static_cast<float>(iq3_xxs_magnitude(b, j, l)) * kPlusMinus[iq3_xxs_negative(b, j, l)];
   }
 }
 
@@ -179,7 +182,8 @@ inline void block_iq3_s(const BlockIQ3_S& b, float* y) {
   for (int j = 0; j < 8; ++j) {
     const float db = d * static_cast<float>(1 + 2 * iq3_s_scale(b, j));
     for (int l = 0; l < 32; ++l)
-      y[32 * j + l] = db * static_cast<float>(iq3_s_magnitude(b, j, l)) * kPlusMinus[bit_sign(b.signs, 32 * j + l)];
+      y[32 * j + l] =
+          db * static_cast<float>(iq3_s_magnitude(b, j, l)) * kPlusMinus[bit_sign(b.signs, 32 * j + l)];
   }
 }
 
@@ -205,7 +209,8 @@ inline void block_iq1_m(const BlockIQ1_M& b, float* y) {
   const float d = fp16_to_f32(iq1_m_d(b));
   for (int g = 0; g < 16; ++g) {
     const float dl = d * static_cast<float>(2 * iq1_m_scale(b, g) + 1);
-    for (int n = 16 * g; n < 16 * g + 16; ++n) y[n] = dl * (static_cast<float>(iq1_m_value8(b, n)) * kIq1Delta);
+    for (int n = 16 * g; n < 16 * g + 16; ++n)
+      y[n] = dl * (static_cast<float>(iq1_m_value8(b, n)) * kIq1Delta);
   }
 }
 
@@ -229,7 +234,9 @@ void row_q4_0(const void* src, float* dst, int64_t n) { blocks<BlockQ4_0, kQK4, 
 void row_q4_1(const void* src, float* dst, int64_t n) { blocks<BlockQ4_1, kQK4, block_q4_1>(src, dst, n); }
 void row_q5_0(const void* src, float* dst, int64_t n) { blocks<BlockQ5_0, kQK4, block_q5_0>(src, dst, n); }
 void row_q5_1(const void* src, float* dst, int64_t n) { blocks<BlockQ5_1, kQK4, block_q5_1>(src, dst, n); }
-void row_iq4_nl(const void* src, float* dst, int64_t n) { blocks<BlockIQ4_NL, kQK4, block_iq4_nl>(src, dst, n); }
+void row_iq4_nl(const void* src, float* dst, int64_t n) {
+  blocks<BlockIQ4_NL, kQK4, block_iq4_nl>(src, dst, n);
+}
 void row_mxfp4(const void* src, float* dst, int64_t n) { blocks<BlockMXFP4, kQK4, block_mxfp4>(src, dst, n); }
 void row_q5_k(const void* src, float* dst, int64_t n) { blocks<BlockQ5_K, kQK_K, block_q5_k>(src, dst, n); }
 void row_q3_k(const void* src, float* dst, int64_t n) { blocks<BlockQ3_K, kQK_K, block_q3_k>(src, dst, n); }
@@ -241,7 +248,9 @@ STRATA_ROW_FN(iq2_s, BlockIQ2_S)
 STRATA_ROW_FN(iq1_s, BlockIQ1_S)
 STRATA_ROW_FN(iq1_m, BlockIQ1_M)
 #undef STRATA_ROW_FN
-void row_iq4_xs(const void* src, float* dst, int64_t n) { blocks<BlockIQ4_XS, kQK_K, block_iq4_xs>(src, dst, n); }
+void row_iq4_xs(const void* src, float* dst, int64_t n) {
+  blocks<BlockIQ4_XS, kQK_K, block_iq4_xs>(src, dst, n);
+}
 
 // The AVX2 rows store decode_avx2.h's vectors: the same float32 operations in the same order as
 // the block functions above (tests check them bit for bit against each other).
@@ -274,8 +283,16 @@ constexpr QuantTraits kTraits[] = {
     {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, row_iq2_xxs, false, nullptr,
      mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs)},
 #define STRATA_ROW(T, name, B, D) \
-  {QType::T, #T, B, sizeof(Block##T), row_##name, SIMD(row_##name, D), false, AVX2(gemv_##name), \
-   mmq_##name##_scalar, AVX2(mmq_##name)}
+  {QType::T,                      \
+   #T,                            \
+   B,                             \
+   sizeof(Block##T),              \
+   row_##name,                    \
+   SIMD(row_##name, D),           \
+   false,                         \
+   AVX2(gemv_##name),             \
+   mmq_##name##_scalar,           \
+   AVX2(mmq_##name)}
     STRATA_ROW(Q5_K, q5_k, kQK_K, DecQ5_K),
     STRATA_ROW(Q3_K, q3_k, kQK_K, DecQ3_K),
     STRATA_ROW(IQ4_XS, iq4_xs, kQK_K, DecIQ4_XS),

@@ -9,9 +9,9 @@
 
 #include "core/half.h"
 #include "core/host_device.h"
-#include "quant/iq2xs_grid.h"
 #include "quant/iq1s_grid.h"
 #include "quant/iq2s_grid.h"
+#include "quant/iq2xs_grid.h"
 #include "quant/iq2xxs_grid.h"
 #include "quant/iq3s_grid.h"
 #include "quant/iq3xxs_grid.h"
@@ -219,8 +219,8 @@ STRATA_HD constexpr int iq2_xxs_scale(uint32_t sign_word) { return static_cast<i
 
 // ---- The 32-element formats. Element l of a block is nibble l / 16 of qs[l % 16]; Q5_0 and Q5_1 add
 // bit l of the little-endian word qh as its fifth bit. Q4_0: x = d * (q - 8); Q4_1: x = (d * q) + m;
-// Q5_0: x = d * (q - 16); Q5_1: x = (d * q) + m; IQ4_NL: x = d * kIq4nlValues[q]; MXFP4: x = e * kMxfp4Values[q]
-// with e an E8M0 power of two (halved: the values are doubled e2m1). ----
+// Q5_0: x = d * (q - 16); Q5_1: x = (d * q) + m; IQ4_NL: x = d * kIq4nlValues[q]; MXFP4: x = e *
+// kMxfp4Values[q] with e an E8M0 power of two (halved: the values are doubled e2m1). ----
 
 constexpr int64_t kQK4 = 32;  // elements per block of the 32-element formats
 
@@ -280,9 +280,9 @@ static_assert(iq4_nl_value(0) == -127 && iq4_nl_value(1) == -104 && iq4_nl_value
               iq4_nl_value(15) == 113);
 static_assert(mxfp4_value(0) == 0 && mxfp4_value(1) == 1 && mxfp4_value(2) == 2 && mxfp4_value(3) == 3 &&
               mxfp4_value(4) == 4 && mxfp4_value(5) == 6 && mxfp4_value(6) == 8 && mxfp4_value(7) == 12 &&
-              mxfp4_value(8) == 0 && mxfp4_value(9) == -1 && mxfp4_value(10) == -2 &&
-              mxfp4_value(11) == -3 && mxfp4_value(12) == -4 && mxfp4_value(13) == -6 &&
-              mxfp4_value(14) == -8 && mxfp4_value(15) == -12);
+              mxfp4_value(8) == 0 && mxfp4_value(9) == -1 && mxfp4_value(10) == -2 && mxfp4_value(11) == -3 &&
+              mxfp4_value(12) == -4 && mxfp4_value(13) == -6 && mxfp4_value(14) == -8 &&
+              mxfp4_value(15) == -12);
 // ggml_e8m0_to_fp32_half: 2^(e - 128) as float bits, subnormal for e < 2.
 STRATA_HD constexpr uint32_t e8m0_half_bits(uint32_t e) { return e < 2 ? 0x00200000u << e : (e - 1) << 23; }
 
@@ -365,7 +365,9 @@ STRATA_HD constexpr uint32_t iq3_xxs_word(const BlockIQ3_XXS& b, int j) {
   return static_cast<uint32_t>(b.sas[4 * j]) | (static_cast<uint32_t>(b.sas[4 * j + 1]) << 8) |
          (static_cast<uint32_t>(b.sas[4 * j + 2]) << 16) | (static_cast<uint32_t>(b.sas[4 * j + 3]) << 24);
 }
-STRATA_HD constexpr int iq3_xxs_scale(const BlockIQ3_XXS& b, int j) { return static_cast<int>(iq3_xxs_word(b, j) >> 28); }
+STRATA_HD constexpr int iq3_xxs_scale(const BlockIQ3_XXS& b, int j) {
+  return static_cast<int>(iq3_xxs_word(b, j) >> 28);
+}
 constexpr int iq3_xxs_magnitude(const BlockIQ3_XXS& b, int j, int l) {
   return static_cast<int>((kIq3xxsGrid[b.qs[8 * j + l / 4]] >> (8 * (l % 4))) & 0xFF);
 }
@@ -384,7 +386,9 @@ struct BlockIQ3_S {
   uint8_t scales[kQK_K / 64];
 };
 static_assert(sizeof(BlockIQ3_S) == 110);
-STRATA_HD constexpr int iq3_s_scale(const BlockIQ3_S& b, int j) { return (b.scales[j / 2] >> (4 * (j % 2))) & 0xF; }
+STRATA_HD constexpr int iq3_s_scale(const BlockIQ3_S& b, int j) {
+  return (b.scales[j / 2] >> (4 * (j % 2))) & 0xF;
+}
 constexpr int iq3_s_magnitude(const BlockIQ3_S& b, int j, int l) {
   const int i = 8 * j + l / 4;
   const int index = b.qs[i] | (((b.qh[i / 8] >> (i % 8)) & 1) << 8);
@@ -403,7 +407,9 @@ struct BlockIQ2_S {
   uint8_t scales[kQK_K / 32];
 };
 static_assert(sizeof(BlockIQ2_S) == 82);
-STRATA_HD constexpr int iq2_s_scale(const BlockIQ2_S& b, int g) { return (b.scales[g / 2] >> (4 * (g % 2))) & 0xF; }
+STRATA_HD constexpr int iq2_s_scale(const BlockIQ2_S& b, int g) {
+  return (b.scales[g / 2] >> (4 * (g % 2))) & 0xF;
+}
 constexpr int iq2_s_magnitude(const BlockIQ2_S& b, int n) {
   const int i = n / 8;
   const int index = b.qs[i] | (((b.qh[i / 4] >> (2 * (i % 4))) & 3) << 8);
@@ -449,7 +455,9 @@ STRATA_HD constexpr uint16_t iq1_m_d(const BlockIQ1_M& b) {
   return static_cast<uint16_t>((iq1_m_word(b, 0) >> 12) | ((iq1_m_word(b, 1) >> 8) & 0xF0) |
                                ((iq1_m_word(b, 2) >> 4) & 0xF00) | (iq1_m_word(b, 3) & 0xF000));
 }
-STRATA_HD constexpr int iq1_m_scale(const BlockIQ1_M& b, int g) { return (iq1_m_word(b, g / 4) >> (3 * (g % 4))) & 7; }
+STRATA_HD constexpr int iq1_m_scale(const BlockIQ1_M& b, int g) {
+  return (iq1_m_word(b, g / 4) >> (3 * (g % 4))) & 7;
+}
 constexpr int iq1_m_value8(const BlockIQ1_M& b, int n) {
   const int i = n / 8, nib = (b.qh[i / 2] >> (4 * (i % 2))) & 0xF;
   return 8 * iq1_grid_value(b.qs[i] | ((nib & 7) << 8), n % 8) + ((nib & 8) ? -1 : 1);

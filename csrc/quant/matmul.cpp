@@ -258,7 +258,7 @@ void gemv_q6_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const 
 void gemv_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const float* x, float* y) {
   gemv<DecIQ2_XS>(W, rb, rows, cols, x, y);
 }
-#define STRATA_GEMV(name, D)                                                                               \
+#define STRATA_GEMV(name, D)                                                                                \
   void gemv_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const float* x, float* y) { \
     gemv<D>(W, rb, rows, cols, x, y);                                                                       \
   }

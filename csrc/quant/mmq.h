@@ -81,7 +81,8 @@ struct XInfo {
 };
 
 // Per-thread scratch for XInfo; grows to the largest call and is reused.
-STRATA_SIMD inline XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb, bool interleave = false) {
+STRATA_SIMD inline XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb,
+                                bool interleave = false) {
   thread_local std::vector<float> dx;
   thread_local std::vector<int32_t> sum, hsum;
   thread_local std::vector<int8_t> xt;
@@ -301,7 +302,8 @@ struct KBytes {
     if constexpr (FQ::kMin != 0) {
       const __m256 m = row_lanes_ps<MR, NT>([&](int r) { return p[r].m; });
       if constexpr (FQ::kMin > 0) return _mm256_fmadd_ps(_mm256_mul_ps(m, dx), _mm256_cvtepi32_ps(xsum), acc);
-      const __m256i mj = row_lanes_epi32<MR, NT>([&](int r) { return static_cast<int32_t>(FQ::min(p[r], j)); });
+      const __m256i mj =
+          row_lanes_epi32<MR, NT>([&](int r) { return static_cast<int32_t>(FQ::min(p[r], j)); });
       const __m256 mdx = _mm256_xor_ps(_mm256_mul_ps(m, dx), _mm256_set1_ps(-0.0f));
       return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(mj, xsum)), acc);
     }
@@ -319,8 +321,8 @@ struct IlBytes {
     }
   }
   template <int MR, int NV>
-  STRATA_SIMD static void dots(const typename FQ::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
-                               const __m256i*, __m256i* isum) {
+  STRATA_SIMD static void dots(const typename FQ::Pre* p, int j, const uint8_t* const* a,
+                               const int8_t* const* xv, const __m256i*, __m256i* isum) {
     __m256i sc[MR][2];
     for (int r = 0; r < MR; ++r) {
       int s[2];
@@ -336,7 +338,8 @@ struct IlBytes {
         const __m256i w = bcast4(a[r] + 4 * k), aw = _mm256_abs_epi8(w);
         for (int v = 0; v < NV; ++v)
           isum[r * NV + v] = _mm256_add_epi32(
-              isum[r * NV + v], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w)), sc[r][k / 4]));
+              isum[r * NV + v],
+              _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w)), sc[r][k / 4]));
       }
     }
   }
@@ -356,7 +359,6 @@ void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const ui
   else
     rows_groups<K, IL, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }
-
 
 #endif  // __x86_64__
 

@@ -64,21 +64,23 @@ void mmq_iq4_xs_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, con
 
 // The grid i-quants: per 32-block the signed values' sums (per half where the scale is), times the
 // integer scales, then one fma with the block's float scale.
-#define STRATA_IQ_SCALAR(name, B, D, EXPR)                                                                 \
-  void mmq_##name##_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq,        \
-                           int64_t xrb, int64_t T, float* Y, int64_t ldy) {                               \
-    for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,                                                    \
-                [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {                   \
-                  const B& blk = reinterpret_cast<const B*>(w)[b / kBlocksK];                              \
-                  const int j = static_cast<int>(b % kBlocksK);                                           \
-                  int32_t half[2] = {0, 0};                                                               \
-                  for (int l = 0; l < kQK8_0; ++l) half[l / 16] += (EXPR) * x[l];                         \
-                  int sc[2];                                                                              \
-                  scales_##name(blk, j, sc);                                                              \
-                  return std::fma((D) * dx, static_cast<float>(sc[0] * half[0] + sc[1] * half[1]), acc);   \
-                });                                                                                       \
+#define STRATA_IQ_SCALAR(name, B, D, EXPR)                                                               \
+  void mmq_##name##_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq,      \
+                           int64_t xrb, int64_t T, float* Y, int64_t ldy) {                              \
+    for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,                                                   \
+                [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {                  \
+                  const B& blk = reinterpret_cast<const B*>(w)[b / kBlocksK];                            \
+                  const int j = static_cast<int>(b % kBlocksK);                                          \
+                  int32_t half[2] = {0, 0};                                                              \
+                  for (int l = 0; l < kQK8_0; ++l) half[l / 16] += (EXPR) * x[l];                        \
+                  int sc[2];                                                                             \
+                  scales_##name(blk, j, sc);                                                             \
+                  return std::fma((D) * dx, static_cast<float>(sc[0] * half[0] + sc[1] * half[1]), acc); \
+                });                                                                                      \
   }
-inline void scales_iq3_xxs(const BlockIQ3_XXS& b, int j, int sc[2]) { sc[0] = sc[1] = 2 * iq3_xxs_scale(b, j) + 1; }
+inline void scales_iq3_xxs(const BlockIQ3_XXS& b, int j, int sc[2]) {
+  sc[0] = sc[1] = 2 * iq3_xxs_scale(b, j) + 1;
+}
 inline void scales_iq3_s(const BlockIQ3_S& b, int j, int sc[2]) { sc[0] = sc[1] = 1 + 2 * iq3_s_scale(b, j); }
 inline void scales_iq2_s(const BlockIQ2_S& b, int j, int sc[2]) {
   sc[0] = 2 * iq2_s_scale(b, 2 * j) + 1;
@@ -94,7 +96,8 @@ STRATA_IQ_SCALAR(iq3_xxs, BlockIQ3_XXS, fp16_to_f32(blk.d) * 0.25f,
 STRATA_IQ_SCALAR(iq3_s, BlockIQ3_S, fp16_to_f32(blk.d),
                  bit_sign(blk.signs, 32 * j + l) ? -iq3_s_magnitude(blk, j, l) : iq3_s_magnitude(blk, j, l))
 STRATA_IQ_SCALAR(iq2_s, BlockIQ2_S, fp16_to_f32(blk.d) * 0.125f,
-                 bit_sign(blk.signs, 32 * j + l) ? -iq2_s_magnitude(blk, 32 * j + l) : iq2_s_magnitude(blk, 32 * j + l))
+                 bit_sign(blk.signs, 32 * j + l) ? -iq2_s_magnitude(blk, 32 * j + l)
+                                                 : iq2_s_magnitude(blk, 32 * j + l))
 STRATA_IQ_SCALAR(iq1_s, BlockIQ1_S, fp16_to_f32(blk.d) * 0.125f, iq1_s_value8(blk, j, l))
 STRATA_IQ_SCALAR(iq1_m, BlockIQ1_M, fp16_to_f32(iq1_m_d(blk)) * 0.125f, iq1_m_value8(blk, 32 * j + l))
 #undef STRATA_IQ_SCALAR
@@ -314,10 +317,10 @@ void mmq_iq4_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
                      int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KBytes<KIQ4>, IlBytes<KIQ4>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
-#define STRATA_GRID_AVX2(name)                                                                              \
-  void mmq_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb, \
-                         int64_t T, float* Y, int64_t ldy) {                                                  \
-    mmq_avx2<KBytes<KG_##name>, IlBytes<KG_##name>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);                   \
+#define STRATA_GRID_AVX2(name)                                                                    \
+  void mmq_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, \
+                         int64_t xrb, int64_t T, float* Y, int64_t ldy) {                         \
+    mmq_avx2<KBytes<KG_##name>, IlBytes<KG_##name>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);       \
   }
 STRATA_GRID_AVX2(iq3_xxs)
 STRATA_GRID_AVX2(iq3_s)

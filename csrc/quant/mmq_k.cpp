@@ -83,7 +83,8 @@ void mmq_q3_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const
                 const int j = static_cast<int>(b % kBlocksK);
                 int32_t half[2] = {0, 0};
                 for (int l = 0; l < kQK8_0; ++l) half[l / 16] += q3_k_q(blk, j, l) * x[l];
-                const int s = q3_k_scale(blk.scales, 2 * j) * half[0] + q3_k_scale(blk.scales, 2 * j + 1) * half[1];
+                const int s =
+                    q3_k_scale(blk.scales, 2 * j) * half[0] + q3_k_scale(blk.scales, 2 * j + 1) * half[1];
                 return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
               });
 }

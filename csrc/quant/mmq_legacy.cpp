@@ -34,19 +34,18 @@ inline float legacy_min_block(float acc, float d, float m, float dx, const int8_
   return std::fma(m * dx, static_cast<float>(sx), acc);
 }
 
-#define STRATA_LEGACY_SCALAR(name, B, EXPR)                                                              \
-  void mmq_##name##_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq,        \
-                           int64_t xrb, int64_t T, float* Y, int64_t ldy) {                               \
-    for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,                                                    \
-                [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {                   \
-                  const B& blk = reinterpret_cast<const B*>(w)[b];                                        \
-                  return EXPR;                                                                            \
-                });                                                                                       \
+#define STRATA_LEGACY_SCALAR(name, B, EXPR)                                                         \
+  void mmq_##name##_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, \
+                           int64_t xrb, int64_t T, float* Y, int64_t ldy) {                         \
+    for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,                                              \
+                [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {             \
+                  const B& blk = reinterpret_cast<const B*>(w)[b];                                  \
+                  return EXPR;                                                                      \
+                });                                                                                 \
   }
 STRATA_LEGACY_SCALAR(q4_0, BlockQ4_0,
-                     legacy_block(acc, fp16_to_f32(blk.d), dx, x, blk, [](const BlockQ4_0& q, int l) {
-                       return nibble_q(q.qs, l) - kQ4_0Bias;
-                     }))
+                     legacy_block(acc, fp16_to_f32(blk.d), dx, x, blk,
+                                  [](const BlockQ4_0& q, int l) { return nibble_q(q.qs, l) - kQ4_0Bias; }))
 STRATA_LEGACY_SCALAR(q5_0, BlockQ5_0,
                      legacy_block(acc, fp16_to_f32(blk.d), dx, x, blk, [](const BlockQ5_0& q, int l) {
                        return (nibble_q(q.qs, l) | (q5_high(q.qh, l) << 4)) - kQ5_0Bias;
@@ -136,10 +135,10 @@ struct Legacy {
 
 }  // namespace
 
-#define STRATA_LEGACY_AVX2(name, F, MIN) \
-  void mmq_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb, \
-                         int64_t T, float* Y, int64_t ldy) {                                                  \
-    mmq_avx2<KBytes<Legacy<F, MIN>>, IlBytes<Legacy<F, MIN>>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);         \
+#define STRATA_LEGACY_AVX2(name, F, MIN)                                                              \
+  void mmq_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq,     \
+                         int64_t xrb, int64_t T, float* Y, int64_t ldy) {                             \
+    mmq_avx2<KBytes<Legacy<F, MIN>>, IlBytes<Legacy<F, MIN>>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy); \
   }
 STRATA_LEGACY_AVX2(q4_0, Q4_0Bytes, 0)
 STRATA_LEGACY_AVX2(q5_0, Q5_0Bytes, 0)

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "quant/unit_decode_32.h"  // its shared helpers (spread4, minus_bias, lookup4, add)
+
 namespace strata::unit {
 
 // gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m, q in [0, 31].
@@ -22,7 +24,8 @@ struct Q5_K {
     ld_words<N>(b + kQs + s.qs + kUnit * h, q);
     ld_words<N>(b + kQh + kUnit * h, hi);
     STRATA_UNROLL
-    for (int i = 0; i < N; ++i) q[i] = ((q[i] >> s.shift) & (kQ4_KMask * kOnes)) | (((hi[i] >> j) & kOnes) << 4);
+    for (int i = 0; i < N; ++i)
+      q[i] = ((q[i] >> s.shift) & (kQ4_KMask * kOnes)) | (((hi[i] >> j) & kOnes) << 4);
   }
   STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
     const int j = u / 2;
@@ -123,7 +126,9 @@ struct IQ4_XS {
   static constexpr QType kType = QType::IQ4_XS;
   static constexpr int kBlock = kQK_K, kBytes = sizeof(BlockIQ4_XS);
   static constexpr int kD = offsetof(BlockIQ4_XS, d), kQs = offsetof(BlockIQ4_XS, qs);
-  STRATA_HD static int scale(const uint8_t* b, int j) { return iq4_xs_scale(*reinterpret_cast<const BlockIQ4_XS*>(b), j); }
+  STRATA_HD static int scale(const uint8_t* b, int j) {
+    return iq4_xs_scale(*reinterpret_cast<const BlockIQ4_XS*>(b), j);
+  }
   // Half h of 32-block j's codes, four to a word.
   STRATA_HD static void codes(const uint8_t* b, int j, int h, uint32_t q[4]) {
     ld_words<4>(b + kQs + 16 * j, q);

@@ -21,7 +21,8 @@ template <int N>
 STRATA_HD inline void ld_words_any(const uint8_t* p, uint32_t w[N]) {
   STRATA_UNROLL
   for (int i = 0; i < N; ++i)
-    w[i] = ld8(p + 4 * i) | (ld8(p + 4 * i + 1) << 8) | (ld8(p + 4 * i + 2) << 16) | (ld8(p + 4 * i + 3) << 24);
+    w[i] =
+        ld8(p + 4 * i) | (ld8(p + 4 * i + 1) << 8) | (ld8(p + 4 * i + 2) << 16) | (ld8(p + 4 * i + 3) << 24);
 }
 // Bits 4k..4k+3 of n spread to bit 0 of bytes 0..3 (the shifted copies do not overlap).
 STRATA_HD inline uint32_t spread4(uint32_t n) { return ((n & 0xF) * 0x00204081u) & kOnes; }
@@ -107,7 +108,8 @@ struct Q4_0 : Legacy32<Q4_0> {
 // gguf: d * (q - 16).
 struct Q5_0 : Legacy32<Q5_0> {
   static constexpr QType kType = QType::Q5_0;
-  static constexpr int kBytes = sizeof(BlockQ5_0), kQs = offsetof(BlockQ5_0, qs), kQh = offsetof(BlockQ5_0, qh);
+  static constexpr int kBytes = sizeof(BlockQ5_0), kQs = offsetof(BlockQ5_0, qs),
+                       kQh = offsetof(BlockQ5_0, qh);
   static constexpr bool kAnyAddress = false, kHasMin = false, kNeedsXSum = false;
   static constexpr int kM = 0, kPairs = 1;
   STRATA_HD static float scale(const uint8_t* b) { return half_float(ld16(b)); }
@@ -161,7 +163,8 @@ struct Codebook32 : Legacy32<Codebook32<B, T, Lo, Hi, E8M0>> {
     Codebook32::codes(b, u, q);
     STRATA_UNROLL
     for (int i = 0; i < 4; ++i) STRATA_UNROLL
-    for (int k = 0; k < 4; ++k) v[4 * i + k] = mul(d, static_cast<float>(codebook(Lo, Hi, (q[i] >> (8 * k)) & 0xF)));
+    for (int k = 0; k < 4; ++k)
+      v[4 * i + k] = mul(d, static_cast<float>(codebook(Lo, Hi, (q[i] >> (8 * k)) & 0xF)));
   }
 };
 using IQ4_NL = Codebook32<BlockIQ4_NL, QType::IQ4_NL, kIq4nlLo, kIq4nlHi, false>;

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "quant/unit_decode_32.h"  // its shared helpers (spread4, minus_bias, lookup4, add)
+
 namespace strata::unit {
 
 // The codebooks where the code runs: the headers on the host, copies in device memory on the GPU (as
@@ -59,10 +61,12 @@ STRATA_HD inline uint32_t iq1_lanes(uint32_t g, int delta) {
   uint32_t r = 0;
   STRATA_UNROLL
   for (int k = 0; k < 4; ++k)
-    r |= static_cast<uint32_t>(static_cast<uint8_t>(8 * static_cast<int8_t>(g >> (8 * k)) + delta)) << (8 * k);
+    r |= static_cast<uint32_t>(static_cast<uint8_t>(8 * static_cast<int8_t>(g >> (8 * k)) + delta))
+         << (8 * k);
   return r;
 }
-// The sixteen values of a unit from four magnitude words and their signs (bit e of `signs`): (db * m) * (+-1).
+// The sixteen values of a unit from four magnitude words and their signs (bit e of `signs`): (db * m) *
+// (+-1).
 STRATA_HD inline void signed_unit(const uint32_t mag[4], uint32_t signs, float db, float v[kUnit]) {
   STRATA_UNROLL
   for (int i = 0; i < 4; ++i) STRATA_UNROLL
@@ -102,7 +106,9 @@ struct IQ3_XXS : GridQ8<false> {
     return ld16(b + kSas + 4 * j) | (ld16(b + kSas + 4 * j + 2) << 16);
   }
   // Signs of elements 8k..8k+7 of block j (bit e: element 8k + e).
-  STRATA_HD static uint32_t signs(uint32_t w, int k) { return iq2_xs_signs(static_cast<int>((w >> (7 * k)) & 127)); }
+  STRATA_HD static uint32_t signs(uint32_t w, int k) {
+    return iq2_xs_signs(static_cast<int>((w >> (7 * k)) & 127));
+  }
   STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
     const int j = u / 2, h = u % 2;
     const uint32_t w = word(b, j);
@@ -118,7 +124,8 @@ struct IQ3_XXS : GridQ8<false> {
     w.k0 = 2 * static_cast<int>(sw >> 28) + 1;
     STRATA_UNROLL
     for (int i = 0; i < 8; ++i)
-      w.q[i] = signed4(iq3xxs_grid(static_cast<int>(ld8(b + kQs + 8 * j + i))), signs(sw, i / 2) >> (4 * (i % 2)));
+      w.q[i] =
+          signed4(iq3xxs_grid(static_cast<int>(ld8(b + kQs + 8 * j + i))), signs(sw, i / 2) >> (4 * (i % 2)));
   }
 };
 
@@ -126,12 +133,15 @@ struct IQ3_XXS : GridQ8<false> {
 struct IQ3_S : GridQ8<false> {
   static constexpr QType kType = QType::IQ3_S;
   static constexpr int kBlock = kQK_K, kBytes = sizeof(BlockIQ3_S);
-  static constexpr int kD = offsetof(BlockIQ3_S, d), kQs = offsetof(BlockIQ3_S, qs), kQh = offsetof(BlockIQ3_S, qh),
-                       kSigns = offsetof(BlockIQ3_S, signs), kScales = offsetof(BlockIQ3_S, scales);
+  static constexpr int kD = offsetof(BlockIQ3_S, d), kQs = offsetof(BlockIQ3_S, qs),
+                       kQh = offsetof(BlockIQ3_S, qh), kSigns = offsetof(BlockIQ3_S, signs),
+                       kScales = offsetof(BlockIQ3_S, scales);
   STRATA_HD static uint32_t magnitudes(const uint8_t* b, int i) {  // grid entry i (0..63)
     return iq3s_grid(static_cast<int>(ld8(b + kQs + i) | (((ld8(b + kQh + i / 8) >> (i % 8)) & 1) << 8)));
   }
-  STRATA_HD static int scale(const uint8_t* b, int j) { return (ld8(b + kScales + j / 2) >> (4 * (j % 2))) & 0xF; }
+  STRATA_HD static int scale(const uint8_t* b, int j) {
+    return (ld8(b + kScales + j / 2) >> (4 * (j % 2))) & 0xF;
+  }
   STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
     const float db = mul(half_float(ld16(b + kD)), static_cast<float>(1 + 2 * scale(b, u / 2)));
     uint32_t mag[4];
@@ -143,7 +153,8 @@ struct IQ3_S : GridQ8<false> {
     w.d = half_float(ld16(b + kD));
     w.k0 = 1 + 2 * scale(b, j);
     STRATA_UNROLL
-    for (int i = 0; i < 8; ++i) w.q[i] = signed4(magnitudes(b, 8 * j + i), sign_nibble(b + kSigns, 32 * j + 4 * i));
+    for (int i = 0; i < 8; ++i)
+      w.q[i] = signed4(magnitudes(b, 8 * j + i), sign_nibble(b + kSigns, 32 * j + 4 * i));
   }
 };
 
@@ -152,17 +163,21 @@ struct IQ3_S : GridQ8<false> {
 struct IQ2_S : GridQ8<true> {
   static constexpr QType kType = QType::IQ2_S;
   static constexpr int kBlock = kQK_K, kBytes = sizeof(BlockIQ2_S);
-  static constexpr int kD = offsetof(BlockIQ2_S, d), kQs = offsetof(BlockIQ2_S, qs), kQh = offsetof(BlockIQ2_S, qh),
-                       kSigns = offsetof(BlockIQ2_S, signs), kScales = offsetof(BlockIQ2_S, scales);
+  static constexpr int kD = offsetof(BlockIQ2_S, d), kQs = offsetof(BlockIQ2_S, qs),
+                       kQh = offsetof(BlockIQ2_S, qh), kSigns = offsetof(BlockIQ2_S, signs),
+                       kScales = offsetof(BlockIQ2_S, scales);
   STRATA_HD static uint64_t magnitudes(const uint8_t* b, int i) {  // grid entry i (0..31)
-    return iq2s_grid(static_cast<int>(ld8(b + kQs + i) | (((ld8(b + kQh + i / 4) >> (2 * (i % 4))) & 3) << 8)));
+    return iq2s_grid(
+        static_cast<int>(ld8(b + kQs + i) | (((ld8(b + kQh + i / 4) >> (2 * (i % 4))) & 3) << 8)));
   }
-  STRATA_HD static int scale(const uint8_t* b, int g) { return (ld8(b + kScales + g / 2) >> (4 * (g % 2))) & 0xF; }
+  STRATA_HD static int scale(const uint8_t* b, int g) {
+    return (ld8(b + kScales + g / 2) >> (4 * (g % 2))) & 0xF;
+  }
   STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
     const float db = iq2_xs_group_scale(half_float(ld16(b + kD)), scale(b, u));
     const uint64_t g0 = magnitudes(b, 2 * u), g1 = magnitudes(b, 2 * u + 1);
-    const uint32_t mag[4] = {static_cast<uint32_t>(g0), static_cast<uint32_t>(g0 >> 32), static_cast<uint32_t>(g1),
-                             static_cast<uint32_t>(g1 >> 32)};
+    const uint32_t mag[4] = {static_cast<uint32_t>(g0), static_cast<uint32_t>(g0 >> 32),
+                             static_cast<uint32_t>(g1), static_cast<uint32_t>(g1 >> 32)};
     signed_unit(mag, ld8(b + kSigns + 2 * u) | (ld8(b + kSigns + 2 * u + 1) << 8), db, v);
   }
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
@@ -209,7 +224,8 @@ struct Iq1 : GridQ8<Halves> {
 struct IQ1_S : Iq1<IQ1_S, false> {
   static constexpr QType kType = QType::IQ1_S;
   static constexpr int kBytes = sizeof(BlockIQ1_S);
-  static constexpr int kD = offsetof(BlockIQ1_S, d), kQs = offsetof(BlockIQ1_S, qs), kQh = offsetof(BlockIQ1_S, qh);
+  static constexpr int kD = offsetof(BlockIQ1_S, d), kQs = offsetof(BlockIQ1_S, qs),
+                       kQh = offsetof(BlockIQ1_S, qh);
   STRATA_HD static float d(const uint8_t* b) { return half_float(ld16(b + kD)); }
   STRATA_HD static uint32_t qh(const uint8_t* b, int j) { return ld16(b + kQh + 2 * j); }
   STRATA_HD static int index(const uint8_t* b, int i) {  // grid entry i (0..31): block i / 4, group i % 4
@@ -229,12 +245,16 @@ struct IQ1_M : Iq1<IQ1_M, true> {
     return half_float((word(b, 0) >> 12) | ((word(b, 1) >> 8) & 0xF0) | ((word(b, 2) >> 4) & 0xF00) |
                       (word(b, 3) & 0xF000));
   }
-  STRATA_HD static uint32_t nibble(const uint8_t* b, int i) { return (ld8(b + kQh + i / 2) >> (4 * (i % 2))) & 0xF; }
+  STRATA_HD static uint32_t nibble(const uint8_t* b, int i) {
+    return (ld8(b + kQh + i / 2) >> (4 * (i % 2))) & 0xF;
+  }
   STRATA_HD static int index(const uint8_t* b, int i) {
     return static_cast<int>(ld8(b + kQs + i) | ((nibble(b, i) & 7) << 8));
   }
   STRATA_HD static bool delta_negative(const uint8_t* b, int i) { return nibble(b, i) & 8; }
-  STRATA_HD static int scale16(const uint8_t* b, int g) { return static_cast<int>((word(b, g / 4) >> (3 * (g % 4))) & 7); }
+  STRATA_HD static int scale16(const uint8_t* b, int g) {
+    return static_cast<int>((word(b, g / 4) >> (3 * (g % 4))) & 7);
+  }
 };
 
 }  // namespace strata::unit

@@ -12,7 +12,6 @@
 #include "backend/backend.h"
 #include "core/half.h"
 #include "quant/iq2xs_grid.h"
-#include "quant/quant.h"
 #include "quant/iq2xxs_grid.h"
 #include "quant/quant.h"
 

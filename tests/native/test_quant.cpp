@@ -19,11 +19,10 @@ using namespace strata;
 
 namespace {
 
-const QType kAll[] = {QType::F32,    QType::F16,  QType::BF16,   QType::Q8_0,  QType::Q4_K,
-                      QType::Q6_K,   QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS, QType::Q5_K,
-                      QType::Q3_K,   QType::IQ4_XS, QType::MXFP4, QType::Q5_0, QType::Q4_0,
-                      QType::Q4_1,   QType::Q5_1,   QType::IQ4_NL, QType::IQ3_XXS, QType::IQ3_S,
-                      QType::IQ2_S,  QType::IQ1_S,  QType::IQ1_M};
+const QType kAll[] = {QType::F32,     QType::F16,   QType::BF16,    QType::Q8_0,  QType::Q4_K, QType::Q6_K,
+                      QType::IQ2_XS,  QType::Q2_K,  QType::IQ2_XXS, QType::Q5_K,  QType::Q3_K, QType::IQ4_XS,
+                      QType::MXFP4,   QType::Q5_0,  QType::Q4_0,    QType::Q4_1,  QType::Q5_1, QType::IQ4_NL,
+                      QType::IQ3_XXS, QType::IQ3_S, QType::IQ2_S,   QType::IQ1_S, QType::IQ1_M};
 
 // Byte offsets of each block's fp16 fields, which random bytes must not turn into inf/nan.
 std::vector<size_t> half_fields(QType t) {
@@ -64,7 +63,8 @@ std::vector<size_t> half_fields(QType t) {
 
 // IQ1_M's fp16 scale lives in the top nibbles of the four 16-bit words at bytes 48-55.
 void set_iq1_m_d(uint8_t* blk, uint16_t h) {
-  for (int w = 0; w < 4; ++w) blk[48 + 2 * w + 1] = static_cast<uint8_t>((blk[48 + 2 * w + 1] & 0x0F) | (((h >> (4 * w)) & 0xF) << 4));
+  for (int w = 0; w < 4; ++w)
+    blk[48 + 2 * w + 1] = static_cast<uint8_t>((blk[48 + 2 * w + 1] & 0x0F) | (((h >> (4 * w)) & 0xF) << 4));
 }
 
 // Random valid weights: random bytes, float fields finite and of moderate magnitude.
@@ -128,11 +128,12 @@ TEST(Quant, UnsupportedTypeNamesItAndTheFix) {
     quant_traits(34, "blk.0.ffn_down_exps.weight");
     FAIL() << "no throw";
   } catch (const UnsupportedError& e) {
-    EXPECT_STREQ(e.what(),
-                 "blk.0.ffn_down_exps.weight: quant type TQ1_0 (34) is not supported by strata; "
-                 "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS, Q5_K, Q3_K, IQ4_XS, MXFP4, "
-                 "Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_S, IQ1_S, IQ1_M. Re-quantize the model with "
-                 "one of them.");
+    EXPECT_STREQ(
+        e.what(),
+        "blk.0.ffn_down_exps.weight: quant type TQ1_0 (34) is not supported by strata; "
+        "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS, Q5_K, Q3_K, IQ4_XS, MXFP4, "
+        "Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_S, IQ1_S, IQ1_M. Re-quantize the model with "
+        "one of them.");
   }
   EXPECT_THROW(quant_traits(99, "x"), UnsupportedError);
 }
@@ -307,10 +308,10 @@ TEST(Quant, MatmulRejectsBadShapes) {
 
 namespace {
 
-const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K,  QType::Q6_K,   QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS,
-                          QType::Q5_K, QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,  QType::Q5_0, QType::Q4_0,
-                          QType::Q4_1, QType::Q5_1,  QType::IQ4_NL, QType::IQ3_XXS, QType::IQ3_S,
-                          QType::IQ2_S, QType::IQ1_S, QType::IQ1_M};
+const QType kQ8Types[] = {QType::Q8_0,    QType::Q4_K,  QType::Q6_K,  QType::IQ2_XS, QType::Q2_K,
+                          QType::IQ2_XXS, QType::Q5_K,  QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,
+                          QType::Q5_0,    QType::Q4_0,  QType::Q4_1,  QType::Q5_1,   QType::IQ4_NL,
+                          QType::IQ3_XXS, QType::IQ3_S, QType::IQ2_S, QType::IQ1_S,  QType::IQ1_M};
 
 // T rows of q8_0 blocks of x (cols wide), xrb bytes apart, and their dequantized values.
 std::vector<uint8_t> quantize_x(const std::vector<float>& x, int64_t T, int64_t cols, int64_t xrb,

@@ -32,8 +32,8 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
   if (t == QType::Q6_K) halves = {208};
   if (t == QType::Q5_K || t == QType::Q4_1 || t == QType::Q5_1) halves = {0, 2};
   if (t == QType::Q3_K) halves = {108};
-  if (t == QType::IQ4_XS || t == QType::Q5_0 || t == QType::Q4_0 || t == QType::IQ4_NL || t == QType::IQ3_XXS ||
-      t == QType::IQ3_S || t == QType::IQ2_S || t == QType::IQ1_S)
+  if (t == QType::IQ4_XS || t == QType::Q5_0 || t == QType::Q4_0 || t == QType::IQ4_NL ||
+      t == QType::IQ3_XXS || t == QType::IQ3_S || t == QType::IQ2_S || t == QType::IQ1_S)
     halves = {0};
   for (size_t off = 0; off < w.size(); off += q.type_size) {
     if (t == QType::F32) {
@@ -50,7 +50,9 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
     if (t == QType::MXFP4) w[off] = static_cast<uint8_t>(116 + rng() % 9);  // E8M0 scale 2^-12 .. 2^-4
     if (t == QType::IQ1_M) {  // the fp16 scale in the top nibbles of the words at bytes 48-55
       const uint16_t h = f32_to_fp16(u(rng) * 0.05f);
-      for (int i = 0; i < 4; ++i) w[off + 49 + 2 * i] = static_cast<uint8_t>((w[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 0xF) << 4));
+      for (int i = 0; i < 4; ++i)
+        w[off + 49 + 2 * i] =
+            static_cast<uint8_t>((w[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 0xF) << 4));
     }
   }
   return w;
@@ -76,8 +78,8 @@ void check_units(int64_t cols, std::mt19937& rng) {
   std::vector<float> want(rows * cols);
   dequantize(F::kType, w.data(), want.data(), rows * cols);
   for (size_t shift : {0, 1, 2, 3, 4, 6}) {
-    if (F::kType == QType::F32 && shift % 4) continue;        // float rows are element-aligned
-    if (F::kType != QType::MXFP4 && shift % 2) continue;      // MXFP4's 17-byte blocks sit at any byte
+    if (F::kType == QType::F32 && shift % 4) continue;    // float rows are element-aligned
+    if (F::kType != QType::MXFP4 && shift % 2) continue;  // MXFP4's 17-byte blocks sit at any byte
     const Shifted s(w, shift);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c0 = 0; c0 + unit::kUnit <= cols; c0 += unit::kUnit) {

@@ -228,7 +228,8 @@ def test_info_lists_each_type_and_unsupported_types_fail_in_one_line(tmp_path):
     text = run("info", path).output
     assert "quant experts" in text and "MXFP4: 4 tensors" in text and "Q5_0: 8 tensors" in text
     for tid, tname in ((35, "TQ2_0"), (140, "type 140")):
-        p = _copy(path, tmp_path / f"t{tid}.gguf", lambda d: _retype(d, b"blk.1.ffn_down_exps.weight", 16, tid))
+        p = _copy(path, tmp_path / f"t{tid}.gguf",
+                  lambda d, tid=tid: _retype(d, b"blk.1.ffn_down_exps.weight", 16, tid))
         with pytest.raises(strata.Error, match=rf"blk.1.ffn_down_exps.weight.*{tname}"):
             strata.Model(p, progress=False)
         r = run("info", p)

@@ -3,9 +3,9 @@ bit, matmul within float32 rounding, and the errors a caller sees."""
 
 import numpy as np
 import pytest
+from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as G
-from gguf import quants as gguf_quants
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
