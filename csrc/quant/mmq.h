@@ -277,9 +277,9 @@ void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
 
 // ---- One K and one Il for the formats whose 32-blocks decode_avx2.h gives as signed bytes (|v| <= 127).
 // FQ gives: Pre (with float d and m) and pre(block); bytes(pre, j); scales(pre, j, sc[2]) (the integer
-// scales of the halves); kMin: 0 none, 1 a min added as m * dx * S(1) (Q4_1, Q5_1), -1 one subtracted as
-// (dmin * dx) * (min(pre, j) * S(1)) (Q5_K). maddubs(|w|, sign(x, w)) keeps each int16 pair sum within
-// 2 * 127 * 127. ----
+// scales of the halves); kUnsigned: the bytes are in [0, 127]; kMin: 0 none, 1 a min added as m * dx * S(1)
+// (Q4_1, Q5_1), -1 one subtracted as (dmin * dx) * (min(pre, j) * S(1)) (Q5_K). maddubs(|w|, sign(x, w))
+// keeps each int16 pair sum within 2 * 127 * 127. ----
 
 template <class FQ>
 struct KBytes {
@@ -291,9 +291,13 @@ struct KBytes {
     const __m256i w = FQ::bytes(p, j);
     int sc[2];
     FQ::scales(p, j, sc);
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sc[1])),
-                                                   _mm_set1_epi16(static_cast<int16_t>(sc[0]))));
+    return _mm256_madd_epi16(products(w, x), _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sc[1])),
+                                                              _mm_set1_epi16(static_cast<int16_t>(sc[0]))));
+  }
+  // Pairwise products of the bytes w and x as int16: unsigned w (FQ::kUnsigned, in [0, 127]) directly.
+  STRATA_SIMD static __m256i products(__m256i w, __m256i x) {
+    if constexpr (FQ::kUnsigned) return _mm256_maddubs_epi16(w, x);
+    return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int j, __m256 dx, __m256i xsum) {
@@ -315,9 +319,9 @@ struct KBytes {
 template <class FQ>
 struct IlBytes {
   STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const typename FQ::Pre p = FQ::pre(w + b / FQ::kSubs * FQ::Bytes::kSize);
-      store32(scr + b * 32, FQ::bytes(p, static_cast<int>(b % FQ::kSubs)));
+    for (int64_t wb = 0; wb < nb / FQ::kSubs; ++wb) {
+      const typename FQ::Pre p = FQ::pre(w + wb * FQ::Bytes::kSize);
+      for (int j = 0; j < FQ::kSubs; ++j) store32(scr + (wb * FQ::kSubs + j) * 32, FQ::bytes(p, j));
     }
   }
   template <int MR, int NV>

@@ -260,6 +260,7 @@ struct IlIQ2_XXS {
 struct KIQ4 {
   using Bytes = IQ4_XSBytes;
   static constexpr int kSubs = kBlocksK, kMin = 0;
+  static constexpr bool kUnsigned = false;
   struct Pre {
     float d, m;
     const BlockIQ4_XS* b;
@@ -278,6 +279,7 @@ template <class B, class By, void (*Scales)(const B&, int, int*), float (*D)(con
 struct KGrid {
   using Bytes = By;
   static constexpr int kSubs = kBlocksK, kMin = 0;
+  static constexpr bool kUnsigned = false;
   struct Pre {
     float d, m;
     const B* b;

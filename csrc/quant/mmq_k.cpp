@@ -229,6 +229,7 @@ struct IlQ6_K {
 struct KQ5 {
   using Bytes = Q5_KBytes;
   static constexpr int kSubs = kBlocksK, kMin = -1;
+  static constexpr bool kUnsigned = true;  // q in [0, 31]
   struct Pre {
     float d, m;
     uint8_t sc[8], mn[8];
@@ -249,6 +250,7 @@ struct KQ5 {
 struct KQ3 {
   using Bytes = Q3_KBytes;
   static constexpr int kSubs = kBlocksK, kMin = 0;
+  static constexpr bool kUnsigned = false;
   struct Pre {
     float d, m;
     int8_t sc[16];

@@ -120,6 +120,7 @@ template <class F, int Min>
 struct Legacy {
   using Bytes = F;
   static constexpr int kSubs = 1, kMin = Min;
+  static constexpr bool kUnsigned = Min > 0;  // Q4_1, Q5_1: q in [0, 31]
   struct Pre {
     float d, m;
     const uint8_t* b;
