@@ -209,6 +209,64 @@ TEST(Quant, DequantIQ2_XS) {
   }
 }
 
+TEST(Quant, DequantMXFP4) {
+  // E8M0 byte e: the block's scale is 2^(e - 127), applied to doubled e2m1 codes as 2^(e - 128).
+  const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int e : {0, 1, 2, 100, 127, 128, 200, 254}) {
+    BlockMXFP4 b{};
+    b.e = static_cast<uint8_t>(e);
+    for (int l = 0; l < 16; ++l) b.qs[l] = static_cast<uint8_t>(l | ((15 - l) << 4));
+    const auto y = dequant(QType::MXFP4, &b, 32);
+    const float d = std::ldexp(1.0f, e - 128);
+    for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], d * kv[l < 16 ? l : 31 - l]) << "e=" << e << " l=" << l;
+  }
+}
+
+TEST(Quant, DequantQ3_K) {
+  // ggml's packing: scale g's low 4 bits in nibble g / 8 of scales[g % 8], its high 2 bits at bits
+  // 2 (g / 4) of scales[8 + g % 4]; element 32 j + l: bits 2 (j % 4) of qs[32 (j / 4) + l], bit j of
+  // hmask[l].
+  BlockQ3_K b{};
+  b.d = f32_to_fp16(0.25f);
+  int sc[16], q[256];
+  for (int g = 0; g < 16; ++g) {
+    sc[g] = (g * 23 + 5) % 64;
+    b.scales[g % 8] |= static_cast<uint8_t>((sc[g] & 0xF) << (4 * (g / 8)));
+    b.scales[8 + g % 4] |= static_cast<uint8_t>((sc[g] >> 4) << (2 * (g / 4)));
+  }
+  for (int i = 0; i < 256; ++i) {
+    q[i] = (i * 7 + 3) % 8 - 4;  // in [-4, 3]
+    const int j = i / 32, l = i % 32, u = q[i] + 4;
+    b.qs[32 * (j / 4) + l] |= static_cast<uint8_t>((u & 3) << (2 * (j % 4)));
+    if (u & 4) b.hmask[l] |= static_cast<uint8_t>(1 << j);
+  }
+  const auto y = dequant(QType::Q3_K, &b, 256);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.25f * (sc[i / 16] - 32) * q[i]) << i;
+}
+
+TEST(Quant, DequantIQ1_M) {
+  // No d field: its fp16 bits are the top nibbles of the four scale words. Scales 2 s + 1 per 16 elements,
+  // delta -1/8 where bit 3 of a grid index's high nibble is set. Grid entry 0 is eight -1s.
+  BlockIQ1_M b{};
+  const uint16_t d = f32_to_fp16(0.5f);
+  for (int w = 0; w < 4; ++w) {
+    const int s0 = w, s1 = 7 - w, s2 = (w + 2) % 8, s3 = (3 * w) % 8;
+    const uint16_t word =
+        static_cast<uint16_t>(s0 | (s1 << 3) | (s2 << 6) | (s3 << 9) | (((d >> (4 * w)) & 0xF) << 12));
+    std::memcpy(b.scales + 2 * w, &word, 2);
+  }
+  for (int i = 0; i < 16; ++i)
+    b.qh[i] = static_cast<uint8_t>(i % 2 ? 0x80 : 0x00);  // odd bytes: second group's delta negative
+  const auto y = dequant(QType::IQ1_M, &b, 256);
+  for (int n = 0; n < 256; ++n) {
+    const int g = n / 16, w = g / 4, f = g % 4;
+    const int s = f == 0 ? w : f == 1 ? 7 - w : f == 2 ? (w + 2) % 8 : (3 * w) % 8;
+    const int i = n / 8;                              // grid index i: qs[i] = 0, entry 0
+    const bool neg = (i / 2) % 2 == 1 && i % 2 == 1;  // qh[i / 2] = 0x80 for odd i / 2: high nibble
+    EXPECT_EQ(y[n], 0.5f * (2 * s + 1) * (-1.0f + (neg ? -0.125f : 0.125f))) << n;
+  }
+}
+
 TEST(Quant, SimdDequantMatchesPortable) {
   std::mt19937 rng(7);
   for (QType t : kAll) {
