@@ -407,6 +407,37 @@ struct IQ1_MBytes {
   }
 };
 
+// The two older types with no decoder of their own above.
+struct Q2_KBytes {  // q in [0, 3]; s = d * sc, o = dmin * m per 16 elements
+  static constexpr int64_t kBlock = kQK_K;
+  static constexpr size_t kSize = sizeof(BlockQ2_K);
+  static constexpr Form kForm = Form::MulSub;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int j) {
+    const BlockQ2_K& b = *reinterpret_cast<const BlockQ2_K*>(blk);
+    const Q2_KSub s = q2_k_sub(j);
+    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)),
+                                       _mm256_set1_epi8(3));
+    const float d = h2f(b.d), dmin = h2f(b.dmin);
+    return {q, d * static_cast<float>(q2_k_scale(b, 2 * j)), d * static_cast<float>(q2_k_scale(b, 2 * j + 1)),
+            dmin * static_cast<float>(q2_k_min(b, 2 * j)), dmin * static_cast<float>(q2_k_min(b, 2 * j + 1))};
+  }
+};
+struct IQ2_XXSBytes {  // signed grid values; s = d * (0.5 + sc) * 0.25
+  static constexpr int64_t kBlock = kQK_K;
+  static constexpr size_t kSize = sizeof(BlockIQ2_XXS);
+  static constexpr Form kForm = Form::Mul;
+  STRATA_SIMD static Bytes32 at(const uint8_t* blk, int j) {
+    const BlockIQ2_XXS& b = *reinterpret_cast<const BlockIQ2_XXS*>(blk);
+    const uint32_t gw = iq2_xxs_word(b, j, 0), sw = iq2_xxs_word(b, j, 1);
+    const auto g = [&](int k) { return grid_ll(kIq2xxsGrid[iq2_xxs_grid_index(gw, k)]); };
+    const auto sg = [&](int k) { return grid_ll(kIq2xsSignBytes[iq2_xxs_sign_index(sw, k)]); };
+    const __m256i v = _mm256_sign_epi8(_mm256_set_epi64x(g(3), g(2), g(1), g(0)),
+                                       _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0)));
+    const float db = iq2_xs_group_scale(h2f(b.d), iq2_xxs_scale(sw));
+    return {v, db, db};
+  }
+};
+
 // The decoder over any of them: parts are the 32-element blocks.
 template <class F>
 struct DecBytes {
@@ -449,6 +480,8 @@ using DecIQ3_S = DecBytes<IQ3_SBytes>;
 using DecIQ2_S = DecBytes<IQ2_SBytes>;
 using DecIQ1_S = DecBytes<IQ1_SBytes>;
 using DecIQ1_M = DecBytes<IQ1_MBytes>;
+using DecQ2_K = DecBytes<Q2_KBytes>;
+using DecIQ2_XXS = DecBytes<IQ2_XXSBytes>;
 
 // dequant_row for AVX2: the decoder's vectors stored in order.
 template <class D>

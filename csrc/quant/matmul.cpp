@@ -276,6 +276,8 @@ STRATA_GEMV(iq3_s, DecIQ3_S)
 STRATA_GEMV(iq2_s, DecIQ2_S)
 STRATA_GEMV(iq1_s, DecIQ1_S)
 STRATA_GEMV(iq1_m, DecIQ1_M)
+STRATA_GEMV(q2_k, DecQ2_K)
+STRATA_GEMV(iq2_xxs, DecIQ2_XXS)
 #undef STRATA_GEMV
 
 }  // namespace quant_detail
