@@ -2,6 +2,7 @@
 // GFLOP/s per quant type, shape and token count; prints a table and writes
 // bench/out/quant_matmul.json (run from the repository root).
 // Usage: strata_bench_quant_matmul [threads=2] [seconds per cell=0.3] [types=all, e.g. Q4_K,Q8_0]
+// (all: every type in the traits table)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -41,7 +42,39 @@ Timing time_it(const std::function<void()>& call, double seconds, int threads) {
   return {el / calls, static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / calls / threads};
 }
 
-// Random weights whose fp16 scale fields are a small positive value (finite results).
+// Byte offsets of a block's fp16 scale fields.
+std::vector<size_t> half_fields(QType t) {
+  switch (t) {
+    case QType::F16:
+    case QType::Q8_0:
+    case QType::IQ2_XS:
+    case QType::IQ2_XXS:
+    case QType::IQ4_XS:
+    case QType::Q5_0:
+    case QType::Q4_0:
+    case QType::IQ4_NL:
+    case QType::IQ3_XXS:
+    case QType::IQ3_S:
+    case QType::IQ2_S:
+    case QType::IQ1_S:
+      return {0};
+    case QType::Q4_K:
+    case QType::Q5_K:
+    case QType::Q4_1:
+    case QType::Q5_1:
+      return {0, 2};
+    case QType::Q2_K:
+      return {80, 82};
+    case QType::Q3_K:
+      return {108};
+    case QType::Q6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+// Random weights whose scale fields are a small positive value (finite results).
 std::vector<uint8_t> weights(QType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   const QuantTraits& q = quant_traits(t);
   std::vector<uint8_t> w(rows * row_bytes(t, cols));
@@ -51,12 +84,17 @@ std::vector<uint8_t> weights(QType t, int64_t rows, int64_t cols, std::mt19937& 
     if (t == QType::F32) {
       const float v = static_cast<float>(rng() % 1000) / 1000.0f;
       std::memcpy(&w[off], &v, 4);
-    } else if (t == QType::F16 || t == QType::Q8_0 || t == QType::Q4_K || t == QType::IQ2_XS) {
-      std::memcpy(&w[off], &h, 2);
-      if (t == QType::Q4_K) std::memcpy(&w[off + 2], &h, 2);
-    } else if (t == QType::Q6_K) {
-      std::memcpy(&w[off + q.type_size - 2], &h, 2);
+    } else if (t == QType::BF16) {
+      const uint16_t b =
+          static_cast<uint16_t>(bits_from_f32(static_cast<float>(rng() % 1000) / 1000.0f) >> 16);
+      std::memcpy(&w[off], &b, 2);
     }
+    for (size_t f : half_fields(t)) std::memcpy(&w[off + f], &h, 2);
+    if (t == QType::MXFP4) w[off] = 121;  // 2^-7
+    if (t == QType::IQ1_M)                // the fp16 scale in the top nibbles of the words at 48-55
+      for (int i = 0; i < 4; ++i)
+        w[off + 49 + 2 * i] =
+            static_cast<uint8_t>((w[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 0xF) << 4));
   }
   return w;
 }
@@ -77,8 +115,11 @@ int main(int argc, char** argv) {
               "GFLOP/s", "GFLOP/s cpu");
   std::string json = "[";
   const int64_t shapes[][2] = {{2048, 768}, {768, 2048}};
-  for (QType t : {QType::F32, QType::F16, QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS}) {
-    const QuantTraits& q = quant_traits(t);
+  for (uint32_t id = 0; id < 64; ++id) {  // every type strata computes with, in ggml id order
+    const QuantTraits* qp = find_quant(id);
+    if (!qp) continue;
+    const QuantTraits& q = *qp;
+    const QType t = q.type;
     if (!only.empty() && ("," + only + ",").find(str(",", q.name, ",")) == std::string::npos) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];
@@ -102,10 +143,11 @@ int main(int argc, char** argv) {
           std::printf("%-8s %5lld %5lld %4lld %-6s %10.1f %9.2f %11.2f\n", q.name, (long long)rows,
                       (long long)cols, (long long)T, path, tm.per * 1e6, flop / tm.per * 1e-9,
                       flop / tm.cpu_per * 1e-9);
-          json += str(json.size() > 1 ? "," : "", "\n {\"type\": \"", q.name, "\", \"path\": \"", path,
-                      "\", \"T\": ", T, ", \"rows\": ", rows, ", \"cols\": ", cols, ", \"threads\": ", threads,
-                      ", \"us_per_call\": ", tm.per * 1e6, ", \"gflops\": ", flop / tm.per * 1e-9,
-                      ", \"gflops_cpu\": ", flop / tm.cpu_per * 1e-9, "}");
+          json +=
+              str(json.size() > 1 ? "," : "", "\n {\"type\": \"", q.name, "\", \"path\": \"", path,
+                  "\", \"T\": ", T, ", \"rows\": ", rows, ", \"cols\": ", cols, ", \"threads\": ", threads,
+                  ", \"us_per_call\": ", tm.per * 1e6, ", \"gflops\": ", flop / tm.per * 1e-9,
+                  ", \"gflops_cpu\": ", flop / tm.cpu_per * 1e-9, "}");
         }
       }
     }

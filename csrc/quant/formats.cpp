@@ -105,6 +105,115 @@ inline void block_iq2_xxs(const BlockIQ2_XXS& b, float* y) {
   }
 }
 
+// gguf: d * (q - 8) (Q4_0), d * (q - 16) (Q5_0), (d * q) + m (Q4_1, Q5_1), d * value (IQ4_NL),
+// e * value (MXFP4), each one float32 operation per step.
+inline void block_q4_0(const BlockQ4_0& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int l = 0; l < kQK4; ++l) y[l] = d * static_cast<float>(nibble_q(b.qs, l) - kQ4_0Bias);
+}
+inline void block_q4_1(const BlockQ4_1& b, float* y) {
+  const float d = fp16_to_f32(b.d), m = fp16_to_f32(b.m);
+  for (int l = 0; l < kQK4; ++l) y[l] = d * static_cast<float>(nibble_q(b.qs, l)) + m;
+}
+inline void block_q5_0(const BlockQ5_0& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int l = 0; l < kQK4; ++l)
+    y[l] = d * static_cast<float>((nibble_q(b.qs, l) | (q5_high(b.qh, l) << 4)) - kQ5_0Bias);
+}
+inline void block_q5_1(const BlockQ5_1& b, float* y) {
+  const float d = fp16_to_f32(b.d), m = fp16_to_f32(b.m);
+  for (int l = 0; l < kQK4; ++l)
+    y[l] = d * static_cast<float>(nibble_q(b.qs, l) | (q5_high(b.qh, l) << 4)) + m;
+}
+inline void block_iq4_nl(const BlockIQ4_NL& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int l = 0; l < kQK4; ++l) y[l] = d * static_cast<float>(iq4_nl_value(nibble_q(b.qs, l)));
+}
+inline void block_mxfp4(const BlockMXFP4& b, float* y) {
+  const float d = f32_from_bits(e8m0_half_bits(b.e));
+  for (int l = 0; l < kQK4; ++l) y[l] = d * static_cast<float>(mxfp4_value(nibble_q(b.qs, l)));
+}
+
+// gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m, as Q4_K.
+inline void block_q5_k(const BlockQ5_K& b, float* y) {
+  const float d = fp16_to_f32(b.d), dmin = fp16_to_f32(b.dmin);
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    q4_k_scale_min(b.scales, j, sc, m);
+    const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) y[j * 32 + l] = ds * static_cast<float>(q5_k_q(b, j, l)) - dm;
+  }
+}
+
+// gguf: d * (sc - 32) rounded to float32 per 16 elements, then times q in [-4, 3].
+inline void block_q3_k(const BlockQ3_K& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const float dl = d * static_cast<float>(q3_k_scale(b.scales, 2 * j + h));
+      for (int l = 16 * h; l < 16 * h + 16; ++l) y[j * 32 + l] = dl * static_cast<float>(q3_k_q(b, j, l));
+    }
+}
+
+// gguf: d * (sc - 32) rounded to float32 per 32 elements, then times the codebook value.
+inline void block_iq4_xs(const BlockIQ4_XS& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const float dl = d * static_cast<float>(iq4_xs_scale(b, j));
+    for (int l = 0; l < 32; ++l)
+      y[j * 32 + l] = dl * static_cast<float>(iq4_nl_value(nibble_q(b.qs + 16 * j, l)));
+  }
+}
+
+// gguf: db = d * (0.5 + s) * 0.5 per 32 elements, then (db * magnitude) * (+-1).
+inline void block_iq3_xxs(const BlockIQ3_XXS& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const float db = d * (0.5f + static_cast<float>(iq3_xxs_scale(b, j))) * 0.5f;
+    for (int l = 0; l < 32; ++l)
+      y[32 * j + l] =
+          db * static_cast<float>(iq3_xxs_magnitude(b, j, l)) * kPlusMinus[iq3_xxs_negative(b, j, l)];
+  }
+}
+
+// gguf: db = d * (1 + 2 s) per 32 elements, then (db * magnitude) * (+-1).
+inline void block_iq3_s(const BlockIQ3_S& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const float db = d * static_cast<float>(1 + 2 * iq3_s_scale(b, j));
+    for (int l = 0; l < 32; ++l)
+      y[32 * j + l] =
+          db * static_cast<float>(iq3_s_magnitude(b, j, l)) * kPlusMinus[bit_sign(b.signs, 32 * j + l)];
+  }
+}
+
+// gguf: db = d * (0.5 + s) * 0.25 per 16 elements, then (db * magnitude) * (+-1).
+inline void block_iq2_s(const BlockIQ2_S& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int g = 0; g < 16; ++g) {
+    const float db = iq2_xs_group_scale(d, iq2_s_scale(b, g));
+    for (int n = 16 * g; n < 16 * g + 16; ++n)
+      y[n] = db * static_cast<float>(iq2_s_magnitude(b, n)) * kPlusMinus[bit_sign(b.signs, n)];
+  }
+}
+
+// gguf: dl = d * (2 s + 1), then dl * (g + delta); g + delta = v8 / 8 exactly.
+inline void block_iq1_s(const BlockIQ1_S& b, float* y) {
+  const float d = fp16_to_f32(b.d);
+  for (int j = 0; j < 8; ++j) {
+    const float dl = d * static_cast<float>(2 * iq1_s_scale(b, j) + 1);
+    for (int l = 0; l < 32; ++l) y[32 * j + l] = dl * (static_cast<float>(iq1_s_value8(b, j, l)) * kIq1Delta);
+  }
+}
+inline void block_iq1_m(const BlockIQ1_M& b, float* y) {
+  const float d = fp16_to_f32(iq1_m_d(b));
+  for (int g = 0; g < 16; ++g) {
+    const float dl = d * static_cast<float>(2 * iq1_m_scale(b, g) + 1);
+    for (int n = 16 * g; n < 16 * g + 16; ++n)
+      y[n] = dl * (static_cast<float>(iq1_m_value8(b, n)) * kIq1Delta);
+  }
+}
+
 inline void block_f16(const uint16_t& h, float* y) { *y = fp16_to_f32(h); }
 inline void block_bf16(const uint16_t& h, float* y) { *y = bf16_to_f32(h); }
 
@@ -120,6 +229,27 @@ void row_iq2_xxs(const void* src, float* dst, int64_t n) {
 }
 void row_iq2_xs(const void* src, float* dst, int64_t n) {
   blocks<BlockIQ2_XS, kQK_K, block_iq2_xs>(src, dst, n);
+}
+void row_q4_0(const void* src, float* dst, int64_t n) { blocks<BlockQ4_0, kQK4, block_q4_0>(src, dst, n); }
+void row_q4_1(const void* src, float* dst, int64_t n) { blocks<BlockQ4_1, kQK4, block_q4_1>(src, dst, n); }
+void row_q5_0(const void* src, float* dst, int64_t n) { blocks<BlockQ5_0, kQK4, block_q5_0>(src, dst, n); }
+void row_q5_1(const void* src, float* dst, int64_t n) { blocks<BlockQ5_1, kQK4, block_q5_1>(src, dst, n); }
+void row_iq4_nl(const void* src, float* dst, int64_t n) {
+  blocks<BlockIQ4_NL, kQK4, block_iq4_nl>(src, dst, n);
+}
+void row_mxfp4(const void* src, float* dst, int64_t n) { blocks<BlockMXFP4, kQK4, block_mxfp4>(src, dst, n); }
+void row_q5_k(const void* src, float* dst, int64_t n) { blocks<BlockQ5_K, kQK_K, block_q5_k>(src, dst, n); }
+void row_q3_k(const void* src, float* dst, int64_t n) { blocks<BlockQ3_K, kQK_K, block_q3_k>(src, dst, n); }
+#define STRATA_ROW_FN(name, B) \
+  void row_##name(const void* src, float* dst, int64_t n) { blocks<B, kQK_K, block_##name>(src, dst, n); }
+STRATA_ROW_FN(iq3_xxs, BlockIQ3_XXS)
+STRATA_ROW_FN(iq3_s, BlockIQ3_S)
+STRATA_ROW_FN(iq2_s, BlockIQ2_S)
+STRATA_ROW_FN(iq1_s, BlockIQ1_S)
+STRATA_ROW_FN(iq1_m, BlockIQ1_M)
+#undef STRATA_ROW_FN
+void row_iq4_xs(const void* src, float* dst, int64_t n) {
+  blocks<BlockIQ4_XS, kQK_K, block_iq4_xs>(src, dst, n);
 }
 
 // The AVX2 rows store decode_avx2.h's vectors: the same float32 operations in the same order as
@@ -147,11 +277,37 @@ constexpr QuantTraits kTraits[] = {
      mmq_q6_k_scalar, AVX2(mmq_q6_k)},
     {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs, DecIQ2_XS), false,
      AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs)},
-    // No AVX2 decoders yet (the portable rows fill both slots); Q2_K has no AVX2 integer kernel yet.
-    {QType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), row_q2_k, row_q2_k, false, nullptr, mmq_q2_k_scalar,
-     mmq_q2_k_scalar},
-    {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, row_iq2_xxs, false, nullptr,
-     mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs)},
+    // Q2_K has no AVX2 integer kernel yet (its scalar one fills both slots).
+    {QType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), row_q2_k, SIMD(row_q2_k, DecQ2_K), false, AVX2(gemv_q2_k),
+     mmq_q2_k_scalar, mmq_q2_k_scalar},
+    {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, SIMD(row_iq2_xxs, DecIQ2_XXS),
+     false, AVX2(gemv_iq2_xxs), mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs)},
+#define STRATA_ROW(T, name, B, D) \
+  {QType::T,                      \
+   #T,                            \
+   B,                             \
+   sizeof(Block##T),              \
+   row_##name,                    \
+   SIMD(row_##name, D),           \
+   false,                         \
+   AVX2(gemv_##name),             \
+   mmq_##name##_scalar,           \
+   AVX2(mmq_##name)}
+    STRATA_ROW(Q5_K, q5_k, kQK_K, DecQ5_K),
+    STRATA_ROW(Q3_K, q3_k, kQK_K, DecQ3_K),
+    STRATA_ROW(IQ4_XS, iq4_xs, kQK_K, DecIQ4_XS),
+    STRATA_ROW(MXFP4, mxfp4, kQK4, DecMXFP4),
+    STRATA_ROW(Q5_0, q5_0, kQK4, DecQ5_0),
+    STRATA_ROW(Q4_0, q4_0, kQK4, DecQ4_0),
+    STRATA_ROW(Q4_1, q4_1, kQK4, DecQ4_1),
+    STRATA_ROW(Q5_1, q5_1, kQK4, DecQ5_1),
+    STRATA_ROW(IQ4_NL, iq4_nl, kQK4, DecIQ4_NL),
+    STRATA_ROW(IQ3_XXS, iq3_xxs, kQK_K, DecIQ3_XXS),
+    STRATA_ROW(IQ3_S, iq3_s, kQK_K, DecIQ3_S),
+    STRATA_ROW(IQ2_S, iq2_s, kQK_K, DecIQ2_S),
+    STRATA_ROW(IQ1_S, iq1_s, kQK_K, DecIQ1_S),
+    STRATA_ROW(IQ1_M, iq1_m, kQK_K, DecIQ1_M),
+#undef STRATA_ROW
 };
 #undef SIMD
 #undef AVX2

@@ -1,5 +1,5 @@
 // The CPU kernels that the traits table (formats.cpp) points at, by format: matmul's AVX2 T = 1
-// kernels (matmul.cpp) and matmul_q8's integer kernels (matmul_q8.cpp).
+// kernels (matmul.cpp) and matmul_q8's integer kernels (mmq_legacy.cpp, mmq_k.cpp, mmq_iq.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +8,11 @@
 
 namespace strata::quant_detail {
 
-#define STRATA_QUANT_KERNELS(X) X(q8_0) X(q4_k) X(q6_k) X(iq2_xs)
+#define STRATA_QUANT_KERNELS(X)                                                                             \
+  X(q8_0)                                                                                                   \
+  X(q4_0)                                                                                                   \
+  X(q4_1) X(q5_0) X(q5_1) X(iq4_nl) X(mxfp4) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq2_xs) X(iq4_xs) X(iq3_xxs) \
+      X(iq3_s) X(iq2_s) X(iq1_s) X(iq1_m)
 #define STRATA_DECLARE(name)                                                                                \
   void gemv_##name##_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);                     \
   void mmq_##name##_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, \
@@ -17,8 +21,10 @@ namespace strata::quant_detail {
                          int64_t);
 STRATA_QUANT_KERNELS(STRATA_DECLARE)
 #undef STRATA_DECLARE
-// Integer kernels of types with no AVX2 decoder: IQ2_XXS has an AVX2 integer kernel; Q2_K not yet (the
+// Q2_K and IQ2_XXS: AVX2 decoders (matmul.cpp); IQ2_XXS has an AVX2 integer kernel, Q2_K not yet (the
 // table holds its scalar kernel in both slots).
+void gemv_q2_k_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);
+void gemv_iq2_xxs_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);
 void mmq_q2_k_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,
                      int64_t);
 void mmq_iq2_xxs_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,

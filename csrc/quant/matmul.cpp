@@ -258,6 +258,27 @@ void gemv_q6_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const 
 void gemv_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const float* x, float* y) {
   gemv<DecIQ2_XS>(W, rb, rows, cols, x, y);
 }
+#define STRATA_GEMV(name, D)                                                                                \
+  void gemv_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const float* x, float* y) { \
+    gemv<D>(W, rb, rows, cols, x, y);                                                                       \
+  }
+STRATA_GEMV(q4_0, DecQ4_0)
+STRATA_GEMV(q4_1, DecQ4_1)
+STRATA_GEMV(q5_0, DecQ5_0)
+STRATA_GEMV(q5_1, DecQ5_1)
+STRATA_GEMV(iq4_nl, DecIQ4_NL)
+STRATA_GEMV(mxfp4, DecMXFP4)
+STRATA_GEMV(q3_k, DecQ3_K)
+STRATA_GEMV(q5_k, DecQ5_K)
+STRATA_GEMV(iq4_xs, DecIQ4_XS)
+STRATA_GEMV(iq3_xxs, DecIQ3_XXS)
+STRATA_GEMV(iq3_s, DecIQ3_S)
+STRATA_GEMV(iq2_s, DecIQ2_S)
+STRATA_GEMV(iq1_s, DecIQ1_S)
+STRATA_GEMV(iq1_m, DecIQ1_M)
+STRATA_GEMV(q2_k, DecQ2_K)
+STRATA_GEMV(iq2_xxs, DecIQ2_XXS)
+#undef STRATA_GEMV
 
 }  // namespace quant_detail
 #endif

@@ -14,13 +14,27 @@ namespace strata {
 enum class QType : uint32_t {
   F32 = 0,
   F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
   Q8_0 = 8,
   Q2_K = 10,
+  Q3_K = 11,
   Q4_K = 12,
+  Q5_K = 13,
   Q6_K = 14,
   IQ2_XXS = 16,
   IQ2_XS = 17,
-  BF16 = 30
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
+  IQ1_M = 29,
+  BF16 = 30,
+  MXFP4 = 39
 };
 
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
@@ -89,12 +103,24 @@ void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const f
 // scale, dx = d_x and S(v) = sum of v[i] * x_q[i] over the block (or its 16-element halves):
 //   Q8_0:   a = fma(d * dx, (float)S(w_q), a)
 //   Q4_K:   a = fma(d * dx, (float)(sc * S(q4)), a); a = fma(-(dmin * dx), (float)(m * S(1)), a)
+//   Q5_K:   a = fma(d * dx, (float)(sc * S(q5)), a); a = fma(-(dmin * dx), (float)(m * S(1)), a)
+//   Q3_K:   a = fma(d * dx, (float)(sc_lo * S_lo(q3) + sc_hi * S_hi(q3)), a)
+//   Q4_0, Q5_0, IQ4_NL: a = fma(d * dx, (float)S(v), a)   (v = q - 8, q - 16, the codebook value)
+//   MXFP4:  a = fma(e * dx, (float)S(v), a)   (e the block's halved E8M0 scale, v the doubled e2m1 value)
+//   Q4_1, Q5_1: a = fma(d * dx, (float)S(q), a); a = fma(m * dx, (float)S(1), a)
+//   IQ4_XS: a = fma(d * dx, (float)(sc * S(v)), a)
+//   IQ3_XXS: a = fma((d * 0.25f) * dx, (float)((2 s + 1) S(g)), a)
+//   IQ3_S:  a = fma(d * dx, (float)((2 s + 1) S(g)), a)
+//   IQ2_S:  a = fma((d * 0.125f) * dx, (float)((2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g)), a)
+//   IQ1_S:  a = fma((d * 0.125f) * dx, (float)((2 s + 1) S(v8)), a)   (v8 = 8 (g + delta), in [-9, 9])
+//   IQ1_M:  a = fma((d * 0.125f) * dx, (float)((2 s_lo + 1) S_lo(v8) + (2 s_hi + 1) S_hi(v8)), a)
 //   Q6_K:   a = fma(d * dx, (float)(sc_lo * S_lo(q6 - 32) + sc_hi * S_hi(q6 - 32)), a)
 //   IQ2_XS: a = fma((d * dx) * 0.125f, (float)((2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g)), a)
 //   IQ2_XXS: a = fma((d * dx) * 0.125f, (float)((2 s + 1) S(g)), a)
 //   Q2_K:   a = fma(d * dx, (float)(sc_lo S_lo(q2) + sc_hi S_hi(q2)), a);
 //           a = fma(-(dmin * dx), (float)(m_lo S_lo(1) + m_hi S_hi(1)), a)
-// (sc, m: the 32-block's 6-bit scale and min; sc_lo/hi: the int8 scales of its halves; g: grid
+// (sc, m: the 32-block's 6-bit scale and min (IQ4_XS: its scale minus 32); sc_lo/hi: the int8 scales of
+// its halves (Q3_K: the 6-bit scales minus 32); g: grid
 // magnitude times sign; s_lo/hi, s: 4-bit scales; Q2_K: the 4-bit scales and mins of its halves).
 // So results do not depend on T, the thread count, the rows subset or the CPU.
 bool has_matmul_q8(QType t);

@@ -216,7 +216,8 @@ struct Q8Act {
   int sum;
 };
 
-// ---- the formats. Each has kType, kBlock (elements per block), kBytes (bytes per block) and
+// ---- the formats (more in unit_decode_32.h and unit_decode_256.h). Each has kType, kBlock (elements per
+// block), kBytes (bytes per block) and
 //   decode(b, u, v): v[i] = element kUnit * u + i of the block at b (u < kBlock / kUnit), the value
 //     dequant_row gives; for the float types (kBlock 1) b is the unit's first element and u is 0.
 // The formats with an integer kernel (uses_matmul_q8) add kPairs, kNeedsXSum and
@@ -590,3 +591,8 @@ STRATA_HD inline float q8_act(const uint8_t* p, Q8Act& x) {
 }
 
 }  // namespace strata::unit
+
+// The formats added since, one header per family (they use the reads and steps above).
+#include "quant/unit_decode_256.h"
+#include "quant/unit_decode_32.h"
+#include "quant/unit_decode_grid.h"

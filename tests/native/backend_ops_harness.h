@@ -83,6 +83,13 @@ std::vector<BackendFactory> backends_under_test() {
 const int64_t kTs[] = {1, 3, 8, 9, 257};
 const QType kAllTypes[] = {QType::F32,  QType::F16,    QType::BF16, QType::Q8_0,   QType::Q4_K,
                            QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
+// The matmul ops cover every type; embed and dequant_rows the ones above (the CUDA backend's element
+// decoders, csrc/backend/cuda/dequant.cuh, have the rest still to come).
+const QType kMatmulTypes[] = {QType::F32,   QType::F16,    QType::BF16,   QType::Q8_0,    QType::Q4_K,
+                              QType::Q6_K,  QType::IQ2_XS, QType::Q2_K,   QType::IQ2_XXS, QType::Q5_K,
+                              QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,  QType::Q5_0,    QType::Q4_0,
+                              QType::Q4_1,  QType::Q5_1,   QType::IQ4_NL, QType::IQ3_XXS, QType::IQ3_S,
+                              QType::IQ2_S, QType::IQ1_S,  QType::IQ1_M};
 
 // A row of type t: whole blocks, not a power of two (and for float types not a multiple of 8).
 int64_t cols_of(QType t) {
@@ -158,10 +165,14 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
   for (auto& b : w) b = (uint8_t)rng();
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<size_t> halves;  // byte offsets of a block's fp16 fields
-  if (t == QType::F16 || t == QType::Q8_0 || t == QType::IQ2_XS || t == QType::IQ2_XXS) halves = {0};
+  if (t == QType::F16 || t == QType::Q8_0 || t == QType::IQ2_XS || t == QType::IQ2_XXS ||
+      t == QType::IQ4_XS || t == QType::Q5_0 || t == QType::Q4_0 || t == QType::IQ4_NL ||
+      t == QType::IQ3_XXS || t == QType::IQ3_S || t == QType::IQ2_S || t == QType::IQ1_S)
+    halves = {0};
   if (t == QType::Q2_K) halves = {80, 82};
-  if (t == QType::Q4_K) halves = {0, 2};
+  if (t == QType::Q4_K || t == QType::Q5_K || t == QType::Q4_1 || t == QType::Q5_1) halves = {0, 2};
   if (t == QType::Q6_K) halves = {208};
+  if (t == QType::Q3_K) halves = {108};
   for (size_t off = 0; off < w.size(); off += q.type_size) {
     if (t == QType::F32) {
       const float v = u(rng);
@@ -173,6 +184,12 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
     for (size_t f : halves) {
       const uint16_t h = f32_to_fp16(u(rng) * (t == QType::F16 ? 1.0f : 0.05f));
       std::memcpy(&w[off + f], &h, 2);
+    }
+    if (t == QType::MXFP4) w[off] = (uint8_t)(116 + rng() % 9);  // E8M0 scale 2^-12 .. 2^-4
+    if (t == QType::IQ1_M) {  // the fp16 scale in the top nibbles of the words at bytes 48-55
+      const uint16_t h = f32_to_fp16(u(rng) * 0.05f);
+      for (int i = 0; i < 4; ++i)
+        w[off + 49 + 2 * i] = (uint8_t)((w[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 0xF) << 4));
     }
   }
   return w;

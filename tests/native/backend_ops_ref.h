@@ -148,6 +148,23 @@ inline IntBlock int_block(QType t, const uint8_t* row, int64_t b) {
 // W[r, :] . Xq[t, :] with q8_0 activations, from the integer sums.
 inline Val dot_q8(QType t, const uint8_t* wrow, const uint8_t* xrow, int64_t cols) {
   Val out;
+  if (t != QType::Q8_0 && t != QType::Q4_K && t != QType::Q6_K && t != QType::IQ2_XS && t != QType::Q2_K &&
+      t != QType::IQ2_XXS) {
+    // The types with no hand-written block above: the weights as dequantize gives them (bit-identical
+    // to gguf.quants.dequantize, tests/python/test_quant.py), times the q8_0 activations, in double.
+    std::vector<float> w(cols);
+    dequantize(t, wrow, w.data(), cols);
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      const double dx = half_at(xrow + b * 34);
+      const int8_t* xq = reinterpret_cast<const int8_t*>(xrow + b * 34 + 2);
+      for (int i = 0; i < 32; ++i) {
+        const double p = (double)w[b * 32 + i] * dx * xq[i];
+        out.v += p;
+        out.mag += std::fabs(p);
+      }
+    }
+    return out;
+  }
   for (int64_t b = 0; b < cols / 32; ++b) {
     const IntBlock w = int_block(t, wrow, b);
     const double dx = half_at(xrow + b * 34);

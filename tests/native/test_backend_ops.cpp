@@ -180,7 +180,7 @@ TEST_P(Op, QuantizeQ8_0) {
 TEST_P(Op, MatmulQ8) {
   std::mt19937 rng(6);
   ThreadPool pool(1);
-  for (QType t : kAllTypes) {
+  for (QType t : kMatmulTypes) {
     if (!uses_matmul_q8((uint32_t)t)) continue;
     for (const bool long_rows : {false, true}) {
       const int64_t cols = long_rows ? long_cols_of(t) : cols_of(t);
@@ -223,7 +223,7 @@ TEST_P(Op, MatmulQ8) {
 
 TEST_P(Op, Matmul) {
   std::mt19937 rng(7);
-  for (QType t : kAllTypes) {
+  for (QType t : kMatmulTypes) {
     for (const bool long_rows : {false, true}) {
       const int64_t cols = long_rows ? long_cols_of(t) : cols_of(t);
       const size_t rb = row_bytes(t, cols);
@@ -618,7 +618,7 @@ TEST_P(Op, MatmulRowsIndependentOfTokenCount) {
   const int64_t rows = 37, T = 40;
   for (Phase ph : {Phase::Prompt, Phase::Decode}) {
     be().set_phase(ph);
-    for (QType t : kAllTypes) {
+    for (QType t : kMatmulTypes) {
       const int64_t cols = cols_of(t), ldx = (cols + 3) / 4 * 4;
       const auto W = random_weights(t, rows, cols, rng);
       const auto x = randf(rng, T * ldx, -2.f, 2.f);
@@ -650,7 +650,7 @@ TEST_P(Op, MatmulExpertsMatchesPerExpertMatmul) {
   std::vector<int32_t> order(n);
   for (int32_t i = 0; i < n; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
-  for (QType t : kAllTypes) {
+  for (QType t : kMatmulTypes) {
     for (const bool slotted : {false, true}) {
       const int64_t rows = 37, cols = cols_of(t);
       const size_t mb = rows * row_bytes(t, cols);

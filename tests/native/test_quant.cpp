@@ -19,8 +19,10 @@ using namespace strata;
 
 namespace {
 
-const QType kAll[] = {QType::F32,  QType::F16,    QType::BF16, QType::Q8_0,   QType::Q4_K,
-                      QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
+const QType kAll[] = {QType::F32,     QType::F16,   QType::BF16,    QType::Q8_0,  QType::Q4_K, QType::Q6_K,
+                      QType::IQ2_XS,  QType::Q2_K,  QType::IQ2_XXS, QType::Q5_K,  QType::Q3_K, QType::IQ4_XS,
+                      QType::MXFP4,   QType::Q5_0,  QType::Q4_0,    QType::Q4_1,  QType::Q5_1, QType::IQ4_NL,
+                      QType::IQ3_XXS, QType::IQ3_S, QType::IQ2_S,   QType::IQ1_S, QType::IQ1_M};
 
 // Byte offsets of each block's fp16 fields, which random bytes must not turn into inf/nan.
 std::vector<size_t> half_fields(QType t) {
@@ -39,9 +41,30 @@ std::vector<size_t> half_fields(QType t) {
       return {0};
     case QType::Q2_K:
       return {80, 82};
+    case QType::Q5_K:
+    case QType::Q4_1:
+    case QType::Q5_1:
+      return {0, 2};
+    case QType::Q3_K:
+      return {108};
+    case QType::IQ4_XS:
+    case QType::Q5_0:
+    case QType::Q4_0:
+    case QType::IQ4_NL:
+    case QType::IQ3_XXS:
+    case QType::IQ3_S:
+    case QType::IQ2_S:
+    case QType::IQ1_S:
+      return {0};
     default:
       return {};
   }
+}
+
+// IQ1_M's fp16 scale lives in the top nibbles of the four 16-bit words at bytes 48-55.
+void set_iq1_m_d(uint8_t* blk, uint16_t h) {
+  for (int w = 0; w < 4; ++w)
+    blk[48 + 2 * w + 1] = static_cast<uint8_t>((blk[48 + 2 * w + 1] & 0x0F) | (((h >> (4 * w)) & 0xF) << 4));
 }
 
 // Random valid weights: random bytes, float fields finite and of moderate magnitude.
@@ -62,6 +85,8 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
       const uint16_t h = f32_to_fp16(u(rng) * 0.05f);
       std::memcpy(&w[off + f], &h, 2);
     }
+    if (t == QType::MXFP4) w[off] = static_cast<uint8_t>(116 + rng() % 9);  // E8M0 scale 2^-12 .. 2^-4
+    if (t == QType::IQ1_M) set_iq1_m_d(&w[off], f32_to_fp16(u(rng) * 0.05f));
   }
   return w;
 }
@@ -95,18 +120,20 @@ TEST(Quant, BlockLayouts) {
   EXPECT_EQ(row_bytes(QType::F16, 5), 10u);
   EXPECT_THROW(row_bytes(QType::Q8_0, 33), ConfigError);
   for (QType t : kAll) EXPECT_EQ(find_quant(static_cast<uint32_t>(t))->type, t);
-  EXPECT_EQ(find_quant(21), nullptr);
+  EXPECT_EQ(find_quant(34), nullptr);  // TQ1_0
 }
 
 TEST(Quant, UnsupportedTypeNamesItAndTheFix) {
   try {
-    quant_traits(21, "blk.0.ffn_down_exps.weight");
+    quant_traits(34, "blk.0.ffn_down_exps.weight");
     FAIL() << "no throw";
   } catch (const UnsupportedError& e) {
-    EXPECT_STREQ(e.what(),
-                 "blk.0.ffn_down_exps.weight: quant type IQ3_S (21) is not supported by strata; "
-                 "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS. Re-quantize the model "
-                 "with one of them.");
+    EXPECT_STREQ(
+        e.what(),
+        "blk.0.ffn_down_exps.weight: quant type TQ1_0 (34) is not supported by strata; "
+        "supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ2_XS, Q2_K, IQ2_XXS, Q5_K, Q3_K, IQ4_XS, MXFP4, "
+        "Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, IQ3_XXS, IQ3_S, IQ2_S, IQ1_S, IQ1_M. Re-quantize the model with "
+        "one of them.");
   }
   EXPECT_THROW(quant_traits(99, "x"), UnsupportedError);
 }
@@ -179,6 +206,64 @@ TEST(Quant, DequantIQ2_XS) {
     const float mag = (qi % 2 == 1 && j == 0) ? 43.0f : 8.0f;
     const bool neg = qi % 4 == 0 && (j == 0 || j == 7);
     EXPECT_EQ(y[i], 2.0f * (0.5f + sc) * 0.25f * mag * (neg ? -1.0f : 1.0f)) << i;
+  }
+}
+
+TEST(Quant, DequantMXFP4) {
+  // E8M0 byte e: the block's scale is 2^(e - 127), applied to doubled e2m1 codes as 2^(e - 128).
+  const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int e : {0, 1, 2, 100, 127, 128, 200, 254}) {
+    BlockMXFP4 b{};
+    b.e = static_cast<uint8_t>(e);
+    for (int l = 0; l < 16; ++l) b.qs[l] = static_cast<uint8_t>(l | ((15 - l) << 4));
+    const auto y = dequant(QType::MXFP4, &b, 32);
+    const float d = std::ldexp(1.0f, e - 128);
+    for (int l = 0; l < 32; ++l) EXPECT_EQ(y[l], d * kv[l < 16 ? l : 31 - l]) << "e=" << e << " l=" << l;
+  }
+}
+
+TEST(Quant, DequantQ3_K) {
+  // ggml's packing: scale g's low 4 bits in nibble g / 8 of scales[g % 8], its high 2 bits at bits
+  // 2 (g / 4) of scales[8 + g % 4]; element 32 j + l: bits 2 (j % 4) of qs[32 (j / 4) + l], bit j of
+  // hmask[l].
+  BlockQ3_K b{};
+  b.d = f32_to_fp16(0.25f);
+  int sc[16], q[256];
+  for (int g = 0; g < 16; ++g) {
+    sc[g] = (g * 23 + 5) % 64;
+    b.scales[g % 8] |= static_cast<uint8_t>((sc[g] & 0xF) << (4 * (g / 8)));
+    b.scales[8 + g % 4] |= static_cast<uint8_t>((sc[g] >> 4) << (2 * (g / 4)));
+  }
+  for (int i = 0; i < 256; ++i) {
+    q[i] = (i * 7 + 3) % 8 - 4;  // in [-4, 3]
+    const int j = i / 32, l = i % 32, u = q[i] + 4;
+    b.qs[32 * (j / 4) + l] |= static_cast<uint8_t>((u & 3) << (2 * (j % 4)));
+    if (u & 4) b.hmask[l] |= static_cast<uint8_t>(1 << j);
+  }
+  const auto y = dequant(QType::Q3_K, &b, 256);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.25f * (sc[i / 16] - 32) * q[i]) << i;
+}
+
+TEST(Quant, DequantIQ1_M) {
+  // No d field: its fp16 bits are the top nibbles of the four scale words. Scales 2 s + 1 per 16 elements,
+  // delta -1/8 where bit 3 of a grid index's high nibble is set. Grid entry 0 is eight -1s.
+  BlockIQ1_M b{};
+  const uint16_t d = f32_to_fp16(0.5f);
+  for (int w = 0; w < 4; ++w) {
+    const int s0 = w, s1 = 7 - w, s2 = (w + 2) % 8, s3 = (3 * w) % 8;
+    const uint16_t word =
+        static_cast<uint16_t>(s0 | (s1 << 3) | (s2 << 6) | (s3 << 9) | (((d >> (4 * w)) & 0xF) << 12));
+    std::memcpy(b.scales + 2 * w, &word, 2);
+  }
+  for (int i = 0; i < 16; ++i)
+    b.qh[i] = static_cast<uint8_t>(i % 2 ? 0x80 : 0x00);  // odd bytes: second group's delta negative
+  const auto y = dequant(QType::IQ1_M, &b, 256);
+  for (int n = 0; n < 256; ++n) {
+    const int g = n / 16, w = g / 4, f = g % 4;
+    const int s = f == 0 ? w : f == 1 ? 7 - w : f == 2 ? (w + 2) % 8 : (3 * w) % 8;
+    const int i = n / 8;                              // grid index i: qs[i] = 0, entry 0
+    const bool neg = (i / 2) % 2 == 1 && i % 2 == 1;  // qh[i / 2] = 0x80 for odd i / 2: high nibble
+    EXPECT_EQ(y[n], 0.5f * (2 * s + 1) * (-1.0f + (neg ? -0.125f : 0.125f))) << n;
   }
 }
 
@@ -281,7 +366,10 @@ TEST(Quant, MatmulRejectsBadShapes) {
 
 namespace {
 
-const QType kQ8Types[] = {QType::Q8_0, QType::Q4_K, QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
+const QType kQ8Types[] = {QType::Q8_0,    QType::Q4_K,  QType::Q6_K,  QType::IQ2_XS, QType::Q2_K,
+                          QType::IQ2_XXS, QType::Q5_K,  QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,
+                          QType::Q5_0,    QType::Q4_0,  QType::Q4_1,  QType::Q5_1,   QType::IQ4_NL,
+                          QType::IQ3_XXS, QType::IQ3_S, QType::IQ2_S, QType::IQ1_S,  QType::IQ1_M};
 
 // T rows of q8_0 blocks of x (cols wide), xrb bytes apart, and their dequantized values.
 std::vector<uint8_t> quantize_x(const std::vector<float>& x, int64_t T, int64_t cols, int64_t xrb,

@@ -30,6 +30,11 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
   if (t == QType::Q2_K) halves = {80, 82};
   if (t == QType::Q4_K) halves = {0, 2};
   if (t == QType::Q6_K) halves = {208};
+  if (t == QType::Q5_K || t == QType::Q4_1 || t == QType::Q5_1) halves = {0, 2};
+  if (t == QType::Q3_K) halves = {108};
+  if (t == QType::IQ4_XS || t == QType::Q5_0 || t == QType::Q4_0 || t == QType::IQ4_NL ||
+      t == QType::IQ3_XXS || t == QType::IQ3_S || t == QType::IQ2_S || t == QType::IQ1_S)
+    halves = {0};
   for (size_t off = 0; off < w.size(); off += q.type_size) {
     if (t == QType::F32) {
       const float v = u(rng);
@@ -41,6 +46,13 @@ std::vector<uint8_t> random_weights(QType t, int64_t rows, int64_t cols, std::mt
     for (size_t f : halves) {
       const uint16_t h = f32_to_fp16(u(rng) * (t == QType::F16 ? 1.0f : 0.05f));
       std::memcpy(&w[off + f], &h, 2);
+    }
+    if (t == QType::MXFP4) w[off] = static_cast<uint8_t>(116 + rng() % 9);  // E8M0 scale 2^-12 .. 2^-4
+    if (t == QType::IQ1_M) {  // the fp16 scale in the top nibbles of the words at bytes 48-55
+      const uint16_t h = f32_to_fp16(u(rng) * 0.05f);
+      for (int i = 0; i < 4; ++i)
+        w[off + 49 + 2 * i] =
+            static_cast<uint8_t>((w[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 0xF) << 4));
     }
   }
   return w;
@@ -65,8 +77,9 @@ void check_units(int64_t cols, std::mt19937& rng) {
   const auto w = random_weights(F::kType, rows, cols, rng);
   std::vector<float> want(rows * cols);
   dequantize(F::kType, w.data(), want.data(), rows * cols);
-  for (size_t shift : {0, 2, 4, 6}) {
-    if (F::kType == QType::F32 && shift % 4) continue;  // float rows are element-aligned
+  for (size_t shift : {0, 1, 2, 3, 4, 6}) {
+    if (F::kType == QType::F32 && shift % 4) continue;    // float rows are element-aligned
+    if (F::kType != QType::MXFP4 && shift % 2) continue;  // MXFP4's 17-byte blocks sit at any byte
     const Shifted s(w, shift);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c0 = 0; c0 + unit::kUnit <= cols; c0 += unit::kUnit) {
@@ -91,6 +104,20 @@ TEST(UnitDecode, UnitsEqualDequantRow) {
   check_units<unit::IQ2_XS>(3 * 256, rng);
   check_units<unit::Q2_K>(3 * 256, rng);
   check_units<unit::IQ2_XXS>(3 * 256, rng);
+  check_units<unit::Q5_K>(3 * 256, rng);
+  check_units<unit::Q3_K>(3 * 256, rng);
+  check_units<unit::IQ4_XS>(3 * 256, rng);
+  check_units<unit::Q4_0>(7 * 32, rng);
+  check_units<unit::Q4_1>(7 * 32, rng);
+  check_units<unit::Q5_0>(7 * 32, rng);
+  check_units<unit::Q5_1>(7 * 32, rng);
+  check_units<unit::IQ4_NL>(7 * 32, rng);
+  check_units<unit::MXFP4>(7 * 32, rng);
+  check_units<unit::IQ3_XXS>(3 * 256, rng);
+  check_units<unit::IQ3_S>(3 * 256, rng);
+  check_units<unit::IQ2_S>(3 * 256, rng);
+  check_units<unit::IQ1_S>(3 * 256, rng);
+  check_units<unit::IQ1_M>(3 * 256, rng);
 }
 
 // Every byte pattern of the Q4_K and Q6_K fields at once: the quants decoded from random bytes above
@@ -120,8 +147,9 @@ void check_q8(int64_t cols, std::mt19937& rng) {
   std::vector<float> want(T * rows);
   ThreadPool pool(1);
   matmul_q8(Isa::Scalar, F::kType, w.data(), rows, cols, xq.data(), xrb, T, want.data(), rows, pool);
-  for (size_t shift : {0, 2}) {
-    const Shifted sw(w, shift), sx(xq, 2 - shift);
+  for (size_t shift : {0, 1, 2}) {
+    if (F::kType != QType::MXFP4 && shift % 2) continue;
+    const Shifted sw(w, shift), sx(xq, shift == 0 ? 2 : 0);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t t = 0; t < T; ++t) {
         float a = 0.0f;
@@ -149,6 +177,20 @@ TEST(UnitDecode, IntegerBlocksRebuildMatmulQ8) {
   check_q8<unit::IQ2_XS>(3 * 256, rng);
   check_q8<unit::Q2_K>(3 * 256, rng);
   check_q8<unit::IQ2_XXS>(3 * 256, rng);
+  check_q8<unit::Q5_K>(3 * 256, rng);
+  check_q8<unit::Q3_K>(3 * 256, rng);
+  check_q8<unit::IQ4_XS>(3 * 256, rng);
+  check_q8<unit::Q4_0>(7 * 32, rng);
+  check_q8<unit::Q4_1>(7 * 32, rng);
+  check_q8<unit::Q5_0>(7 * 32, rng);
+  check_q8<unit::Q5_1>(7 * 32, rng);
+  check_q8<unit::IQ4_NL>(7 * 32, rng);
+  check_q8<unit::MXFP4>(7 * 32, rng);
+  check_q8<unit::IQ3_XXS>(3 * 256, rng);
+  check_q8<unit::IQ3_S>(3 * 256, rng);
+  check_q8<unit::IQ2_S>(3 * 256, rng);
+  check_q8<unit::IQ1_S>(3 * 256, rng);
+  check_q8<unit::IQ1_M>(3 * 256, rng);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from strata.testing import make_qwen3moe
+from strata.testing import QUANT_MIXES, make_qwen3moe
 
 # Not ChatML (strata.chat.DEFAULT_CHAT_TEMPLATE): chat() must render the file's own template. It uses
 # bos_token, so the tokenizer's BOS must reach the template too.
@@ -47,6 +47,31 @@ SHAPES = {
     # head_dim 48 (hidden / heads = 64), top_k 2
     "iq2_xs": dict(hidden=256, heads=4, kv_heads=2, head_dim=48, experts=8, top_k=2, expert_ffn=256,
                    rope_theta=1e5, rms_eps=2e-4),
+    # the real-file mixes (strata.testing.QUANT_MIXES):
+    # head_dim 56 (hidden / heads = 64), top_k 4
+    "ud-q4_k_xl": dict(hidden=256, heads=4, kv_heads=2, head_dim=56, experts=8, top_k=4, expert_ffn=256,
+                       rope_theta=4e4, rms_eps=1.5e-4),
+    # hidden 160 and expert_ffn 96: rows of 32-element blocks only (gpt-oss's 2880 = 90 x 32), top_k 4
+    "gpt-oss": dict(hidden=160, heads=4, kv_heads=2, head_dim=40, experts=8, top_k=4, expert_ffn=96,
+                    rope_theta=1.5e5, rms_eps=6e-5),
+    # 8 heads of 32 (attention Q5_K needs H * head_dim = 256), 10 experts top_k 6
+    "q3_k_m": dict(hidden=256, heads=8, kv_heads=4, head_dim=32, experts=10, top_k=6, expert_ffn=256,
+                   rope_theta=7e4, rms_eps=8e-5),
+    # one kv head, head_dim 40 (IQ4_NL attention output rows of 160), top_k 3
+    "iq4_xs": dict(hidden=256, heads=4, kv_heads=1, head_dim=40, experts=8, top_k=3, expert_ffn=256,
+                   rope_theta=2e5, rms_eps=2.5e-4),
+    # 4 heads of 64, top_k 5
+    "q2_k": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, experts=8, top_k=5, expert_ffn=256,
+                 rope_theta=3e4, rms_eps=7e-5),
+    # 2 heads of 128, one kv head, 16 experts top_k 6
+    "ud-iq1_s": dict(hidden=256, heads=2, kv_heads=1, head_dim=128, experts=16, top_k=6, expert_ffn=256,
+                     rope_theta=6e4, rms_eps=1.2e-4),
+    # 16 heads of 16, 6 experts top_k 2
+    "ud-iq3_xxs": dict(hidden=256, heads=16, kv_heads=4, head_dim=16, experts=6, top_k=2, expert_ffn=256,
+                       rope_theta=9e4, rms_eps=3e-4),
+    # hidden 224, head_dim 56, 6 experts top_k 3: 32-element rows
+    "legacy": dict(hidden=224, heads=4, kv_heads=1, head_dim=56, experts=6, top_k=3, expert_ffn=64,
+                   rope_theta=3e5, rms_eps=1e-4),
 }
 _DENSE_Q8 = {"embed": "Q8_0", "attn": "Q8_0", "output": "Q8_0"}
 MIXES = {
@@ -57,6 +82,14 @@ MIXES = {
     "q4_k": ({**_COMMON, **SHAPES["q4_k"]}, {**_DENSE_Q8, "experts": "Q4_K"}),
     "q6_k": ({**_COMMON, **SHAPES["q6_k"]}, {**_DENSE_Q8, "experts": "Q6_K"}),
     "iq2_xs": ({**_COMMON, **SHAPES["iq2_xs"]}, {**_DENSE_Q8, "experts": "IQ2_XS"}),
+    "ud-q4_k_xl": ({**_COMMON, **SHAPES["ud-q4_k_xl"]}, QUANT_MIXES["UD-Q4_K_XL"]),
+    "gpt-oss": ({**_COMMON, **SHAPES["gpt-oss"]}, QUANT_MIXES["gpt-oss"]),
+    "q3_k_m": ({**_COMMON, **SHAPES["q3_k_m"]}, QUANT_MIXES["Q3_K_M"]),
+    "iq4_xs": ({**_COMMON, **SHAPES["iq4_xs"]}, QUANT_MIXES["IQ4_XS"]),
+    "legacy": ({**_COMMON, **SHAPES["legacy"]}, QUANT_MIXES["legacy"]),
+    "q2_k": ({**_COMMON, **SHAPES["q2_k"]}, QUANT_MIXES["Q2_K"]),
+    "ud-iq1_s": ({**_COMMON, **SHAPES["ud-iq1_s"]}, QUANT_MIXES["UD-IQ1_S"]),
+    "ud-iq3_xxs": ({**_COMMON, **SHAPES["ud-iq3_xxs"]}, QUANT_MIXES["UD-IQ3_XXS"]),
 }
 SEED = 11
 

@@ -200,6 +200,44 @@ def test_unknown_quant_type(f16_model, tmp_path):
         strata.Model(p, progress=False)
 
 
+def _retype(data: bytearray, name: bytes, old: int, new: int) -> None:
+    i = data.find(name) + len(name)
+    n_dims = struct.unpack_from("<I", data, i)[0]
+    at = i + 4 + 8 * n_dims
+    assert struct.unpack_from("<I", data, at)[0] == old
+    struct.pack_into("<I", data, at, new)
+
+
+def test_info_lists_each_type_and_unsupported_types_fail_in_one_line(tmp_path):
+    """`strata info` gives tensors and bytes per (role, type) for a mix of the new types; a tensor of a type
+    strata lacks (TQ2_0, same geometry as IQ2_XXS; an id only ik_llama knows) fails load and info alike
+    with one line naming the type and the tensor."""
+    path = str(tmp_path / "mix.gguf")
+    make_qwen3moe(path, hidden=256, heads=4, kv_heads=2, head_dim=32, experts=4, top_k=2, expert_ffn=256,
+                  quant={"embed": "Q8_0", "attn": "Q5_0", "experts": "MXFP4", "expert_down": "IQ2_XXS",
+                         "output": "Q5_K"})
+    r = run("info", path, "--json")
+    assert r.exit_code == 0, r.output
+    mix = {(q["role"], q["type"]): (q["tensors"], q["bytes"]) for q in json.loads(r.output)["quant_mix"]}
+    experts = 4 * 256 * 256  # elements of one layer's gate, up or down tensor
+    assert mix[("experts", "MXFP4")] == (4, 4 * experts // 32 * 17)
+    assert mix[("experts", "IQ2_XXS")] == (2, 2 * experts // 256 * 66)
+    attn = (128 + 64 + 64) * 256 + 256 * 128  # q, k, v and output of one layer
+    assert mix[("dense", "Q5_0")] == (8, 2 * attn // 32 * 22)
+    assert mix[("dense", "Q5_K")] == (1, 512 * 256 // 256 * 176)
+    text = run("info", path).output
+    assert "quant experts" in text and "MXFP4: 4 tensors" in text and "Q5_0: 8 tensors" in text
+    for tid, tname in ((35, "TQ2_0"), (140, "type 140")):
+        p = _copy(path, tmp_path / f"t{tid}.gguf",
+                  lambda d, tid=tid: _retype(d, b"blk.1.ffn_down_exps.weight", 16, tid))
+        with pytest.raises(strata.Error, match=rf"blk.1.ffn_down_exps.weight.*{tname}"):
+            strata.Model(p, progress=False)
+        r = run("info", p)
+        assert r.exit_code != 0
+        lines = [ln for ln in r.output.strip().splitlines() if ln]
+        assert len(lines) == 1 and "blk.1.ffn_down_exps.weight" in lines[0] and tname in lines[0], r.output
+
+
 def test_cache_too_small_names_the_fix(f16_model):
     """A given --prefill that does not fit names, with units, the cache that fits it and the --prefill
     that fits the cache; each of them loads."""

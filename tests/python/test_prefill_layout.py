@@ -18,10 +18,9 @@ from strata import _core
 
 ALIGN = 256
 DTYPE_BYTES = {"f32": 4, "i32": 4}
-# ggml type ids of the expert quant types strata computes with (f32, f16, q8_0, q2_k, q4_k, q6_k, iq2_xxs,
-# iq2_xs, bf16).
-SUPPORTED_TYPES = [0, 1, 8, 10, 12, 14, 16, 17, 30]
-Q8_TYPES = {8, 10, 12, 14, 16, 17}  # weight types with an integer kernel (uses_matmul_q8)
+# ggml type ids of the expert quant types strata computes with: the full list.
+SUPPORTED_TYPES = sorted(tid for tid, _, _, _ in _core.quant_types())
+Q8_TYPES = {t for t in SUPPORTED_TYPES if _core.has_matmul_q8(t)}  # weight types with an integer kernel
 
 
 def prefill_layout(shape: dict, T: int, src: bool) -> dict:

@@ -3,6 +3,7 @@ bit, matmul within float32 rounding, and the errors a caller sees."""
 
 import numpy as np
 import pytest
+from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as G
 from gguf.quants import dequantize as gguf_dequantize
@@ -13,8 +14,39 @@ from strata import _core
 
 # ggml type -> byte offsets of each block's fp16 fields (kept finite so no inf/nan appears).
 HALF_FIELDS = {G.F16: [0], G.Q8_0: [0], G.Q4_K: [0, 2], G.Q6_K: [208], G.IQ2_XS: [0], G.Q2_K: [80, 82],
-               G.IQ2_XXS: [0]}
-TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS]
+               G.IQ2_XXS: [0], G.Q5_K: [0, 2], G.Q3_K: [108], G.IQ4_XS: [0], G.MXFP4: [], G.Q5_0: [0],
+               G.Q4_0: [0], G.Q4_1: [0, 2], G.Q5_1: [0, 2], G.IQ4_NL: [0], G.IQ3_XXS: [0], G.IQ3_S: [0],
+               G.IQ2_S: [0], G.IQ1_S: [0], G.IQ1_M: []}
+GRID_TYPES = [G.IQ3_XXS, G.IQ3_S, G.IQ2_S, G.IQ1_S, G.IQ1_M]
+NEW_TYPES = [G.Q5_K, G.Q3_K, G.IQ4_XS, G.MXFP4, G.Q5_0, G.Q4_0, G.Q4_1, G.Q5_1, G.IQ4_NL, *GRID_TYPES]
+
+
+def set_iq1_m_d(blocks: np.ndarray, halves: np.ndarray) -> None:
+    """IQ1_M keeps its fp16 scale in the top nibbles of the four 16-bit words at bytes 48-55."""
+    words = blocks[:, 48:56].copy().view("<u2")
+    bits = halves.astype(np.float16).view(np.uint16).astype(np.uint16)
+    for w in range(4):
+        words[:, w] = (words[:, w] & 0x0FFF) | (((bits >> (4 * w)) & 0xF) << 12)
+    blocks[:, 48:56] = words.view(np.uint8)
+
+
+def grid_indices(qtype: G, blocks: np.ndarray) -> np.ndarray:
+    """Every grid index the blocks use (ggml's layouts, independently of strata's formats.h)."""
+    if qtype == G.IQ3_XXS:
+        return blocks[:, 2:66].reshape(-1)
+    if qtype == G.IQ3_S:
+        qh = (blocks[:, 66:74, None] >> np.arange(8, dtype=np.uint8)) & 1
+        return (blocks[:, 2:66].astype(np.int64) | (qh.reshape(-1, 64).astype(np.int64) << 8)).reshape(-1)
+    if qtype == G.IQ2_S:
+        qh = (blocks[:, 66:74, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3
+        return (blocks[:, 2:34].astype(np.int64) | (qh.reshape(-1, 32).astype(np.int64) << 8)).reshape(-1)
+    if qtype == G.IQ1_S:
+        qh = blocks[:, 34:50].copy().view("<u2")
+        hi = (qh[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & 7
+        return (blocks[:, 2:34].astype(np.int64) | (hi.reshape(-1, 32).astype(np.int64) << 8)).reshape(-1)
+    hi = (blocks[:, 32:48, None] >> np.array([0, 4], np.uint8)) & 7  # IQ1_M
+    return (blocks[:, :32].astype(np.int64) | (hi.reshape(-1, 32).astype(np.int64) << 8)).reshape(-1)
+TYPES = [G.F32, G.F16, G.BF16, G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS, *NEW_TYPES]
 
 
 def random_blocks(qtype: G, n_elems: int, rng: np.random.Generator) -> np.ndarray:
@@ -30,7 +62,43 @@ def random_blocks(qtype: G, n_elems: int, rng: np.random.Generator) -> np.ndarra
     for off in HALF_FIELDS[qtype]:
         halves = rng.uniform(-0.05, 0.05, n_blocks).astype(np.float16)
         blocks[:, off : off + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
+    if qtype == G.MXFP4:  # E8M0 scales 2^-12 .. 2^-4 (the byte minus 128)
+        blocks[:, 0] = rng.integers(116, 125, n_blocks)
+    if qtype == G.IQ1_M:
+        set_iq1_m_d(blocks, rng.uniform(-0.05, 0.05, n_blocks))
     return blocks.reshape(-1)
+
+
+# Edge halves for the scale fields: zeros of both signs, the largest finite, the smallest subnormal, one.
+EDGE_HALVES = np.array([0.0, -0.0, 65504.0, -65504.0, 2.0**-24, 1.0], np.float16)
+
+
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda t: t.name)
+def test_dequantize_edges_are_bit_identical_to_gguf(qtype: G):
+    """Zero and maximal scales (every fp16 field at each edge value, MXFP4 every E8M0 byte), all-zero and
+    all-one bytes, and every code: random bytes over 512 blocks hold each 4-bit code and each 6-bit scale."""
+    rng = np.random.default_rng(100 + int(qtype))
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    n_blocks = 4096 if qtype in GRID_TYPES else 512
+    blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    blocks[0], blocks[1] = 0, 255
+    for off in HALF_FIELDS[qtype] + ([-1] if qtype == G.IQ1_M else []):
+        halves = EDGE_HALVES[rng.integers(0, len(EDGE_HALVES), n_blocks)]
+        halves[:2] = [0.0, 65504.0]  # the all-zero block and the all-ones block at the largest scale
+        if off < 0:
+            set_iq1_m_d(blocks, halves)
+        else:
+            blocks[:, off : off + 2] = halves.view(np.uint8).reshape(-1, 2)
+    if qtype == G.MXFP4:
+        blocks[:256, 0] = np.arange(256)
+    if qtype in GRID_TYPES:  # every grid index appears
+        assert np.unique(grid_indices(qtype, blocks)).size == getattr(gguf_quants, qtype.name).grid_shape[0]
+    raw = blocks.reshape(-1)
+    n = n_blocks * block_size
+    ours = _core.dequantize(int(qtype), raw, n)
+    ref = gguf_dequantize(raw, qtype).reshape(-1).astype(np.float32, copy=False)
+    assert not np.isnan(ref).any()
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
 
 
 def test_quant_types_lists_the_supported_set():
@@ -83,11 +151,11 @@ def test_matmul_rows_do_not_depend_on_token_count():
 
 def test_unsupported_type_raises():
     with pytest.raises(
-        strata.UnsupportedError, match=r"IQ3_S \(21\) is not supported by strata; supported: F32"
+        strata.UnsupportedError, match=r"TQ1_0 \(34\) is not supported by strata; supported: F32"
     ):
-        _core.dequantize(int(G.IQ3_S), np.zeros(110, np.uint8), 256)
+        _core.dequantize(int(G.TQ1_0), np.zeros(54, np.uint8), 256)
     with pytest.raises(strata.UnsupportedError, match="Re-quantize"):
-        _core.matmul(int(G.Q4_0), np.zeros(18, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
+        _core.matmul(int(G.TQ1_0), np.zeros(54, np.uint8), 1, 256, np.zeros((1, 256), np.float32))
 
 
 def test_size_mismatches_raise_config_error():
@@ -101,7 +169,7 @@ def test_size_mismatches_raise_config_error():
         _core.matmul(int(G.Q8_0), np.zeros(34, np.uint8), 2, 32, np.zeros((1, 32), np.float32))
 
 
-Q8_TYPES = [G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS]
+Q8_TYPES = [G.Q8_0, G.Q4_K, G.Q6_K, G.IQ2_XS, G.Q2_K, G.IQ2_XXS, *NEW_TYPES]
 
 
 def q8_0_roundtrip(x: np.ndarray) -> np.ndarray:

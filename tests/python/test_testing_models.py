@@ -76,7 +76,7 @@ def test_tokenizer_specials_and_chat_template(files):
 
 @pytest.mark.parametrize("quant, match", [
     ({"mlp": "Q8_0"}, "unknown quant role 'mlp'"),
-    ({"experts": "Q4_0"}, "unsupported quant type 'Q4_0' for role 'experts'"),
+    ({"experts": "TQ1_0"}, "unsupported quant type 'TQ1_0' for role 'experts'"),
     ({"norm": "F16"}, "norm weights must be F32"),
     ({"experts": "Q4_K"}, "quant experts=Q4_K needs .* 64 to be a multiple of 256"),
     ({"attn": "Q8_0"}, None),

@@ -16,8 +16,9 @@ import numpy as np
 from strata.testing import tokenizer as tok
 from strata.testing.quant import QTYPES, block_size, random_blocks, row_bytes
 
-ROLES = ("embed", "attn", "router", "experts", "output", "norm")
-"""Keys of the `quant` dict: which tensors get which type."""
+ROLES = ("embed", "attn", "router", "experts", "expert_down", "output", "norm")
+"""Keys of the `quant` dict: which tensors get which type (experts: the routed gate/up projections, and
+down unless expert_down is given)."""
 
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "experts": 8, "top_k": 2,
@@ -34,6 +35,33 @@ PRESETS: dict[str, dict[str, int]] = {
 PRESET_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "F32", "experts": "Q4_K", "output": "Q8_0"}
 """`make_preset`'s default quant mix, like a Q4_K_M file: Q4_K experts, Q8_0 dense weights."""
 
+QUANT_MIXES: dict[str, dict[str, str]] = {
+    "Q4_K_M": PRESET_QUANT,
+    # unsloth's UD-Q4_K_XL Qwen MoE files: gate/up Q4_K, down Q5_K, attention Q8_0
+    "UD-Q4_K_XL": {"embed": "Q8_0", "attn": "Q8_0", "router": "F32", "experts": "Q4_K", "expert_down": "Q5_K",
+                   "output": "Q6_K"},
+    # gpt-oss files: MXFP4 experts; widths that are no multiple of 256 make the K types fall back to Q5_0
+    "gpt-oss": {"embed": "Q8_0", "attn": "Q5_0", "router": "F32", "experts": "MXFP4", "output": "Q5_0"},
+    # Q3_K_M files: Q3_K gate/up, Q4_K down, Q5_K attention
+    "Q3_K_M": {"embed": "Q8_0", "attn": "Q5_K", "router": "F32", "experts": "Q3_K", "expert_down": "Q4_K",
+               "output": "Q6_K"},
+    # bartowski-style IQ4_XS files, with IQ4_NL where rows are no multiple of 256
+    "IQ4_XS": {"embed": "Q8_0", "attn": "IQ4_NL", "router": "F32", "experts": "IQ4_XS", "output": "Q6_K"},
+    # Q2_K files: Q2_K gate/up, Q3_K down and attention
+    "Q2_K": {"embed": "Q4_K", "attn": "Q3_K", "router": "F32", "experts": "Q2_K", "expert_down": "Q3_K",
+             "output": "Q6_K"},
+    # unsloth's UD-IQ1_S files of 200B-1T models: IQ1_S gate/up, IQ1_M down, IQ4_XS attention
+    "UD-IQ1_S": {"embed": "Q4_K", "attn": "IQ4_XS", "router": "F32", "experts": "IQ1_S", "expert_down": "IQ1_M",
+                 "output": "Q6_K"},
+    # the UD-IQ2/IQ3 files: IQ3_XXS gate/up, IQ3_S down, IQ2_S attention, IQ2_XXS embeddings
+    "UD-IQ3_XXS": {"embed": "IQ2_XXS", "attn": "IQ2_S", "router": "F32", "experts": "IQ3_XXS",
+                   "expert_down": "IQ3_S", "output": "Q5_K"},
+    # legacy files: Q4_0 / Q4_1 / Q5_1
+    "legacy": {"embed": "Q8_0", "attn": "Q5_1", "router": "F32", "experts": "Q4_0", "expert_down": "Q4_1",
+               "output": "Q8_0"},
+}
+"""Quant mixes as real files carry them, by name: `make_preset(..., quant=QUANT_MIXES[name])`."""
+
 PRESET_QUANTS: dict[str, dict[str, str]] = {"qwen3-235b-a22b": {**PRESET_QUANT, "experts": "IQ2_XS"}}
 """Presets whose default mix differs from PRESET_QUANT: the 235B shape as the IQ2_XS files people run
 on one GPU (69 GiB, experts 62.8 GB)."""
@@ -48,6 +76,22 @@ _FILE_TYPES = {
     "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_M,
     "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
     "IQ2_XS": gguf.LlamaFileType.MOSTLY_IQ2_XS,
+    "IQ2_XXS": gguf.LlamaFileType.MOSTLY_IQ2_XXS,
+    "Q2_K": gguf.LlamaFileType.MOSTLY_Q2_K,
+    "Q3_K": gguf.LlamaFileType.MOSTLY_Q3_K_M,
+    "Q5_K": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+    "IQ4_XS": gguf.LlamaFileType.MOSTLY_IQ4_XS,
+    "IQ4_NL": gguf.LlamaFileType.MOSTLY_IQ4_NL,
+    "MXFP4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
+    "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+    "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
+    "Q5_1": gguf.LlamaFileType.MOSTLY_Q5_1,
+    "IQ3_XXS": gguf.LlamaFileType.MOSTLY_IQ3_XXS,
+    "IQ3_S": gguf.LlamaFileType.MOSTLY_IQ3_S,
+    "IQ2_S": gguf.LlamaFileType.MOSTLY_IQ2_S,
+    "IQ1_S": gguf.LlamaFileType.MOSTLY_IQ1_S,
+    "IQ1_M": gguf.LlamaFileType.MOSTLY_IQ1_M,
 }
 _CHUNK_ELEMS = 1 << 23  # elements generated at a time: bounds memory to ~100 MB whatever the tensor
 
@@ -192,6 +236,8 @@ def _resolve_quant(quant: dict[str, str] | None) -> dict[str, str]:
         if qtype not in QTYPES:
             raise ValueError(f"unsupported quant type {qtype!r} for role {role!r}; supported: {', '.join(QTYPES)}")
         types[role] = qtype
+    if "expert_down" not in (quant or {}):
+        types["expert_down"] = types["experts"]
     if types["norm"] != "F32":
         raise ValueError(f"norm weights must be F32 (llama.cpp multiplies by them in F32), got {types['norm']!r}")
     return types
@@ -225,7 +271,7 @@ def _plan(types: dict[str, str], layers: int, D: int, H: int, KV: int, hd: int, 
             t(b + "ffn_gate_inp.weight", (E, D), "router", D**-0.5),
             t(b + "ffn_gate_exps.weight", (E, F, D), "experts", D**-0.5),
             t(b + "ffn_up_exps.weight", (E, F, D), "experts", D**-0.5),
-            t(b + "ffn_down_exps.weight", (E, D, F), "experts", F**-0.5),
+            t(b + "ffn_down_exps.weight", (E, D, F), "expert_down", F**-0.5),
         ]
     out += [t("output_norm.weight", (D,), "norm", norm), t("output.weight", (V, D), "output", D**-0.5)]
     return out

@@ -8,10 +8,12 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
-QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XS", "Q2_K", "IQ2_XXS")
+QTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "IQ2_XS", "Q2_K", "IQ2_XXS", "Q5_K", "Q3_K", "IQ4_XS",
+          "MXFP4", "Q5_0", "Q4_0", "Q4_1", "Q5_1", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_S", "IQ1_S", "IQ1_M")
 """Type names `encode` and `random_blocks` accept."""
 
-_QUANTIZABLE = ("F32", "F16", "BF16", "Q8_0")  # gguf.quants.quantize supports these
+# gguf.quants.quantize supports these
+_QUANTIZABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")
 
 
 def qtype_of(name: str) -> GGMLQuantizationType:
@@ -37,9 +39,9 @@ def row_bytes(name: str, n: int) -> int:
 def encode(array: np.ndarray, qtype: str, rng: np.random.Generator) -> np.ndarray:
     """`array` [..., n] as GGUF data of `qtype`: uint8 [..., row_bytes(qtype, n)].
 
-    F32, F16, BF16 and Q8_0 are real encodings of `array` (gguf.quants.quantize). gguf cannot quantize
-    the K and IQ types: for those the blocks are random (`random_blocks`), only their scale follows
-    the input's standard deviation.
+    F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and MXFP4 are real encodings of `array`
+    (gguf.quants.quantize). gguf cannot quantize the K and IQ types: for those the blocks are random
+    (`random_blocks`), only their scale follows the input's standard deviation.
     """
     array = np.asarray(array, dtype=np.float32)
     row_bytes(qtype, array.shape[-1])  # rejects unknown types and partial blocks
@@ -53,8 +55,10 @@ def random_blocks(qtype: str, shape: tuple[int, ...], scale: float, rng: np.rand
     standard deviation about `scale` and mean about 0: uint8 [..., row_bytes(qtype, n)].
 
     Float types are normal samples. Quantized blocks have uniformly random quants (and sub-block
-    scales, for the K and IQ types) under one f16 super-scale per call chosen for `scale`, so `scale`
-    must be nonzero. Vectorized: several hundred MB/s per core.
+    scales, for the K and IQ types) under one f16 super-scale per call chosen for `scale` (of random
+    sign per block where the quants' mean is not zero; MXFP4: one of the two powers of two around it,
+    drawn per block so the mean square is right), so `scale` must be nonzero. Vectorized: several
+    hundred MB/s per core.
     """
     shape = tuple(int(s) for s in shape)
     rb = row_bytes(qtype, shape[-1])
@@ -118,6 +122,37 @@ def _blocks(qtype: str, n_blocks: int, d: float, rng: np.random.Generator) -> np
         _field(b, 4, "V12")[:] = _q4_k_scales()[_field(b, 4, "<u2")]
     elif qtype == "Q6_K":  # 128 B ql, 64 B qh, 16 x int8 scales, f16 d
         _field(b, 208, "<f2")[:] = _f16(d)
+    elif qtype == "Q5_K":
+        # As Q4_K, with 32 B of fifth bits before the quants: q in [0, 31], so dmin = 15.5 d.
+        _field(b, 0, "<f2")[:] = _f16(d)
+        _field(b, 2, "<f2")[:] = _f16(15.5 * d)
+        _field(b, 4, "V12")[:] = _q4_k_scales()[_field(b, 4, "<u2")]
+    elif qtype == "Q3_K":  # 32 B high bits, 64 B 2-bit quants, 12 B 6-bit scales (minus 32), f16 d
+        _field(b, 108, "<f2")[:] = _f16(d)
+    elif qtype in ("IQ4_XS", "Q5_0", "Q4_0", "IQ4_NL"):
+        # f16 d first. Q4_0, Q5_0 (q - 8, q - 16) and IQ4_NL's codebook have a nonzero mean: d's sign
+        # is random per block. IQ4_XS's 6-bit scales minus 32 are already of either sign.
+        sign = np.where(_raw_bytes(n_blocks, rng) & 1, 1.0, -1.0) if qtype != "IQ4_XS" else 1.0
+        _field(b, 0, "<f2")[:] = (_f16(d) * sign).astype(np.float16)
+    elif qtype in ("IQ3_XXS", "IQ3_S", "IQ2_S", "IQ1_S"):  # f16 d first; grid values with random signs
+        _field(b, 0, "<f2")[:] = _f16(d)
+    elif qtype == "IQ1_M":  # the f16 d in the top nibbles of the four 16-bit words at bytes 48-55
+        bits = int(np.array(_f16(d)).view(np.uint16))
+        w = b[:, 48:56].copy().view("<u2")
+        for i in range(4):
+            w[:, i] = (w[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12)
+        b[:, 48:56] = w.view(np.uint8)
+    elif qtype in ("Q4_1", "Q5_1"):  # f16 d, f16 m, (4 B fifth bits,) 16 B quants: m = -(mean q) d
+        _field(b, 0, "<f2")[:] = _f16(d)
+        _field(b, 2, "<f2")[:] = _f16(-(7.5 if qtype == "Q4_1" else 15.5) * d)
+    elif qtype == "MXFP4":  # E8M0 byte e (the scale is 2^(e - 128)), 16 B of e2m1 codes
+        t = np.log2(d)
+        lo = np.floor(t)
+        if not 1 <= 128 + lo <= 253:
+            raise ValueError(f"scale {d!r} is out of MXFP4's E8M0 range")
+        p_lo = (4.0 ** (lo + 1) - 4.0**t) / (4.0 ** (lo + 1) - 4.0**lo)  # mean square 4^t over the blocks
+        up = rng.random(n_blocks) >= p_lo
+        b[:, 0] = (128 + lo + up).astype(np.uint8)
     else:
         raise ValueError(f"no random block generator for {qtype}")
     return b

@@ -1,0 +1,371 @@
+// The machinery matmul_q8's kernels share (the integer path, llama.cpp's CPU path, in the one float
+// order quant.h defines): the scalar driver and, on x86-64, the AVX2 tiles that a format's K (T <= 4)
+// and Il (T > 4) structs plug into. Included only by the mmq_*.cpp files, one per format family.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "quant/formats.h"
+#include "quant/kernels.h"
+#include "quant/quant.h"
+#include "quant/simd.h"
+#if defined(__x86_64__)
+#include "quant/decode_avx2.h"
+#endif
+
+namespace strata {
+namespace quant_detail {
+namespace {
+
+// Activations are BlockQ8_0 blocks, kQ8_0Bytes apart; a row may start at any byte, so kernels
+// read a block's fields at their offsets instead of through a BlockQ8_0 reference.
+constexpr size_t kXd = offsetof(BlockQ8_0, d), kXqs = offsetof(BlockQ8_0, qs);
+// 32-blocks (one activation block each) per weight super-block.
+constexpr int kBlocksK = kQK_K / kQK8_0;
+
+inline float x_d(const uint8_t* xb) {
+  uint16_t h;
+  std::memcpy(&h, xb + kXd, 2);
+  return fp16_to_f32(h);
+}
+
+// ---- Scalar kernels: the definition, one output element at a time. ----
+
+// Calls block(acc, w_row, b, xq_block, dx) for every 32-block b of every (row, token).
+template <class F>
+void for_outputs(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                 int64_t T, float* Y, int64_t ldy, F block) {
+  const uint8_t* w = static_cast<const uint8_t*>(W);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < cols / kQK8_0; ++b) {
+        const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
+        acc = block(acc, w + r * rbytes, b, reinterpret_cast<const int8_t*>(xb + kXqs), x_d(xb));
+      }
+      Y[t * ldy + r] = acc;
+    }
+}
+
+#if defined(__x86_64__)
+
+// ---- AVX2 kernels: 8 outputs (MR rows x NT tokens, lane i = r * NT + t) at a time. Each output
+// has its own float lane; per block the eight integer sums are formed with maddubs/madd, reduced
+// to one vector by hadd, and then the lane does exactly the scalar kernel's float operations. ----
+
+// Lane i of the result is the sum of v[i]'s eight int32 lanes (exact).
+STRATA_SIMD inline __m256i reduce8(const __m256i* v) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+STRATA_SIMD inline __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
+
+// Per call, each token's block scales and int8 sums, block-major ([b][t], tokens padded to a
+// multiple of 8 with zeros), so a tile loads its NT tokens' values with one instruction. For the
+// interleaved kernels (T > 4) also each block's two 16-element half sums (int16 pair: low = first
+// half) and xt: the int8 activations regrouped [group of 8 tokens][b][step k][token][4 elements],
+// so one load gives elements 4k..4k+3 of block b for eight tokens.
+struct XInfo {
+  const float* dx;
+  const int32_t* sum;
+  const int32_t* hsum;
+  const int8_t* xt;
+  int64_t tpad;
+};
+
+// Per-thread scratch for XInfo; grows to the largest call and is reused.
+STRATA_SIMD inline XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64_t nb,
+                                bool interleave = false) {
+  thread_local std::vector<float> dx;
+  thread_local std::vector<int32_t> sum, hsum;
+  thread_local std::vector<int8_t> xt;
+  const int64_t tpad = (T + 7) / 8 * 8;
+  dx.assign(static_cast<size_t>(nb * tpad), 0.0f);
+  sum.assign(static_cast<size_t>(nb * tpad), 0);
+  if (interleave) {
+    hsum.assign(static_cast<size_t>(nb * tpad), 0);
+    xt.assign(static_cast<size_t>(nb * tpad * 32), 0);
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
+      dx[b * tpad + t] = h2f_at(xb + kXd);
+      const __m256i x = load256(xb + kXqs);
+      const __m256i s8 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
+      const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
+      sum[b * tpad + t] = hsum_epi32(_mm_add_epi32(lo, hi));
+      if (interleave) {
+        const uint32_t h0 = static_cast<uint16_t>(hsum_epi32(lo)), h1 = static_cast<uint16_t>(hsum_epi32(hi));
+        hsum[b * tpad + t] = static_cast<int32_t>(h0 | (h1 << 16));
+        int8_t* dst = xt.data() + (((t / 8) * nb + b) * 8) * 32 + (t % 8) * 4;
+        for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + kXqs + k * 4, 4);
+      }
+    }
+  return {dx.data(), sum.data(), hsum.data(), xt.data(), tpad};
+}
+
+// Lane i = p[i % NT]: NT consecutive tokens' values, repeated for the MR rows.
+template <int NT>
+STRATA_SIMD inline __m256 token_lanes(const float* p) {
+  if constexpr (NT == 8) return _mm256_loadu_ps(p);
+  if constexpr (NT == 4) return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p));
+  if constexpr (NT == 2) return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(p)));
+  if constexpr (NT == 1) return _mm256_broadcast_ss(p);
+}
+
+// Lane i = f(i / NT): one value per row, repeated for the NT tokens.
+template <int MR, int NT, class F>
+STRATA_SIMD inline __m256 row_lanes_ps(F f) {
+  if constexpr (MR == 1) return _mm256_set1_ps(f(0));
+  alignas(32) float v[8];
+  for (int i = 0; i < 8; ++i) v[i] = f(i / NT);
+  return _mm256_load_ps(v);
+}
+template <int MR, int NT, class F>
+STRATA_SIMD inline __m256i row_lanes_epi32(F f) {
+  if constexpr (MR == 1) return _mm256_set1_epi32(f(0));
+  alignas(32) int32_t v[8];
+  for (int i = 0; i < 8; ++i) v[i] = f(i / NT);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+}
+
+// out[r * NT + t] = row w[r] . token x[t] over nwb weight blocks; xi covers tokens t0.. of x.
+template <class K, int MR, int NT>
+STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0,
+                      int64_t nwb, float* out) {
+  static_assert(MR * NT == 8);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t wb = 0; wb < nwb; ++wb) {
+    typename K::Pre p[MR];
+    for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+    for (int j = 0; j < K::kSubs; ++j) {
+      const int64_t b = wb * K::kSubs + j;
+      __m256i xv[NT];
+      for (int t = 0; t < NT; ++t) xv[t] = load256(x[t] + b * kQ8_0Bytes + kXqs);
+      __m256i s[8];
+      for (int r = 0; r < MR; ++r)
+        for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
+      const __m256 dx = token_lanes<NT>(xi.dx + b * xi.tpad + t0);
+      const __m256i xsum =
+          _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
+      acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum);
+    }
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+// Rows outer, tokens inner: MR weight rows stay in L1 while every token passes over them.
+template <class K, int MR, int NT>
+void rows_tokens(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                 int64_t T, float* Y, int64_t ldy) {
+  const int64_t nwb = cols / kQK8_0 / K::kSubs;
+  const XInfo xi = x_info(Xq, xrb, T, cols / kQK8_0);
+  for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, rows - r0);
+    const uint8_t* w[MR];
+    for (int r = 0; r < MR; ++r) w[r] = W + (r0 + std::min<int64_t>(r, mr - 1)) * rbytes;  // pad: repeat
+    for (int64_t t0 = 0; t0 < T; t0 += NT) {
+      const int64_t nt = std::min<int64_t>(NT, T - t0);
+      const uint8_t* x[NT];
+      for (int t = 0; t < NT; ++t) x[t] = Xq + (t0 + std::min<int64_t>(t, nt - 1)) * xrb;
+      alignas(32) float out[8];
+      tile<K, MR, NT>(w, x, xi, t0, nwb, out);
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t r = 0; r < mr; ++r) Y[(t0 + t) * ldy + r0 + r] = out[r * NT + t];
+    }
+  }
+}
+
+// ---- T > 4: token-interleaved kernels. A tile is MR rows x NV groups of 8 tokens; each row's blocks are
+// first unpacked to 32 unsigned bytes per 32-block (scr), then per step k the row's four bytes
+// 4k..4k+3 are broadcast and multiplied (maddubs) with xt's eight tokens' four bytes, so lane t
+// collects token t's block sum with no horizontal reduction. Integer sums are exact, so they equal
+// the scalar kernel's whatever the order; the float update per block is update<1, 8>. ----
+
+STRATA_SIMD inline __m256i bcast4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+STRATA_SIMD inline __m256i xload(const int8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+STRATA_SIMD inline void store32(uint8_t* p, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
+// Two int16 (low, high) as one int32 lane pattern, for madd_epi16 against hsum.
+inline int32_t pair16(int a, int b) {
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a)) |
+                              (static_cast<uint32_t>(static_cast<uint16_t>(b)) << 16));
+}
+
+// out[(r * NV + v) * 8 + t] = row r . token 8(g + v) + t over nwb weight blocks.
+template <class K, class IL, int MR, int NV>
+STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi,
+                         int64_t g, int64_t nwb, float* out) {
+  const int64_t nb = nwb * K::kSubs;
+  __m256 acc[MR * NV];
+  for (int i = 0; i < MR * NV; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t wb = 0; wb < nwb; ++wb) {
+    typename K::Pre p[MR];
+    for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+    for (int j = 0; j < K::kSubs; ++j) {
+      const int64_t b = wb * K::kSubs + j;
+      const uint8_t* a[MR];
+      for (int r = 0; r < MR; ++r) a[r] = scr + r * cols + b * 32;
+      const int8_t* xv[NV];
+      __m256i hs[NV];
+      for (int v = 0; v < NV; ++v) {
+        xv[v] = xi.xt + ((g + v) * nb + b) * 256;
+        hs[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.hsum + b * xi.tpad + (g + v) * 8));
+      }
+      __m256i isum[MR * NV];
+      IL::template dots<MR, NV>(p, j, a, xv, hs, isum);
+      for (int v = 0; v < NV; ++v) {
+        const __m256 dx = _mm256_loadu_ps(xi.dx + b * xi.tpad + (g + v) * 8);
+        const __m256i xsum =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
+        for (int r = 0; r < MR; ++r)
+          acc[r * NV + v] = K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx, xsum);
+      }
+    }
+  }
+  for (int i = 0; i < MR * NV; ++i) _mm256_storeu_ps(out + i * 8, acc[i]);
+}
+
+template <class K, class IL, int MR, int NV>
+void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                 int64_t T, float* Y, int64_t ldy) {
+  const int64_t nb = cols / kQK8_0, nwb = nb / K::kSubs;
+  const XInfo xi = x_info(Xq, xrb, T, nb, true);
+  thread_local std::vector<uint8_t> scr;
+  scr.resize(static_cast<size_t>(MR * cols));
+  for (int64_t r0 = 0; r0 < rows; r0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, rows - r0);
+    const uint8_t* w[MR];
+    for (int r = 0; r < MR; ++r) {
+      w[r] = W + (r0 + std::min<int64_t>(r, mr - 1)) * rbytes;  // pad: repeat
+      IL::unpack(w[r], nb, scr.data() + r * cols);
+    }
+    for (int64_t g = 0; g * 8 < T;) {
+      const int nv = T - g * 8 > 8 ? NV : 1;  // a last group of at most 8 tokens takes one vector
+      alignas(32) float out[MR * NV * 8];
+      if (nv == NV)
+        tile_il<K, IL, MR, NV>(w, scr.data(), cols, xi, g, nwb, out);
+      else
+        tile_il<K, IL, MR, 1>(w, scr.data(), cols, xi, g, nwb, out);
+      for (int v = 0; v < nv; ++v, ++g) {
+        const int64_t nt = std::min<int64_t>(8, T - g * 8);
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t r = 0; r < mr; ++r) Y[(g * 8 + t) * ldy + r0 + r] = out[(r * nv + v) * 8 + t];
+      }
+    }
+  }
+}
+
+// A type's kernel: kSubs 32-blocks per weight block; Pre holds one row's decoded block header;
+// dot() gives 8 int32 partials summing to the 32-block's integer term (scales that vary inside
+// the weight block applied); update() adds the block to the lane accumulators.
+
+// ---- One K and one Il for the formats whose 32-blocks decode_avx2.h gives as signed bytes (|v| <= 127).
+// FQ gives: Pre (with float d and m) and pre(block); bytes(pre, j); scales(pre, j, sc[2]) (the integer
+// scales of the halves); kUnsigned: the bytes are in [0, 127]; kMin: 0 none, 1 a min added as m * dx * S(1)
+// (Q4_1, Q5_1), -1 one subtracted as (dmin * dx) * (min(pre, j) * S(1)) (Q5_K). maddubs(|w|, sign(x, w))
+// keeps each int16 pair sum within 2 * 127 * 127. ----
+
+template <class FQ>
+struct KBytes {
+  static constexpr int kSubs = FQ::kSubs;
+  static constexpr size_t kBytes = FQ::Bytes::kSize;
+  using Pre = typename FQ::Pre;
+  STRATA_SIMD static Pre pre(const uint8_t* blk) { return FQ::pre(blk); }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    const __m256i w = FQ::bytes(p, j);
+    int sc[2];
+    FQ::scales(p, j, sc);
+    return _mm256_madd_epi16(products(w, x), _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sc[1])),
+                                                              _mm_set1_epi16(static_cast<int16_t>(sc[0]))));
+  }
+  // Pairwise products of the bytes w and x as int16: unsigned w (FQ::kUnsigned, in [0, 127]) directly.
+  STRATA_SIMD static __m256i products(__m256i w, __m256i x) {
+    if constexpr (FQ::kUnsigned) return _mm256_maddubs_epi16(w, x);
+    return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int j, __m256 dx, __m256i xsum) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+    if constexpr (FQ::kMin != 0) {
+      const __m256 m = row_lanes_ps<MR, NT>([&](int r) { return p[r].m; });
+      if constexpr (FQ::kMin > 0) return _mm256_fmadd_ps(_mm256_mul_ps(m, dx), _mm256_cvtepi32_ps(xsum), acc);
+      const __m256i mj =
+          row_lanes_epi32<MR, NT>([&](int r) { return static_cast<int32_t>(FQ::min(p[r], j)); });
+      const __m256 mdx = _mm256_xor_ps(_mm256_mul_ps(m, dx), _mm256_set1_ps(-0.0f));
+      return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(mj, xsum)), acc);
+    }
+    return acc;
+  }
+};
+
+// scr = the signed bytes; per step the sign moves onto x as in IlQ8_0.
+template <class FQ>
+struct IlBytes {
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    for (int64_t wb = 0; wb < nb / FQ::kSubs; ++wb) {
+      const typename FQ::Pre p = FQ::pre(w + wb * FQ::Bytes::kSize);
+      for (int j = 0; j < FQ::kSubs; ++j) store32(scr + (wb * FQ::kSubs + j) * 32, FQ::bytes(p, j));
+    }
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const typename FQ::Pre* p, int j, const uint8_t* const* a,
+                               const int8_t* const* xv, const __m256i*, __m256i* isum) {
+    __m256i sc[MR][2];
+    for (int r = 0; r < MR; ++r) {
+      int s[2];
+      FQ::scales(p[r], j, s);
+      sc[r][0] = _mm256_set1_epi16(static_cast<int16_t>(s[0]));
+      sc[r][1] = _mm256_set1_epi16(static_cast<int16_t>(s[1]));
+    }
+    for (int i = 0; i < MR * NV; ++i) isum[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      __m256i x[NV];
+      for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i w = bcast4(a[r] + 4 * k), aw = _mm256_abs_epi8(w);
+        for (int v = 0; v < NV; ++v)
+          isum[r * NV + v] = _mm256_add_epi32(
+              isum[r * NV + v],
+              _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w)), sc[r][k / 4]));
+      }
+    }
+  }
+};
+
+template <class K, class IL>
+void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+              int64_t T, float* Y, int64_t ldy) {
+  const uint8_t* w = static_cast<const uint8_t*>(W);
+  // T <= 4: fill the 8 lanes with as few padded tokens as possible; else 4 rows x 16 tokens.
+  if (T == 1)
+    rows_tokens<K, 8, 1>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else if (T == 2)
+    rows_tokens<K, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else if (T <= 4)
+    rows_tokens<K, 2, 4>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else
+    rows_groups<K, IL, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+}
+
+#endif  // __x86_64__
+
+}  // namespace
+}  // namespace quant_detail
+}  // namespace strata

@@ -1,0 +1,296 @@
+// matmul_q8 for the k-quants: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
+#include "quant/mmq.h"
+
+namespace strata {
+namespace quant_detail {
+
+void mmq_q4_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                uint8_t sc, m;
+                q4_k_scale_min(blk.scales, j, sc, m);
+                int32_t s = 0, sx = 0;
+                for (int l = 0; l < kQK8_0; ++l) {
+                  s += q4_k_q(blk, j, l) * x[l];
+                  sx += x[l];
+                }
+                acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(sc * s), acc);
+                return std::fma(-(fp16_to_f32(blk.dmin) * dx), static_cast<float>(m * sx), acc);
+              });
+}
+
+void mmq_q6_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w)[b / kBlocksK];
+                const int p = static_cast<int>(b % kBlocksK);
+                int32_t half[2] = {0, 0};
+                for (int l = 0; l < kQK8_0; ++l) half[l / 16] += q6_k_q(blk, p, l) * x[l];
+                const int8_t* sc = blk.scales + q6_k_group(p).scale;
+                return std::fma(fp16_to_f32(blk.d) * dx,
+                                static_cast<float>(sc[0] * half[0] + sc[1] * half[1]), acc);
+              });
+}
+
+void mmq_q2_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ2_K& blk = reinterpret_cast<const BlockQ2_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                int32_t s = 0, sm = 0;
+                for (int h = 0; h < 2; ++h) {  // the 32-block's two 16-element groups
+                  int32_t sq = 0, sx = 0;
+                  for (int l = 16 * h; l < 16 * h + 16; ++l) {
+                    sq += q2_k_q(blk, j, l) * x[l];
+                    sx += x[l];
+                  }
+                  s += q2_k_scale(blk, 2 * j + h) * sq;
+                  sm += q2_k_min(blk, 2 * j + h) * sx;
+                }
+                acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+                return std::fma(-(fp16_to_f32(blk.dmin) * dx), static_cast<float>(sm), acc);
+              });
+}
+
+void mmq_q5_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ5_K& blk = reinterpret_cast<const BlockQ5_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                uint8_t sc, m;
+                q4_k_scale_min(blk.scales, j, sc, m);
+                int32_t s = 0, sx = 0;
+                for (int l = 0; l < kQK8_0; ++l) {
+                  s += q5_k_q(blk, j, l) * x[l];
+                  sx += x[l];
+                }
+                acc = std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(sc * s), acc);
+                return std::fma(-(fp16_to_f32(blk.dmin) * dx), static_cast<float>(m * sx), acc);
+              });
+}
+
+void mmq_q3_k_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ3_K& blk = reinterpret_cast<const BlockQ3_K*>(w)[b / kBlocksK];
+                const int j = static_cast<int>(b % kBlocksK);
+                int32_t half[2] = {0, 0};
+                for (int l = 0; l < kQK8_0; ++l) half[l / 16] += q3_k_q(blk, j, l) * x[l];
+                const int s =
+                    q3_k_scale(blk.scales, 2 * j) * half[0] + q3_k_scale(blk.scales, 2 * j + 1) * half[1];
+                return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+              });
+}
+
+#if defined(__x86_64__)
+namespace {
+
+// q in [0, 15].
+STRATA_SIMD inline __m256i q4_k_bytes(const BlockQ4_K& b, int j) {
+  const Q4_KSub s = q4_k_sub(j);
+  return _mm256_and_si256(_mm256_srli_epi16(load256(b.qs + s.qs), s.shift), _mm256_set1_epi8(kQ4_KMask));
+}
+
+// q + kQ6_KBias, in [0, 63].
+STRATA_SIMD inline __m256i q6_k_bytes(const BlockQ6_K& b, int j) {
+  const Q6_KGroup g = q6_k_group(j);
+  const __m256i lo =
+      _mm256_and_si256(_mm256_srli_epi16(load256(b.ql + g.ql), g.ql_shift), _mm256_set1_epi8(kQ6_KLowMask));
+  const __m256i hi =
+      _mm256_and_si256(_mm256_srli_epi16(load256(b.qh + g.qh), g.qh_shift), _mm256_set1_epi8(kQ6_KHighMask));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+struct KQ4_K {
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(BlockQ4_K);
+  struct Pre {
+    float d, dmin;
+    uint8_t sc[8], m[8];
+    const BlockQ4_K* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockQ4_K* b = reinterpret_cast<const BlockQ4_K*>(blk);
+    Pre p;
+    p.d = h2f(b->d);
+    p.dmin = h2f(b->dmin);
+    q4_k_scales_mins(b->scales, p.sc, p.m);
+    p.b = b;
+    return p;
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q4_k_bytes(*p.b, j), x), _mm256_set1_epi16(p.sc[j]));
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int j, __m256 dx, __m256i xsum) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    const __m256 dmin = row_lanes_ps<MR, NT>([&](int r) { return p[r].dmin; });
+    const __m256i m = row_lanes_epi32<MR, NT>([&](int r) { return static_cast<int32_t>(p[r].m[j]); });
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+    const __m256 mdx = _mm256_xor_ps(_mm256_mul_ps(dmin, dx), _mm256_set1_ps(-0.0f));
+    return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(m, xsum)), acc);
+  }
+};
+
+struct KQ6_K {
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(BlockQ6_K);
+  struct Pre {
+    float d;
+    const BlockQ6_K* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(blk);
+    return {h2f(b->d), b};
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    // (q + bias) . x - bias . x, each within int16.
+    const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q6_k_bytes(*p.b, j), x),
+                                         _mm256_maddubs_epi16(_mm256_set1_epi8(kQ6_KBias), x));
+    const int8_t* sc = p.b->scales + q6_k_group(j).scale;
+    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    return _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+  }
+};
+
+struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int16 (16 * 15 * 128)
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w);
+    for (int64_t b = 0; b < nb; ++b)
+      store32(scr + b * 32, q4_k_bytes(blk[b / kBlocksK], static_cast<int>(b % kBlocksK)));
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, __m256i* isum) {
+    __m256i s16[MR * NV];
+    for (int i = 0; i < MR * NV; ++i) s16[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      __m256i x[NV];
+      for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i aw = bcast4(a[r] + 4 * k);
+        for (int v = 0; v < NV; ++v)
+          s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_madd_epi16(s16[r * NV + v], _mm256_set1_epi16(p[r].sc[j]));
+  }
+};
+
+// scr = q + kQ6_KBias in [0, 63]; two steps per int16 (4 * 63 * 128); minus bias * scale * half sums after.
+struct IlQ6_K {
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w);
+    for (int64_t b = 0; b < nb; ++b)
+      store32(scr + b * 32, q6_k_bytes(blk[b / kBlocksK], static_cast<int>(b % kBlocksK)));
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i* hs, __m256i* isum) {
+    const int scale = q6_k_group(j).scale;  // halves: scales[scale], scales[scale + 1]
+    for (int r = 0; r < MR; ++r) {
+      const int8_t* sc = p[r].b->scales + scale;
+      const __m256i c = _mm256_set1_epi32(pair16(kQ6_KBias * sc[0], kQ6_KBias * sc[1]));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(hs[v], c));
+    }
+    for (int hf = 0; hf < 2; ++hf)
+      for (int kk = 0; kk < 4; kk += 2) {
+        const int s0 = hf * 4 + kk;
+        __m256i x0[NV], x1[NV];
+        for (int v = 0; v < NV; ++v) x0[v] = xload(xv[v] + s0 * 32), x1[v] = xload(xv[v] + (s0 + 1) * 32);
+        for (int r = 0; r < MR; ++r) {
+          const __m256i a0 = bcast4(a[r] + 4 * s0), a1 = bcast4(a[r] + 4 * (s0 + 1));
+          const __m256i sc = _mm256_set1_epi16(p[r].b->scales[scale + hf]);
+          for (int v = 0; v < NV; ++v) {
+            const __m256i s16 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(a0, x0[v]), _mm256_maddubs_epi16(a1, x1[v]));
+            isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(s16, sc));
+          }
+        }
+      }
+  }
+};
+
+// Q5_K and Q3_K through decode_avx2.h's bytes.
+struct KQ5 {
+  using Bytes = Q5_KBytes;
+  static constexpr int kSubs = kBlocksK, kMin = -1;
+  static constexpr bool kUnsigned = true;  // q in [0, 31]
+  struct Pre {
+    float d, m;
+    uint8_t sc[8], mn[8];
+    const BlockQ5_K* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    Pre p;
+    p.b = reinterpret_cast<const BlockQ5_K*>(blk);
+    p.d = h2f(p.b->d);
+    p.m = h2f(p.b->dmin);
+    q4_k_scales_mins(p.b->scales, p.sc, p.mn);
+    return p;
+  }
+  STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return Q5_KBytes::q(*p.b, j); }
+  static void scales(const Pre& p, int j, int sc[2]) { sc[0] = sc[1] = p.sc[j]; }
+  static int min(const Pre& p, int j) { return p.mn[j]; }
+};
+struct KQ3 {
+  using Bytes = Q3_KBytes;
+  static constexpr int kSubs = kBlocksK, kMin = 0;
+  static constexpr bool kUnsigned = false;
+  struct Pre {
+    float d, m;
+    int8_t sc[16];
+    const BlockQ3_K* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    Pre p;
+    p.b = reinterpret_cast<const BlockQ3_K*>(blk);
+    p.d = h2f(p.b->d);
+    p.m = 0.0f;
+    for (int g = 0; g < 16; ++g) p.sc[g] = static_cast<int8_t>(q3_k_scale(p.b->scales, g));
+    return p;
+  }
+  STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return Q3_KBytes::q(*p.b, j); }
+  static void scales(const Pre& p, int j, int sc[2]) {
+    sc[0] = p.sc[2 * j];
+    sc[1] = p.sc[2 * j + 1];
+  }
+  static int min(const Pre&, int) { return 0; }
+};
+
+}  // namespace
+
+void mmq_q4_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KQ4_K, IlQ4_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q6_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KQ6_K, IlQ6_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q5_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KBytes<KQ5>, IlBytes<KQ5>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q3_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KBytes<KQ3>, IlBytes<KQ3>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+#endif
+
+}  // namespace quant_detail
+}  // namespace strata

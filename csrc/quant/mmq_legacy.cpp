@@ -1,0 +1,159 @@
+// matmul_q8 for the 32-element formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4.
+#include "quant/mmq.h"
+
+namespace strata {
+namespace quant_detail {
+
+void mmq_q8_0_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,
+              [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {
+                const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
+                int32_t s = 0;
+                for (int l = 0; l < kQK8_0; ++l) s += blk.qs[l] * x[l];
+                return std::fma(fp16_to_f32(blk.d) * dx, static_cast<float>(s), acc);
+              });
+}
+
+// S(v) over a 32-element block whose element l is value(blk, l); d the block's float scale.
+template <class B, class V>
+inline float legacy_block(float acc, float d, float dx, const int8_t* x, const B& blk, V value) {
+  int32_t s = 0;
+  for (int l = 0; l < kQK4; ++l) s += value(blk, l) * x[l];
+  return std::fma(d * dx, static_cast<float>(s), acc);
+}
+// The same with a min: S(q), then m * S(1).
+template <class B, class V>
+inline float legacy_min_block(float acc, float d, float m, float dx, const int8_t* x, const B& blk, V value) {
+  int32_t s = 0, sx = 0;
+  for (int l = 0; l < kQK4; ++l) {
+    s += value(blk, l) * x[l];
+    sx += x[l];
+  }
+  acc = std::fma(d * dx, static_cast<float>(s), acc);
+  return std::fma(m * dx, static_cast<float>(sx), acc);
+}
+
+#define STRATA_LEGACY_SCALAR(name, B, EXPR)                                                         \
+  void mmq_##name##_scalar(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, \
+                           int64_t xrb, int64_t T, float* Y, int64_t ldy) {                         \
+    for_outputs(W, rb, rows, cols, Xq, xrb, T, Y, ldy,                                              \
+                [](float acc, const uint8_t* w, int64_t b, const int8_t* x, float dx) {             \
+                  const B& blk = reinterpret_cast<const B*>(w)[b];                                  \
+                  return EXPR;                                                                      \
+                });                                                                                 \
+  }
+STRATA_LEGACY_SCALAR(q4_0, BlockQ4_0,
+                     legacy_block(acc, fp16_to_f32(blk.d), dx, x, blk,
+                                  [](const BlockQ4_0& q, int l) { return nibble_q(q.qs, l) - kQ4_0Bias; }))
+STRATA_LEGACY_SCALAR(q5_0, BlockQ5_0,
+                     legacy_block(acc, fp16_to_f32(blk.d), dx, x, blk, [](const BlockQ5_0& q, int l) {
+                       return (nibble_q(q.qs, l) | (q5_high(q.qh, l) << 4)) - kQ5_0Bias;
+                     }))
+STRATA_LEGACY_SCALAR(iq4_nl, BlockIQ4_NL,
+                     legacy_block(acc, fp16_to_f32(blk.d), dx, x, blk, [](const BlockIQ4_NL& q, int l) {
+                       return iq4_nl_value(nibble_q(q.qs, l));
+                     }))
+STRATA_LEGACY_SCALAR(mxfp4, BlockMXFP4,
+                     legacy_block(acc, f32_from_bits(e8m0_half_bits(blk.e)), dx, x, blk,
+                                  [](const BlockMXFP4& q, int l) { return mxfp4_value(nibble_q(q.qs, l)); }))
+STRATA_LEGACY_SCALAR(q4_1, BlockQ4_1,
+                     legacy_min_block(acc, fp16_to_f32(blk.d), fp16_to_f32(blk.m), dx, x, blk,
+                                      [](const BlockQ4_1& q, int l) { return nibble_q(q.qs, l); }))
+STRATA_LEGACY_SCALAR(q5_1, BlockQ5_1,
+                     legacy_min_block(acc, fp16_to_f32(blk.d), fp16_to_f32(blk.m), dx, x, blk,
+                                      [](const BlockQ5_1& q, int l) {
+                                        return nibble_q(q.qs, l) | (q5_high(q.qh, l) << 4);
+                                      }))
+#undef STRATA_LEGACY_SCALAR
+
+#if defined(__x86_64__)
+namespace {
+
+struct KQ8_0 {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = sizeof(BlockQ8_0);
+  struct Pre {
+    float d;
+    const int8_t* qs;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockQ8_0& b = *reinterpret_cast<const BlockQ8_0*>(blk);
+    return {h2f(b.d), b.qs};
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int, __m256i x) {
+    const __m256i w = load256(p.qs);
+    return madd1(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)));
+  }
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    return _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+  }
+};
+
+struct IlQ8_0 {  // scr = |w| (unsigned; 128 for -128); sign(x, w) carries the sign
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w);
+    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, _mm256_abs_epi8(load256(blk[b].qs)));
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KQ8_0::Pre* p, int, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, __m256i* isum) {
+    for (int i = 0; i < MR * NV; ++i) isum[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      __m256i x[NV];
+      for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+      for (int r = 0; r < MR; ++r) {
+        const __m256i w = bcast4(reinterpret_cast<const uint8_t*>(p[r].qs) + 4 * k),
+                      aw = bcast4(a[r] + 4 * k);
+        for (int v = 0; v < NV; ++v)
+          isum[r * NV + v] =
+              _mm256_add_epi32(isum[r * NV + v], madd1(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[v], w))));
+      }
+    }
+  }
+};
+
+// The other 32-element formats: decode_avx2.h's bytes, one scale d per block (and a min m).
+template <class F, int Min>
+struct Legacy {
+  using Bytes = F;
+  static constexpr int kSubs = 1, kMin = Min;
+  static constexpr bool kUnsigned = Min > 0;  // Q4_1, Q5_1: q in [0, 31]
+  struct Pre {
+    float d, m;
+    const uint8_t* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const Bytes32 v = F::at(blk, 0);
+    return {v.s0, v.o0, blk};
+  }
+  STRATA_SIMD static __m256i bytes(const Pre& p, int) { return F::at(p.b, 0).v; }
+  static void scales(const Pre&, int, int sc[2]) { sc[0] = sc[1] = 1; }
+  static int min(const Pre&, int) { return 1; }
+};
+
+}  // namespace
+
+#define STRATA_LEGACY_AVX2(name, F, MIN)                                                              \
+  void mmq_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq,     \
+                         int64_t xrb, int64_t T, float* Y, int64_t ldy) {                             \
+    mmq_avx2<KBytes<Legacy<F, MIN>>, IlBytes<Legacy<F, MIN>>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy); \
+  }
+STRATA_LEGACY_AVX2(q4_0, Q4_0Bytes, 0)
+STRATA_LEGACY_AVX2(q5_0, Q5_0Bytes, 0)
+STRATA_LEGACY_AVX2(iq4_nl, IQ4_NLBytes, 0)
+STRATA_LEGACY_AVX2(mxfp4, MXFP4Bytes, 0)
+STRATA_LEGACY_AVX2(q4_1, Q4_1Bytes, 1)
+STRATA_LEGACY_AVX2(q5_1, Q5_1Bytes, 1)
+#undef STRATA_LEGACY_AVX2
+
+void mmq_q8_0_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KQ8_0, IlQ8_0>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+#endif
+
+}  // namespace quant_detail
+}  // namespace strata
