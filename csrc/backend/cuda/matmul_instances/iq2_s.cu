@@ -6,6 +6,7 @@
 namespace strata::cuda {
 
 template void launch_gemv<unit::IQ2_S>(const MatmulArgs&, cudaStream_t);
+template void launch_gemv_multi<unit::IQ2_S>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ2_S>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ2_S>(const MatmulArgs&, cudaStream_t);
 template void launch_mmq<unit::IQ2_S>(const MatmulQ8Args&, cudaStream_t);

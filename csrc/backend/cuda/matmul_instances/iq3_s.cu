@@ -6,6 +6,7 @@
 namespace strata::cuda {
 
 template void launch_gemv<unit::IQ3_S>(const MatmulArgs&, cudaStream_t);
+template void launch_gemv_multi<unit::IQ3_S>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ3_S>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ3_S>(const MatmulArgs&, cudaStream_t);
 template void launch_mmq<unit::IQ3_S>(const MatmulQ8Args&, cudaStream_t);

@@ -6,6 +6,7 @@
 namespace strata::cuda {
 
 template void launch_gemv<unit::IQ4_NL>(const MatmulArgs&, cudaStream_t);
+template void launch_gemv_multi<unit::IQ4_NL>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ4_NL>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ4_NL>(const MatmulArgs&, cudaStream_t);
 template void launch_mmq<unit::IQ4_NL>(const MatmulQ8Args&, cudaStream_t);

@@ -6,6 +6,7 @@
 namespace strata::cuda {
 
 template void launch_gemv<unit::IQ4_XS>(const MatmulArgs&, cudaStream_t);
+template void launch_gemv_multi<unit::IQ4_XS>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ4_XS>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ4_XS>(const MatmulArgs&, cudaStream_t);
 template void launch_mmq<unit::IQ4_XS>(const MatmulQ8Args&, cudaStream_t);

@@ -6,6 +6,7 @@
 namespace strata::cuda {
 
 template void launch_gemv<unit::MXFP4>(const MatmulArgs&, cudaStream_t);
+template void launch_gemv_multi<unit::MXFP4>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::MXFP4>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::MXFP4>(const MatmulArgs&, cudaStream_t);
 template void launch_mmq<unit::MXFP4>(const MatmulQ8Args&, cudaStream_t);
