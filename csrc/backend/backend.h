@@ -185,6 +185,13 @@ class Backend {
     rms_scale(x, T, D, eps, grs);
     apply_norm(x, grs, w, D, nullptr, 1, T, out);
   }
+  // The residual add and the next GR read as one op, bit for bit add(x, y, T * D) then
+  // rms_norm_read(x, ..., out); out may be y (each element is read before it is written).
+  virtual void add_rms_norm_read(float* x, const float* y, int64_t T, int64_t D, float eps, const float* w,
+                                 float* grs, float* out) {
+    add(x, y, T * D);
+    rms_norm_read(x, T, D, eps, w, grs, out);
+  }
   // out[i, :] = x[rows[i] / div, :] (rows of D floats).
   virtual void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) = 0;
   // The MMQ gather: out row i (out_row_bytes apart) = q8_0 blocks of x[s, :] * grs[s] * w, or of
@@ -211,9 +218,10 @@ class Backend {
     float* Y;
     int64_t ldy;
   };
-  virtual void matmul_n(uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T, const MatmulOut* outs,
-                        int n) {
-    for (int i = 0; i < n; ++i) matmul(type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy);
+  virtual void matmul_n(uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T,
+                        const MatmulOut* outs, int n) {
+    for (int i = 0; i < n; ++i)
+      matmul(type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy);
   }
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
   virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w,
@@ -222,8 +230,8 @@ class Backend {
   // head_norm_rope of q (n_head heads, q_norm) and of k (n_kv_head heads, k_norm), then kv_store of the
   // rotated k into kc and of v into vc at pos0 (rows of n_kv_head * head_dim).
   virtual void qk_rope_store(float* q, float* k, const float* v, int64_t T, int64_t n_head, int64_t n_kv_head,
-                             int64_t head_dim, const float* q_norm, const float* k_norm, float eps, int64_t pos0,
-                             const RopeParams& rope, void* kc, void* vc, KvType t) {
+                             int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                             int64_t pos0, const RopeParams& rope, void* kc, void* vc, KvType t) {
     head_norm_rope(q, T, n_head, head_dim, q_norm, eps, pos0, rope);
     head_norm_rope(k, T, n_kv_head, head_dim, k_norm, eps, pos0, rope);
     kv_store(kc, t, pos0, T, n_kv_head * head_dim, k);

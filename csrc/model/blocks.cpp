@@ -18,6 +18,13 @@ const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D,
   return out;
 }
 
+const float* add_gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
+                         const float* w, float* stage) {
+  float* out = b.xn ? b.xn : stage;
+  be.add_rms_norm_read(b.R, b.proj, T, D, eps, w, b.grs, out);
+  return out;
+}
+
 namespace {
 void matmul(Backend& be, const DenseMatrix& m, const float* x, int64_t T, float* y) {
   be.matmul(m.type, m.data, m.rows, m.cols, x, m.cols, T, y, m.rows);
@@ -46,8 +53,9 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
   Backend& be = ctx.be;
   const int64_t KVd = a.n_kv_head * a.head_dim;
   if (w.q.type == w.k.type && w.q.type == w.v.type && w.q.cols == w.k.cols && w.q.cols == w.v.cols) {
-    const Backend::MatmulOut outs[3] = {
-        {w.q.data, w.q.rows, b.q, w.q.rows}, {w.k.data, w.k.rows, b.k, w.k.rows}, {w.v.data, w.v.rows, b.v, w.v.rows}};
+    const Backend::MatmulOut outs[3] = {{w.q.data, w.q.rows, b.q, w.q.rows},
+                                        {w.k.data, w.k.rows, b.k, w.k.rows},
+                                        {w.v.data, w.v.rows, b.v, w.v.rows}};
     be.matmul_n(w.q.type, w.q.cols, x, w.q.cols, T, outs, 3);
   } else {
     matmul(be, w.q, x, T, b.q);
@@ -55,8 +63,8 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
     matmul(be, w.v, x, T, b.v);
   }
   const KvType kt = ctx.kv.type();
-  be.qk_rope_store(b.q, b.k, b.v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
-                   ctx.kv.k(l), ctx.kv.v(l), kt);
+  be.qk_rope_store(b.q, b.k, b.v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0,
+                   a.rope, ctx.kv.k(l), ctx.kv.v(l), kt);
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
   be.attention(b.q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, b.attn);
   matmul(be, w.o, b.attn, T, b.proj);

@@ -20,6 +20,9 @@ struct DenseMatrix {
 // plan carves it (gr_unfused), else staged in `stage` (a buffer free at this point of the layer).
 const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps, const float* w,
                      float* stage);
+// b.R += b.proj (the sublayer's output), then gr_read: one op (Backend::add_rms_norm_read).
+const float* add_gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
+                         const float* w, float* stage);
 
 // One hyper-connection site (HC > 1 streams): the mixing projection of the flattened streams and
 // the scale and base of its pre / post / comb parts; eps and Sinkhorn iterations from the spec.

@@ -133,16 +133,17 @@ class Qwen3MoeForward final : public ForwardPass {
     for (int64_t l = 0; l < s.L; ++l) {
       between_layers(ctx_, l, T, pos0);
       const Layer& ly = layers_[l];
-      const float* x = gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
+      // Each sublayer's output (proj) joins the residual in the next GR read's op.
+      const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
+                              : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
       attention_block(ctx_, b, l, ly.attn, shape_, x, T, pos0);
-      be.add(b.R, b.proj, T * D);
-      x = gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
+      x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
       softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
       moe_block(ctx_, b, l, T, ly.ffn_norm);
-      be.add(b.R, b.proj, T * D);
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
+    be.add(b.R, b.proj, T * D);  // the last layer's MoE output
     be.rms_scale(b.R, T, D, s.rms_eps, b.grs);
     const int64_t first = all_logits ? 0 : T - 1;
     float* x = b.xn ? b.xn : b.proj;

@@ -8,11 +8,27 @@
 
 namespace strata::quant_detail {
 
-#define STRATA_QUANT_KERNELS(X)                                                                             \
-  X(q8_0)                                                                                                   \
-  X(q4_0)                                                                                                   \
-  X(q4_1) X(q5_0) X(q5_1) X(iq4_nl) X(mxfp4) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq2_xs) X(iq4_xs) X(iq3_xxs) \
-      X(iq3_s) X(iq2_s) X(iq1_s) X(iq1_m)
+// clang-format off
+#define STRATA_QUANT_KERNELS(X) \
+  X(q8_0) \
+  X(q4_0) \
+  X(q4_1) \
+  X(q5_0) \
+  X(q5_1) \
+  X(iq4_nl) \
+  X(mxfp4) \
+  X(q3_k) \
+  X(q4_k) \
+  X(q5_k) \
+  X(q6_k) \
+  X(iq2_xs) \
+  X(iq4_xs) \
+  X(iq3_xxs) \
+  X(iq3_s) \
+  X(iq2_s) \
+  X(iq1_s) \
+  X(iq1_m)
+// clang-format on
 #define STRATA_DECLARE(name)                                                                                \
   void gemv_##name##_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);                     \
   void mmq_##name##_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, \

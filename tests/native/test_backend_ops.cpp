@@ -92,6 +92,29 @@ TEST_P(Op, RmsNormReadIsScaleThenApply) {
     }
 }
 
+// The residual add fused into the next GR read equals add then rms_norm_read bit for bit, also when
+// the output overwrites the added rows (as the forward pass stages it in proj).
+TEST_P(Op, AddRmsNormReadIsAddThenRead) {
+  std::mt19937 rng(34);
+  for (int64_t D : {229, 2048})
+    for (int64_t T : kTs)
+      for (bool in_place : {false, true}) {
+        const auto x = randf(rng, T * D, -2.f, 2.f), y = randf(rng, T * D, -2.f, 2.f),
+                   w = randf(rng, D, -1.5f, 1.5f);
+        constexpr float kEps = 3e-4f;
+        Dev<float> x1(be(), x, "x"), y1(be(), y, "y"), x2(be(), x, "x fused"), y2(be(), y, "y fused");
+        Dev<float> dw(be(), w, "w"), g1(be(), T, "grs"), g2(be(), T, "grs fused"), o1(be(), T * D, "out"),
+            o2(be(), T * D, "out fused");
+        be().add(x1.p(), y1.p(), T * D);
+        be().rms_norm_read(x1.p(), T, D, kEps, dw.p(), g1.p(), o1.p());
+        be().add_rms_norm_read(x2.p(), y2.p(), T, D, kEps, dw.p(), g2.p(), in_place ? y2.p() : o2.p());
+        const std::string what = str("add_rms_norm_read D=", D, " T=", T, in_place ? " in place" : "");
+        expect_same(x2.get(), x1.get(), what + " x");
+        expect_same(g2.get(), g1.get(), what + " grs");
+        expect_same(in_place ? y2.get() : o2.get(), o1.get(), what + " out");
+      }
+}
+
 TEST_P(Op, ApplyNormAndGather) {
   std::mt19937 rng(4);
   const int64_t D = 229, K = 3;
@@ -349,7 +372,8 @@ TEST_P(Op, QkRopeStoreIsItsSteps) {
         be().head_norm_rope(k1.p(), T, KV, hd, kw, 1e-5f, pos0, rope);
         be().kv_store(kc1.p(), t, pos0, T, width, k1.p());
         be().kv_store(vc1.p(), t, pos0, T, width, dv.p());
-        be().qk_rope_store(q2.p(), k2.p(), dv.p(), T, H, KV, hd, qw, kw, 1e-5f, pos0, rope, kc2.p(), vc2.p(), t);
+        be().qk_rope_store(q2.p(), k2.p(), dv.p(), T, H, KV, hd, qw, kw, 1e-5f, pos0, rope, kc2.p(), vc2.p(),
+                           t);
         const std::string what = str("qk_rope_store T=", T, normed ? " normed " : " ", kv_type_name(t));
         expect_same(q2.get(), q1.get(), what + " q");
         expect_same(k2.get(), k1.get(), what + " k");
@@ -449,32 +473,33 @@ TEST_P(Op, AttentionIndependentOfChunking) {
   // Query heads per kv head 4, 16 and 1; head dims of the GPU's decode kernel and one it leaves to the
   // general kernel (72).
   for (const Shape sh : {Shape{8, 2, 64}, Shape{32, 2, 128}, Shape{3, 3, 256}, Shape{4, 2, 72}})
-  for (KvType t : {KvType::F32, KvType::F16}) {
-    const int64_t H = sh.H, KV = sh.KV, hd = sh.hd, width = KV * hd, pos0 = 120, T = 19;  // crosses key 128
-    const int64_t ctx = pos0 + T, first = 7;
-    if (!be().supports_kv(t)) continue;
-    const size_t eb = kv_elem_bytes(t);
-    const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f),
-               q = randf(rng, T * H * hd, -2.f, 2.f);
-    Dev<uint8_t> kc(be(), (size_t)ctx * width * eb, "k cache"), vc(be(), (size_t)ctx * width * eb, "v cache");
-    Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q");
-    be().kv_store(kc.p(), t, 0, ctx, width, dk.p());
-    be().kv_store(vc.p(), t, 0, ctx, width, dv.p());
-    const float scale = 1.0f / std::sqrt((float)hd);
-    Dev<float> whole(be(), T * H * hd, "whole"), chunks(be(), T * H * hd, "chunks"),
-        tokens(be(), T * H * hd, "tokens");
-    be().attention(dq.p(), kc.p(), vc.p(), t, T, pos0, H, KV, hd, scale, whole.p());
-    be().attention(dq.p(), kc.p(), vc.p(), t, first, pos0, H, KV, hd, scale, chunks.p());
-    be().attention(dq.p() + first * H * hd, kc.p(), vc.p(), t, T - first, pos0 + first, H, KV, hd, scale,
-                   chunks.p() + first * H * hd);
-    for (int64_t i = 0; i < T; ++i)
-      be().attention(dq.p() + i * H * hd, kc.p(), vc.p(), t, 1, pos0 + i, H, KV, hd, scale,
-                     tokens.p() + i * H * hd);
-    const auto w = whole.get();
-    const std::string what = str(kv_type_name(t), ", H=", H, " KV=", KV, " hd=", hd);
-    expect_same(chunks.get(), w, "attention in two chunks vs one, " + what);
-    expect_same(tokens.get(), w, "attention token by token vs one chunk, " + what);
-  }
+    for (KvType t : {KvType::F32, KvType::F16}) {
+      const int64_t H = sh.H, KV = sh.KV, hd = sh.hd, width = KV * hd, pos0 = 120, T = 19;  // crosses key 128
+      const int64_t ctx = pos0 + T, first = 7;
+      if (!be().supports_kv(t)) continue;
+      const size_t eb = kv_elem_bytes(t);
+      const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f),
+                 q = randf(rng, T * H * hd, -2.f, 2.f);
+      Dev<uint8_t> kc(be(), (size_t)ctx * width * eb, "k cache"),
+          vc(be(), (size_t)ctx * width * eb, "v cache");
+      Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q");
+      be().kv_store(kc.p(), t, 0, ctx, width, dk.p());
+      be().kv_store(vc.p(), t, 0, ctx, width, dv.p());
+      const float scale = 1.0f / std::sqrt((float)hd);
+      Dev<float> whole(be(), T * H * hd, "whole"), chunks(be(), T * H * hd, "chunks"),
+          tokens(be(), T * H * hd, "tokens");
+      be().attention(dq.p(), kc.p(), vc.p(), t, T, pos0, H, KV, hd, scale, whole.p());
+      be().attention(dq.p(), kc.p(), vc.p(), t, first, pos0, H, KV, hd, scale, chunks.p());
+      be().attention(dq.p() + first * H * hd, kc.p(), vc.p(), t, T - first, pos0 + first, H, KV, hd, scale,
+                     chunks.p() + first * H * hd);
+      for (int64_t i = 0; i < T; ++i)
+        be().attention(dq.p() + i * H * hd, kc.p(), vc.p(), t, 1, pos0 + i, H, KV, hd, scale,
+                       tokens.p() + i * H * hd);
+      const auto w = whole.get();
+      const std::string what = str(kv_type_name(t), ", H=", H, " KV=", KV, " hd=", hd);
+      expect_same(chunks.get(), w, "attention in two chunks vs one, " + what);
+      expect_same(tokens.get(), w, "attention token by token vs one chunk, " + what);
+    }
 }
 
 TEST_P(Op, AddAndSwiglu) {

@@ -53,8 +53,8 @@ __device__ __forceinline__ void widen(const uint4& raw, const uint16_t*, float* 
   }
 }
 template <class KvT>
-__device__ __forceinline__ void stage_kv(float* kv, const KvT* src, int64_t s0, int ns, int64_t KV, int64_t kvh,
-                                         int64_t hd) {
+__device__ __forceinline__ void stage_kv(float* kv, const KvT* src, int64_t s0, int ns, int64_t KV,
+                                         int64_t kvh, int64_t hd) {
   constexpr int kPer = 16 / sizeof(KvT);  // elements of a piece
   const bool vec = hd % kPer == 0 && (KV * hd) % kPer == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
   if (!vec) {
@@ -69,7 +69,8 @@ __device__ __forceinline__ void stage_kv(float* kv, const KvT* src, int64_t s0, 
     for (int i = 0; i < kStageLoads; ++i) {
       const int64_t e = base + i * kThreads + threadIdx.x;
       if (e < total)
-        raw[i] = __ldg(reinterpret_cast<const uint4*>(src + ((s0 + e / per_row) * KV + kvh) * hd) + e % per_row);
+        raw[i] =
+            __ldg(reinterpret_cast<const uint4*>(src + ((s0 + e / per_row) * KV + kvh) * hd) + e % per_row);
     }
 #pragma unroll
     for (int i = 0; i < kStageLoads; ++i) {
@@ -277,15 +278,17 @@ __device__ __forceinline__ float transposed_sum(float v[kWarp], int lane) {
 
 // Keys (or values) j0 + k, k < nk, of kv head kvh as stored into buf ([nk][hd]).
 template <class KvT>
-__device__ __forceinline__ void stage_keys(KvT* buf, const KvT* src, int64_t j0, int nk, int64_t KV, int64_t kvh,
-                                           int64_t hd) {
+__device__ __forceinline__ void stage_keys(KvT* buf, const KvT* src, int64_t j0, int nk, int64_t KV,
+                                           int64_t kvh, int64_t hd) {
   constexpr int kPer = 16 / sizeof(KvT), kLoads = kStageBytes / 16 / kDecThreads;
   const int64_t per_row = hd / kPer, total = nk * per_row;
   uint4 raw[kLoads];
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
     const int64_t e = i * kDecThreads + threadIdx.x;
-    if (e < total) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + ((j0 + e / per_row) * KV + kvh) * hd) + e % per_row);
+    if (e < total)
+      raw[i] =
+          __ldg(reinterpret_cast<const uint4*>(src + ((j0 + e / per_row) * KV + kvh) * hd) + e % per_row);
   }
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
@@ -333,7 +336,8 @@ __global__ void __launch_bounds__(kDecThreads)
         float d = 0.0f;
         if (k0 + k < nk)
 #pragma unroll
-          for (int dd = 0; dd < kDims; ++dd) d = fmaf(qr[dd], kv_load(buf + (k0 + k) * hd + lane + kWarp * dd), d);
+          for (int dd = 0; dd < kDims; ++dd)
+            d = fmaf(qr[dd], kv_load(buf + (k0 + k) * hd + lane + kWarp * dd), d);
         part[k] = d;
       }
       const float score = transposed_sum(part, lane) * sh.scale;
@@ -466,8 +470,8 @@ size_t smem_bytes(const Shape& s) {
 // attention_decode_kernel where its shape allows (head dims 64, 128 or 256, up to 16 query heads per
 // kv head, 16-byte aligned caches); false otherwise (the general split kernel then runs).
 template <class KvT, int kDims>
-void launch_decode_dims(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb, float* part_ml,
-                        float* part_acc, cudaStream_t st) {
+void launch_decode_dims(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb,
+                        float* part_ml, float* part_acc, cudaStream_t st) {
   attention_decode_kernel<KvT, kDims>
       <<<dim3(grid_x(nb), (unsigned)s.KV), kDecThreads, 0, st>>>(q, kc, vc, s, part_ml, part_acc);
 }

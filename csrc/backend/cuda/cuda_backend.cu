@@ -315,6 +315,11 @@ class CudaBackend final : public Backend {
     use();
     cuda::launch_rms_norm_read(x, T, D, eps, w, grs, out, compute_);
   }
+  void add_rms_norm_read(float* x, const float* y, int64_t T, int64_t D, float eps, const float* w,
+                         float* grs, float* out) override {
+    use();
+    cuda::launch_add_rms_norm_read(x, y, T, D, eps, w, grs, out, compute_);
+  }
   void gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out) override {
     use();
     cuda::launch_gather(x, D, rows, div, n, out, compute_);
@@ -342,13 +347,15 @@ class CudaBackend final : public Backend {
   void matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
               int64_t T, float* Y, int64_t ldy) override {
     use();
-    cuda::launch_matmul_path(matmul_path(type, rows, cols, T), type, W, rows, cols, X, ldx, T, Y, ldy, compute_);
+    cuda::launch_matmul_path(matmul_path(type, rows, cols, T), type, W, rows, cols, X, ldx, T, Y, ldy,
+                             compute_);
   }
   // A prompt always on tensor cores and decode always on GEMV, whatever the number of tokens: a row's
   // result then never depends on the chunking (see Phase); Phase::Any chooses by the shape.
   cuda::MatmulPath matmul_path(uint32_t type, int64_t rows, int64_t cols, int64_t T) const {
     if (phase() == Phase::Any)
-      return cuda::matmul_should_use_gemv(type, rows, cols, T) ? cuda::MatmulPath::Gemv : cuda::MatmulPath::TensorCore;
+      return cuda::matmul_should_use_gemv(type, rows, cols, T) ? cuda::MatmulPath::Gemv
+                                                               : cuda::MatmulPath::TensorCore;
     return phase() == Phase::Prompt ? cuda::MatmulPath::TensorCore : cuda::MatmulPath::Gemv;
   }
   void matmul_n(uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T, const MatmulOut* outs,
@@ -377,8 +384,8 @@ class CudaBackend final : public Backend {
                      int64_t head_dim, const float* q_norm, const float* k_norm, float eps, int64_t pos0,
                      const RopeParams& rope, void* kc, void* vc, KvType t) override {
     use();
-    cuda::launch_qk_rope_store(q, k, v, T, n_head, n_kv_head, head_dim, q_norm, k_norm, eps, pos0, pos_.dev, rope,
-                               kc, vc, t, compute_);
+    cuda::launch_qk_rope_store(q, k, v, T, n_head, n_kv_head, head_dim, q_norm, k_norm, eps, pos0, pos_.dev,
+                               rope, kc, vc, t, compute_);
   }
   bool supports_kv(KvType t) const override { return t == KvType::F32 || t == KvType::F16; }
   void kv_store(void* cache, KvType t, int64_t pos0, int64_t T, int64_t width, const float* src) override {

@@ -167,7 +167,8 @@ constexpr int kRowWarps = 4, kRowThreads = kRowWarps * kWarp;
 // Unit u's 16 weights of the row: zeros past the last column of a float row, whose tail is copied
 // first so that nothing past the row's end is read.
 template <class F>
-__device__ __forceinline__ void row_unit(const uint8_t* row, int64_t cols, int64_t col, float w[unit::kUnit]) {
+__device__ __forceinline__ void row_unit(const uint8_t* row, int64_t cols, int64_t col,
+                                         float w[unit::kUnit]) {
   const uint8_t* p = row + col / F::kBlock * F::kBytes;
   if constexpr (F::kBlock == 1) {
     if (col + unit::kUnit > cols) {
@@ -185,7 +186,8 @@ __device__ __forceinline__ void row_unit(const uint8_t* row, int64_t cols, int64
 }
 
 // The 16 activations of columns col..: zeros past the last column.
-__device__ __forceinline__ void row_x(const float* x, int64_t cols, int64_t col, bool x_vec, float v[unit::kUnit]) {
+__device__ __forceinline__ void row_x(const float* x, int64_t cols, int64_t col, bool x_vec,
+                                      float v[unit::kUnit]) {
   if (x_vec && col + unit::kUnit <= cols) {
 #pragma unroll
     for (int q = 0; q < unit::kUnit / 4; ++q)
@@ -198,7 +200,8 @@ __device__ __forceinline__ void row_x(const float* x, int64_t cols, int64_t col,
 
 // W row . x, on every lane of the warp.
 template <class F>
-__device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec, int lane) {
+__device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec,
+                                         int lane) {
   float acc = 0.0f;
   const int64_t units = ceil_div(cols, unit::kUnit);
 #pragma unroll 4
@@ -278,7 +281,8 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
 template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   using namespace gemv;
-  gemv_multi_kernel<F><<<grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s>>>(g, x_rows_aligned(g.X, 4));
+  gemv_multi_kernel<F>
+      <<<grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s>>>(g, x_rows_aligned(g.X, 4));
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

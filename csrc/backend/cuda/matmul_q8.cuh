@@ -148,12 +148,12 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
 // ---- one token (decode): the MMVQ kernel ----
 // Per output the same float steps in the same order as mmq_block (the blocks' q8_fma in column order
 // on one accumulator from 0), so results are bit for bit the CPU's and the tile kernel's; the work is
-// laid out for a single activation row instead: a block of 128 threads owns 16 rows and walks their
+// laid out for a single activation row instead: a block of 64 threads owns 8 rows and walks their
 // columns 64 blocks (2048 columns) at a time. Phase 1: each thread forms the integer sums of 8 (row,
 // block) pairs straight from global memory (consecutive threads on consecutive blocks of a row), with
 // no staging and many rows in flight; phase 2: thread r applies row r's float steps in order.
 namespace vec {
-constexpr int kThreads = 128, kRows = 16, kNB = 64;
+constexpr int kThreads = 64, kRows = 8, kNB = 64;  // small blocks: many in flight a multiprocessor
 constexpr int kPerThread = kRows * kNB / kThreads;
 static_assert(kRows <= kThreads, "phase 2 takes one thread per row");
 

@@ -77,6 +77,54 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// x += y, then rms_norm_read_kernel's steps, one block per token; each thread reads and writes only its
+// own columns, so out may be y.
+__global__ void __launch_bounds__(kThreads)
+    add_rms_norm_read_kernel(float* x, const float* y, int64_t D, float eps, const float* w, float* grs,
+                             float* out) {
+  __shared__ float red[kWarp];
+  float* r = x + (int64_t)blockIdx.x * D;
+  const float* yr = y + (int64_t)blockIdx.x * D;
+  float* o = out + (int64_t)blockIdx.x * D;
+  constexpr int kBatch = 8;
+  float ss = 0.0f;
+  for (int64_t c0 = threadIdx.x; c0 < D; c0 += (int64_t)kBatch * blockDim.x) {
+    float a[kBatch], b[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + (int64_t)k * blockDim.x;
+      a[k] = c < D ? r[c] : 0.0f;
+      b[k] = c < D ? yr[c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + (int64_t)k * blockDim.x;
+      if (c < D) {
+        const float v = __fadd_rn(a[k], b[k]);
+        r[c] = v;
+        ss = fmaf(v, v, ss);
+      }
+    }
+  }
+  ss = block_sum(ss, red);
+  const float g = 1.0f / sqrtf(ss / (float)D + eps);
+  if (threadIdx.x == 0) grs[blockIdx.x] = g;
+  for (int64_t c0 = threadIdx.x; c0 < D; c0 += (int64_t)kBatch * blockDim.x) {
+    float v[kBatch], wv[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + (int64_t)k * blockDim.x;
+      v[k] = c < D ? r[c] : 0.0f;
+      wv[k] = c < D ? w[c] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + (int64_t)k * blockDim.x;
+      if (c < D) o[c] = __fmul_rn(__fmul_rn(v[k], g), wv[k]);
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     gather_kernel(const float* x, int64_t D, const int32_t* rows, int64_t div, float* out) {
   const int64_t i = blockIdx.x;
@@ -117,7 +165,8 @@ __device__ __forceinline__ void norm_rope_head(float* h, float* sh, float* red, 
     float s, c;
     sincosf(__fmul_rn(pos, inv_freq.v[i]), &s, &c);
     const float x0 = sh[i], x1 = sh[i + half];
-    const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)),
+                y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
     h[i] = y0;
     h[i + half] = y1;
     if (kv) {
@@ -135,15 +184,17 @@ __device__ __forceinline__ void norm_rope_head(float* h, float* sh, float* red, 
 // written to kc), then those of v (copied to vc); the cache rows at pos0 + pos_dev + token.
 __global__ void __launch_bounds__(kRopeThreads)
     qk_rope_store_kernel(float* q, float* k, const float* v, int64_t n_head, int64_t n_kv, int64_t hd,
-                         const float* q_norm, const float* k_norm, float eps, int64_t pos0, const int32_t* pos_dev,
-                         int64_t half, InvFreq inv_freq, void* kc, void* vc, bool f16) {
+                         const float* q_norm, const float* k_norm, float eps, int64_t pos0,
+                         const int32_t* pos_dev, int64_t half, InvFreq inv_freq, void* kc, void* vc,
+                         bool f16) {
   extern __shared__ float sh[];  // hd floats
   __shared__ float red[kWarp];
   const int64_t per_token = n_head + 2 * n_kv, t = blockIdx.x / per_token, j = blockIdx.x % per_token;
   const int64_t row = pos0 + (pos_dev ? *pos_dev : 0) + t;
   const int64_t width = n_kv * hd, eb = f16 ? 2 : 4;
   if (j < n_head) {
-    norm_rope_head(q + (t * n_head + j) * hd, sh, red, hd, q_norm, eps, (float)row, half, inv_freq, nullptr, f16);
+    norm_rope_head(q + (t * n_head + j) * hd, sh, red, hd, q_norm, eps, (float)row, half, inv_freq, nullptr,
+                   f16);
   } else if (j < n_head + n_kv) {
     const int64_t kh = j - n_head;
     void* dst = static_cast<uint8_t*>(kc) + (row * width + kh * hd) * eb;
@@ -173,7 +224,8 @@ InvFreq rope_inv_freq(const RopeParams& rope, int64_t hd, const char* op) {
   const int64_t half = rope.n_dims / 2;
   STRATA_CHECK(half <= kMaxRopeHalf, UnsupportedError, op, ": the CUDA backend rotates at most ",
                2 * kMaxRopeHalf, " dims per head, not ", rope.n_dims);
-  STRATA_CHECK((size_t)hd * sizeof(float) <= 48 * 1024, UnsupportedError, op, ": head_dim ", hd, " is too large");
+  STRATA_CHECK((size_t)hd * sizeof(float) <= 48 * 1024, UnsupportedError, op, ": head_dim ", hd,
+               " is too large");
   InvFreq inv{};
   for (int64_t i = 0; i < half; ++i)
     inv.v[i] = 1.0f / std::pow(rope.freq_base, (float)(2 * i) / (float)rope.n_dims);
@@ -195,10 +247,17 @@ void launch_apply_norm(const float* x, const float* grs, const float* w, int64_t
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
-void launch_rms_norm_read(const float* x, int64_t T, int64_t D, float eps, const float* w, float* grs, float* out,
-                          cudaStream_t s) {
+void launch_rms_norm_read(const float* x, int64_t T, int64_t D, float eps, const float* w, float* grs,
+                          float* out, cudaStream_t s) {
   if (T <= 0) return;
   rms_norm_read_kernel<<<grid_x(T), kThreads, 0, s>>>(x, D, eps, w, grs, out);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_add_rms_norm_read(float* x, const float* y, int64_t T, int64_t D, float eps, const float* w,
+                              float* grs, float* out, cudaStream_t s) {
+  if (T <= 0) return;
+  add_rms_norm_read_kernel<<<grid_x(T), kThreads, 0, s>>>(x, y, D, eps, w, grs, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -218,9 +277,10 @@ void launch_head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, con
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
-void launch_qk_rope_store(float* q, float* k, const float* v, int64_t T, int64_t n_head, int64_t n_kv, int64_t hd,
-                          const float* q_norm, const float* k_norm, float eps, int64_t pos0, const int32_t* pos_dev,
-                          const RopeParams& rope, void* kc, void* vc, KvType t, cudaStream_t s) {
+void launch_qk_rope_store(float* q, float* k, const float* v, int64_t T, int64_t n_head, int64_t n_kv,
+                          int64_t hd, const float* q_norm, const float* k_norm, float eps, int64_t pos0,
+                          const int32_t* pos_dev, const RopeParams& rope, void* kc, void* vc, KvType t,
+                          cudaStream_t s) {
   const InvFreq inv = rope_inv_freq(rope, hd, "qk_rope_store");
   STRATA_CHECK(n_head >= 0 && n_kv >= 0, ConfigError, "qk_rope_store: negative head counts");
   if (T <= 0 || n_head + n_kv == 0) return;

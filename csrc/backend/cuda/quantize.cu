@@ -13,8 +13,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Blocks (output row, group of its 32-blocks), one warp per 32-block, one lane per element: d = max|v| / 127 (the max
-// is exact in any order), id = 1 / d (0 for an all-zero block), q = lroundf(v * id), d stored as
+// Blocks (output row, group of its 32-blocks), one warp per 32-block, one lane per element: d = max|v| / 127
+// (the max is exact in any order), id = 1 / d (0 for an all-zero block), q = lroundf(v * id), d stored as
 // fp16 rounded to nearest even.
 __global__ void __launch_bounds__(kThreads)
     quantize_q8_0_kernel(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
@@ -45,7 +45,8 @@ void launch_quantize_q8_0(const float* x, const float* grs, const float* w, int6
                "quantize_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", D / 32, " blocks");
   if (n <= 0 || D == 0) return;
   const unsigned per_row = (unsigned)std::min<int64_t>(ceil_div(D / 32, kThreads / kWarp), 65535);
-  quantize_q8_0_kernel<<<dim3(grid_x(n), per_row), kThreads, 0, s>>>(x, grs, w, D, rows, div, out, out_row_bytes);
+  quantize_q8_0_kernel<<<dim3(grid_x(n), per_row), kThreads, 0, s>>>(x, grs, w, D, rows, div, out,
+                                                                     out_row_bytes);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
