@@ -15,10 +15,21 @@ void check_shape(const char* op, int64_t rows, int64_t cols, int64_t T, int64_t 
   STRATA_CHECK(ldy >= rows, ConfigError, op, ": ldy=", ldy, " is smaller than rows=", rows);
 }
 
-// The kernels read a float weight row by its elements and a quantized one by its 16-bit fields.
+// The kernels read a float weight row by its elements, a quantized one by its 16-bit fields, and a
+// format read byte by byte (kAnyAddress: MXFP4's 17-byte blocks) at any address.
+template <class F>
+constexpr size_t weight_align() {
+  if constexpr (F::kBlock == 1)
+    return F::kBytes;
+  else if constexpr (requires { F::kAnyAddress; })
+    return F::kAnyAddress ? 1 : 2;
+  else
+    return 2;
+}
+
 template <class F>
 void check_weights(const void* W, size_t rb, const char* op) {
-  constexpr size_t kAlign = F::kBlock == 1 ? F::kBytes : 2;
+  constexpr size_t kAlign = weight_align<F>();
   STRATA_CHECK(reinterpret_cast<uintptr_t>(W) % kAlign == 0 && rb % kAlign == 0, ConfigError, op,
                ": weight rows at ", W, ", ", rb, " bytes apart, are not aligned to ", kAlign, " bytes");
 }

@@ -148,88 +148,119 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
 // ---- one token (decode): the MMVQ kernel ----
 // Per output the same float steps in the same order as mmq_block (the blocks' q8_fma in column order
 // on one accumulator from 0), so results are bit for bit the CPU's and the tile kernel's; the work is
-// laid out for a single activation row instead: a block of 64 threads owns 8 rows and walks their
-// columns 64 blocks (2048 columns) at a time. Phase 1: each thread forms the integer sums of 8 (row,
-// block) pairs straight from global memory (consecutive threads on consecutive blocks of a row), with
-// no staging and many rows in flight; phase 2: thread r applies row r's float steps in order.
+// laid out for a single activation row instead. A block of 128 threads owns kRows rows (16, or 8 for
+// formats of many bytes a block) and walks their columns 64 blocks (2048 columns) at a time: the
+// chunk's weight bytes of its rows and the activation's q8_0 bytes go to shared memory by 16-byte
+// cp.async (coalesced, all in flight at once); phase 1: thread (b, g) decodes the activation's block b
+// once and forms its integer sums against block b of kRowsPer rows, from shared memory; phase 2:
+// thread r applies row r's float steps in column order.
 namespace vec {
-constexpr int kThreads = 64, kRows = 8, kNB = 64;  // small blocks: many in flight a multiprocessor
-constexpr int kPerThread = kRows * kNB / kThreads;
-static_assert(kRows <= kThreads, "phase 2 takes one thread per row");
+constexpr int kThreads = 128, kNB = 64;
 
 template <class F>
+struct Cfg {
+  static_assert(kNB * kQK % F::kBlock == 0, "a chunk holds whole weight blocks");
+  static constexpr int kRowBytes = kNB * kQK / F::kBlock * F::kBytes;  // weight bytes of a row in a chunk
+  static constexpr int kRows = kRowBytes <= 1792 ? 16 : 8;             // static shared memory under 48 KB
+  static constexpr int kWPieces = stage_pieces(kRowBytes), kWStride = 16 * kWPieces;
+  static constexpr int kXPieces = stage_pieces(kNB * kXBlock), kXStride = 16 * kXPieces;
+  static constexpr int kIvRow = kNB * F::kPairs + 1;  // odd strides: phase 2's threads on distinct banks
+  static constexpr int kWdRow = kNB + 1;
+  static constexpr int kGroups = kThreads / kNB, kRowsPer = kRows / kGroups;  // phase 1: rows a thread
+  static_assert(kThreads % kNB == 0 && kRows % kGroups == 0 && kRows <= kThreads,
+                "phase 1's and 2's threads");
+};
+template <class F>
+__host__ __device__ constexpr int64_t rows_per_block() {
+  return Cfg<F>::kRows;
+}
+
+// Rows r0 .. r0 + kRows of W (rows x cols, rows rb bytes apart, readable up to W + rows * rb) against
+// the q8_0 row xq, whose readable extent is [xlo, xhi).
+template <class F>
 __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t rows, int64_t cols,
-                                           const uint8_t* xq, float* y, int64_t r0) {
-  constexpr int kIvRow = kNB * F::kPairs + 1;  // odd strides: phase 2's threads on distinct banks
-  constexpr int kWdRow = kNB + 1;
-  __shared__ int iv[kRows * kIvRow];
-  __shared__ float wd[kRows * kWdRow], wdmin[kRows * kWdRow], dxs[kNB];
+                                           const uint8_t* xq, const uint8_t* xlo, const uint8_t* xhi,
+                                           float* y, int64_t r0) {
+  using C = Cfg<F>;
+  __shared__ __align__(16) uint8_t wraw[C::kRows * C::kWStride];
+  __shared__ __align__(16) uint8_t xraw[C::kXStride];
+  __shared__ int iv[C::kRows * C::kIvRow];
+  __shared__ float wd[C::kRows * C::kWdRow], wdmin[C::kRows * C::kWdRow], dxs[kNB];
   const int tid = threadIdx.x;
-  const int nrows = static_cast<int>(min64(kRows, rows - r0));
+  const int nrows = static_cast<int>(min64(C::kRows, rows - r0));
   const int64_t nblk = cols / kQK;
+  const uint8_t* wrows = W + r0 * rb;
+  const uint8_t* whi = W + rows * rb;
   float acc = 0.0f;
   for (int64_t c0 = 0; c0 < nblk; c0 += kNB) {
     const int nb = static_cast<int>(min64(kNB, nblk - c0));
-    // All of this thread's pairs first, into registers (no store between their loads, so they are in
-    // flight together), then into shared memory.
-    int v[kPerThread][F::kPairs];
-    float d[kPerThread], dmin[kPerThread], dx[kPerThread];
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int p = tid + k * kThreads, row = p / kNB, b = p % kNB;
-      if (row >= nrows || b >= nb) continue;
-      const int64_t blk = c0 + b;
-      unit::Q8Weights w;
-      F::q8_weights(W + (r0 + row) * rb + blk * kQK / F::kBlock * F::kBytes, blk * kQK % F::kBlock / kQK, w);
+    const size_t woff = static_cast<size_t>(c0 * kQK / F::kBlock * F::kBytes);
+    const size_t xoff = static_cast<size_t>(c0 * kXBlock);
+    stage_rows<C::kWPieces>(wraw, wrows, rb, nrows, woff, nb * kQK / F::kBlock * F::kBytes, W, whi, tid,
+                            kThreads);
+    stage_rows<C::kXPieces>(xraw, xq, 0, 1, xoff, nb * kXBlock, xlo, xhi, tid, kThreads);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Thread (b, g): block b of the activation, decoded once, against rows g * kRowsPer .. of it.
+    const int b = tid % kNB, g = tid / kNB;
+    if (b < nb) {
       unit::Q8Act xa;
-      dx[k] = unit::q8_act<F>(xq + blk * kXBlock, xa);
-      F::q8_ints(w, xa, v[k]);
-      d[k] = w.d;
-      dmin[k] = w.dmin;
-    }
+      const float dx = unit::q8_act<F>(xraw + stage_head(xq + xoff) + b * kXBlock, xa);
+      if (g == 0) dxs[b] = dx;
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int p = tid + k * kThreads, row = p / kNB, b = p % kNB;
-      if (row >= nrows || b >= nb) continue;
+      for (int j = 0; j < C::kRowsPer; ++j) {
+        const int row = g * C::kRowsPer + j;
+        if (row >= nrows) break;
+        const uint8_t* wr = wraw + row * C::kWStride + stage_head(wrows + row * rb + woff);
+        unit::Q8Weights w;
+        F::q8_weights(wr + b * kQK / F::kBlock * F::kBytes, b * kQK % F::kBlock / kQK, w);
+        int v[F::kPairs];
+        F::q8_ints(w, xa, v);
 #pragma unroll
-      for (int q = 0; q < F::kPairs; ++q) iv[row * kIvRow + b * F::kPairs + q] = v[k][q];
-      wd[row * kWdRow + b] = d[k];
-      wdmin[row * kWdRow + b] = dmin[k];
-      if (row == 0) dxs[b] = dx[k];
+        for (int q = 0; q < F::kPairs; ++q) iv[row * C::kIvRow + b * F::kPairs + q] = v[q];
+        wd[row * C::kWdRow + b] = w.d;
+        wdmin[row * C::kWdRow + b] = w.dmin;
+      }
     }
     __syncthreads();
     if (tid < nrows) {
       for (int b = 0; b < nb; ++b) {
         unit::Q8Weights w;
-        w.d = wd[tid * kWdRow + b];
-        w.dmin = wdmin[tid * kWdRow + b];
+        w.d = wd[tid * C::kWdRow + b];
+        w.dmin = wdmin[tid * C::kWdRow + b];
         int v[F::kPairs];
 #pragma unroll
-        for (int q = 0; q < F::kPairs; ++q) v[q] = iv[tid * kIvRow + b * F::kPairs + q];
+        for (int q = 0; q < F::kPairs; ++q) v[q] = iv[tid * C::kIvRow + b * F::kPairs + q];
         acc = F::q8_fma(w, dxs[b], v, acc);
       }
     }
-    __syncthreads();  // the next chunk overwrites the sums
+    __syncthreads();  // the next chunk overwrites the staged bytes and the sums
   }
   if (tid < nrows) y[r0 + tid] = acc;
 }
 
 template <class F>
 __global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
-  mmvq_block<F>(a.W, a.rb, a.rows, a.cols, a.Xq, a.Y, static_cast<int64_t>(blockIdx.x) * kRows);
+  const int64_t nblk = a.cols / kQK;
+  mmvq_block<F>(a.W, a.rb, a.rows, a.cols, a.Xq, a.Xq, a.Xq + nblk * kXBlock, a.Y,
+                static_cast<int64_t>(blockIdx.x) * rows_per_block<F>());
 }
 
 // matmul_q8_experts: block (x, i) is mmvq_kernel's block x on row i's expert matrix against q8_0 row i.
 template <class F>
 __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
-  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block<F>();
   const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
   if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
-    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + kRows); r += kThreads)
+    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + rows_per_block<F>()); r += kThreads)
       g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
-  mmvq_block<F>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Y + i * g.ldy, r0);
+  const int64_t nblk = g.cols / kQK;
+  mmvq_block<F>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq, g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock,
+                g.Y + i * g.ldy, r0);
 }
 }  // namespace vec
 
@@ -253,7 +284,7 @@ template <class F>
 void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
   using namespace mmq;
   if (a.T == 1) {
-    vec::mmvq_kernel<F><<<grid_x(ceil_div(a.rows, vec::kRows)), vec::kThreads, 0, s>>>(a);
+    vec::mmvq_kernel<F><<<grid_x(ceil_div(a.rows, vec::rows_per_block<F>())), vec::kThreads, 0, s>>>(a);
     STRATA_CUDA_LAUNCH_CHECK();
   } else if (a.T == 2)
     launch_tile<F, SmallTile<2>>(a, s);
@@ -268,7 +299,7 @@ void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
 template <class F>
 void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace mmq;
-  const dim3 grid(grid_x(ceil_div(g.rows, vec::kRows)), static_cast<unsigned>(g.n));
+  const dim3 grid(grid_x(ceil_div(g.rows, vec::rows_per_block<F>())), static_cast<unsigned>(g.n));
   vec::mmvq_experts_kernel<F><<<grid, vec::kThreads, 0, s>>>(g);
   STRATA_CUDA_LAUNCH_CHECK();
 }
