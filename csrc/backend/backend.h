@@ -254,6 +254,15 @@ class Backend {
   // Groups (t, k) pairs by expert: off[E + 1] prefix counts, rows[] = t * K + k sorted by (expert, t).
   virtual void group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off,
                                int32_t* rows) = 0;
+  // The softmax router of T tokens as one op, bit for bit these calls: matmul(type, W, E, D, x, D, T,
+  // logits, E), router_topk(logits, T, E, K, norm, ids, weights), group_by_expert(ids, T, K, E, off,
+  // rows) (a backend may run them as one launch).
+  virtual void route(uint32_t type, const void* W, int64_t E, int64_t D, const float* x, int64_t T, int64_t K,
+                     bool norm, float* logits, int32_t* ids, float* weights, int32_t* off, int32_t* rows) {
+    matmul(type, W, E, D, x, D, T, logits, E);
+    router_topk(logits, T, E, K, norm, ids, weights);
+    group_by_expert(ids, T, K, E, off, rows);
+  }
   // The routed experts' matmul for one matrix m (0 gate, 1 up, 2 down) of every row at once:
   // Y[i, :] = W(ids[order[i]], m) . X[i, :] for i < n, each expert's matrix (rows x cols of `type`)
   // found through the table without the host. Per row the result equals matmul's on that expert's
@@ -266,6 +275,15 @@ class Backend {
   virtual void matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                                  const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
                                  size_t xrow_bytes, float* Y, int64_t ldy) = 0;
+  // matmul_q8_experts of two matrices m and m2 (the same type and shape) on the same rows as one op,
+  // bit for bit the two calls (Y from m, Y2 from m2; a backend may run them as one launch).
+  virtual void matmul_q8_experts_pair(uint32_t type, const ExpertTable& t, int m, int m2, int64_t rows,
+                                      int64_t cols, const int32_t* ids, const int32_t* order, int64_t n,
+                                      const uint8_t* Xq, size_t xrow_bytes, float* Y, float* Y2,
+                                      int64_t ldy) {
+    matmul_q8_experts(type, t, m, rows, cols, ids, order, n, Xq, xrow_bytes, Y, ldy);
+    matmul_q8_experts(type, t, m2, rows, cols, ids, order, n, Xq, xrow_bytes, Y2, ldy);
+  }
   // The expert cache's resolution of one layer's experts on the device, as ExpertCache::prepare
   // does it on the host, in the same order: per expert in ascending id, a hit takes the next LRU
   // tick; a miss takes the slot with the smallest tick among those neither pinned nor held by this
@@ -275,6 +293,13 @@ class Backend {
   virtual void resolve_experts(const ExpertResolve& r) = 0;
   // g[i] = silu(g[i]) * u[i]
   virtual void swiglu(float* g, const float* u, int64_t n) = 0;
+  // SwiGLU of n rows of F and their q8_0 rows (out_row_bytes apart) as one op, bit for bit
+  // swiglu(g, u, n * F) then quantize_q8_0(g, nullptr, nullptr, F, nullptr, 1, n, out, out_row_bytes).
+  virtual void swiglu_q8_0(float* g, const float* u, int64_t n, int64_t F, uint8_t* out,
+                           size_t out_row_bytes) {
+    swiglu(g, u, n * F);
+    quantize_q8_0(g, nullptr, nullptr, F, nullptr, 1, n, out, out_row_bytes);
+  }
   // out[rows[i] / K, :] += w[rows[i]] * y[i, :] for i < n, in order of i.
   virtual void scatter_add(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n,
                            int64_t D, float* out) = 0;

@@ -72,10 +72,8 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
 
 void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,
                     int64_t T, int64_t K, bool norm) {
-  const int64_t E = router.rows;
-  matmul(be, router, x, T, b.router);
-  be.router_topk(b.router, T, E, K, norm, b.topk_ids, b.topk_w);
-  be.group_by_expert(b.topk_ids, T, K, E, b.expert_off, b.expert_rows);
+  be.route(router.type, router.data, router.rows, router.cols, x, T, K, norm, b.router, b.topk_ids, b.topk_w,
+           b.expert_off, b.expert_rows);
 }
 
 namespace {
@@ -189,10 +187,18 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
       else
         be.matmul_experts(type, tab, m, rows, cols, ids, order, n, x, cols, y, rows);
     };
-    mm(xl.gate.type, 0, F, D, b.xg, b.hg);
-    mm(xl.up.type, 1, F, D, b.xg, b.hu);
-    expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
-    if (uses_matmul_q8(xl.down.type)) be.quantize_q8_0(b.hg, nullptr, nullptr, F, nullptr, 1, n, b.xq, xrb);
+    if (xl.gate.type == xl.up.type && uses_matmul_q8(xl.gate.type)) {
+      be.matmul_q8_experts_pair(xl.gate.type, tab, 0, 1, F, D, ids, order, n, b.xq, xrb, b.hg, b.hu, F);
+    } else {
+      mm(xl.gate.type, 0, F, D, b.xg, b.hg);
+      mm(xl.up.type, 1, F, D, b.xg, b.hu);
+    }
+    if (uses_matmul_q8(xl.down.type) && swiglu_limit <= 0) {
+      be.swiglu_q8_0(b.hg, b.hu, n, F, b.xq, xrb);
+    } else {
+      expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
+      if (uses_matmul_q8(xl.down.type)) be.quantize_q8_0(b.hg, nullptr, nullptr, F, nullptr, 1, n, b.xq, xrb);
+    }
     mm(xl.down.type, 2, D, F, b.hg, b.yd);
   }
   be.zero(b.proj, (size_t)T * D * sizeof(float));

@@ -520,6 +520,77 @@ TEST_P(Op, AddAndSwiglu) {
   expect_err(max_err(dg.get(), want, abs_of(want)), 1.5e-6, "swiglu");  // measured 1.5e-7
 }
 
+// swiglu_q8_0 is swiglu then quantize_q8_0, bit for bit: the gate rows and their q8_0 bytes (row
+// stride past the blocks, whose gap stays untouched), a block of zeros (id = 0) among them.
+TEST_P(Op, SwigluQ8IsItsSteps) {
+  std::mt19937 rng(35);
+  for (const int64_t n : {1, 8, 13})
+    for (const int64_t F : {32, 768}) {
+      auto g = randf(rng, n * F, -12.f, 12.f);
+      const auto u = randf(rng, n * F, -2.f, 2.f);
+      std::fill_n(g.begin(), 32, 0.f);
+      const size_t rb = F / 32 * 34 + 6;
+      Dev<float> g1(be(), g, "g"), g2(be(), g, "g"), du(be(), u, "u");
+      Dev<uint8_t> q1(be(), std::vector<uint8_t>(n * rb, kPoison), "q"),
+          q2(be(), std::vector<uint8_t>(n * rb, kPoison), "q");
+      be().swiglu_q8_0(g1.p(), du.p(), n, F, q1.p(), rb);
+      be().swiglu(g2.p(), du.p(), n * F);
+      be().quantize_q8_0(g2.p(), nullptr, nullptr, F, nullptr, 1, n, q2.p(), rb);
+      const std::string what = str("swiglu_q8_0 n=", n, " F=", F);
+      expect_same(g1.get(), g2.get(), what + " gate");
+      expect_same(q1.get(), q2.get(), what + " q8_0 rows");
+    }
+}
+
+// matmul_q8_experts_pair is its two calls bit for bit: two matrices of different weights, resident
+// and slotted, each row's expert found for both.
+TEST_P(Op, MatmulQ8ExpertsPairIsItsCalls) {
+  std::mt19937 rng(36);
+  const int64_t E = 4, n = 5;
+  const std::vector<int32_t> ids = {3, 0, 2, 2, 1};
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  be().set_phase(Phase::Decode);
+  for (QType t : kMatmulTypes) {
+    if (!uses_matmul_q8((uint32_t)t)) continue;
+    const int64_t rows = 37, cols = cols_of(t);
+    const size_t mb = rows * row_bytes(t, cols);
+    std::vector<uint8_t> g(E * mb), u(E * mb);
+    for (int64_t e = 0; e < E; ++e) {
+      const auto wg = random_weights(t, rows, cols, rng), wu = random_weights(t, rows, cols, rng);
+      std::memcpy(&g[e * mb], wg.data(), mb);
+      std::memcpy(&u[e * mb], wu.data(), mb);
+    }
+    Dev<uint8_t> dg(be(), g, "gate"), du(be(), u, "up");
+    Dev<int32_t> dids(be(), ids, "ids"), dorder(be(), order, "order");
+    ExpertTable tab;
+    tab.E = E;
+    tab.base[0] = dg.p();
+    tab.base[1] = du.p();
+    tab.stride[0] = tab.stride[1] = mb;
+    const size_t xrb = cols / 32 * 34 + 2;
+    std::vector<uint8_t> xq(n * xrb, kPoison);
+    const auto x = randf(rng, n * cols, -2.f, 2.f);
+    for (int64_t i = 0; i < n; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
+    Dev<uint8_t> dxq(be(), xq, "Xq");
+    const int64_t ldy = rows + 3;
+    Dev<float> y0(be(), n * ldy, "Y"), y1(be(), n * ldy, "Y2"), z0(be(), n * ldy, "Y"),
+        z1(be(), n * ldy, "Y2");
+    for (auto* d : {&y0, &y1, &z0, &z1}) d->poison();
+    be().matmul_q8_experts_pair((uint32_t)t, tab, 0, 1, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb,
+                                y0.p(), y1.p(), ldy);
+    be().matmul_q8_experts((uint32_t)t, tab, 0, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb, z0.p(),
+                           ldy);
+    be().matmul_q8_experts((uint32_t)t, tab, 1, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb, z1.p(),
+                           ldy);
+    const std::string what = str("matmul_q8_experts_pair ", quant_traits(t).name);
+    expect_same(y0.get(), z0.get(), what + " first");
+    expect_same(y1.get(), z1.get(), what + " second");
+  }
+  be().set_phase(Phase::Any);
+}
+
 TEST_P(Op, RouterTopk) {
   std::mt19937 rng(11);
   const int64_t E = 37, K = 5;
@@ -549,6 +620,46 @@ TEST_P(Op, RouterTopk) {
       expect_same(ids.get(), want_ids, what);
       expect_err(max_err(wts.get(), want_w, abs_of(want_w)), 2e-6, what);  // measured 3.5e-7
     }
+}
+
+// route is its three steps bit for bit, on the fused path (one token, a float router on the GEMV
+// path) and off it (more tokens, a prompt, a quantized router); the fused launch leaves its ticket
+// zeroed, so the calls in a row each find the last block.
+TEST_P(Op, RouteIsItsSteps) {
+  std::mt19937 rng(34);
+  struct Shape {
+    int64_t E, D, K;
+  };
+  for (QType t : {QType::F32, QType::F16, QType::BF16, QType::Q8_0})
+    for (const Shape sh : {Shape{128, 2048, 8}, Shape{7, 96, 3}, Shape{64, 512, 1}, Shape{300, 64, 300}})
+      for (Phase ph : {Phase::Decode, Phase::Prompt})
+        for (int64_t T : {1, 3})
+          for (bool norm : {false, true}) {
+            const int64_t E = sh.E, D = sh.D, K = sh.K;
+            Dev<uint8_t> W(be(), random_weights(t, E, D, rng), "router");
+            auto xs = randf(rng, T * D, -2.f, 2.f);
+            if (E == 7) std::fill(xs.begin(), xs.end(), 0.f);  // every logit 0: ties everywhere
+            Dev<float> x(be(), xs, "x");
+            Dev<float> lg(be(), T * E, "logits"), lg1(be(), T * E, "logits"), w(be(), T * K, "w"),
+                w1(be(), T * K, "w");
+            Dev<int32_t> ids(be(), T * K, "ids"), ids1(be(), T * K, "ids"), off(be(), E + 1, "off"),
+                off1(be(), E + 1, "off"), rows(be(), T * K, "rows"), rows1(be(), T * K, "rows");
+            be().set_phase(ph);
+            be().route((uint32_t)t, W.p(), E, D, x.p(), T, K, norm, lg.p(), ids.p(), w.p(), off.p(),
+                       rows.p());
+            be().matmul((uint32_t)t, W.p(), E, D, x.p(), D, T, lg1.p(), E);
+            be().router_topk(lg1.p(), T, E, K, norm, ids1.p(), w1.p());
+            be().group_by_expert(ids1.p(), T, K, E, off1.p(), rows1.p());
+            be().set_phase(Phase::Any);
+            const std::string what =
+                str("route ", quant_traits(t).name, " E=", E, " D=", D, " K=", K, " T=", T, " norm=", norm,
+                    ph == Phase::Decode ? " decode" : " prompt");
+            expect_same(lg.get(), lg1.get(), what + " logits");
+            expect_same(ids.get(), ids1.get(), what + " ids");
+            expect_same(w.get(), w1.get(), what + " weights");
+            expect_same(off.get(), off1.get(), what + " off");
+            expect_same(rows.get(), rows1.get(), what + " rows");
+          }
 }
 
 TEST_P(Op, GroupByExpertAndScatterAdd) {

@@ -67,6 +67,8 @@ class CudaBackend final : public Backend {
       // Non-blocking: neither stream waits for work on the legacy default stream (nobody's).
       STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
       STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+      STRATA_CUDA_CHECK(cudaMalloc(&tickets_, kTicketBytes));
+      STRATA_CUDA_CHECK(cudaMemset(tickets_, 0, kTicketBytes));
     } catch (...) {
       release();
       throw;
@@ -375,6 +377,13 @@ class CudaBackend final : public Backend {
     use();
     cuda::launch_matmul_q8_experts(type, t, m, rows, cols, ids, order, n, Xq, xrow_bytes, Y, ldy, compute_);
   }
+  void matmul_q8_experts_pair(uint32_t type, const ExpertTable& t, int m, int m2, int64_t rows, int64_t cols,
+                              const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
+                              size_t xrow_bytes, float* Y, float* Y2, int64_t ldy) override {
+    use();
+    cuda::launch_matmul_q8_experts(type, t, m, rows, cols, ids, order, n, Xq, xrow_bytes, Y, ldy, compute_,
+                                   m2, Y2);
+  }
   void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w, float eps,
                       int64_t pos0, const RopeParams& rope) override {
     use();
@@ -413,6 +422,15 @@ class CudaBackend final : public Backend {
     use();
     cuda::launch_group_by_expert(ids, T, K, E, off, rows, compute_);
   }
+  void route(uint32_t type, const void* W, int64_t E, int64_t D, const float* x, int64_t T, int64_t K,
+             bool norm, float* logits, int32_t* ids, float* weights, int32_t* off, int32_t* rows) override {
+    use();
+    // One token on the GEMV path: one launch, its logits those of matmul's gemv_row_kernel.
+    if (T == 1 && matmul_path(type, E, D, T) == cuda::MatmulPath::Gemv &&
+        cuda::launch_route(type, W, E, D, x, K, norm, logits, ids, weights, off, rows, tickets_, compute_))
+      return;
+    Backend::route(type, W, E, D, x, T, K, norm, logits, ids, weights, off, rows);
+  }
   void resolve_experts(const ExpertResolve& r) override {
     use();
     cuda::launch_resolve_experts(r, compute_);
@@ -420,6 +438,11 @@ class CudaBackend final : public Backend {
   void swiglu(float* g, const float* u, int64_t n) override {
     use();
     cuda::launch_swiglu(g, u, n, compute_);
+  }
+  void swiglu_q8_0(float* g, const float* u, int64_t n, int64_t F, uint8_t* out,
+                   size_t out_row_bytes) override {
+    use();
+    cuda::launch_swiglu_q8_0(g, u, n, F, out, out_row_bytes, compute_);
   }
   void scatter_add(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n, int64_t D,
                    float* out) override {
@@ -491,6 +514,8 @@ class CudaBackend final : public Backend {
     graphs_.clear();
     if (scratch_) report(cudaFree(scratch_), "cudaFree");
     scratch_ = nullptr;
+    if (tickets_) report(cudaFree(tickets_), "cudaFree");
+    tickets_ = nullptr;
     if (compute_) report(cudaStreamDestroy(compute_), "cudaStreamDestroy");
     if (copy_) report(cudaStreamDestroy(copy_), "cudaStreamDestroy");
     compute_ = copy_ = nullptr;
@@ -505,6 +530,10 @@ class CudaBackend final : public Backend {
   std::vector<EventId> free_ids_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  // Zeroed device words for the kernels whose last block finishes the op (route); each such
+  // launch leaves its word zeroed again, so graphs replay them.
+  static constexpr size_t kTicketBytes = 256;
+  unsigned* tickets_ = nullptr;
   std::vector<cudaGraphExec_t> graphs_;  // nullptr: destroyed
   bool capturing_ = false;
   cuda::PosSource pos_;

@@ -1,10 +1,11 @@
-// Elementwise kernels (add, SwiGLU) and the MoE combine, scatter_add: each token's rows are found by
-// a stable sort by token (or, for a few rows, walked in order by every column's thread), then added
-// in order of i as the CPU adds them (bit-identical, no atomics).
+// Elementwise kernels (add, SwiGLU, SwiGLU with its q8_0 rows) and the MoE combine, scatter_add: each token's
+// rows are found by a stable sort by token (or, for a few rows, walked in order by every column's thread),
+// then added in order of i as the CPU adds them (bit-identical, no atomics).
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/counting_sort.cuh"
+#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/elementwise.cuh"
 
 namespace strata::cuda {
@@ -21,11 +22,32 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
 }
 
 // silu(g) * u, as the CPU writes it: (x / (1 + exp(-x))) * u.
+__device__ __forceinline__ float swiglu_one(float x, float u) {
+  return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u);
+}
 __global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const float x = g[i];
-    g[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+       i += (int64_t)gridDim.x * blockDim.x)
+    g[i] = swiglu_one(g[i], u[i]);
+}
+
+// swiglu_kernel's values, then quantize_q8_0_kernel's steps on them (one warp per 32-block, a lane
+// per element; none of those steps is an a * b + c that could be fused): block (row, group of the
+// row's 32-blocks).
+__global__ void __launch_bounds__(kThreads)
+    swiglu_q8_0_kernel(float* g, const float* u, int64_t F, uint8_t* out, size_t out_row_bytes) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t i = blockIdx.x;
+  uint8_t* o = out + i * out_row_bytes;
+  for (int64_t b = blockIdx.y * (int64_t)(blockDim.x / kWarp) + threadIdx.x / kWarp; b < F / 32;
+       b += (int64_t)gridDim.y * (blockDim.x / kWarp)) {
+    const int64_t c = i * F + b * 32 + lane;
+    const float v = swiglu_one(g[c], u[c]);
+    g[c] = v;
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    q8_0_store(o + b * kQ8Block, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
   }
 }
 
@@ -128,6 +150,17 @@ void launch_add(float* x, const float* y, int64_t n, cudaStream_t s) {
 void launch_swiglu(float* g, const float* u, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   swiglu_kernel<<<elementwise_blocks(n), kThreads, 0, s>>>(g, u, n);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_swiglu_q8_0(float* g, const float* u, int64_t n, int64_t F, uint8_t* out, size_t out_row_bytes,
+                        cudaStream_t s) {
+  STRATA_CHECK(F % 32 == 0, ConfigError, "swiglu_q8_0: a row of ", F, " elements is not whole 32-blocks");
+  STRATA_CHECK(out_row_bytes >= (size_t)(F / 32 * kQ8Block), ConfigError,
+               "swiglu_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", F / 32, " blocks");
+  if (n <= 0 || F == 0) return;
+  const unsigned per_row = (unsigned)std::min<int64_t>(ceil_div(F / 32, kThreads / kWarp), 65535);
+  swiglu_q8_0_kernel<<<dim3(grid_x(n), per_row), kThreads, 0, s>>>(g, u, F, out, out_row_bytes);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

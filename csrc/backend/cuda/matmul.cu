@@ -114,11 +114,15 @@ void launch_matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t r
 
 void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                               const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
-                              size_t xrow_bytes, float* Y, int64_t ldy, cudaStream_t s) {
+                              size_t xrow_bytes, float* Y, int64_t ldy, cudaStream_t s, int m2, float* Y2) {
   dispatch_matmul_q8_format(type, "matmul_q8_experts weight", [&](auto fmt) {
     using F = decltype(fmt);
     check_shape("matmul_q8_experts", rows, cols, n, ldy);
     STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_q8_experts: matrix ", m, " is not 0, 1 or 2");
+    STRATA_CHECK(m2 < 0 || (m2 < 3 && Y2), ConfigError, "matmul_q8_experts: second matrix ", m2,
+                 " is not 0, 1 or 2 with an output");
+    STRATA_CHECK(m2 < 0 || n <= 65535 / 2, ConfigError, "matmul_q8_experts: ", n,
+                 " rows of two matrices exceed one launch (32767)");
     STRATA_CHECK(xrow_bytes >= static_cast<size_t>(cols / kQK8_0 * kQ8_0Bytes), ConfigError,
                  "matmul_q8_experts: xrow_bytes=", xrow_bytes, " is smaller than a row of ", cols / kQK8_0,
                  " q8_0 blocks");
@@ -126,8 +130,9 @@ void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_
     STRATA_CHECK(reinterpret_cast<uintptr_t>(Xq) % 2 == 0 && xrow_bytes % 2 == 0, ConfigError,
                  "matmul_q8_experts: q8_0 activation rows are not 2-byte aligned");
     if (rows == 0 || n == 0) return;
-    ExpertsArgs g{t, m,  row_bytes(F::kType, cols), rows, cols, ids, order, n, nullptr, 0, Xq, xrow_bytes,
-                  Y, ldy};
+    ExpertsArgs g{
+        t,  m, row_bytes(F::kType, cols), rows, cols, ids, order, n, nullptr, 0, Xq, xrow_bytes, Y, ldy,
+        m2, Y2};
     launch_mmq_experts<F>(g, s);
   });
 }

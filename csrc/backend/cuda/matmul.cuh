@@ -28,9 +28,11 @@ void launch_matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, 
 void launch_matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                            const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
                            float* Y, int64_t ldy, cudaStream_t s);
+// With m2 >= 0, also matrix m2 of the same experts into Y2 in the same launch.
 void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                               const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
-                              size_t xrow_bytes, float* Y, int64_t ldy, cudaStream_t s);
+                              size_t xrow_bytes, float* Y, int64_t ldy, cudaStream_t s, int m2 = -1,
+                              float* Y2 = nullptr);
 
 // The kernels of launch_matmul. Gemv: fp32 products of the exact weights, for few tokens (each weight
 // byte read once, bound by memory). TensorCore: fp16 weights and activations on mma.sync with fp32

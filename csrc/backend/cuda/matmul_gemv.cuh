@@ -198,14 +198,32 @@ __device__ __forceinline__ void row_x(const float* x, int64_t cols, int64_t col,
   }
 }
 
-// W row . x, on every lane of the warp.
+// W row . x, on every lane of the warp. The lane's whole units go kRowBatch at a time with all their
+// weights decoded (their loads in flight together) before the first product: a branch-free batch
+// costs one memory round trip where a unit at a time cost one each. The products are added in the
+// same order either way; a float row's last, partial unit goes alone.
+constexpr int kRowBatch = 4;
 template <class F>
 __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec,
                                          int lane) {
   float acc = 0.0f;
-  const int64_t units = ceil_div(cols, unit::kUnit);
-#pragma unroll 4
-  for (int64_t u = lane; u < units; u += kWarp) {
+  const int64_t full = cols / unit::kUnit, units = ceil_div(cols, unit::kUnit);
+  auto unit_at = [&](int64_t u) { return row + u * unit::kUnit / F::kBlock * F::kBytes; };
+  auto unit_index = [](int64_t u) { return static_cast<int>(u * unit::kUnit % F::kBlock / unit::kUnit); };
+  int64_t u = lane;
+  for (; u + (kRowBatch - 1) * kWarp < full; u += kRowBatch * kWarp) {
+    float w[kRowBatch][unit::kUnit];
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) F::decode(unit_at(u + i * kWarp), unit_index(u + i * kWarp), w[i]);
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      float v[unit::kUnit];
+      row_x(x, cols, (u + i * kWarp) * unit::kUnit, x_vec, v);
+#pragma unroll
+      for (int e = 0; e < unit::kUnit; ++e) acc = fmaf(w[i][e], v[e], acc);
+    }
+  }
+  for (; u < units; u += kWarp) {
     float w[unit::kUnit], v[unit::kUnit];
     row_unit<F>(row, cols, u * unit::kUnit, w);
     row_x(x, cols, u * unit::kUnit, x_vec, v);

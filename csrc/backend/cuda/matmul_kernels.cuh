@@ -119,6 +119,8 @@ struct ExpertsArgs {
   size_t xrb;
   float* Y;
   int64_t ldy;
+  int m2 = -1;  // >= 0: the launch also multiplies matrix m2 into Y2 (grid rows n .. 2 n - 1)
+  float* Y2 = nullptr;
 };
 
 // Expert e's matrix m, or null when it is out of range or not resident (device side of expert_matrix).

@@ -251,16 +251,19 @@ __global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
 // matmul_q8_experts: block (x, i) is mmvq_kernel's block x on row i's expert matrix against q8_0 row i.
 template <class F>
 __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
-  const int64_t i = blockIdx.y, r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block<F>();
-  const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
+  const bool second = blockIdx.y >= g.n;  // grid rows n .. 2 n - 1: matrix m2 (a pair launch)
+  const int64_t i = second ? blockIdx.y - g.n : blockIdx.y;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block<F>();
+  float* Y = (second ? g.Y2 : g.Y) + i * g.ldy;
+  const uint8_t* W = expert_matrix_dev(g.t, second ? g.m2 : g.m, g.ids[g.order[i]]);
   if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
     for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + rows_per_block<F>()); r += kThreads)
-      g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+      Y[r] = __int_as_float(0x7fc00000);
     return;
   }
   const int64_t nblk = g.cols / kQK;
-  mmvq_block<F>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq, g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock,
-                g.Y + i * g.ldy, r0);
+  mmvq_block<F>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq, g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y,
+                r0);
 }
 }  // namespace vec
 
@@ -299,7 +302,8 @@ void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
 template <class F>
 void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace mmq;
-  const dim3 grid(grid_x(ceil_div(g.rows, vec::rows_per_block<F>())), static_cast<unsigned>(g.n));
+  const dim3 grid(grid_x(ceil_div(g.rows, vec::rows_per_block<F>())),
+                  static_cast<unsigned>(g.m2 >= 0 ? 2 * g.n : g.n));
   vec::mmvq_experts_kernel<F><<<grid, vec::kThreads, 0, s>>>(g);
   STRATA_CUDA_LAUNCH_CHECK();
 }

@@ -1,21 +1,19 @@
 // MoE routing on the device: softmax top-K per token (ids bit-identical in choice and order to the
-// CPU's given the same probabilities) and the stable grouping of (token, k) pairs by expert.
+// CPU's given the same probabilities), the stable grouping of (token, k) pairs by expert, and the
+// three with the router's matmul as one launch for a decode step (route).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/counting_sort.cuh"
+#include "backend/cuda/matmul_gemv.cuh"
 #include "backend/cuda/router.cuh"
 
 namespace strata::cuda {
 namespace {
 
-// One warp per token, the probabilities in shared memory. As the CPU: p = exp(l - max) / sum with
-// the sum taken in id order; K rounds of a warp argmax (ties to the lower id) pick the top-K in
-// order; the renormalizing sum runs in pick order.
-__global__ void __launch_bounds__(kWarp)
-    router_topk_kernel(const float* logits, int64_t E, int64_t K, bool norm, int32_t* ids, float* weights) {
-  extern __shared__ float p[];  // E
-  const int lane = threadIdx.x;
-  const int64_t t = blockIdx.x;
-  const float* lg = logits + t * E;
+// The top-K of one token's E logits lg by one warp, p (E floats of shared memory) its scratch. As
+// the CPU: p = exp(l - max) / sum with the sum taken in id order; K rounds of a warp argmax (ties to
+// the lower id) pick the top-K in order; the renormalizing sum runs in pick order.
+__device__ __forceinline__ void topk_warp(const float* lg, int64_t E, int64_t K, bool norm, int32_t* ids,
+                                          float* weights, float* p, int lane) {
   float mx = -INFINITY;
   for (int64_t e = lane; e < E; e += kWarp) mx = fmaxf(mx, lg[e]);
   mx = warp_max(mx);
@@ -45,15 +43,72 @@ __global__ void __launch_bounds__(kWarp)
       }
     }
     if (lane == 0) {
-      ids[t * K + k] = best_id;
-      weights[t * K + k] = best;  // renormalized below
+      ids[k] = best_id;
+      weights[k] = best;  // renormalized below
       ws += best;
       p[best_id] = -2.0f;  // taken
     }
     __syncwarp();
   }
   if (lane == 0 && norm)
-    for (int64_t k = 0; k < K; ++k) weights[t * K + k] = weights[t * K + k] / ws;
+    for (int64_t k = 0; k < K; ++k) weights[k] = weights[k] / ws;
+  __syncwarp();
+}
+
+// One warp per token, the probabilities in shared memory.
+__global__ void __launch_bounds__(kWarp)
+    router_topk_kernel(const float* logits, int64_t E, int64_t K, bool norm, int32_t* ids, float* weights) {
+  extern __shared__ float p[];  // E
+  const int64_t t = blockIdx.x;
+  topk_warp(logits + t * E, E, K, norm, ids + t * K, weights + t * K, p, threadIdx.x);
+}
+
+// One token's K pairs grouped by expert as group_by_expert_kernel groups them (a stable sort of the
+// pairs by id; an id outside [0, E) left out): off[e] = the pairs of lower ids, rows in (id, k) order.
+__device__ __forceinline__ void group_one_warp(const int32_t* ids, int64_t K, int64_t E, int32_t* off,
+                                               int32_t* rows, int lane) {
+  auto valid = [&](int32_t id) { return (unsigned)id < (unsigned)E; };
+  for (int64_t e = lane; e <= E; e += kWarp) {
+    int c = 0;
+    for (int64_t q = 0; q < K; ++q) c += valid(ids[q]) && ids[q] < e;
+    off[e] = c;
+  }
+  for (int64_t k = lane; k < K; k += kWarp) {
+    const int32_t id = ids[k];
+    if (!valid(id)) continue;
+    int pos = 0;
+    for (int64_t q = 0; q < K; ++q) pos += valid(ids[q]) && (ids[q] < id || (ids[q] == id && q < k));
+    rows[pos] = (int32_t)k;
+  }
+}
+
+// route for one token: warp w of block b computes logit 4 b + w as gemv_row_kernel does (row_dot, the
+// same bits as matmul); the last block to finish (a ticket, reset for the next call) picks the top-K
+// from those logits and groups the pairs.
+template <class F>
+__global__ void __launch_bounds__(gemv::kRowThreads)
+    route_kernel(const uint8_t* W, size_t rb, int64_t E, int64_t D, const float* x, bool x_vec, int64_t K,
+                 bool norm, float* logits, int32_t* ids, float* weights, int32_t* off, int32_t* rows,
+                 unsigned* ticket) {
+  extern __shared__ float sm[];  // the logits (E), then topk_warp's scratch (E)
+  __shared__ bool last;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * gemv::kRowWarps + warp;
+  if (r < E) {
+    const float v = gemv::row_dot<F>(W + r * rb, x, D, x_vec, lane);
+    if (lane == 0) logits[r] = v;
+  }
+  __threadfence();  // the logits before the ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last || warp != 0) return;
+  __threadfence();
+  for (int64_t e = lane; e < E; e += kWarp) sm[e] = __ldcg(logits + e);  // past this SM's L1
+  __syncwarp();
+  topk_warp(sm, E, K, norm, ids, weights, sm + E, lane);
+  group_one_warp(ids, K, E, off, rows, lane);
+  if (lane == 0) *ticket = 0;
 }
 
 // The expert of pair p; an id outside [0, E) is left out rather than let it write outside the counts.
@@ -81,6 +136,39 @@ void launch_router_topk(const float* logits, int64_t T, int64_t E, int64_t K, bo
   if (T <= 0) return;
   router_topk_kernel<<<grid_x(T), kWarp, E * sizeof(float), s>>>(logits, E, K, norm, ids, weights);
   STRATA_CUDA_LAUNCH_CHECK();
+}
+
+bool launch_route(uint32_t type, const void* W, int64_t E, int64_t D, const float* x, int64_t K, bool norm,
+                  float* logits, int32_t* ids, float* weights, int32_t* off, int32_t* rows, unsigned* ticket,
+                  cudaStream_t s) {
+  constexpr int64_t kMaxE = 4096;  // two rows of E floats in shared memory
+  if (E < 1 || E > kMaxE || K < 1 || K > E || D < 1) return false;
+  auto run = [&](auto fmt) {
+    using F = decltype(fmt);
+    const size_t rb = row_bytes(F::kType, D);
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(W) % F::kBytes == 0 && rb % F::kBytes == 0, ConfigError,
+                 "route: router rows at ", W, ", ", rb, " bytes apart, are not aligned to ", F::kBytes,
+                 " bytes");
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(x) % 4 == 0, ConfigError, "route: activations at ", x,
+                 " are not 4-byte aligned");
+    route_kernel<F><<<grid_x(ceil_div(E, gemv::kRowWarps)), gemv::kRowThreads, 2 * E * sizeof(float), s>>>(
+        static_cast<const uint8_t*>(W), rb, E, D, x, x_rows_aligned(x, D), K, norm, logits, ids, weights, off,
+        rows, ticket);
+    STRATA_CUDA_LAUNCH_CHECK();
+  };
+  switch (static_cast<QType>(type)) {
+    case QType::F32:
+      run(unit::F32{});
+      return true;
+    case QType::F16:
+      run(unit::F16{});
+      return true;
+    case QType::BF16:
+      run(unit::BF16{});
+      return true;
+    default:
+      return false;  // the router's three launches
+  }
 }
 
 void launch_group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off, int32_t* rows,
