@@ -276,31 +276,53 @@ __device__ __forceinline__ float transposed_sum(float v[kWarp], int lane) {
   return v[0];
 }
 
-// Keys (or values) j0 + k, k < nk, of kv head kvh as stored into buf ([nk][hd]).
+// Keys (or values) j0 + k, k < nk, of kv head kvh as stored: loaded into this thread's registers
+// (all its loads in flight together), then into buf ([nk][hd]).
 template <class KvT>
-__device__ __forceinline__ void stage_keys(KvT* buf, const KvT* src, int64_t j0, int nk, int64_t KV,
-                                           int64_t kvh, int64_t hd) {
-  constexpr int kPer = 16 / sizeof(KvT), kLoads = kStageBytes / 16 / kDecThreads;
-  const int64_t per_row = hd / kPer, total = nk * per_row;
+struct Staged {
+  static constexpr int kPer = 16 / sizeof(KvT), kLoads = kStageBytes / 16 / kDecThreads;
   uint4 raw[kLoads];
+};
+template <class KvT>
+__device__ __forceinline__ void load_keys(Staged<KvT>& st, const KvT* src, int64_t j0, int nk, int64_t KV,
+                                          int64_t kvh, int64_t hd) {
+  const int64_t per_row = hd / Staged<KvT>::kPer, total = nk * per_row;
 #pragma unroll
-  for (int i = 0; i < kLoads; ++i) {
+  for (int i = 0; i < Staged<KvT>::kLoads; ++i) {
     const int64_t e = i * kDecThreads + threadIdx.x;
     if (e < total)
-      raw[i] =
+      st.raw[i] =
           __ldg(reinterpret_cast<const uint4*>(src + ((j0 + e / per_row) * KV + kvh) * hd) + e % per_row);
   }
+}
+template <class KvT>
+__device__ __forceinline__ void store_keys(KvT* buf, const Staged<KvT>& st, int nk, int64_t hd) {
+  const int64_t per_row = hd / Staged<KvT>::kPer, total = nk * per_row;
 #pragma unroll
-  for (int i = 0; i < kLoads; ++i) {
+  for (int i = 0; i < Staged<KvT>::kLoads; ++i) {
     const int64_t e = i * kDecThreads + threadIdx.x;
-    if (e < total) reinterpret_cast<uint4*>(buf + (e / per_row) * hd)[e % per_row] = raw[i];
+    if (e < total) reinterpret_cast<uint4*>(buf + (e / per_row) * hd)[e % per_row] = st.raw[i];
   }
+}
+
+// The decode combine of head h, dim d: the key blocks' partials folded in key order (loads past L1:
+// the fused combine reads what other blocks wrote).
+__device__ __forceinline__ float combine_one(const float* part_ml, const float* part_acc, int64_t nb, int64_t H,
+                                             int64_t hd, int64_t h, int64_t d) {
+  float m = -INFINITY, l = 0.0f, acc = 0.0f;
+#pragma unroll 8  // the partials' loads of several blocks in flight at once
+  for (int64_t jb = 0; jb < nb; ++jb) {
+    const int64_t p = jb * H + h;
+    const Fold f = fold(m, l, __ldcg(part_ml + p * 2), __ldcg(part_ml + p * 2 + 1));
+    acc = acc * f.a + __ldcg(part_acc + p * hd + d) * f.b;
+  }
+  return acc * (1.0f / l);
 }
 
 template <class KvT, int kDims>
 __global__ void __launch_bounds__(kDecThreads)
     attention_decode_kernel(const float* q, const KvT* kc, const KvT* vc, Shape sh, float* part_ml,
-                            float* part_acc) {
+                            float* part_acc, float* out, unsigned* tickets) {
   constexpr int64_t hd = kDims * kWarp;
   constexpr int64_t kFit = kStageBytes / (hd * (int64_t)sizeof(KvT));
   constexpr int kRound = (int)(kFit < kKeyBlock ? kFit : kKeyBlock);  // keys staged at a time
@@ -318,11 +340,15 @@ __global__ void __launch_bounds__(kDecThreads)
   const int nv = (int)min((int64_t)kKeyBlock, pos0 + 1 - j0);  // keys of this block the query sees
   const float* qg = q + kvh * group * hd;
 
-  // Scores.
+  // Scores. The first round of values is loaded meanwhile, its wait overlapping the keys' work.
+  Staged<KvT> vst;
+  load_keys(vst, vc, j0, min(kRound, nv), sh.KV, kvh, hd);
   for (int r0 = 0; r0 < nv; r0 += kRound) {
     const int nk = min(kRound, nv - r0);
     __syncthreads();  // buf is free
-    stage_keys(buf, kc, j0 + r0, nk, sh.KV, kvh, hd);
+    Staged<KvT> kst;
+    load_keys(kst, kc, j0 + r0, nk, sh.KV, kvh, hd);
+    store_keys(buf, kst, nk, hd);
     __syncthreads();
     for (int task = warp; task < group * kRoundPieces; task += kDecWarps) {
       const int h = task / kRoundPieces, k0 = task % kRoundPieces * kPiece;
@@ -369,7 +395,8 @@ __global__ void __launch_bounds__(kDecThreads)
   for (int r0 = 0; r0 < nv; r0 += kRound) {
     const int nk = min(kRound, nv - r0);
     __syncthreads();  // buf is free; the softmax's p are visible
-    stage_keys(buf, vc, j0 + r0, nk, sh.KV, kvh, hd);
+    if (r0 > 0) load_keys(vst, vc, j0 + r0, nk, sh.KV, kvh, hd);
+    store_keys(buf, vst, nk, hd);
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < kTasks; ++t) {
@@ -391,6 +418,22 @@ __global__ void __launch_bounds__(kDecThreads)
       part_ml[part * 2 + 1] = row_l[h];
     }
   }
+  if (!tickets) return;  // combine_kernel folds the partials
+  // The last of this kv head's key blocks to finish folds the group's partials (combine_kernel's
+  // steps) and leaves its ticket zeroed for the next launch.
+  __shared__ bool last;
+  const int64_t nb = ceil_div(pos0 + 1, kKeyBlock);
+  __threadfence();  // the partials before the ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == nb - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int64_t o = threadIdx.x; o < group * hd; o += kDecThreads) {
+    const int64_t h = kvh * group + o / hd, d = o % hd;
+    out[h * hd + d] = combine_one(part_ml, part_acc, nb, sh.H, hd, h, d);
+  }
+  if (threadIdx.x == 0) tickets[kvh] = 0;
 }
 
 // The decode combine: per head, the key blocks' partials folded in key order, one thread per dim.
@@ -399,16 +442,7 @@ __global__ void __launch_bounds__(kThreads)
                    int64_t H, int64_t hd, float* out) {
   const int64_t h = blockIdx.x;
   const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, kKeyBlock);
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float m = -INFINITY, l = 0.0f, acc = 0.0f;
-#pragma unroll 8  // the partials' loads of several blocks in flight at once
-    for (int64_t jb = 0; jb < nb; ++jb) {
-      const int64_t p = jb * H + h;
-      const Fold f = fold(m, l, part_ml[p * 2], part_ml[p * 2 + 1]);
-      acc = acc * f.a + part_acc[p * hd + d] * f.b;
-    }
-    out[h * hd + d] = acc * (1.0f / l);
-  }
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) out[h * hd + d] = combine_one(part_ml, part_acc, nb, H, hd, h, d);
 }
 
 __global__ void kv_store_f32_kernel(float* dst, const int32_t* pos_dev, int64_t width, const float* src,
@@ -471,24 +505,25 @@ size_t smem_bytes(const Shape& s) {
 // kv head, 16-byte aligned caches); false otherwise (the general split kernel then runs).
 template <class KvT, int kDims>
 void launch_decode_dims(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb,
-                        float* part_ml, float* part_acc, cudaStream_t st) {
-  attention_decode_kernel<KvT, kDims>
-      <<<dim3(grid_x(nb), (unsigned)s.KV), kDecThreads, 0, st>>>(q, kc, vc, s, part_ml, part_acc);
+                        float* part_ml, float* part_acc, float* out, unsigned* tickets, cudaStream_t st) {
+  attention_decode_kernel<KvT, kDims><<<dim3(grid_x(nb), (unsigned)s.KV), kDecThreads, 0, st>>>(
+      q, kc, vc, s, part_ml, part_acc, out, tickets);
 }
+// With tickets (zeroed words, one per kv head) the kernel also folds the partials into out.
 template <class KvT>
 bool launch_decode(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb, float* part_ml,
-                   float* part_acc, cudaStream_t st) {
+                   float* part_acc, float* out, unsigned* tickets, cudaStream_t st) {
   const bool aligned = reinterpret_cast<uintptr_t>(kc) % 16 == 0 && reinterpret_cast<uintptr_t>(vc) % 16 == 0;
   if (!aligned || s.group > kDecMaxGroup) return false;
   switch (s.hd) {
     case 64:
-      launch_decode_dims<KvT, 2>(q, kc, vc, s, nb, part_ml, part_acc, st);
+      launch_decode_dims<KvT, 2>(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st);
       return true;
     case 128:
-      launch_decode_dims<KvT, 4>(q, kc, vc, s, nb, part_ml, part_acc, st);
+      launch_decode_dims<KvT, 4>(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st);
       return true;
     case 256:
-      launch_decode_dims<KvT, 8>(q, kc, vc, s, nb, part_ml, part_acc, st);
+      launch_decode_dims<KvT, 8>(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st);
       return true;
     default:
       return false;
@@ -498,7 +533,7 @@ bool launch_decode(const float* q, const KvT* kc, const KvT* vc, const Shape& s,
 template <class KvT>
 void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64_t pos0, const PosSource& ps,
                   int64_t H, int64_t KV, int64_t hd, float scale, float* out, void* scratch,
-                  cudaStream_t st) {
+                  const AttentionTickets& tk, cudaStream_t st) {
   const bool split = attention_should_split(T);
   const Shape s = make_shape(T, pos0, ps.dev, H, KV, hd, scale, split);
   const size_t smem = smem_bytes(s);
@@ -508,10 +543,15 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
     const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kKeyBlock) : ceil_div(pos0 + 1, kKeyBlock);
     float* part_ml = static_cast<float*>(scratch);
     float* part_acc = part_ml + nb * H * 2;
-    if (!launch_decode(q, kc, vc, s, nb, part_ml, part_acc, st))
+    unsigned* tickets = KV <= tk.count ? tk.words : nullptr;
+    if (launch_decode(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st)) {
+      STRATA_CUDA_LAUNCH_CHECK();
+      if (tickets) return;  // combined by the kernel's last blocks
+    } else {
       attention_kernel<KvT, true><<<dim3(grid_x(nb), (unsigned)KV, chunks), kThreads, smem, st>>>(
           q, kc, vc, s, out, part_ml, part_acc);
-    STRATA_CUDA_LAUNCH_CHECK();
+      STRATA_CUDA_LAUNCH_CHECK();
+    }
     combine_kernel<<<grid_x(H), (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st>>>(
         part_ml, part_acc, pos0, ps.dev, H, hd, out);
     STRATA_CUDA_LAUNCH_CHECK();
@@ -551,14 +591,14 @@ size_t attention_scratch_max_bytes(int64_t max_pos, int64_t n_head, int64_t head
 
 void launch_attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
                       const PosSource& ps, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
-                      float* out, void* scratch, cudaStream_t s) {
+                      float* out, void* scratch, const AttentionTickets& tickets, cudaStream_t s) {
   if (T <= 0) return;
   if (t == KvType::F32)
     launch_typed(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, ps, n_head,
-                 n_kv_head, head_dim, scale, out, scratch, s);
+                 n_kv_head, head_dim, scale, out, scratch, tickets, s);
   else
     launch_typed(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), T, pos0, ps, n_head,
-                 n_kv_head, head_dim, scale, out, scratch, s);
+                 n_kv_head, head_dim, scale, out, scratch, tickets, s);
 }
 
 }  // namespace strata::cuda

@@ -25,10 +25,16 @@ void launch_kv_store(void* cache, KvType t, int64_t pos0, const PosSource& ps, i
 size_t attention_scratch_bytes(int64_t T, int64_t pos0, int64_t n_head, int64_t head_dim);
 // The most attention over positions below max_pos needs.
 size_t attention_scratch_max_bytes(int64_t max_pos, int64_t n_head, int64_t head_dim);
+// Zeroed device words (count of them) the decode kernel's last blocks count on, one per kv head, to
+// fold the partials in the same launch; each launch leaves them zeroed. Too few: a combine launch.
+struct AttentionTickets {
+  unsigned* words = nullptr;
+  int64_t count = 0;
+};
 // out[t, h, :] = softmax(q[t, h] . K[0 .. pos0 + t] * scale) V; kc/vc are [ctx, n_kv_head, head_dim]
 // of type t. `scratch` holds attention_scratch_bytes(...) bytes, unused by any other queued work.
 void launch_attention(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
                       const PosSource& ps, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
-                      float* out, void* scratch, cudaStream_t s);
+                      float* out, void* scratch, const AttentionTickets& tickets, cudaStream_t s);
 
 }  // namespace strata::cuda

@@ -406,7 +406,9 @@ class CudaBackend final : public Backend {
     use();
     void* ws = scratch(pos_.dev ? cuda::attention_scratch_max_bytes(pos_.max_pos, H, hd)
                                 : cuda::attention_scratch_bytes(T, pos0, H, hd));
-    cuda::launch_attention(q, kc, vc, t, T, pos0, pos_, H, KV, hd, scale, out, ws, compute_);
+    // Tickets past route's word 0.
+    const cuda::AttentionTickets tk{tickets_ + 1, static_cast<int64_t>(kTicketBytes / sizeof(unsigned)) - 1};
+    cuda::launch_attention(q, kc, vc, t, T, pos0, pos_, H, KV, hd, scale, out, ws, tk, compute_);
   }
   void add(float* x, const float* y, int64_t n) override {
     use();
@@ -530,8 +532,9 @@ class CudaBackend final : public Backend {
   std::vector<EventId> free_ids_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
-  // Zeroed device words for the kernels whose last block finishes the op (route); each such
-  // launch leaves its word zeroed again, so graphs replay them.
+  // Zeroed device words for the kernels whose last block finishes the op (route: word 0; decode
+  // attention: one per kv head after it); each such launch leaves its words zeroed again, so graphs
+  // replay them.
   static constexpr size_t kTicketBytes = 256;
   unsigned* tickets_ = nullptr;
   std::vector<cudaGraphExec_t> graphs_;  // nullptr: destroyed

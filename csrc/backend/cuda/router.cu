@@ -9,11 +9,18 @@
 namespace strata::cuda {
 namespace {
 
-// The top-K of one token's E logits lg by one warp, p (E floats of shared memory) its scratch. As
-// the CPU: p = exp(l - max) / sum with the sum taken in id order; K rounds of a warp argmax (ties to
-// the lower id) pick the top-K in order; the renormalizing sum runs in pick order.
+// The top-K of one token's E logits lg by one warp; sm (topk_smem(E, K) bytes of shared memory) is
+// its scratch and keeps the picked ids at topk_picked(sm, E). As the CPU: p = exp(l - max) / sum
+// with the sum taken in id order; K rounds of a warp argmax (ties to the lower id) pick the top-K in
+// order; the renormalizing sum runs in pick order. The picks stay in shared memory until the end
+// (a read of what this warp just wrote to global memory would be a round trip each).
+constexpr size_t topk_smem(int64_t E, int64_t K) { return static_cast<size_t>(E + 2 * K) * 4; }
+__device__ __forceinline__ int32_t* topk_picked(float* sm, int64_t E) { return reinterpret_cast<int32_t*>(sm + E); }
 __device__ __forceinline__ void topk_warp(const float* lg, int64_t E, int64_t K, bool norm, int32_t* ids,
-                                          float* weights, float* p, int lane) {
+                                          float* weights, float* sm, int lane) {
+  float* p = sm;
+  int32_t* pid = topk_picked(sm, E);
+  float* pw = sm + E + K;
   float mx = -INFINITY;
   for (int64_t e = lane; e < E; e += kWarp) mx = fmaxf(mx, lg[e]);
   mx = warp_max(mx);
@@ -43,24 +50,27 @@ __device__ __forceinline__ void topk_warp(const float* lg, int64_t E, int64_t K,
       }
     }
     if (lane == 0) {
-      ids[k] = best_id;
-      weights[k] = best;  // renormalized below
+      pid[k] = best_id;
+      pw[k] = best;
       ws += best;
       p[best_id] = -2.0f;  // taken
     }
     __syncwarp();
   }
-  if (lane == 0 && norm)
-    for (int64_t k = 0; k < K; ++k) weights[k] = weights[k] / ws;
+  ws = __shfl_sync(kFullMask, ws, 0);
+  for (int64_t k = lane; k < K; k += kWarp) {
+    ids[k] = pid[k];
+    weights[k] = norm ? pw[k] / ws : pw[k];
+  }
   __syncwarp();
 }
 
 // One warp per token, the probabilities in shared memory.
 __global__ void __launch_bounds__(kWarp)
     router_topk_kernel(const float* logits, int64_t E, int64_t K, bool norm, int32_t* ids, float* weights) {
-  extern __shared__ float p[];  // E
+  extern __shared__ float sm[];  // topk_smem(E, K)
   const int64_t t = blockIdx.x;
-  topk_warp(logits + t * E, E, K, norm, ids + t * K, weights + t * K, p, threadIdx.x);
+  topk_warp(logits + t * E, E, K, norm, ids + t * K, weights + t * K, sm, threadIdx.x);
 }
 
 // One token's K pairs grouped by expert as group_by_expert_kernel groups them (a stable sort of the
@@ -90,7 +100,7 @@ __global__ void __launch_bounds__(gemv::kRowThreads)
     route_kernel(const uint8_t* W, size_t rb, int64_t E, int64_t D, const float* x, bool x_vec, int64_t K,
                  bool norm, float* logits, int32_t* ids, float* weights, int32_t* off, int32_t* rows,
                  unsigned* ticket) {
-  extern __shared__ float sm[];  // the logits (E), then topk_warp's scratch (E)
+  extern __shared__ float sm[];  // the logits (E), then topk_warp's scratch (topk_smem(E, K))
   __shared__ bool last;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * gemv::kRowWarps + warp;
@@ -107,7 +117,7 @@ __global__ void __launch_bounds__(gemv::kRowThreads)
   for (int64_t e = lane; e < E; e += kWarp) sm[e] = __ldcg(logits + e);  // past this SM's L1
   __syncwarp();
   topk_warp(sm, E, K, norm, ids, weights, sm + E, lane);
-  group_one_warp(ids, K, E, off, rows, lane);
+  group_one_warp(topk_picked(sm + E, E), K, E, off, rows, lane);
   if (lane == 0) *ticket = 0;
 }
 
@@ -132,16 +142,17 @@ __global__ void __launch_bounds__(kSortThreads)
 void launch_router_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool norm, int32_t* ids,
                         float* weights, cudaStream_t s) {
   STRATA_CHECK(K >= 1 && K <= E, ConfigError, "router_topk: K=", K, " must be in [1, E=", E, "]");
-  STRATA_CHECK(E <= 12288, UnsupportedError, "router_topk: E=", E, " experts exceed the CUDA kernel's 12288");
+  STRATA_CHECK(topk_smem(E, K) <= 48 * 1024, UnsupportedError, "router_topk: E=", E, " experts and K=", K,
+               " exceed the CUDA kernel's shared memory (E + 2 K <= 12288)");
   if (T <= 0) return;
-  router_topk_kernel<<<grid_x(T), kWarp, E * sizeof(float), s>>>(logits, E, K, norm, ids, weights);
+  router_topk_kernel<<<grid_x(T), kWarp, topk_smem(E, K), s>>>(logits, E, K, norm, ids, weights);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 bool launch_route(uint32_t type, const void* W, int64_t E, int64_t D, const float* x, int64_t K, bool norm,
                   float* logits, int32_t* ids, float* weights, int32_t* off, int32_t* rows, unsigned* ticket,
                   cudaStream_t s) {
-  constexpr int64_t kMaxE = 4096;  // two rows of E floats in shared memory
+  constexpr int64_t kMaxE = 4096;  // 2 E + 2 K words of shared memory
   if (E < 1 || E > kMaxE || K < 1 || K > E || D < 1) return false;
   auto run = [&](auto fmt) {
     using F = decltype(fmt);
@@ -151,7 +162,7 @@ bool launch_route(uint32_t type, const void* W, int64_t E, int64_t D, const floa
                  " bytes");
     STRATA_CHECK(reinterpret_cast<uintptr_t>(x) % 4 == 0, ConfigError, "route: activations at ", x,
                  " are not 4-byte aligned");
-    route_kernel<F><<<grid_x(ceil_div(E, gemv::kRowWarps)), gemv::kRowThreads, 2 * E * sizeof(float), s>>>(
+    route_kernel<F><<<grid_x(ceil_div(E, gemv::kRowWarps)), gemv::kRowThreads, E * 4 + topk_smem(E, K), s>>>(
         static_cast<const uint8_t*>(W), rb, E, D, x, x_rows_aligned(x, D), K, norm, logits, ids, weights, off,
         rows, ticket);
     STRATA_CUDA_LAUNCH_CHECK();
