@@ -1,12 +1,14 @@
 // Elementwise kernels (add, SwiGLU, SwiGLU with its q8_0 rows) and the MoE combine, scatter_add: each token's
 // rows are found by a stable sort by token (or, for a few rows, walked in order by every column's thread),
 // then added in order of i as the CPU adds them (bit-identical, no atomics).
+#include <cuda_fp16.h>
+
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/counting_sort.cuh"
-#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/elementwise.cuh"
+#include "backend/cuda/quantize.cuh"
 
 namespace strata::cuda {
 namespace {

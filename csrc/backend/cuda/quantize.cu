@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/quantize.cuh"
 
 namespace strata::cuda {
