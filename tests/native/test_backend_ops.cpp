@@ -79,8 +79,8 @@ TEST_P(Op, DequantRowsAtAnyStride) {
         for (int64_t i = 0; i < n; ++i) std::memcpy(&placed[off + i * stride], &w[i * rb], rb);
         Dev<uint8_t> src(be(), placed, "dequant src");
         Dev<float> out(be(), n * D, "dequant out");
-        const std::string what = str("dequant_rows ", quant_traits(t).name, " at offset ", off, ", ", stride,
-                                     " bytes apart");
+        const std::string what =
+            str("dequant_rows ", quant_traits(t).name, " at offset ", off, ", ", stride, " bytes apart");
         try {
           be().dequant_rows((uint32_t)t, src.p() + off, stride, D, n, out.p());
         } catch (const ConfigError& e) {

@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const int n = static_cast<int>(units - u0 < kThreads ? units - u0 : kThreads) * kUnit;
-    for (int e = threadIdx.x; e < n; e += kThreads) o[u0 * kUnit + e] = tile[(e / kUnit) * kPitch + e % kUnit];
+    for (int e = threadIdx.x; e < n; e += kThreads)
+      o[u0 * kUnit + e] = tile[(e / kUnit) * kPitch + e % kUnit];
     __syncthreads();  // the tile is written again in the next step
   }
   if constexpr (F::kBlock == 1) {

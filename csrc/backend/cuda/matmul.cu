@@ -1,5 +1,6 @@
 // The weight matmuls' launchers: argument checks, the kernel choice and the one type switch of each
-// kernel family (formats.cuh, matmul_kernels.cuh); the kernels are instantiated per format in matmul_instances/.
+// kernel family (formats.cuh, matmul_kernels.cuh); the kernels are instantiated per format in
+// matmul_instances/.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
