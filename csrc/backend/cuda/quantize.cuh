@@ -10,10 +10,8 @@
 
 namespace strata::cuda {
 
-// q8_0 rows: BlockQ8_0 blocks, fp16 d then 32 int8.
-constexpr int64_t kQ8Block = sizeof(BlockQ8_0);
-// Lane l of a warp stores quant l of a block; lane 0 also its scale (fp16 bits). Byte stores: activation
-// rows may be any number of bytes apart.
+// Lane l of a warp stores quant l of a q8_0 block (BlockQ8_0: fp16 d, then 32 int8); lane 0 also its
+// scale (fp16 bits). Byte stores: activation rows may be any number of bytes apart.
 __device__ __forceinline__ void q8_0_store(uint8_t* blk, int l, uint16_t d_bits, int q) {
   if (l == 0) {
     blk[offsetof(BlockQ8_0, d)] = static_cast<uint8_t>(d_bits & 0xFF);
