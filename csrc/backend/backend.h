@@ -203,6 +203,9 @@ class Backend {
   virtual void matmul_q8(uint32_t type, const void* W, int64_t rows, int64_t cols, const uint8_t* Xq,
                          size_t xrow_bytes, int64_t T, float* Y, int64_t ldy) = 0;
   // out[i, :] = dequantized row i (src_row_bytes apart) of n rows of D elements of ggml type `type`.
+  // src and src_row_bytes are multiples of the alignment the format's blocks are read at
+  // (unit::block_align in quant/unit_decode.h: 4 for F32, 1 for MXFP4, else 2); a backend may refuse
+  // others with a ConfigError.
   virtual void dequant_rows(uint32_t type, const void* src, size_t src_row_bytes, int64_t D, int64_t n,
                             float* out) = 0;
   // Device-to-device copy.

@@ -146,56 +146,36 @@ STRATA_HD inline int dp4a(uint32_t a, uint32_t b, int c) {
 }
 constexpr uint32_t kOnes = 0x01010101u;  // 1 in every byte
 
-// The IQ2_XS codebook where the code runs: quant/iq2xs_grid.h on the host, a copy in device memory
-// on the GPU (global rather than __constant__: lanes index it at random, which constant memory
-// serializes).
+// The codebooks where the code runs: the quant/*_grid.h headers on the host, copies of them in device
+// memory on the GPU (global rather than __constant__: lanes index them at random, which constant memory
+// serializes). These copies are the device's only ones; every CUDA kernel decodes through them.
 #if defined(__CUDACC__)
-struct Iq2xsGridCopy {
-  uint64_t v[512];
+template <class T, int N>
+struct GridCopy {
+  T v[N];
 };
-constexpr Iq2xsGridCopy make_iq2xs_grid_copy() {
-  Iq2xsGridCopy g{};
-  for (int i = 0; i < 512; ++i) g.v[i] = kIq2xsGrid[i];
-  return g;
+template <class T, int N>
+constexpr GridCopy<T, N> grid_copy(const T (&g)[N]) {
+  GridCopy<T, N> c{};
+  for (int i = 0; i < N; ++i) c.v[i] = g[i];
+  return c;
 }
-__device__ const Iq2xsGridCopy kIq2xsGridOnDevice = make_iq2xs_grid_copy();
+__device__ const GridCopy<uint64_t, 512> kIq2xsGridOnDevice = grid_copy(kIq2xsGrid);
+__device__ const GridCopy<uint64_t, 256> kIq2xxsGridOnDevice = grid_copy(kIq2xxsGrid);
 #endif
-STRATA_HD inline uint64_t iq2_xs_grid(int i) {
 #if defined(__CUDA_ARCH__)
-  return kIq2xsGridOnDevice.v[i];
+#define STRATA_GRID(host, i) host##OnDevice.v[i]
 #else
-  return kIq2xsGrid[i];
+#define STRATA_GRID(host, i) host[i]
 #endif
-}
+STRATA_HD inline uint64_t iq2_xs_grid(int i) { return STRATA_GRID(kIq2xsGrid, i); }
+STRATA_HD inline uint64_t iq2_xxs_grid(int i) { return STRATA_GRID(kIq2xxsGrid, i); }
 // The integer kernel negates magnitudes byte by byte as (m ^ 0xFF) + 1, which carries into the next
 // byte only for m = 0: no grid magnitude is 0.
 static_assert([] {
   for (uint64_t entry : kIq2xsGrid)
     for (int e = 0; e < 8; ++e)
       if (iq2_xs_grid_value(entry, e) == 0) return false;
-  return true;
-}());
-
-// The IQ2_XXS codebook likewise: quant/iq2xxs_grid.h on the host, a copy in device memory on the GPU.
-#if defined(__CUDACC__)
-struct Iq2xxsGridCopy {
-  uint64_t v[256];
-};
-constexpr Iq2xxsGridCopy make_iq2xxs_grid_copy() {
-  Iq2xxsGridCopy g{};
-  for (int i = 0; i < 256; ++i) g.v[i] = kIq2xxsGrid[i];
-  return g;
-}
-__device__ const Iq2xxsGridCopy kIq2xxsGridOnDevice = make_iq2xxs_grid_copy();
-#endif
-STRATA_HD inline uint64_t iq2_xxs_grid(int i) {
-#if defined(__CUDA_ARCH__)
-  return kIq2xxsGridOnDevice.v[i];
-#else
-  return kIq2xxsGrid[i];
-#endif
-}
-static_assert([] {
   for (uint64_t entry : kIq2xxsGrid)
     for (int e = 0; e < 8; ++e)
       if (iq2_xs_grid_value(entry, e) == 0) return false;
@@ -576,6 +556,19 @@ struct IQ2_XXS {
     return fma_rn(mul(mul(w.d, dx), kIq2xsOddScaleUnit), static_cast<float>(iv[0]), a);
   }
 };
+
+// The address alignment a format's decoders need of its blocks, so of a row's start and of the distance
+// between rows: a float type's element size (read element by element), 1 for a format read byte by byte
+// (kAnyAddress: MXFP4's 17-byte blocks), else 2 (every block is read by its 16-bit fields).
+template <class F>
+constexpr int block_align() {
+  if constexpr (F::kBlock == 1)
+    return F::kBytes;
+  else if constexpr (requires { F::kAnyAddress; })
+    return F::kAnyAddress ? 1 : 2;
+  else
+    return 2;
+}
 
 // An activation block of a q8_0 row at p (any even address): its lanes, its scale dx and, where
 // the format needs it, the sum of its lanes.

@@ -9,28 +9,12 @@
 
 namespace strata::unit {
 
-// The codebooks where the code runs: the headers on the host, copies in device memory on the GPU (as
-// IQ2_XS's, in unit_decode.h).
+// The codebooks where the code runs (STRATA_GRID and GridCopy: unit_decode.h).
 #if defined(__CUDACC__)
-template <class T, int N>
-struct GridCopy {
-  T v[N];
-};
-template <class T, int N>
-constexpr GridCopy<T, N> grid_copy(const T (&g)[N]) {
-  GridCopy<T, N> c{};
-  for (int i = 0; i < N; ++i) c.v[i] = g[i];
-  return c;
-}
 __device__ const GridCopy<uint32_t, 256> kIq3xxsGridOnDevice = grid_copy(kIq3xxsGrid);
 __device__ const GridCopy<uint32_t, 512> kIq3sGridOnDevice = grid_copy(kIq3sGrid);
 __device__ const GridCopy<uint64_t, 1024> kIq2sGridOnDevice = grid_copy(kIq2sGrid);
 __device__ const GridCopy<uint64_t, 2048> kIq1sGridOnDevice = grid_copy(kIq1sGrid);
-#endif
-#if defined(__CUDA_ARCH__)
-#define STRATA_GRID(host, i) host##OnDevice.v[i]
-#else
-#define STRATA_GRID(host, i) host[i]
 #endif
 STRATA_HD inline uint32_t iq3xxs_grid(int i) { return STRATA_GRID(kIq3xxsGrid, i); }
 STRATA_HD inline uint32_t iq3s_grid(int i) { return STRATA_GRID(kIq3sGrid, i); }

@@ -81,15 +81,12 @@ std::vector<BackendFactory> backends_under_test() {
 }
 
 const int64_t kTs[] = {1, 3, 8, 9, 257};
-const QType kAllTypes[] = {QType::F32,  QType::F16,    QType::BF16, QType::Q8_0,   QType::Q4_K,
-                           QType::Q6_K, QType::IQ2_XS, QType::Q2_K, QType::IQ2_XXS};
-// The matmul ops cover every type; embed and dequant_rows the ones above (the CUDA backend's element
-// decoders, csrc/backend/cuda/dequant.cuh, have the rest still to come).
-const QType kMatmulTypes[] = {QType::F32,   QType::F16,    QType::BF16,   QType::Q8_0,    QType::Q4_K,
-                              QType::Q6_K,  QType::IQ2_XS, QType::Q2_K,   QType::IQ2_XXS, QType::Q5_K,
-                              QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,  QType::Q5_0,    QType::Q4_0,
-                              QType::Q4_1,  QType::Q5_1,   QType::IQ4_NL, QType::IQ3_XXS, QType::IQ3_S,
-                              QType::IQ2_S, QType::IQ1_S,  QType::IQ1_M};
+// Every type strata reads; every op that takes a weight type runs on all of them.
+const QType kAllTypes[] = {QType::F32,   QType::F16,    QType::BF16,   QType::Q8_0,    QType::Q4_K,
+                           QType::Q6_K,  QType::IQ2_XS, QType::Q2_K,   QType::IQ2_XXS, QType::Q5_K,
+                           QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,  QType::Q5_0,    QType::Q4_0,
+                           QType::Q4_1,  QType::Q5_1,   QType::IQ4_NL, QType::IQ3_XXS, QType::IQ3_S,
+                           QType::IQ2_S, QType::IQ1_S,  QType::IQ1_M};
 
 // A row of type t: whole blocks, not a power of two (and for float types not a multiple of 8).
 int64_t cols_of(QType t) {

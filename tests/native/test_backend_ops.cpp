@@ -44,17 +44,51 @@ TEST_P(Op, Embed) {
 
 TEST_P(Op, DequantRows) {
   std::mt19937 rng(2);
+  for (QType t : kAllTypes)
+    for (const bool long_rows : {false, true}) {  // long: many of a GPU kernel's groups of units
+      const int64_t D = long_rows ? long_cols_of(t) : cols_of(t), n = long_rows ? 3 : 11;
+      const size_t rb = row_bytes(t, D), src_rb = rb + 16;  // padded rows
+      const auto w = random_weights(t, n, D, rng);
+      std::vector<uint8_t> padded(n * src_rb, kPoison);
+      for (int64_t i = 0; i < n; ++i) std::memcpy(&padded[i * src_rb], &w[i * rb], rb);
+      Dev<uint8_t> src(be(), padded, "dequant src");
+      Dev<float> out(be(), n * D, "dequant out");
+      be().dequant_rows((uint32_t)t, src.p(), src_rb, D, n, out.p());
+      expect_same(out.get(), ref::dequant_rows(t, w.data(), rb, D, n),
+                  str("dequant_rows ", quant_traits(t).name, " D=", D));
+    }
+}
+
+// dequant_rows at every source offset and row stride past the rows' bytes that the format's blocks allow
+// (backend.h): rows at multiples of 4 bytes, and MXFP4's at any byte, are read by every backend; rows at
+// other even places are read right or refused with a ConfigError (the CUDA backend reads F32 by 4-byte
+// elements), never misread. (Odd places of the other types: their blocks are 2-byte structs.)
+TEST_P(Op, DequantRowsAtAnyStride) {
+  std::mt19937 rng(37);
   for (QType t : kAllTypes) {
-    const int64_t D = cols_of(t), n = 11;
-    const size_t rb = row_bytes(t, D), src_rb = rb + 16;  // padded rows
+    const int64_t D = cols_of(t), n = 5;
+    const size_t rb = row_bytes(t, D);
     const auto w = random_weights(t, n, D, rng);
-    std::vector<uint8_t> padded(n * src_rb, kPoison);
-    for (int64_t i = 0; i < n; ++i) std::memcpy(&padded[i * src_rb], &w[i * rb], rb);
-    Dev<uint8_t> src(be(), padded, "dequant src");
-    Dev<float> out(be(), n * D, "dequant out");
-    be().dequant_rows((uint32_t)t, src.p(), src_rb, D, n, out.p());
-    expect_same(out.get(), ref::dequant_rows(t, w.data(), rb, D, n),
-                str("dequant_rows ", quant_traits(t).name));
+    const auto want = ref::dequant_rows(t, w.data(), rb, D, n);
+    const bool any_byte = t == QType::MXFP4;  // 17-byte blocks
+    for (size_t off = 0; off < 4; ++off)
+      for (size_t pad = 0; pad < 9; ++pad) {
+        const size_t stride = rb + pad;
+        if (!any_byte && (off % 2 != 0 || stride % 2 != 0)) continue;
+        std::vector<uint8_t> placed(off + n * stride, kPoison);
+        for (int64_t i = 0; i < n; ++i) std::memcpy(&placed[off + i * stride], &w[i * rb], rb);
+        Dev<uint8_t> src(be(), placed, "dequant src");
+        Dev<float> out(be(), n * D, "dequant out");
+        const std::string what =
+            str("dequant_rows ", quant_traits(t).name, " at offset ", off, ", ", stride, " bytes apart");
+        try {
+          be().dequant_rows((uint32_t)t, src.p() + off, stride, D, n, out.p());
+        } catch (const ConfigError& e) {
+          EXPECT_FALSE(any_byte || (off % 4 == 0 && stride % 4 == 0)) << what << ": refused: " << e.what();
+          continue;
+        }
+        expect_same(out.get(), want, what);
+      }
   }
 }
 
@@ -203,7 +237,7 @@ TEST_P(Op, QuantizeQ8_0) {
 TEST_P(Op, MatmulQ8) {
   std::mt19937 rng(6);
   ThreadPool pool(1);
-  for (QType t : kMatmulTypes) {
+  for (QType t : kAllTypes) {
     if (!uses_matmul_q8((uint32_t)t)) continue;
     for (const bool long_rows : {false, true}) {
       const int64_t cols = long_rows ? long_cols_of(t) : cols_of(t);
@@ -246,7 +280,7 @@ TEST_P(Op, MatmulQ8) {
 
 TEST_P(Op, Matmul) {
   std::mt19937 rng(7);
-  for (QType t : kMatmulTypes) {
+  for (QType t : kAllTypes) {
     for (const bool long_rows : {false, true}) {
       const int64_t cols = long_rows ? long_cols_of(t) : cols_of(t);
       const size_t rb = row_bytes(t, cols);
@@ -552,7 +586,7 @@ TEST_P(Op, MatmulQ8ExpertsPairIsItsCalls) {
   for (int32_t i = 0; i < n; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
   be().set_phase(Phase::Decode);
-  for (QType t : kMatmulTypes) {
+  for (QType t : kAllTypes) {
     if (!uses_matmul_q8((uint32_t)t)) continue;
     const int64_t rows = 37, cols = cols_of(t);
     const size_t mb = rows * row_bytes(t, cols);
@@ -754,7 +788,7 @@ TEST_P(Op, MatmulRowsIndependentOfTokenCount) {
   const int64_t rows = 37, T = 40;
   for (Phase ph : {Phase::Prompt, Phase::Decode}) {
     be().set_phase(ph);
-    for (QType t : kMatmulTypes) {
+    for (QType t : kAllTypes) {
       const int64_t cols = cols_of(t), ldx = (cols + 3) / 4 * 4;
       const auto W = random_weights(t, rows, cols, rng);
       const auto x = randf(rng, T * ldx, -2.f, 2.f);
@@ -786,7 +820,7 @@ TEST_P(Op, MatmulExpertsMatchesPerExpertMatmul) {
   std::vector<int32_t> order(n);
   for (int32_t i = 0; i < n; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
-  for (QType t : kMatmulTypes) {
+  for (QType t : kAllTypes) {
     for (const bool slotted : {false, true}) {
       const int64_t rows = 37, cols = cols_of(t);
       const size_t mb = rows * row_bytes(t, cols);

@@ -1,12 +1,14 @@
 // Elementwise kernels (add, SwiGLU, SwiGLU with its q8_0 rows) and the MoE combine, scatter_add: each token's
 // rows are found by a stable sort by token (or, for a few rows, walked in order by every column's thread),
 // then added in order of i as the CPU adds them (bit-identical, no atomics).
+#include <cuda_fp16.h>
+
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/counting_sort.cuh"
-#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/elementwise.cuh"
+#include "backend/cuda/quantize.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -47,7 +49,7 @@ __global__ void __launch_bounds__(kThreads)
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.f;
     const float id = d != 0.f ? 1.0f / d : 0.f;
-    q8_0_store(o + b * kQ8Block, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
+    q8_0_store(o + b * kQ8_0Bytes, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
   }
 }
 
@@ -156,7 +158,7 @@ void launch_swiglu(float* g, const float* u, int64_t n, cudaStream_t s) {
 void launch_swiglu_q8_0(float* g, const float* u, int64_t n, int64_t F, uint8_t* out, size_t out_row_bytes,
                         cudaStream_t s) {
   STRATA_CHECK(F % 32 == 0, ConfigError, "swiglu_q8_0: a row of ", F, " elements is not whole 32-blocks");
-  STRATA_CHECK(out_row_bytes >= (size_t)(F / 32 * kQ8Block), ConfigError,
+  STRATA_CHECK(out_row_bytes >= (size_t)(F / 32 * kQ8_0Bytes), ConfigError,
                "swiglu_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", F / 32, " blocks");
   if (n <= 0 || F == 0) return;
   const unsigned per_row = (unsigned)std::min<int64_t>(ceil_div(F / 32, kThreads / kWarp), 65535);

@@ -1,5 +1,6 @@
 // The weight matmuls' launchers: argument checks, the kernel choice and the one type switch of each
-// kernel family (matmul_kernels.cuh); the kernels are instantiated per format in matmul_instances/.
+// kernel family (formats.cuh, matmul_kernels.cuh); the kernels are instantiated per format in
+// matmul_instances/.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -15,21 +16,9 @@ void check_shape(const char* op, int64_t rows, int64_t cols, int64_t T, int64_t 
   STRATA_CHECK(ldy >= rows, ConfigError, op, ": ldy=", ldy, " is smaller than rows=", rows);
 }
 
-// The kernels read a float weight row by its elements, a quantized one by its 16-bit fields, and a
-// format read byte by byte (kAnyAddress: MXFP4's 17-byte blocks) at any address.
-template <class F>
-constexpr size_t weight_align() {
-  if constexpr (F::kBlock == 1)
-    return F::kBytes;
-  else if constexpr (requires { F::kAnyAddress; })
-    return F::kAnyAddress ? 1 : 2;
-  else
-    return 2;
-}
-
 template <class F>
 void check_weights(const void* W, size_t rb, const char* op) {
-  constexpr size_t kAlign = weight_align<F>();
+  constexpr size_t kAlign = unit::block_align<F>();  // what the decoders read the blocks by
   STRATA_CHECK(reinterpret_cast<uintptr_t>(W) % kAlign == 0 && rb % kAlign == 0, ConfigError, op,
                ": weight rows at ", W, ", ", rb, " bytes apart, are not aligned to ", kAlign, " bytes");
 }
@@ -40,7 +29,7 @@ bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <=
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
                         const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
-  dispatch_matmul_format(type, "matmul weight", [&](auto fmt) {
+  dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
     const size_t rb = row_bytes(F::kType, cols);
     check_shape("matmul", rows, cols, T, ldy);
@@ -66,7 +55,7 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
       launch_matmul_path(path, type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy, s);
     return;
   }
-  dispatch_matmul_format(type, "matmul weight", [&](auto fmt) {
+  dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
     STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
     STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
@@ -98,7 +87,7 @@ void launch_matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, con
 void launch_matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                            const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
                            float* Y, int64_t ldy, cudaStream_t s) {
-  dispatch_matmul_format(type, "matmul_experts weight", [&](auto fmt) {
+  dispatch_format(type, "matmul_experts weight", [&](auto fmt) {
     using F = decltype(fmt);
     check_shape("matmul_experts", rows, cols, n, ldy);
     STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_experts: matrix ", m, " is not 0, 1 or 2");

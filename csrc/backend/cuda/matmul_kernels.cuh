@@ -1,7 +1,6 @@
-// What the matmul kernel families share: their arguments, the lists of weight formats they are built
-// for (a new format is one line here, its decoder in quant/unit_decode.h and its file in
-// matmul_instances/), the one type switch per family, and the per-format launchers that those
-// instance files define.
+// What the matmul kernel families share: their arguments, the list of formats the integer kernels are
+// built for (the float kernels take every format of formats.cuh's list), its type switch, and the
+// per-format launchers that the instance files of matmul_instances/ define.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -9,37 +8,11 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/cuda/formats.cuh"
 #include "core/error.h"
 #include "quant/quant.h"
 #include "quant/unit_decode.h"
 
-// The formats of the float-activation kernels (GEMV and tensor cores).
-// clang-format off
-#define STRATA_CUDA_MATMUL_FORMATS(X) \
-  X(F32) \
-  X(F16) \
-  X(BF16) \
-  X(Q8_0) \
-  X(Q4_K) \
-  X(Q6_K) \
-  X(IQ2_XS) \
-  X(Q2_K) \
-  X(IQ2_XXS) \
-  X(Q5_K) \
-  X(Q3_K) \
-  X(IQ4_XS) \
-  X(MXFP4) \
-  X(Q5_0) \
-  X(Q4_0) \
-  X(Q4_1) \
-  X(Q5_1) \
-  X(IQ4_NL) \
-  X(IQ3_XXS) \
-  X(IQ3_S) \
-  X(IQ2_S) \
-  X(IQ1_S) \
-  X(IQ1_M)
-// clang-format on
 // The formats of the integer kernels against q8_0 activations (uses_matmul_q8).
 // clang-format off
 #define STRATA_CUDA_MATMUL_Q8_FORMATS(X) \
@@ -155,23 +128,7 @@ void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s);
 template <class F>
 void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s);
 
-// Calls fn(F{}) with the decoder of ggml type `type`; UnsupportedError naming `what` otherwise.
-template <class Fn>
-void dispatch_matmul_format(uint32_t type, const char* what, Fn&& fn) {
-  switch (static_cast<QType>(type)) {
-#define STRATA_CASE(N) \
-  case QType::N:       \
-    return fn(unit::N{});
-    STRATA_CUDA_MATMUL_FORMATS(STRATA_CASE)
-#undef STRATA_CASE
-    default:
-      break;
-  }
-  const QuantTraits& q = quant_traits(type, what);  // throws for a type strata does not know
-  throw UnsupportedError(str(what, ": the CUDA backend has no matmul kernel for ggml type ", q.name));
-}
-
-// As dispatch_matmul_format, over the formats with an integer kernel.
+// As dispatch_format (formats.cuh), over the formats with an integer kernel.
 template <class Fn>
 void dispatch_matmul_q8_format(uint32_t type, const char* what, Fn&& fn) {
   switch (static_cast<QType>(type)) {

@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/quantize.cuh"
 
 namespace strata::cuda {
@@ -32,7 +31,7 @@ __global__ void __launch_bounds__(kThreads)
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.f;
     const float id = d != 0.f ? 1.0f / d : 0.f;
-    q8_0_store(o + b * kQ8Block, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
+    q8_0_store(o + b * kQ8_0Bytes, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
   }
 }
 
@@ -41,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
 void launch_quantize_q8_0(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
                           int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes, cudaStream_t s) {
   STRATA_CHECK(D % 32 == 0, ConfigError, "quantize_q8_0: a row of ", D, " elements is not whole 32-blocks");
-  STRATA_CHECK(out_row_bytes >= (size_t)(D / 32 * kQ8Block), ConfigError,
+  STRATA_CHECK(out_row_bytes >= (size_t)(D / 32 * kQ8_0Bytes), ConfigError,
                "quantize_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", D / 32, " blocks");
   if (n <= 0 || D == 0) return;
   const unsigned per_row = (unsigned)std::min<int64_t>(ceil_div(D / 32, kThreads / kWarp), 65535);
