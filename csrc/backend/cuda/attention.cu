@@ -307,8 +307,8 @@ __device__ __forceinline__ void store_keys(KvT* buf, const Staged<KvT>& st, int 
 
 // The decode combine of head h, dim d: the key blocks' partials folded in key order (loads past L1:
 // the fused combine reads what other blocks wrote).
-__device__ __forceinline__ float combine_one(const float* part_ml, const float* part_acc, int64_t nb, int64_t H,
-                                             int64_t hd, int64_t h, int64_t d) {
+__device__ __forceinline__ float combine_one(const float* part_ml, const float* part_acc, int64_t nb,
+                                             int64_t H, int64_t hd, int64_t h, int64_t d) {
   float m = -INFINITY, l = 0.0f, acc = 0.0f;
 #pragma unroll 8  // the partials' loads of several blocks in flight at once
   for (int64_t jb = 0; jb < nb; ++jb) {
@@ -442,7 +442,8 @@ __global__ void __launch_bounds__(kThreads)
                    int64_t H, int64_t hd, float* out) {
   const int64_t h = blockIdx.x;
   const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, kKeyBlock);
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) out[h * hd + d] = combine_one(part_ml, part_acc, nb, H, hd, h, d);
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x)
+    out[h * hd + d] = combine_one(part_ml, part_acc, nb, H, hd, h, d);
 }
 
 __global__ void kv_store_f32_kernel(float* dst, const int32_t* pos_dev, int64_t width, const float* src,

@@ -15,7 +15,9 @@ namespace {
 // order; the renormalizing sum runs in pick order. The picks stay in shared memory until the end
 // (a read of what this warp just wrote to global memory would be a round trip each).
 constexpr size_t topk_smem(int64_t E, int64_t K) { return static_cast<size_t>(E + 2 * K) * 4; }
-__device__ __forceinline__ int32_t* topk_picked(float* sm, int64_t E) { return reinterpret_cast<int32_t*>(sm + E); }
+__device__ __forceinline__ int32_t* topk_picked(float* sm, int64_t E) {
+  return reinterpret_cast<int32_t*>(sm + E);
+}
 __device__ __forceinline__ void topk_warp(const float* lg, int64_t E, int64_t K, bool norm, int32_t* ids,
                                           float* weights, float* sm, int lane) {
   float* p = sm;
