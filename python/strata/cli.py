@@ -277,10 +277,13 @@ def _ctx_full_note(m: strata.Model, stats: dict[str, Any]) -> str | None:
 @click.option("--system", default=None, help="With --chat: a system message before the user's.")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=0), default=DEFAULTS["max_tokens"], show_default=True,
               help="Tokens to generate at most (the context may end it sooner).")
+@click.option("--ignore-eos", is_flag=True,
+              help="Do not stop at the model's end-of-turn tokens (a fixed length, for benchmarks).")
 @_load_options()
 @_sampling_options
 def generate(model: str | None, model_opt: str | None, prompt: str | None, prompt_file: Any, chat: bool,
-             system: str | None, max_tokens: int, device: str, kv_type: str, expert_cache: str, prefill: str,
+             system: str | None, max_tokens: int, ignore_eos: bool, device: str, kv_type: str, expert_cache: str,
+             prefill: str,
              source: str,
              ctx: int, threads: int, quiet: bool, temperature: float, top_k: int, top_p: float, min_p: float,
              repeat_penalty: float, repeat_last_n: int, seed: int | None, stop: tuple[str, ...],
@@ -297,6 +300,7 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
     if any(not s for s in stop):
         _fail("--stop takes a non-empty text")
     kw = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens)
+    kw["ignore_eos"] = ignore_eos
     if prompt_file is not None:
         prompt = prompt_file.read()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,

@@ -290,6 +290,7 @@ class Model:
         add_special: bool = True,
         callback: Callable[[str], None] | None = None,
         reuse_kv: bool = False,
+        ignore_eos: bool = False,
     ) -> Completion | Iterator[str]:
         """Completes `prompt` (text or token ids).
 
@@ -303,7 +304,8 @@ class Model:
         are not run again when the KV cache still holds them (stats: prompt_reused); with DeepSeek V4,
         whose cache keeps rings of the latest positions, only when they begin with all it holds. The logits are
         those of a full run, except that with a streamed expert cache the shorter rest may take the
-        other MoE layout (within its tolerance).
+        other MoE layout (within its tolerance). ignore_eos: the model's end-of-turn tokens do not stop
+        it (llama.cpp's --ignore-eos: a fixed length for benchmarks); stop strings still do.
         """
         p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
@@ -320,7 +322,7 @@ class Model:
             ids = self.tokenize(prompt, add_special=add_special)
         else:
             ids = self._ids(prompt, "generate()").tolist()
-        p.stop_ids = sorted(self.tokenizer.stop_ids)
+        p.stop_ids = [] if ignore_eos else sorted(self.tokenizer.stop_ids)
         gen = _core.Generator(self._m)
         tokens: list[int] = []
         stats: dict[str, Any] = {}

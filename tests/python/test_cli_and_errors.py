@@ -36,6 +36,12 @@ def test_generate_stats(f16_model):
         assert word in err, (word, err)
 
 
+def test_generate_ignore_eos_decodes_max_tokens(f16_model):
+    r = run("generate", f16_model, "-p", "Hello there", "-n", "40", "--temp", "0", "--ignore-eos", "--stats")
+    assert r.exit_code == 0, r.output
+    assert "decode   40 tokens" in r.stderr, r.stderr
+
+
 def test_generate_chat_and_stop(f16_model, tmp_path):
     r = run("generate", f16_model, "-p", "hi", "-n", "4", "--chat", "--seed", "1", "--system", "Be brief.")
     assert r.exit_code == 0, r.output

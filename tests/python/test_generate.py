@@ -191,6 +191,17 @@ def test_stop_token_ends_generation(model):
     assert out.tokens == greedy[:1] and out.stats["stop_reason"] == "stop_token"
 
 
+def test_ignore_eos_runs_past_a_stop_token(model):
+    ids = model.tokenize(PROMPT)
+    greedy = model.generate(ids, max_tokens=4, temperature=0).tokens
+    model.tokenizer.stop_ids = frozenset(model.tokenizer.stop_ids | {greedy[1]})
+    try:
+        out = model.generate(ids, max_tokens=4, temperature=0, ignore_eos=True)
+    finally:
+        model.tokenizer.stop_ids = frozenset(model.tokenizer.stop_ids - {greedy[1]})
+    assert len(out.tokens) == 4 and out.tokens[:2] == greedy[:2] and out.stats["stop_reason"] == "max_tokens"
+
+
 def test_stop_strings_cut_text_streamed_or_not(model):
     full = model.generate(PROMPT, max_tokens=24, temperature=0).text
     assert len(full) > 6
