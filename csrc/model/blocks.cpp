@@ -31,43 +31,36 @@ void matmul(Backend& be, const DenseMatrix& m, const float* x, int64_t T, float*
 }
 }  // namespace
 
-const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
-                        const HcSite& site, bool head, const float* w, float* stage, int64_t first) {
-  const int64_t HC = b.HC, n = T - first;
-  const float* R = b.R + first * HC * D;
-  float* grs = b.grs + first * HC;
-  be.matmul(site.fn.type, site.fn.data, site.fn.rows, site.fn.cols, R, HC * D, n, b.hc_mix, site.fn.rows);
-  be.hc_pre(b.hc_mix, R, n, HC, D, eps, site.scale, site.base, site.hc_eps, site.iters, grs,
-            head ? nullptr : b.hc_post, head ? nullptr : b.hc_comb);
-  float* out = b.xn ? b.xn : stage;
-  be.apply_norm_hc(R, grs, w, D, HC, nullptr, 1, n, out);
-  return out;
-}
-
-void hc_update(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D) {
-  be.hc_post(b.R, b.proj, b.hc_post, b.hc_comb, T, b.HC, D);
+AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a) {
+  AttentionScratch sc;
+  sc.q = list.f32("attn.q", {a.n_head, a.head_dim});
+  sc.k = list.f32("attn.k", {a.n_kv_head, a.head_dim});
+  sc.v = list.f32("attn.v", {a.n_kv_head, a.head_dim});
+  sc.out = list.f32("attn.out", {a.n_head * a.head_dim});
+  return sc;
 }
 
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
-                     const AttentionShape& a, const float* x, int64_t T, int64_t pos0) {
+                     const AttentionShape& a, const AttentionScratch& sc, const float* x, int64_t T,
+                     int64_t pos0) {
   Backend& be = ctx.be;
-  const int64_t KVd = a.n_kv_head * a.head_dim;
+  float *q = b[sc.q], *k = b[sc.k], *v = b[sc.v], *out = b[sc.out];
   if (w.q.type == w.k.type && w.q.type == w.v.type && w.q.cols == w.k.cols && w.q.cols == w.v.cols) {
-    const Backend::MatmulOut outs[3] = {{w.q.data, w.q.rows, b.q, w.q.rows},
-                                        {w.k.data, w.k.rows, b.k, w.k.rows},
-                                        {w.v.data, w.v.rows, b.v, w.v.rows}};
+    const Backend::MatmulOut outs[3] = {{w.q.data, w.q.rows, q, w.q.rows},
+                                        {w.k.data, w.k.rows, k, w.k.rows},
+                                        {w.v.data, w.v.rows, v, w.v.rows}};
     be.matmul_n(w.q.type, w.q.cols, x, w.q.cols, T, outs, 3);
   } else {
-    matmul(be, w.q, x, T, b.q);
-    matmul(be, w.k, x, T, b.k);
-    matmul(be, w.v, x, T, b.v);
+    matmul(be, w.q, x, T, q);
+    matmul(be, w.k, x, T, k);
+    matmul(be, w.v, x, T, v);
   }
   const KvType kt = ctx.kv.type();
-  be.qk_rope_store(b.q, b.k, b.v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0,
-                   a.rope, ctx.kv.k(l), ctx.kv.v(l), kt);
+  be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
+                   ctx.kv.k(l), ctx.kv.v(l), kt);
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
-  be.attention(b.q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, b.attn);
-  matmul(be, w.o, b.attn, T, b.proj);
+  be.attention(q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, out);
+  matmul(be, w.o, out, T, b.proj);
 }
 
 void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,

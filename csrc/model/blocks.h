@@ -24,27 +24,6 @@ const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D,
 const float* add_gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
                          const float* w, float* stage);
 
-// One hyper-connection site (HC > 1 streams): the mixing projection of the flattened streams and
-// the scale and base of its pre / post / comb parts; eps and Sinkhorn iterations from the spec.
-struct HcSite {
-  DenseMatrix fn;                // (2 + HC) HC rows of HC * D (the head's: HC rows)
-  const float* scale = nullptr;  // 3 (the head's: 1)
-  const float* base = nullptr;   // (2 + HC) HC (the head's: HC)
-  float hc_eps = 1e-6f;
-  int64_t iters = 1;
-};
-
-// The GR read of HC > 1 streams at a sublayer site: the site's weights per token (grs = the collapse
-// weights times the RMS scale of the collapsed input; b.hc_post and b.hc_comb unless the site is the
-// head), then the normalized input R * grs * w summed over the streams, returned where gr_read returns
-// it (xn when carved, else staged in `stage`). `first` skips rows (the head reads only the last).
-const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
-                        const HcSite& site, bool head, const float* w, float* stage, int64_t first = 0);
-
-// After a sublayer whose output y (T x D) is in b.proj: each stream becomes post * y plus the
-// combination of the old streams (b.hc_post, b.hc_comb from this site's gr_read_hc).
-void hc_update(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D);
-
 struct AttentionWeights {
   DenseMatrix q, k, v, o;
   const float* q_norm = nullptr;  // per-head RMSNorm weights (may be null)
@@ -57,10 +36,18 @@ struct AttentionShape {
   RopeParams rope;
 };
 
+// The attention block's scratch: q (T x H x hd), k and v (T x KV x hd), the output (T x H * hd).
+struct AttentionScratch {
+  Scratch<float> q, k, v, out;
+};
+// Adds them (attn.q, attn.k, attn.v, attn.out) to an architecture's list.
+AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a);
+
 // Pre-norm GQA attention of layer `l`: q/k/v projections of x, per-head norm and RoPE, the KV cache
 // appended at pos0, causal attention; the output projection lands in b.proj.
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
-                     const AttentionShape& a, const float* x, int64_t T, int64_t pos0);
+                     const AttentionShape& a, const AttentionScratch& sc, const float* x, int64_t T,
+                     int64_t pos0);
 
 // Router: logits of x against the router matrix, softmax, top-K (ties to the lower id), weights
 // renormalized when norm; then the (token, k) rows grouped by expert (b.expert_off, b.expert_rows).

@@ -307,8 +307,48 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   s.details.push_back({"swiglu clamp", str(num(d.layers[0].clamp_exp), " routed, ",
                                            num(d.layers[0].clamp_shexp), " shared (layer 0)")});
   if (d.mtp_blocks) s.details.push_back({"ignored", str(d.mtp_blocks, " MTP block(s)")});
-  s.ds4 = std::move(ds);
+  ScratchList scratch;
+  ds4_scratch(s, d, scratch);
+  s.scratch = scratch.specs();
+  s.arch_spec = std::move(ds);
   return s;
+}
+
+const Ds4Spec& ds4_spec(const ModelSpec& s) {
+  const auto* d = dynamic_cast<const Ds4Spec*>(s.arch_spec.get());
+  STRATA_CHECK(d, Error, "internal error: a ", s.arch, " spec has no DeepSeek V4 part");
+  return *d;
+}
+
+Ds4Scratch ds4_scratch(const ModelSpec& s, const Ds4Spec& d, ScratchList& list) {
+  const int64_t HC = d.HC, H = s.n_head, hd = s.head_dim;
+  Ds4Scratch sc;
+  sc.hc_mix = list.f32("hc.mix", {(2 + HC) * HC});
+  sc.hc_post = list.f32("hc.post", {HC});
+  sc.hc_comb = list.f32("hc.comb", {HC, HC});
+  sc.tokens = list.i32("tokens", {});
+  sc.qa = list.f32("attn.qa", {d.q_lora});
+  sc.q = list.f32("attn.q", {H, hd});
+  sc.kv = list.f32("attn.kv", {hd});
+  sc.out = list.f32("attn.out", {H, hd});
+  sc.oa = list.f32("attn.oa", {d.o_groups * d.o_lora});
+  // The widest compressor: two lanes (a ratio-4 layer's overlapping windows), else one (ratio 128).
+  const int64_t lanes = d.any_ratio(4) ? 2 : d.any_ratio(128) ? 1 : 0;
+  if (lanes > 0) {
+    sc.comp_kv = list.f32("comp.kv", {lanes * hd});
+    sc.comp_score = list.f32("comp.score", {lanes * hd});
+  }
+  if (d.any_ratio(4)) {
+    sc.idx_kv = list.f32("index.kv", {2 * d.idx_dim});
+    sc.idx_score = list.f32("index.score", {2 * d.idx_dim});
+    sc.idx_q = list.f32("index.q", {d.idx_heads, d.idx_dim});
+    sc.idx_w = list.f32("index.w", {d.idx_heads});
+    sc.idx_sel = list.i32("index.sel", {d.idx_topk});
+  }
+  sc.sh_gate = list.f32("shexp.gate", {d.shared_ffn});
+  sc.sh_up = list.f32("shexp.up", {d.shared_ffn});
+  sc.sh_out = list.f32("shexp.out", {s.D});
+  return sc;
 }
 
 Ds4Rope ds4_rope(const Ds4Spec& s, float rope_base, bool compressed) {

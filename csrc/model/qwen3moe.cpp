@@ -30,6 +30,17 @@ WeightRef need(const gguf::File& f, const std::string& name, std::vector<int64_t
   return WeightRef{&t};
 }
 
+AttentionShape attention_shape(const ModelSpec& s) {
+  return AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
+                        RopeParams{s.head_dim, s.rope_base, true}};
+}
+
+// The chunk scratch beyond the common buffers: the attention block's. The spec reader stores the
+// list, the forward pass takes the handles of the same declaration.
+AttentionScratch declare_scratch(const ModelSpec& s, ScratchList& list) {
+  return declare_attention(list, attention_shape(s));
+}
+
 }  // namespace
 
 ModelSpec read_qwen3moe(const gguf::File& f) {
@@ -88,6 +99,9 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
     ls.down_exps = need(f, p + "ffn_down_exps.weight", {s.F, s.D, s.E});
     s.layers.push_back(ls);
   }
+  ScratchList scratch;
+  declare_scratch(s, scratch);
+  s.scratch = scratch.specs();
   return s;
 }
 
@@ -116,8 +130,11 @@ class Qwen3MoeForward final : public ForwardPass {
     // A tied head reads the embedding table itself.
     output_ = s.output.t == s.token_embd.t ? DenseMatrix{s.output.type(), token_embd_.get(), s.V, s.D}
                                            : dense(s.output, "output");
-    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
-                            RopeParams{s.head_dim, s.rope_base, true}};
+    shape_ = attention_shape(s);
+    ScratchList scratch;
+    scratch_ = declare_scratch(s, scratch);
+    STRATA_CHECK(scratch.specs() == s.scratch, Error,
+                 "internal error: the qwen3moe scratch is not the spec's");
     logits_dev_ = DeviceBuffer(be, (size_t)kHeadRows * s.V * sizeof(float), "the logits");
   }
 
@@ -136,7 +153,7 @@ class Qwen3MoeForward final : public ForwardPass {
       // Each sublayer's output (proj) joins the residual in the next GR read's op.
       const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
                               : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
-      attention_block(ctx_, b, l, ly.attn, shape_, x, T, pos0);
+      attention_block(ctx_, b, l, ly.attn, shape_, scratch_, x, T, pos0);
       x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
       softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
       moe_block(ctx_, b, l, T, ly.ffn_norm);
@@ -183,6 +200,7 @@ class Qwen3MoeForward final : public ForwardPass {
   const float* output_norm_ = nullptr;
   DenseMatrix output_;
   AttentionShape shape_;
+  AttentionScratch scratch_;
   DeviceBuffer logits_dev_;
 };
 
