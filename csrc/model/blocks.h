@@ -54,15 +54,31 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
 void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,
                     int64_t T, int64_t K, bool norm);
 
+// What an architecture changes in the MoE block: how the routed experts read their input rows from
+// the residual (only when the plan has no xn: an unfused plan gathers xn's rows) and the activation
+// between gate/up and down. Without one the block reads R * grs * w (one stream) and runs SwiGLU.
+class MoeVariant {
+ public:
+  virtual ~MoeVariant() = default;
+  // The input of n (token, k) rows (`rows`, K per token, as expert_rows) with the GR read's weight
+  // ffn_norm, as floats (out, rows of D) or as q8_0 rows `rb` bytes apart.
+  virtual void input(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                     const int32_t* rows, int64_t n, float* out) const = 0;
+  virtual void input_q8(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                        const int32_t* rows, int64_t n, uint8_t* out, size_t rb) const = 0;
+  // g[i] = act(g[i], u[i]) for i < n.
+  virtual void activate(Backend& be, float* g, const float* u, int64_t n) const = 0;
+};
+
 // The routed experts of layer `l` over the rows the router grouped, through the expert cache; the
 // weighted sum of each token's experts lands in b.proj. Experts are resolved once per layer per chunk;
 // per-(token, k) outputs are added in a fixed order (ascending expert, then token), so the result does
 // not depend on which experts were resident. `ffn_norm` is the GR read's weight (the fused read
 // gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
-// With b.HC > 1 the fused read collapses the streams (apply_norm_hc); swiglu_limit > 0 clamps the
-// gate and up projections (DeepSeek V4).
+// `var` (null: the plain residual's fused GR read and SwiGLU) is what the architecture changes in it;
+// a plan with b.HC > 1 needs one.
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-               const float* ffn_norm, float swiglu_limit = 0.f);
+               const float* ffn_norm, const MoeVariant* var = nullptr);
 
 // A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
 // which may throw Interrupted to stop the pass.

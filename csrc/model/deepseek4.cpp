@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/ds4_ops.h"
 #include "core/error.h"
 #include "model/arch.h"
 #include "model/deepseek4_forward.h"
@@ -22,30 +23,61 @@ namespace {
 // weights times the RMS scale of the collapsed input; hc.post and hc.comb unless the site is the head),
 // then the normalized input R * grs * w summed over the streams, returned where gr_read returns it (xn
 // when carved, else staged in `stage`). `first` skips rows (the head reads only the last).
-const float* gr_read_hc(Backend& be, const PrefillBuffers& b, const Ds4Scratch& sc, int64_t T, int64_t D,
-                        float eps, const HcSite& site, bool head, const float* w, float* stage,
+const float* gr_read_hc(Backend& be, Ds4Ops& ops, const PrefillBuffers& b, const Ds4Scratch& sc, int64_t T,
+                        int64_t D, float eps, const HcSite& site, bool head, const float* w, float* stage,
                         int64_t first = 0) {
   const int64_t HC = b.HC, n = T - first;
   const float* R = b.R + first * HC * D;
   float* grs = b.grs + first * HC;
   float* mix = b[sc.hc_mix];
   be.matmul(site.fn.type, site.fn.data, site.fn.rows, site.fn.cols, R, HC * D, n, mix, site.fn.rows);
-  be.hc_pre(mix, R, n, HC, D, eps, site.scale, site.base, site.hc_eps, site.iters, grs,
-            head ? nullptr : b[sc.hc_post], head ? nullptr : b[sc.hc_comb]);
+  ops.hc_pre(mix, R, n, HC, D, eps, site.scale, site.base, site.hc_eps, site.iters, grs,
+             head ? nullptr : b[sc.hc_post], head ? nullptr : b[sc.hc_comb]);
   float* out = b.xn ? b.xn : stage;
-  be.apply_norm_hc(R, grs, w, D, HC, nullptr, 1, n, out);
+  ops.apply_norm_hc(R, grs, w, D, HC, nullptr, 1, n, out);
   return out;
 }
 
 // After a sublayer whose output y (T x D) is in b.proj: each stream becomes post * y plus the
 // combination of the old streams (hc.post, hc.comb from this site's gr_read_hc).
-void hc_update(Backend& be, const PrefillBuffers& b, const Ds4Scratch& sc, int64_t T, int64_t D) {
-  be.hc_post(b.R, b.proj, b[sc.hc_post], b[sc.hc_comb], T, b.HC, D);
+void hc_update(Ds4Ops& ops, const PrefillBuffers& b, const Ds4Scratch& sc, int64_t T, int64_t D) {
+  ops.hc_post(b.R, b.proj, b[sc.hc_post], b[sc.hc_comb], T, b.HC, D);
 }
+
+// V4's routed experts: their input is the GR read collapsing the HC streams, their SwiGLU clamped
+// (limit > 0).
+class Ds4Moe final : public MoeVariant {
+ public:
+  Ds4Moe(Ds4Ops& ops, float limit) : ops_(ops), limit_(limit) {}
+  void input(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+             const int32_t* rows, int64_t n, float* out) const override {
+    if (b.HC > 1)
+      ops_.apply_norm_hc(b.R, b.grs, ffn_norm, D, b.HC, rows, K, n, out);
+    else
+      be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, out);
+  }
+  void input_q8(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                const int32_t* rows, int64_t n, uint8_t* out, size_t rb) const override {
+    if (b.HC > 1)
+      ops_.quantize_q8_0_hc(b.R, b.grs, ffn_norm, D, b.HC, rows, K, n, out, rb);
+    else
+      be.quantize_q8_0(b.R, b.grs, ffn_norm, D, rows, K, n, out, rb);
+  }
+  void activate(Backend& be, float* g, const float* u, int64_t n) const override {
+    if (limit_ > 0)
+      ops_.swiglu_clamp(g, u, n, limit_);
+    else
+      be.swiglu(g, u, n);
+  }
+
+ private:
+  Ds4Ops& ops_;
+  float limit_;
+};
 
 class Ds4Forward final : public ForwardPass {
  public:
-  explicit Ds4Forward(const ForwardContext& ctx) : ctx_(ctx), d_(ds4_spec(ctx.spec)) {
+  explicit Ds4Forward(const ForwardContext& ctx, Ds4Ops& ops) : ctx_(ctx), ops_(ops), d_(ds4_spec(ctx.spec)) {
     const ModelSpec& s = ctx.spec;
     Backend& be = ctx.be;
     ScratchList scratch;
@@ -114,6 +146,7 @@ class Ds4Forward final : public ForwardPass {
                  bool all_logits) override {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
+    Ds4Ops& ops = ops_;
     const int64_t D = s.D, HC = d_.HC;
     STRATA_CHECK(b.HC == HC && b.scratch.size() == s.scratch.size(), Error,
                  "internal error: the prefill plan is not DeepSeek V4's");
@@ -121,36 +154,37 @@ class Ds4Forward final : public ForwardPass {
     be.upload(tokens, ids, (size_t)T * sizeof(int32_t));
     // The embedding is copied into every stream.
     be.embed(s.token_embd.type(), token_embd_.get(), D, tokens, T, b.proj);
-    be.hc_expand(b.proj, T, HC, D, b.R);
+    ops.hc_expand(b.proj, T, HC, D, b.R);
     // The GR reads stage their rows in proj when the plan has no xn: proj is free at both read points
     // and is written last by each sublayer.
     for (int64_t l = 0; l < s.L; ++l) {
       between_layers(ctx_, l, T, pos0);
       const Ds4LayerWeights& w = layers_[l];
-      const float* x = gr_read_hc(be, b, sc_, T, D, s.rms_eps, w.hc_attn, false, w.attn_norm, b.proj);
-      ds4_attention(ctx_, b, sc_, l, w, comp_rope_, x, T, pos0);
-      hc_update(be, b, sc_, T, D);
+      const float* x = gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, w.hc_attn, false, w.attn_norm, b.proj);
+      ds4_attention(ctx_, ops, b, sc_, l, w, comp_rope_, x, T, pos0);
+      hc_update(ops, b, sc_, T, D);
 
-      x = gr_read_hc(be, b, sc_, T, D, s.rms_eps, w.hc_ffn, false, w.ffn_norm, b.proj);
+      x = gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, w.hc_ffn, false, w.ffn_norm, b.proj);
       be.matmul(w.router.type, w.router.data, w.router.rows, w.router.cols, x, D, T, b.router, s.E);
-      be.router_v4(b.router, T, s.E, s.K, w.probs_b, w.tid2eid, tokens, d_.norm_weights, d_.routed_scale,
-                   b.topk_ids, b.topk_w);
+      ops.router_v4(b.router, T, s.E, s.K, w.probs_b, w.tid2eid, tokens, d_.norm_weights, d_.routed_scale,
+                    b.topk_ids, b.topk_w);
       be.group_by_expert(b.topk_ids, T, s.K, s.E, b.expert_off, b.expert_rows);
       // The shared expert first: the routed experts overwrite proj, where x may be staged.
       const int64_t Fs = d_.shared_ffn;
       float *sh_gate = b[sc_.sh_gate], *sh_up = b[sc_.sh_up], *sh_out = b[sc_.sh_out];
       be.matmul(w.gate_shexp.type, w.gate_shexp.data, Fs, D, x, D, T, sh_gate, Fs);
       be.matmul(w.up_shexp.type, w.up_shexp.data, Fs, D, x, D, T, sh_up, Fs);
-      be.swiglu_clamp(sh_gate, sh_up, T * Fs, w.clamp_shexp);
+      ops.swiglu_clamp(sh_gate, sh_up, T * Fs, w.clamp_shexp);
       be.matmul(w.down_shexp.type, w.down_shexp.data, D, Fs, sh_gate, Fs, T, sh_out, D);
-      moe_block(ctx_, b, l, T, w.ffn_norm, w.clamp_exp);
+      const Ds4Moe moe(ops, w.clamp_exp);
+      moe_block(ctx_, b, l, T, w.ffn_norm, &moe);
       be.add(b.proj, sh_out, T * D);
-      hc_update(be, b, sc_, T, D);
+      hc_update(ops, b, sc_, T, D);
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     const int64_t first = all_logits ? 0 : T - 1;
-    const float* x = gr_read_hc(be, b, sc_, T, D, s.rms_eps, head_, true, output_norm_, b.proj, first);
+    const float* x = gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, head_, true, output_norm_, b.proj, first);
     head_block(be, output_, x, T - first, logits_dev_.as<float>(), logits);
   }
 
@@ -190,6 +224,7 @@ class Ds4Forward final : public ForwardPass {
   }
 
   ForwardContext ctx_;
+  Ds4Ops& ops_;
   const Ds4Spec& d_;
   Ds4Scratch sc_;
   std::vector<std::vector<float>> converted_;  // before owned_: borrowed buffers may point into it
@@ -203,14 +238,20 @@ class Ds4Forward final : public ForwardPass {
   DeviceBuffer logits_dev_;
 };
 
-std::unique_ptr<ForwardPass> make_deepseek4(const ForwardContext& ctx) {
-  return std::make_unique<Ds4Forward>(ctx);
+std::string no_v4_ops(const Backend& be) {
+  return str("DeepSeek V4 runs on the CPU backend only; the ", be.name(),
+             " backend has no V4 ops (hyper-connections, compressed attention, V4 routing). Run it with "
+             "--device cpu");
 }
 
 void check_deepseek4_backend(Backend& be, const std::string& path) {
-  STRATA_CHECK(be.has_ds4_ops(), UnsupportedError, path, ": DeepSeek V4 needs ops the ", be.name(),
-               " backend does not have (hyper-connections, compressed attention, V4 routing); run it with "
-               "--device cpu");
+  STRATA_CHECK(ds4_ops(be), UnsupportedError, path, ": ", no_v4_ops(be));
+}
+
+std::unique_ptr<ForwardPass> make_deepseek4(const ForwardContext& ctx) {
+  Ds4Ops* ops = ds4_ops(ctx.be);
+  STRATA_CHECK(ops, UnsupportedError, no_v4_ops(ctx.be));
+  return std::make_unique<Ds4Forward>(ctx, *ops);
 }
 
 }  // namespace

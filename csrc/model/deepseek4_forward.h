@@ -8,6 +8,8 @@
 
 namespace strata {
 
+class Ds4Ops;
+
 // A RoPE flavour on the device: inv_freq (rope_dim / 2 floats) and the cos/sin factor.
 struct Ds4RopeDev {
   const float* inv_freq = nullptr;
@@ -45,8 +47,8 @@ struct Ds4LayerWeights {
 // The attention sublayer of layer l on the normalized input x (T x D): low-rank Q, the shared KV row,
 // the compressors and the indexer appending to the KV cache, attention with the sink over the window
 // and the compressed rows, inverse RoPE and the grouped output projection into b.proj.
-void ds4_attention(const ForwardContext& ctx, const PrefillBuffers& b, const Ds4Scratch& sc, int64_t l,
-                   const Ds4LayerWeights& w, const Ds4RopeDev& compress_rope, const float* x, int64_t T,
-                   int64_t pos0);
+void ds4_attention(const ForwardContext& ctx, Ds4Ops& ops, const PrefillBuffers& b, const Ds4Scratch& sc,
+                   int64_t l, const Ds4LayerWeights& w, const Ds4RopeDev& compress_rope, const float* x,
+                   int64_t T, int64_t pos0);
 
 }  // namespace strata
