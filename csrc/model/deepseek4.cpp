@@ -11,6 +11,7 @@
 #include "model/arch.h"
 #include "model/deepseek4_forward.h"
 #include "model/kv_cache.h"
+#include "model/weights.h"
 #include "quant/quant.h"
 
 namespace strata {
@@ -77,16 +78,18 @@ class Ds4Moe final : public MoeVariant {
 
 class Ds4Forward final : public ForwardPass {
  public:
-  explicit Ds4Forward(const ForwardContext& ctx, Ds4Ops& ops) : ctx_(ctx), ops_(ops), d_(ds4_spec(ctx.spec)) {
+  explicit Ds4Forward(const ForwardContext& ctx, Ds4Ops& ops)
+      : ctx_(ctx), ops_(ops), d_(ds4_spec(ctx.spec)), w_(ctx.be) {
     const ModelSpec& s = ctx.spec;
-    Backend& be = ctx.be;
     ScratchList scratch;
     sc_ = ds4_scratch(s, d_, scratch);
     STRATA_CHECK(scratch.specs() == s.scratch, Error,
                  "internal error: the deepseek4 scratch is not the spec's");
     const Ds4Rope main = ds4_rope(d_, s.rope_base, false), comp = ds4_rope(d_, s.rope_base, true);
-    main_rope_ = Ds4RopeDev{floats(main.inv_freq, "rope"), main.mscale};
-    comp_rope_ = Ds4RopeDev{floats(comp.inv_freq, "compressed rope"), comp.mscale};
+    main_rope_ = Ds4RopeDev{w_.floats(main.inv_freq, "rope"), main.mscale};
+    comp_rope_ = Ds4RopeDev{w_.floats(comp.inv_freq, "compressed rope"), comp.mscale};
+    using Y = Ds4Layer;
+    using W = Ds4LayerWeights;
     for (const Ds4Layer& y : d_.layers) {
       Ds4LayerWeights w;
       w.ratio = y.ratio;
@@ -95,51 +98,47 @@ class Ds4Forward final : public ForwardPass {
       w.clamp_shexp = y.clamp_shexp;
       w.hc_attn = site(y.hc_attn_fn, y.hc_attn_scale, y.hc_attn_base);
       w.hc_ffn = site(y.hc_ffn_fn, y.hc_ffn_scale, y.hc_ffn_base);
-      w.attn_norm = vec(y.attn_norm, "attn_norm");
-      w.ffn_norm = vec(y.ffn_norm, "ffn_norm");
-      w.q_a = dense(y.q_a, "attn_q_a");
-      w.q_b = dense(y.q_b, "attn_q_b");
-      w.kv = dense(y.kv, "attn_kv");
-      w.o_a = dense(y.o_a, "attn_output_a");
-      w.o_b = dense(y.o_b, "attn_output_b");
-      w.q_a_norm = vec(y.q_a_norm, "attn_q_a_norm");
-      w.kv_norm = vec(y.kv_norm, "attn_kv_a_norm");
-      w.sinks = vec(y.sinks, "attn_sinks");
-      if (y.ratio) {
-        w.comp_kv = dense(y.comp_kv, "attn_compressor_kv");
-        w.comp_gate = dense(y.comp_gate, "attn_compressor_gate");
-        w.comp_ape = vec(y.comp_ape, "attn_compressor_ape");
-        w.comp_norm = vec(y.comp_norm, "attn_compressor_norm");
-      }
-      if (y.ratio == 4) {
-        w.idx_proj = dense(y.idx_proj, "indexer.proj");
-        w.idx_q_b = dense(y.idx_q_b, "indexer.attn_q_b");
-        w.idx_kv = dense(y.idx_kv, "indexer_compressor_kv");
-        w.idx_gate = dense(y.idx_gate, "indexer_compressor_gate");
-        w.idx_ape = vec(y.idx_ape, "indexer_compressor_ape");
-        w.idx_norm = vec(y.idx_norm, "indexer_compressor_norm");
-      }
-      w.router = dense(y.router, "ffn_gate_inp");
+      // The tensors a layer lacks (its ratio's compressor and indexer, the hash table or the bias) are
+      // null in its spec and skipped.
+      w_.layer<Y, W>(y, w,
+                     {
+                         {&Y::attn_norm, &W::attn_norm, "attn_norm"},
+                         {&Y::ffn_norm, &W::ffn_norm, "ffn_norm"},
+                         {&Y::q_a, &W::q_a, "attn_q_a"},
+                         {&Y::q_b, &W::q_b, "attn_q_b"},
+                         {&Y::kv, &W::kv, "attn_kv"},
+                         {&Y::o_a, &W::o_a, "attn_output_a"},
+                         {&Y::o_b, &W::o_b, "attn_output_b"},
+                         {&Y::q_a_norm, &W::q_a_norm, "attn_q_a_norm"},
+                         {&Y::kv_norm, &W::kv_norm, "attn_kv_a_norm"},
+                         {&Y::sinks, &W::sinks, "attn_sinks"},
+                         {&Y::comp_kv, &W::comp_kv, "attn_compressor_kv"},
+                         {&Y::comp_gate, &W::comp_gate, "attn_compressor_gate"},
+                         {&Y::comp_ape, &W::comp_ape, "attn_compressor_ape"},
+                         {&Y::comp_norm, &W::comp_norm, "attn_compressor_norm"},
+                         {&Y::idx_proj, &W::idx_proj, "indexer.proj"},
+                         {&Y::idx_q_b, &W::idx_q_b, "indexer.attn_q_b"},
+                         {&Y::idx_kv, &W::idx_kv, "indexer_compressor_kv"},
+                         {&Y::idx_gate, &W::idx_gate, "indexer_compressor_gate"},
+                         {&Y::idx_ape, &W::idx_ape, "indexer_compressor_ape"},
+                         {&Y::idx_norm, &W::idx_norm, "indexer_compressor_norm"},
+                         {&Y::router, &W::router, "ffn_gate_inp"},
+                         {&Y::probs_b, &W::probs_b, "exp_probs_b"},
+                         {&Y::gate_shexp, &W::gate_shexp, "ffn_gate_shexp"},
+                         {&Y::up_shexp, &W::up_shexp, "ffn_up_shexp"},
+                         {&Y::down_shexp, &W::down_shexp, "ffn_down_shexp"},
+                     });
       if (y.hash) {
         // The hash table and the shared expert stay resident: only routed experts stream. Its ids
         // index the router's scores and the expert cache: every one must name an expert.
         check_hash_table(y.tid2eid, s.E);
-        owned_.push_back(be.resident(y.tid2eid.data(), y.tid2eid.t->nbytes, "ffn_gate_tid2eid"));
-        w.tid2eid = owned_.back().as<int32_t>();
-      } else {
-        w.probs_b = vec(y.probs_b, "exp_probs_b");
+        w.tid2eid = static_cast<const int32_t*>(w_.raw(y.tid2eid, "ffn_gate_tid2eid"));
       }
-      w.gate_shexp = dense(y.gate_shexp, "ffn_gate_shexp");
-      w.up_shexp = dense(y.up_shexp, "ffn_up_shexp");
-      w.down_shexp = dense(y.down_shexp, "ffn_down_shexp");
       w.rope = y.ratio ? comp_rope_ : main_rope_;
       layers_.push_back(w);
     }
-    head_ = site(d_.hc_head_fn, d_.hc_head_scale, d_.hc_head_base);
-    token_embd_ = be.resident(s.token_embd.data(), s.token_embd.t->nbytes, "token_embd");
-    output_norm_ = vec(s.output_norm, "output_norm");
-    output_ = dense(s.output, "output");
-    logits_dev_ = DeviceBuffer(be, (size_t)kHeadRows * s.V * sizeof(float), "the logits");
+    hc_head_ = site(d_.hc_head_fn, d_.hc_head_scale, d_.hc_head_base);
+    head_ = w_.head(s);
   }
 
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
@@ -153,7 +152,7 @@ class Ds4Forward final : public ForwardPass {
     int32_t* tokens = b[sc_.tokens];
     be.upload(tokens, ids, (size_t)T * sizeof(int32_t));
     // The embedding is copied into every stream.
-    be.embed(s.token_embd.type(), token_embd_.get(), D, tokens, T, b.proj);
+    be.embed(s.token_embd.type(), head_.token_embd.get(), D, tokens, T, b.proj);
     ops.hc_expand(b.proj, T, HC, D, b.R);
     // The GR reads stage their rows in proj when the plan has no xn: proj is free at both read points
     // and is written last by each sublayer.
@@ -184,34 +183,14 @@ class Ds4Forward final : public ForwardPass {
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     const int64_t first = all_logits ? 0 : T - 1;
-    const float* x = gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, head_, true, output_norm_, b.proj, first);
-    head_block(be, output_, x, T - first, logits_dev_.as<float>(), logits);
+    const float* x =
+        gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, hc_head_, true, head_.output_norm, b.proj, first);
+    head_block(be, head_.output, x, T - first, head_.logits_dev.as<float>(), logits);
   }
 
  private:
-  DenseMatrix dense(const WeightRef& w, const char* what) {
-    owned_.push_back(ctx_.be.resident(w.data(), w.t->nbytes, what));
-    return DenseMatrix{w.type(), owned_.back().get(), w.t->ne.size() > 1 ? w.t->ne[1] : 1, w.t->ne[0]};
-  }
-  // Vectors (norms, sinks, biases, position biases) are read as float32: other types converted once.
-  const float* vec(const WeightRef& w, const char* what) {
-    const int64_t n = w.t->nelements();
-    if (w.type() == (uint32_t)QType::F32) {
-      owned_.push_back(ctx_.be.resident(w.data(), n * sizeof(float), what));
-      return owned_.back().as<float>();
-    }
-    std::vector<float> v(n);
-    dequantize(quant_traits(w.type(), what).type, w.data(), v.data(), n);
-    return floats(std::move(v), what);
-  }
-  const float* floats(std::vector<float> v, const char* what) {
-    converted_.push_back(std::move(v));
-    owned_.push_back(
-        ctx_.be.resident(converted_.back().data(), converted_.back().size() * sizeof(float), what));
-    return owned_.back().as<float>();
-  }
   HcSite site(const WeightRef& fn, const WeightRef& scale, const WeightRef& base) {
-    return HcSite{dense(fn, "hc fn"), vec(scale, "hc scale"), vec(base, "hc base"), d_.hc_eps,
+    return HcSite{w_.dense(fn, "hc fn"), w_.vec(scale, "hc scale"), w_.vec(base, "hc base"), d_.hc_eps,
                   d_.sinkhorn_iters};
   }
 
@@ -226,16 +205,12 @@ class Ds4Forward final : public ForwardPass {
   ForwardContext ctx_;
   Ds4Ops& ops_;
   const Ds4Spec& d_;
+  ResidentWeights w_;
   Ds4Scratch sc_;
-  std::vector<std::vector<float>> converted_;  // before owned_: borrowed buffers may point into it
-  std::vector<DeviceBuffer> owned_;
   std::vector<Ds4LayerWeights> layers_;
   Ds4RopeDev main_rope_, comp_rope_;
-  HcSite head_;
-  DeviceBuffer token_embd_;
-  const float* output_norm_ = nullptr;
-  DenseMatrix output_;
-  DeviceBuffer logits_dev_;
+  HcSite hc_head_;
+  HeadWeights head_;
 };
 
 std::string no_v4_ops(const Backend& be) {
