@@ -12,7 +12,6 @@
 #include "model/deepseek4_forward.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
-#include "quant/quant.h"
 
 namespace strata {
 

@@ -4,11 +4,9 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/ggml_types.h"
 #include "core/utf8.h"
 #include "model/deepseek4.h"
 #include "model/weights.h"
-#include "quant/quant.h"
 
 namespace strata {
 

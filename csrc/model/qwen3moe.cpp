@@ -10,7 +10,6 @@
 #include "model/blocks.h"
 #include "model/spec.h"
 #include "model/weights.h"
-#include "quant/quant.h"
 
 namespace strata {
 
