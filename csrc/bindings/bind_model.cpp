@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include "bindings/bind.h"
 #include "bindings/interrupt.h"
 #include "core/log.h"
@@ -136,23 +138,16 @@ PrefillShape shape_of(const py::dict& shape) {
   s.E = shape["E"].cast<int64_t>();
   s.K = shape["K"].cast<int64_t>();
   s.F = shape["F"].cast<int64_t>();
-  s.n_head = shape["heads"].cast<int64_t>();
-  s.n_kv_head = shape["kv_heads"].cast<int64_t>();
-  s.head_dim = shape["head_dim"].cast<int64_t>();
   s.expert_types = shape["expert_types"].cast<std::vector<uint32_t>>();
   s.gr_unfused = shape["unfused"].cast<bool>();
-  // DeepSeek V4's scratch: q_lora, o_groups, o_lora, comp_lanes, idx_*, shared_ffn.
-  if (shape.contains("v4")) {
-    const py::dict v = shape["v4"].cast<py::dict>();
-    s.v4.q_lora = v["q_lora"].cast<int64_t>();
-    s.v4.o_groups = v["o_groups"].cast<int64_t>();
-    s.v4.o_lora = v["o_lora"].cast<int64_t>();
-    s.v4.comp_lanes = v["comp_lanes"].cast<int64_t>();
-    s.v4.idx_heads = v["idx_heads"].cast<int64_t>();
-    s.v4.idx_dim = v["idx_dim"].cast<int64_t>();
-    s.v4.idx_topk = v["idx_topk"].cast<int64_t>();
-    s.v4.shared_ffn = v["shared_ffn"].cast<int64_t>();
-  }
+  // The architecture's buffers: (name, dtype "f32" or "i32", dims after T) each.
+  if (shape.contains("scratch"))
+    for (const auto& [name, dtype, row] :
+         shape["scratch"].cast<std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>>()) {
+      STRATA_CHECK(dtype == "f32" || dtype == "i32", ConfigError, "prefill scratch '", name,
+                   "': dtype must be f32 or i32, got '", dtype, "'");
+      s.scratch.push_back(ScratchSpec{name, dtype == "f32" ? ScratchType::F32 : ScratchType::I32, row});
+    }
   set_expert_kernels(s, uses_matmul_q8);
   return s;
 }
@@ -170,8 +165,8 @@ void bind_model(py::module_& m) {
         return plan_dict(Prefill(shape_of(shape)).layout(T, src));
       },
       py::arg("shape"), py::arg("tokens"), py::arg("source") = true,
-      "Prefill::layout(T, src) of a shape dict: D, HC, E, K, F, heads, kv_heads, head_dim, expert_types, "
-      "unfused.");
+      "Prefill::layout(T, src) of a shape dict: D, HC, E, K, F, expert_types, unfused and the "
+      "architecture's scratch, a list of (name, dtype, dims after T).");
 
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend", "A compute device and its memory.")
       .def(py::init(&make_backend), py::arg("device") = ModelConfig().device,

@@ -45,6 +45,10 @@ struct Architecture {
   ModelSpec (*read_spec)(const gguf::File& f);
   // The forward pass; it makes its dense weights resident on ctx.be.
   std::unique_ptr<ForwardPass> (*make_forward)(const ForwardContext& ctx);
+  // Throws UnsupportedError naming the file (`path`) and the fix when the pass needs ops `be` does not
+  // have (ops beyond the shared Backend surface); the Model asks before it allocates anything. Null:
+  // the shared surface is enough, every backend runs it.
+  void (*check_backend)(Backend& be, const std::string& path) = nullptr;
 };
 
 // The registered architecture of `name`; UnsupportedError naming the file and the ones strata runs.

@@ -31,43 +31,36 @@ void matmul(Backend& be, const DenseMatrix& m, const float* x, int64_t T, float*
 }
 }  // namespace
 
-const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
-                        const HcSite& site, bool head, const float* w, float* stage, int64_t first) {
-  const int64_t HC = b.HC, n = T - first;
-  const float* R = b.R + first * HC * D;
-  float* grs = b.grs + first * HC;
-  be.matmul(site.fn.type, site.fn.data, site.fn.rows, site.fn.cols, R, HC * D, n, b.hc_mix, site.fn.rows);
-  be.hc_pre(b.hc_mix, R, n, HC, D, eps, site.scale, site.base, site.hc_eps, site.iters, grs,
-            head ? nullptr : b.hc_post, head ? nullptr : b.hc_comb);
-  float* out = b.xn ? b.xn : stage;
-  be.apply_norm_hc(R, grs, w, D, HC, nullptr, 1, n, out);
-  return out;
-}
-
-void hc_update(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D) {
-  be.hc_post(b.R, b.proj, b.hc_post, b.hc_comb, T, b.HC, D);
+AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a) {
+  AttentionScratch sc;
+  sc.q = list.f32("attn.q", {a.n_head, a.head_dim});
+  sc.k = list.f32("attn.k", {a.n_kv_head, a.head_dim});
+  sc.v = list.f32("attn.v", {a.n_kv_head, a.head_dim});
+  sc.out = list.f32("attn.out", {a.n_head * a.head_dim});
+  return sc;
 }
 
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
-                     const AttentionShape& a, const float* x, int64_t T, int64_t pos0) {
+                     const AttentionShape& a, const AttentionScratch& sc, const float* x, int64_t T,
+                     int64_t pos0) {
   Backend& be = ctx.be;
-  const int64_t KVd = a.n_kv_head * a.head_dim;
+  float *q = b[sc.q], *k = b[sc.k], *v = b[sc.v], *out = b[sc.out];
   if (w.q.type == w.k.type && w.q.type == w.v.type && w.q.cols == w.k.cols && w.q.cols == w.v.cols) {
-    const Backend::MatmulOut outs[3] = {{w.q.data, w.q.rows, b.q, w.q.rows},
-                                        {w.k.data, w.k.rows, b.k, w.k.rows},
-                                        {w.v.data, w.v.rows, b.v, w.v.rows}};
+    const Backend::MatmulOut outs[3] = {{w.q.data, w.q.rows, q, w.q.rows},
+                                        {w.k.data, w.k.rows, k, w.k.rows},
+                                        {w.v.data, w.v.rows, v, w.v.rows}};
     be.matmul_n(w.q.type, w.q.cols, x, w.q.cols, T, outs, 3);
   } else {
-    matmul(be, w.q, x, T, b.q);
-    matmul(be, w.k, x, T, b.k);
-    matmul(be, w.v, x, T, b.v);
+    matmul(be, w.q, x, T, q);
+    matmul(be, w.k, x, T, k);
+    matmul(be, w.v, x, T, v);
   }
   const KvType kt = ctx.kv.type();
-  be.qk_rope_store(b.q, b.k, b.v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0,
-                   a.rope, ctx.kv.k(l), ctx.kv.v(l), kt);
+  be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
+                   ctx.kv.k(l), ctx.kv.v(l), kt);
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
-  be.attention(b.q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, b.attn);
-  matmul(be, w.o, b.attn, T, b.proj);
+  be.attention(q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, out);
+  matmul(be, w.o, out, T, b.proj);
 }
 
 void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,
@@ -110,31 +103,31 @@ void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done
   }
 }
 
-// The routed experts' input rows (`rows`: K per token, as expert_rows) as floats: the fused GR read
-// R * grs * w, collapsing the streams when HC > 1; with an unfused plan the rows of xn.
+// The routed experts' input rows (`rows`: K per token, as expert_rows) as floats: the rows of xn in
+// an unfused plan, else the fused GR read R * grs * w (the architecture's, when it has its own).
 void expert_input(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
-                  const int32_t* rows, int64_t n, float* out) {
+                  const int32_t* rows, int64_t n, float* out, const MoeVariant* var) {
   if (b.xn)
     be.gather(b.xn, D, rows, K, n, out);
-  else if (b.HC > 1)
-    be.apply_norm_hc(b.R, b.grs, ffn_norm, D, b.HC, rows, K, n, out);
+  else if (var)
+    var->input(be, b, ffn_norm, D, K, rows, n, out);
   else
     be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, out);
 }
 
 // The same rows as q8_0 rows `rb` bytes apart, for the integer kernels.
 void expert_input_q8(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
-                     const int32_t* rows, int64_t n, uint8_t* out, size_t rb) {
-  if (!b.xn && b.HC > 1)
-    be.quantize_q8_0_hc(b.R, b.grs, ffn_norm, D, b.HC, rows, K, n, out, rb);
+                     const int32_t* rows, int64_t n, uint8_t* out, size_t rb, const MoeVariant* var) {
+  if (!b.xn && var)
+    var->input_q8(be, b, ffn_norm, D, K, rows, n, out, rb);
   else
     be.quantize_q8_0(b.xn ? b.xn : b.R, b.xn ? nullptr : b.grs, ffn_norm, D, rows, K, n, out, rb);
 }
 
-// SwiGLU of the experts' gate (in place) and up; swiglu_limit > 0 clamps both first (DeepSeek V4).
-void expert_swiglu(Backend& be, float* g, const float* u, int64_t n, float swiglu_limit) {
-  if (swiglu_limit > 0)
-    be.swiglu_clamp(g, u, n, swiglu_limit);
+// The activation of the experts' gate (in place) and up: SwiGLU, or the architecture's.
+void expert_swiglu(Backend& be, float* g, const float* u, int64_t n, const MoeVariant* var) {
+  if (var)
+    var->activate(be, g, u, n);
   else
     be.swiglu(g, u, n);
 }
@@ -148,7 +141,7 @@ void expert_swiglu(Backend& be, float* g, const float* u, int64_t n, float swigl
 // resolve_experts, again nothing on the host) or on the host first (design (a): one download,
 // prepare, copies on the copy engine).
 void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-                  const float* ffn_norm, float swiglu_limit) {
+                  const float* ffn_norm, const MoeVariant* var) {
   Backend& be = ctx.be;
   ExpertCache& cache = ctx.cache;
   const ModelSpec& s = ctx.spec;
@@ -170,17 +163,17 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   const int32_t* ids = b.topk_ids;
   const int32_t* order = b.expert_rows;
   if (b.moe == MoeLayout::Fused) {
-    expert_input(be, b, ffn_norm, D, K, order, n, b.xg);
+    expert_input(be, b, ffn_norm, D, K, order, n, b.xg, var);
     be.matmul_experts(xl.gate.type, tab, 0, F, D, ids, order, n, b.xg, D, b.hg, F);
     be.matmul_experts(xl.up.type, tab, 1, F, D, ids, order, n, b.xg, D, b.hu, F);
-    expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
+    expert_swiglu(be, b.hg, b.hu, n * F, var);
     be.matmul_experts(xl.down.type, tab, 2, D, F, ids, order, n, b.hg, F, b.yd, D);
   } else {
     const size_t xrb = b.xq_row_bytes;
     const bool q8_in = uses_matmul_q8(xl.gate.type) || uses_matmul_q8(xl.up.type);
     const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
-    if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, order, n, b.xq, xrb);
-    if (float_in) expert_input(be, b, ffn_norm, D, K, order, n, b.xg);
+    if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, order, n, b.xq, xrb, var);
+    if (float_in) expert_input(be, b, ffn_norm, D, K, order, n, b.xg, var);
     auto mm = [&](uint32_t type, int m, int64_t rows, int64_t cols, const float* x, float* y) {
       if (uses_matmul_q8(type))
         be.matmul_q8_experts(type, tab, m, rows, cols, ids, order, n, b.xq, xrb, y, rows);
@@ -193,10 +186,10 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
       mm(xl.gate.type, 0, F, D, b.xg, b.hg);
       mm(xl.up.type, 1, F, D, b.xg, b.hu);
     }
-    if (uses_matmul_q8(xl.down.type) && swiglu_limit <= 0) {
+    if (uses_matmul_q8(xl.down.type) && !var) {
       be.swiglu_q8_0(b.hg, b.hu, n, F, b.xq, xrb);
     } else {
-      expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
+      expert_swiglu(be, b.hg, b.hu, n * F, var);
       if (uses_matmul_q8(xl.down.type)) be.quantize_q8_0(b.hg, nullptr, nullptr, F, nullptr, 1, n, b.xq, xrb);
     }
     mm(xl.down.type, 2, D, F, b.hg, b.yd);
@@ -209,13 +202,15 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
 }  // namespace
 
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-               const float* ffn_norm, float swiglu_limit) {
+               const float* ffn_norm, const MoeVariant* var) {
   Backend& be = ctx.be;
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K;
+  STRATA_CHECK(b.HC == 1 || var, Error, "internal error: the MoE block reads ", b.HC,
+               " streams only through the architecture's MoeVariant");
   if (be.phase() == Phase::Decode && T == 1 && (ctx.cache.all_resident() || ctx.cache.free_slots() >= K)) {
-    moe_gathered(ctx, b, l, T, ffn_norm, swiglu_limit);
+    moe_gathered(ctx, b, l, T, ffn_norm, var);
     return;
   }
   const Routed r = routed_experts(be, b, s.E);
@@ -226,10 +221,10 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
         ctx.cache, l, r,
         [&](int32_t, int64_t o, int64_t n, const ExpertView& v) {
           const int32_t* rows = b.expert_rows + o;
-          expert_input(be, b, ffn_norm, D, K, rows, n, b.xg);
+          expert_input(be, b, ffn_norm, D, K, rows, n, b.xg, var);
           be.matmul(xl.gate.type, v.gate, F, D, b.xg, D, n, b.hg, F);
           be.matmul(xl.up.type, v.up, F, D, b.xg, D, n, b.hu, F);
-          expert_swiglu(be, b.hg, b.hu, n * F, swiglu_limit);
+          expert_swiglu(be, b.hg, b.hu, n * F, var);
           be.matmul(xl.down.type, v.down, D, F, b.hg, F, n, b.yd, D);
           be.scatter_add(b.yd, rows, b.topk_w, K, n, D, b.proj);
         },
@@ -244,8 +239,8 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
   const bool q8_down = uses_matmul_q8(xl.down.type);
   const size_t xrb = b.xq_row_bytes;
-  if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xq, xrb);
-  if (float_in) expert_input(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xg);
+  if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xq, xrb, var);
+  if (float_in) expert_input(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xg, var);
   auto mm = [&](uint32_t type, const uint8_t* W, int64_t rows, int64_t cols, const uint8_t* xq,
                 const float* x, int64_t n, float* y) {
     if (uses_matmul_q8(type))
@@ -266,7 +261,7 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
       [&](int64_t r0, int64_t r1) {
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
         // (gate/up have read them), then down, expert by expert.
-        expert_swiglu(be, b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F, swiglu_limit);
+        expert_swiglu(be, b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F, var);
         if (q8_down)
           be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, at(b.xq, r0 * xrb), xrb);
         for (int32_t e : r.ids) {

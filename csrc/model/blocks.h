@@ -24,27 +24,6 @@ const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D,
 const float* add_gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
                          const float* w, float* stage);
 
-// One hyper-connection site (HC > 1 streams): the mixing projection of the flattened streams and
-// the scale and base of its pre / post / comb parts; eps and Sinkhorn iterations from the spec.
-struct HcSite {
-  DenseMatrix fn;                // (2 + HC) HC rows of HC * D (the head's: HC rows)
-  const float* scale = nullptr;  // 3 (the head's: 1)
-  const float* base = nullptr;   // (2 + HC) HC (the head's: HC)
-  float hc_eps = 1e-6f;
-  int64_t iters = 1;
-};
-
-// The GR read of HC > 1 streams at a sublayer site: the site's weights per token (grs = the collapse
-// weights times the RMS scale of the collapsed input; b.hc_post and b.hc_comb unless the site is the
-// head), then the normalized input R * grs * w summed over the streams, returned where gr_read returns
-// it (xn when carved, else staged in `stage`). `first` skips rows (the head reads only the last).
-const float* gr_read_hc(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
-                        const HcSite& site, bool head, const float* w, float* stage, int64_t first = 0);
-
-// After a sublayer whose output y (T x D) is in b.proj: each stream becomes post * y plus the
-// combination of the old streams (b.hc_post, b.hc_comb from this site's gr_read_hc).
-void hc_update(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D);
-
 struct AttentionWeights {
   DenseMatrix q, k, v, o;
   const float* q_norm = nullptr;  // per-head RMSNorm weights (may be null)
@@ -57,25 +36,49 @@ struct AttentionShape {
   RopeParams rope;
 };
 
+// The attention block's scratch: q (T x H x hd), k and v (T x KV x hd), the output (T x H * hd).
+struct AttentionScratch {
+  Scratch<float> q, k, v, out;
+};
+// Adds them (attn.q, attn.k, attn.v, attn.out) to an architecture's list.
+AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a);
+
 // Pre-norm GQA attention of layer `l`: q/k/v projections of x, per-head norm and RoPE, the KV cache
 // appended at pos0, causal attention; the output projection lands in b.proj.
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
-                     const AttentionShape& a, const float* x, int64_t T, int64_t pos0);
+                     const AttentionShape& a, const AttentionScratch& sc, const float* x, int64_t T,
+                     int64_t pos0);
 
 // Router: logits of x against the router matrix, softmax, top-K (ties to the lower id), weights
 // renormalized when norm; then the (token, k) rows grouped by expert (b.expert_off, b.expert_rows).
 void softmax_router(Backend& be, const PrefillBuffers& b, const DenseMatrix& router, const float* x,
                     int64_t T, int64_t K, bool norm);
 
+// What an architecture changes in the MoE block: how the routed experts read their input rows from
+// the residual (only when the plan has no xn: an unfused plan gathers xn's rows) and the activation
+// between gate/up and down. Without one the block reads R * grs * w (one stream) and runs SwiGLU.
+class MoeVariant {
+ public:
+  virtual ~MoeVariant() = default;
+  // The input of n (token, k) rows (`rows`, K per token, as expert_rows) with the GR read's weight
+  // ffn_norm, as floats (out, rows of D) or as q8_0 rows `rb` bytes apart.
+  virtual void input(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                     const int32_t* rows, int64_t n, float* out) const = 0;
+  virtual void input_q8(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                        const int32_t* rows, int64_t n, uint8_t* out, size_t rb) const = 0;
+  // g[i] = act(g[i], u[i]) for i < n.
+  virtual void activate(Backend& be, float* g, const float* u, int64_t n) const = 0;
+};
+
 // The routed experts of layer `l` over the rows the router grouped, through the expert cache; the
 // weighted sum of each token's experts lands in b.proj. Experts are resolved once per layer per chunk;
 // per-(token, k) outputs are added in a fixed order (ascending expert, then token), so the result does
 // not depend on which experts were resident. `ffn_norm` is the GR read's weight (the fused read
 // gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
-// With b.HC > 1 the fused read collapses the streams (apply_norm_hc); swiglu_limit > 0 clamps the
-// gate and up projections (DeepSeek V4).
+// `var` (null: the plain residual's fused GR read and SwiGLU) is what the architecture changes in it;
+// a plan with b.HC > 1 needs one.
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-               const float* ffn_norm, float swiglu_limit = 0.f);
+               const float* ffn_norm, const MoeVariant* var = nullptr);
 
 // A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
 // which may throw Interrupted to stop the pass.

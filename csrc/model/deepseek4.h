@@ -22,7 +22,7 @@ struct Ds4Layer {
   WeightRef gate_shexp, up_shexp, down_shexp;
 };
 
-struct Ds4Spec {
+struct Ds4Spec final : ArchSpec {
   int64_t HC = 4, sinkhorn_iters = 20;
   float hc_eps = 1e-6f;
   int64_t q_lora = 0, o_groups = 0, o_lora = 0, rope_dim = 0, window = 0;
@@ -44,6 +44,24 @@ struct Ds4Spec {
     return false;
   }
 };
+
+// V4's own file of a spec (its ArchSpec); an internal error for another architecture's.
+const Ds4Spec& ds4_spec(const ModelSpec& s);
+
+// V4's prompt-chunk scratch beyond the common buffers: the hyper-connection weights of the current
+// site, the token ids (hash routing), low-rank Q, the shared KV row, grouped output, the compressors'
+// and the indexer's projections (only when a layer has them) and the shared expert.
+struct Ds4Scratch {
+  Scratch<float> hc_mix, hc_post, hc_comb;         // T x (2 + HC) HC, T x HC, T x HC x HC
+  Scratch<int32_t> tokens;                         // T
+  Scratch<float> qa, q, kv, out, oa;               // T x q_lora, T x H x hd, T x hd, T x H x hd, T x G o_lora
+  Scratch<float> comp_kv, comp_score;              // T x lanes hd (lanes 2 with a ratio-4 layer, else 1)
+  Scratch<float> idx_kv, idx_score, idx_q, idx_w;  // T x 2 idx_dim (x2), T x heads x idx_dim, T x heads
+  Scratch<int32_t> idx_sel;                        // T x idx_topk
+  Scratch<float> sh_gate, sh_up, sh_out;           // T x shared_ffn (x2), T x D
+};
+// Declares it into `list` for the spec (the spec reader stores the list, the pass takes the handles).
+Ds4Scratch ds4_scratch(const ModelSpec& s, const Ds4Spec& d, ScratchList& list);
 
 // The rotation of one RoPE flavour: inverse frequencies of the n_rot / 2 pairs (YaRN folded in) and
 // the factor cos and sin are scaled by.

@@ -8,10 +8,22 @@
 
 namespace strata {
 
+class Ds4Ops;
+
 // A RoPE flavour on the device: inv_freq (rope_dim / 2 floats) and the cos/sin factor.
 struct Ds4RopeDev {
   const float* inv_freq = nullptr;
   float mscale = 1.f;
+};
+
+// One hyper-connection site (HC > 1 streams): the mixing projection of the flattened streams and
+// the scale and base of its pre / post / comb parts; eps and Sinkhorn iterations from the spec.
+struct HcSite {
+  DenseMatrix fn;                // (2 + HC) HC rows of HC * D (the head's: HC rows)
+  const float* scale = nullptr;  // 3 (the head's: 1)
+  const float* base = nullptr;   // (2 + HC) HC (the head's: HC)
+  float hc_eps = 1e-6f;
+  int64_t iters = 1;
 };
 
 struct Ds4LayerWeights {
@@ -35,7 +47,8 @@ struct Ds4LayerWeights {
 // The attention sublayer of layer l on the normalized input x (T x D): low-rank Q, the shared KV row,
 // the compressors and the indexer appending to the KV cache, attention with the sink over the window
 // and the compressed rows, inverse RoPE and the grouped output projection into b.proj.
-void ds4_attention(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const Ds4LayerWeights& w,
-                   const Ds4RopeDev& compress_rope, const float* x, int64_t T, int64_t pos0);
+void ds4_attention(const ForwardContext& ctx, Ds4Ops& ops, const PrefillBuffers& b, const Ds4Scratch& sc,
+                   int64_t l, const Ds4LayerWeights& w, const Ds4RopeDev& compress_rope, const float* x,
+                   int64_t T, int64_t pos0);
 
 }  // namespace strata

@@ -4,48 +4,24 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/ggml_types.h"
 #include "core/utf8.h"
 #include "model/deepseek4.h"
-#include "quant/quant.h"
+#include "model/weights.h"
 
 namespace strata {
 
 namespace {
 
-constexpr uint32_t kI32 = 26;  // ggml's I32: the hash tables
 // Bounds of V4's own hyperparameters beyond model/spec.h's limits: far above DeepSeek V4 (HC 4,
 // 20 Sinkhorn iterations, indexer top-512), low enough that the chunk plan's products fit in int64.
 constexpr int64_t kMaxHC = 16;
 constexpr int64_t kMaxSinkhornIters = 1 << 10;
 constexpr int64_t kMaxIndexTopk = 1 << 16;
 
-std::string shape_str(const std::vector<int64_t>& ne) {
-  std::string s;
-  for (auto v : ne) s += (s.empty() ? "" : ", ") + std::to_string(v);
-  return "[" + s + "]";
-}
-
 class Reader {
  public:
   explicit Reader(const gguf::File& f) : f_(f) {}
 
-  // A tensor of exactly this shape (ggml order) and a type strata computes with (or I32 when `i32`).
-  WeightRef need(const std::string& name, std::vector<int64_t> ne, bool i32 = false) const {
-    const gguf::TensorInfo* t = f_.find_tensor(name);
-    STRATA_CHECK(t, FormatError, f_.path(), ": deepseek4 tensor '", name, "' is missing (expected shape ",
-                 shape_str(ne), " from the metadata)");
-    STRATA_CHECK(t->ne == ne, FormatError, f_.path(), ": tensor '", name, "' has shape ", shape_str(t->ne),
-                 ", expected ", shape_str(ne), " from the metadata");
-    if (i32) {
-      const char* tn = ggml_type_name(t->type);
-      STRATA_CHECK(t->type == kI32, FormatError, f_.path(), ": tensor '", name, "' must be I32, got ",
-                   tn ? tn : "unknown");
-    } else {
-      quant_traits(t->type, str(f_.path(), ": tensor '", name, "'"));
-    }
-    return WeightRef{t};
-  }
   // Every number is bounded ([lo, hi]) before anything is derived from it (model/spec.h).
   int64_t u(const std::string& key, int64_t lo, int64_t hi) const {
     return read_count(f_, "deepseek4." + key, lo, hi);
@@ -185,21 +161,13 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   d.shared_ffn = s.F * n_shared;
   s.HC = d.HC;
 
-  const gguf::TensorInfo& emb = f.tensor("token_embd.weight");
-  STRATA_CHECK(emb.ne.size() == 2 && emb.ne[0] == s.D, FormatError, f.path(),
-               ": tensor 'token_embd.weight' must be [", s.D, ", vocab]");
-  s.V = emb.ne[1];
-  STRATA_CHECK(s.V <= limits::kVocab, FormatError, f.path(), ": tensor 'token_embd.weight' has ", s.V,
-               " rows, more token ids than int32 holds");
-  s.token_embd = r.need("token_embd.weight", {s.D, s.V});
-  s.output_norm = r.need("output_norm.weight", {s.D});
-  s.output = r.need("output.weight", {s.D, s.V});
+  const TensorReader t(f, s.arch);
+  t.common(s, false);
   const int64_t hd = s.head_dim, H = s.n_head, HCD = d.HC * s.D, M = (2 + d.HC) * d.HC;
-  d.hc_head_fn = r.need("output_hc_fn.weight", {HCD, d.HC});
-  d.hc_head_base = r.need("output_hc_base.weight", {d.HC});
-  d.hc_head_scale = r.need("output_hc_scale.weight", {1});
+  d.hc_head_fn = t.need("output_hc_fn.weight", {HCD, d.HC});
+  d.hc_head_base = t.need("output_hc_base.weight", {d.HC});
+  d.hc_head_scale = t.need("output_hc_scale.weight", {1});
   for (int64_t l = 0; l < s.L; ++l) {
-    const std::string p = str("blk.", l, ".");
     Ds4Layer y;
     STRATA_CHECK(ratios[l] == 0 || ratios[l] == 4 || ratios[l] == 128, UnsupportedError, f.path(),
                  ": deepseek4.attention.compress_ratios[", l, "] = ", ratios[l],
@@ -208,52 +176,68 @@ ModelSpec read_deepseek4(const gguf::File& f) {
     y.hash = l < d.hash_layers;
     y.clamp_exp = (float)clamp_exp[l];
     y.clamp_shexp = clamp_shexp[l] < 0 ? y.clamp_exp : (float)clamp_shexp[l];
-    y.attn_norm = r.need(p + "attn_norm.weight", {s.D});
-    y.sinks = r.need(p + "attn_sinks.weight", {H});
-    y.q_a = r.need(p + "attn_q_a.weight", {s.D, d.q_lora});
-    y.q_a_norm = r.need(p + "attn_q_a_norm.weight", {d.q_lora});
-    y.q_b = r.need(p + "attn_q_b.weight", {d.q_lora, H * hd});
-    y.kv = r.need(p + "attn_kv.weight", {s.D, hd});
-    y.kv_norm = r.need(p + "attn_kv_a_norm.weight", {hd});
-    y.o_a = r.need(p + "attn_output_a.weight", {H * hd / d.o_groups, d.o_groups * d.o_lora});
-    y.o_b = r.need(p + "attn_output_b.weight", {d.o_groups * d.o_lora, s.D});
-    y.hc_attn_fn = r.need(p + "hc_attn_fn.weight", {HCD, M});
-    y.hc_attn_base = r.need(p + "hc_attn_base.weight", {M});
-    y.hc_attn_scale = r.need(p + "hc_attn_scale.weight", {3});
-    y.hc_ffn_fn = r.need(p + "hc_ffn_fn.weight", {HCD, M});
-    y.hc_ffn_base = r.need(p + "hc_ffn_base.weight", {M});
-    y.hc_ffn_scale = r.need(p + "hc_ffn_scale.weight", {3});
+    using Y = Ds4Layer;
+    t.layer<Y>(l, y,
+               {
+                   {"attn_norm.weight", &Y::attn_norm, {s.D}},
+                   {"attn_sinks.weight", &Y::sinks, {H}},
+                   {"attn_q_a.weight", &Y::q_a, {s.D, d.q_lora}},
+                   {"attn_q_a_norm.weight", &Y::q_a_norm, {d.q_lora}},
+                   {"attn_q_b.weight", &Y::q_b, {d.q_lora, H * hd}},
+                   {"attn_kv.weight", &Y::kv, {s.D, hd}},
+                   {"attn_kv_a_norm.weight", &Y::kv_norm, {hd}},
+                   {"attn_output_a.weight", &Y::o_a, {H * hd / d.o_groups, d.o_groups * d.o_lora}},
+                   {"attn_output_b.weight", &Y::o_b, {d.o_groups * d.o_lora, s.D}},
+                   {"hc_attn_fn.weight", &Y::hc_attn_fn, {HCD, M}},
+                   {"hc_attn_base.weight", &Y::hc_attn_base, {M}},
+                   {"hc_attn_scale.weight", &Y::hc_attn_scale, {3}},
+                   {"hc_ffn_fn.weight", &Y::hc_ffn_fn, {HCD, M}},
+                   {"hc_ffn_base.weight", &Y::hc_ffn_base, {M}},
+                   {"hc_ffn_scale.weight", &Y::hc_ffn_scale, {3}},
+               });
     if (y.ratio) {
       const int64_t lanes = y.ratio == 4 ? 2 : 1;  // ratio 4 pools two overlapping windows
-      y.comp_kv = r.need(p + "attn_compressor_kv.weight", {s.D, lanes * hd});
-      y.comp_gate = r.need(p + "attn_compressor_gate.weight", {s.D, lanes * hd});
-      y.comp_ape = r.need(p + "attn_compressor_ape.weight", {lanes * hd, y.ratio});
-      y.comp_norm = r.need(p + "attn_compressor_norm.weight", {hd});
+      t.layer<Y>(l, y,
+                 {
+                     {"attn_compressor_kv.weight", &Y::comp_kv, {s.D, lanes * hd}},
+                     {"attn_compressor_gate.weight", &Y::comp_gate, {s.D, lanes * hd}},
+                     {"attn_compressor_ape.weight", &Y::comp_ape, {lanes * hd, y.ratio}},
+                     {"attn_compressor_norm.weight", &Y::comp_norm, {hd}},
+                 });
     }
     if (y.ratio == 4) {
-      y.idx_proj = r.need(p + "indexer.proj.weight", {s.D, d.idx_heads});
-      y.idx_q_b = r.need(p + "indexer.attn_q_b.weight", {d.q_lora, d.idx_heads * d.idx_dim});
-      y.idx_kv = r.need(p + "indexer_compressor_kv.weight", {s.D, 2 * d.idx_dim});
-      y.idx_gate = r.need(p + "indexer_compressor_gate.weight", {s.D, 2 * d.idx_dim});
-      y.idx_ape = r.need(p + "indexer_compressor_ape.weight", {2 * d.idx_dim, 4});
-      y.idx_norm = r.need(p + "indexer_compressor_norm.weight", {d.idx_dim});
+      t.layer<Y>(l, y,
+                 {
+                     {"indexer.proj.weight", &Y::idx_proj, {s.D, d.idx_heads}},
+                     {"indexer.attn_q_b.weight", &Y::idx_q_b, {d.q_lora, d.idx_heads * d.idx_dim}},
+                     {"indexer_compressor_kv.weight", &Y::idx_kv, {s.D, 2 * d.idx_dim}},
+                     {"indexer_compressor_gate.weight", &Y::idx_gate, {s.D, 2 * d.idx_dim}},
+                     {"indexer_compressor_ape.weight", &Y::idx_ape, {2 * d.idx_dim, 4}},
+                     {"indexer_compressor_norm.weight", &Y::idx_norm, {d.idx_dim}},
+                 });
     }
-    y.router = r.need(p + "ffn_gate_inp.weight", {s.D, s.E});
+    t.layer<Y>(l, y, {{"ffn_gate_inp.weight", &Y::router, {s.D, s.E}}});
     if (y.hash)
-      y.tid2eid = r.need(p + "ffn_gate_tid2eid.weight", {s.K, s.V}, true);
+      t.layer<Y>(l, y, {{"ffn_gate_tid2eid.weight", &Y::tid2eid, {s.K, s.V}, TensorKind::I32}});
     else
-      y.probs_b = r.need(p + "exp_probs_b.bias", {s.E});
-    y.ffn_norm = r.need(p + "ffn_norm.weight", {s.D});
-    y.gate_shexp = r.need(p + "ffn_gate_shexp.weight", {s.D, d.shared_ffn});
-    y.up_shexp = r.need(p + "ffn_up_shexp.weight", {s.D, d.shared_ffn});
-    y.down_shexp = r.need(p + "ffn_down_shexp.weight", {d.shared_ffn, s.D});
+      t.layer<Y>(l, y, {{"exp_probs_b.bias", &Y::probs_b, {s.E}}});
+    t.layer<Y>(l, y,
+               {
+                   {"ffn_norm.weight", &Y::ffn_norm, {s.D}},
+                   {"ffn_gate_shexp.weight", &Y::gate_shexp, {s.D, d.shared_ffn}},
+                   {"ffn_up_shexp.weight", &Y::up_shexp, {s.D, d.shared_ffn}},
+                   {"ffn_down_shexp.weight", &Y::down_shexp, {d.shared_ffn, s.D}},
+               });
     LayerSpec ls;
     ls.attn_norm = y.attn_norm;
     ls.ffn_norm = y.ffn_norm;
     ls.router = y.router;
-    ls.gate_exps = r.need(p + "ffn_gate_exps.weight", {s.D, s.F, s.E});
-    ls.up_exps = r.need(p + "ffn_up_exps.weight", {s.D, s.F, s.E});
-    ls.down_exps = r.need(p + "ffn_down_exps.weight", {s.F, s.D, s.E});
+    t.layer<LayerSpec>(l, ls,
+                       {
+                           {"ffn_gate_exps.weight", &LayerSpec::gate_exps, {s.D, s.F, s.E}},
+                           {"ffn_up_exps.weight", &LayerSpec::up_exps, {s.D, s.F, s.E}},
+                           {"ffn_down_exps.weight", &LayerSpec::down_exps, {s.F, s.D, s.E}},
+                       });
     s.layers.push_back(ls);
     d.layers.push_back(y);
 
@@ -307,8 +291,48 @@ ModelSpec read_deepseek4(const gguf::File& f) {
   s.details.push_back({"swiglu clamp", str(num(d.layers[0].clamp_exp), " routed, ",
                                            num(d.layers[0].clamp_shexp), " shared (layer 0)")});
   if (d.mtp_blocks) s.details.push_back({"ignored", str(d.mtp_blocks, " MTP block(s)")});
-  s.ds4 = std::move(ds);
+  ScratchList scratch;
+  ds4_scratch(s, d, scratch);
+  s.scratch = scratch.specs();
+  s.arch_spec = std::move(ds);
   return s;
+}
+
+const Ds4Spec& ds4_spec(const ModelSpec& s) {
+  const auto* d = dynamic_cast<const Ds4Spec*>(s.arch_spec.get());
+  STRATA_CHECK(d, Error, "internal error: a ", s.arch, " spec has no DeepSeek V4 part");
+  return *d;
+}
+
+Ds4Scratch ds4_scratch(const ModelSpec& s, const Ds4Spec& d, ScratchList& list) {
+  const int64_t HC = d.HC, H = s.n_head, hd = s.head_dim;
+  Ds4Scratch sc;
+  sc.hc_mix = list.f32("hc.mix", {(2 + HC) * HC});
+  sc.hc_post = list.f32("hc.post", {HC});
+  sc.hc_comb = list.f32("hc.comb", {HC, HC});
+  sc.tokens = list.i32("tokens", {});
+  sc.qa = list.f32("attn.qa", {d.q_lora});
+  sc.q = list.f32("attn.q", {H, hd});
+  sc.kv = list.f32("attn.kv", {hd});
+  sc.out = list.f32("attn.out", {H, hd});
+  sc.oa = list.f32("attn.oa", {d.o_groups * d.o_lora});
+  // The widest compressor: two lanes (a ratio-4 layer's overlapping windows), else one (ratio 128).
+  const int64_t lanes = d.any_ratio(4) ? 2 : d.any_ratio(128) ? 1 : 0;
+  if (lanes > 0) {
+    sc.comp_kv = list.f32("comp.kv", {lanes * hd});
+    sc.comp_score = list.f32("comp.score", {lanes * hd});
+  }
+  if (d.any_ratio(4)) {
+    sc.idx_kv = list.f32("index.kv", {2 * d.idx_dim});
+    sc.idx_score = list.f32("index.score", {2 * d.idx_dim});
+    sc.idx_q = list.f32("index.q", {d.idx_heads, d.idx_dim});
+    sc.idx_w = list.f32("index.w", {d.idx_heads});
+    sc.idx_sel = list.i32("index.sel", {d.idx_topk});
+  }
+  sc.sh_gate = list.f32("shexp.gate", {d.shared_ffn});
+  sc.sh_up = list.f32("shexp.up", {d.shared_ffn});
+  sc.sh_out = list.f32("shexp.out", {s.D});
+  return sc;
 }
 
 Ds4Rope ds4_rope(const Ds4Spec& s, float rope_base, bool compressed) {

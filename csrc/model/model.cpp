@@ -159,10 +159,8 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       plan_(ModelPlan::read(std::move(file), cfg.gr_unfused)) {
   const ModelSpec& s = plan_.spec;
   const Prefill& pf = plan_.prefill;
-  STRATA_CHECK(!s.ds4 || be_->has_ds4_ops(), UnsupportedError, plan_.file->path(),
-               ": DeepSeek V4 needs ops the ", be_->name(),
-               " backend does not have yet (hyper-connections, compressed attention, V4 routing); run it "
-               "with --device cpu");
+  const Architecture& arch = find_architecture(s.arch, plan_.file->path());
+  if (arch.check_backend) arch.check_backend(*be_, plan_.file->path());
   const ExpertLayout& xl = plan_.experts;
 
   const LoadPlan lp = plan_load(plan_, cfg_, *be_);
@@ -195,8 +193,7 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
     own_region_ = DeviceBuffer(*be_, pf.bytes_needed(chunk_, false), "the prompt scratch (lower --prefill)");
   // Op scratch for the largest chunk and context, now: no op allocates later (nor inside a graph).
   be_->reserve_scratch(cfg_.ctx, chunk_ * s.K, s.n_head, s.head_dim);
-  forward_ = find_architecture(s.arch, plan_.file->path())
-                 .make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_});
+  forward_ = arch.make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_});
 
   log(LogLevel::Info, plan_.file->path(), ": ", s.arch, " L=", s.L, " D=", s.D, " E=", s.E, " K=", s.K,
       " F=", s.F, " V=", s.V, "; dense ", mib_str(s.dense_bytes), ", experts ", mib_str(s.expert_bytes),

@@ -1,7 +1,6 @@
 // ModelPlan: spec, expert layout and prefill plan from the header.
 #include "model/plan.h"
 
-#include "model/deepseek4.h"
 #include "quant/quant.h"
 
 namespace strata {
@@ -25,24 +24,10 @@ PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused) {
   p.E = s.E;
   p.K = s.K;
   p.F = s.F;
-  p.n_head = s.n_head;
-  p.n_kv_head = s.n_kv_head;
-  p.head_dim = s.head_dim;
   for (const auto& l : s.layers)
     for (const WeightRef* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) p.expert_types.push_back(w->type());
   p.gr_unfused = gr_unfused;
-  if (const Ds4Spec* d = s.ds4.get()) {
-    p.v4.q_lora = d->q_lora;
-    p.v4.o_groups = d->o_groups;
-    p.v4.o_lora = d->o_lora;
-    p.v4.comp_lanes = d->any_ratio(4) ? 2 : d->any_ratio(128) ? 1 : 0;
-    if (d->any_ratio(4)) {
-      p.v4.idx_heads = d->idx_heads;
-      p.v4.idx_dim = d->idx_dim;
-      p.v4.idx_topk = d->idx_topk;
-    }
-    p.v4.shared_ffn = d->shared_ffn;
-  }
+  p.scratch = s.scratch;
   set_expert_kernels(p, uses_matmul_q8);
   return p;
 }

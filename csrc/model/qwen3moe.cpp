@@ -9,25 +9,21 @@
 #include "model/arch.h"
 #include "model/blocks.h"
 #include "model/spec.h"
-#include "quant/quant.h"
+#include "model/weights.h"
 
 namespace strata {
 
 namespace {
 
-WeightRef need(const gguf::File& f, const std::string& name, std::vector<int64_t> ne) {
-  const gguf::TensorInfo& t = f.tensor(name);
-  bool ok = t.ne.size() == ne.size();
-  for (size_t i = 0; ok && i < ne.size(); ++i) ok = t.ne[i] == ne[i];
-  if (!ok) {
-    std::string got, want;
-    for (auto v : t.ne) got += (got.empty() ? "" : ", ") + std::to_string(v);
-    for (auto v : ne) want += (want.empty() ? "" : ", ") + std::to_string(v);
-    throw FormatError(str(f.path(), ": tensor '", name, "' has shape [", got, "], expected [", want,
-                          "] from the metadata"));
-  }
-  quant_traits(t.type, str(f.path(), ": tensor '", name, "'"));  // unsupported types fail at load
-  return WeightRef{&t};
+AttentionShape attention_shape(const ModelSpec& s) {
+  return AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
+                        RopeParams{s.head_dim, s.rope_base, true}};
+}
+
+// The chunk scratch beyond the common buffers: the attention block's. The spec reader stores the
+// list, the forward pass takes the handles of the same declaration.
+AttentionScratch declare_scratch(const ModelSpec& s, ScratchList& list) {
+  return declare_attention(list, attention_shape(s));
 }
 
 }  // namespace
@@ -60,34 +56,32 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
   STRATA_CHECK(vlen == s.head_dim, UnsupportedError, f.path(), ": value_length ", vlen, " != key_length ",
                s.head_dim, " is not supported");
 
-  const gguf::TensorInfo& emb = f.tensor("token_embd.weight");
-  STRATA_CHECK(emb.ne.size() == 2 && emb.ne[0] == s.D, FormatError, f.path(),
-               ": tensor 'token_embd.weight' must be [", s.D, ", vocab]");
-  s.V = emb.ne[1];
-  STRATA_CHECK(s.V <= limits::kVocab, FormatError, f.path(), ": tensor 'token_embd.weight' has ", s.V,
-               " rows, more token ids than int32 holds");
-  s.token_embd = need(f, "token_embd.weight", {s.D, s.V});
-  s.output_norm = need(f, "output_norm.weight", {s.D});
-  s.output = f.find_tensor("output.weight") ? need(f, "output.weight", {s.D, s.V}) : s.token_embd;
+  const TensorReader r(f, s.arch);
+  r.common(s, true);
   const int64_t Hd = checked_mul(f, s.n_head, s.head_dim, "head_count * key_length");
   const int64_t KVd = checked_mul(f, s.n_kv_head, s.head_dim, "head_count_kv * key_length");
   for (int64_t l = 0; l < s.L; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
     LayerSpec ls;
-    ls.attn_norm = need(f, p + "attn_norm.weight", {s.D});
-    ls.q = need(f, p + "attn_q.weight", {s.D, Hd});
-    ls.k = need(f, p + "attn_k.weight", {s.D, KVd});
-    ls.v = need(f, p + "attn_v.weight", {s.D, KVd});
-    ls.o = need(f, p + "attn_output.weight", {Hd, s.D});
-    ls.q_norm = need(f, p + "attn_q_norm.weight", {s.head_dim});
-    ls.k_norm = need(f, p + "attn_k_norm.weight", {s.head_dim});
-    ls.ffn_norm = need(f, p + "ffn_norm.weight", {s.D});
-    ls.router = need(f, p + "ffn_gate_inp.weight", {s.D, s.E});
-    ls.gate_exps = need(f, p + "ffn_gate_exps.weight", {s.D, s.F, s.E});
-    ls.up_exps = need(f, p + "ffn_up_exps.weight", {s.D, s.F, s.E});
-    ls.down_exps = need(f, p + "ffn_down_exps.weight", {s.F, s.D, s.E});
+    r.layer<LayerSpec>(l, ls,
+                       {
+                           {"attn_norm.weight", &LayerSpec::attn_norm, {s.D}},
+                           {"attn_q.weight", &LayerSpec::q, {s.D, Hd}},
+                           {"attn_k.weight", &LayerSpec::k, {s.D, KVd}},
+                           {"attn_v.weight", &LayerSpec::v, {s.D, KVd}},
+                           {"attn_output.weight", &LayerSpec::o, {Hd, s.D}},
+                           {"attn_q_norm.weight", &LayerSpec::q_norm, {s.head_dim}},
+                           {"attn_k_norm.weight", &LayerSpec::k_norm, {s.head_dim}},
+                           {"ffn_norm.weight", &LayerSpec::ffn_norm, {s.D}},
+                           {"ffn_gate_inp.weight", &LayerSpec::router, {s.D, s.E}},
+                           {"ffn_gate_exps.weight", &LayerSpec::gate_exps, {s.D, s.F, s.E}},
+                           {"ffn_up_exps.weight", &LayerSpec::up_exps, {s.D, s.F, s.E}},
+                           {"ffn_down_exps.weight", &LayerSpec::down_exps, {s.F, s.D, s.E}},
+                       });
     s.layers.push_back(ls);
   }
+  ScratchList scratch;
+  declare_scratch(s, scratch);
+  s.scratch = scratch.specs();
   return s;
 }
 
@@ -95,30 +89,30 @@ namespace {
 
 class Qwen3MoeForward final : public ForwardPass {
  public:
-  explicit Qwen3MoeForward(const ForwardContext& ctx) : ctx_(ctx) {
-    Backend& be = ctx.be;
+  explicit Qwen3MoeForward(const ForwardContext& ctx) : ctx_(ctx), w_(ctx.be) {
     const ModelSpec& s = ctx.spec;
     for (const auto& l : s.layers) {
       Layer ly;
-      ly.attn.q = dense(l.q, "attn_q");
-      ly.attn.k = dense(l.k, "attn_k");
-      ly.attn.v = dense(l.v, "attn_v");
-      ly.attn.o = dense(l.o, "attn_output");
-      ly.attn.q_norm = norm(l.q_norm, "attn_q_norm");
-      ly.attn.k_norm = norm(l.k_norm, "attn_k_norm");
-      ly.attn_norm = norm(l.attn_norm, "attn_norm");
-      ly.ffn_norm = norm(l.ffn_norm, "ffn_norm");
-      ly.router = dense(l.router, "ffn_gate_inp");
+      w_.layer<LayerSpec, Layer>(l, ly,
+                                 {
+                                     {&LayerSpec::q, &Layer::q, "attn_q"},
+                                     {&LayerSpec::k, &Layer::k, "attn_k"},
+                                     {&LayerSpec::v, &Layer::v, "attn_v"},
+                                     {&LayerSpec::o, &Layer::o, "attn_output"},
+                                     {&LayerSpec::q_norm, &Layer::q_norm, "attn_q_norm"},
+                                     {&LayerSpec::k_norm, &Layer::k_norm, "attn_k_norm"},
+                                     {&LayerSpec::attn_norm, &Layer::attn_norm, "attn_norm"},
+                                     {&LayerSpec::ffn_norm, &Layer::ffn_norm, "ffn_norm"},
+                                     {&LayerSpec::router, &Layer::router, "ffn_gate_inp"},
+                                 });
       layers_.push_back(ly);
     }
-    token_embd_ = be.resident(s.token_embd.data(), s.token_embd.t->nbytes, "token_embd");
-    output_norm_ = norm(s.output_norm, "output_norm");
-    // A tied head reads the embedding table itself.
-    output_ = s.output.t == s.token_embd.t ? DenseMatrix{s.output.type(), token_embd_.get(), s.V, s.D}
-                                           : dense(s.output, "output");
-    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
-                            RopeParams{s.head_dim, s.rope_base, true}};
-    logits_dev_ = DeviceBuffer(be, (size_t)kHeadRows * s.V * sizeof(float), "the logits");
+    head_ = w_.head(s);
+    shape_ = attention_shape(s);
+    ScratchList scratch;
+    scratch_ = declare_scratch(s, scratch);
+    STRATA_CHECK(scratch.specs() == s.scratch, Error,
+                 "internal error: the qwen3moe scratch is not the spec's");
   }
 
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
@@ -128,7 +122,7 @@ class Qwen3MoeForward final : public ForwardPass {
     const int64_t D = s.D;
     // Token ids live in the router-ids buffer until the first router overwrites them.
     be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
-    be.embed(s.token_embd.type(), token_embd_.get(), D, b.topk_ids, T, b.R);
+    be.embed(s.token_embd.type(), head_.token_embd.get(), D, b.topk_ids, T, b.R);
     // The GR read stages its rows in proj when the plan has no xn: proj is free at both read points.
     for (int64_t l = 0; l < s.L; ++l) {
       between_layers(ctx_, l, T, pos0);
@@ -136,7 +130,7 @@ class Qwen3MoeForward final : public ForwardPass {
       // Each sublayer's output (proj) joins the residual in the next GR read's op.
       const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
                               : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
-      attention_block(ctx_, b, l, ly.attn, shape_, x, T, pos0);
+      attention_block(ctx_, b, l, ly, shape_, scratch_, x, T, pos0);
       x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
       softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
       moe_block(ctx_, b, l, T, ly.ffn_norm);
@@ -147,43 +141,22 @@ class Qwen3MoeForward final : public ForwardPass {
     be.rms_scale(b.R, T, D, s.rms_eps, b.grs);
     const int64_t first = all_logits ? 0 : T - 1;
     float* x = b.xn ? b.xn : b.proj;
-    be.apply_norm(b.R + first * D, b.grs + first, output_norm_, D, nullptr, 1, T - first, x);
-    head_block(be, output_, x, T - first, logits_dev_.as<float>(), logits);
+    be.apply_norm(b.R + first * D, b.grs + first, head_.output_norm, D, nullptr, 1, T - first, x);
+    head_block(be, head_.output, x, T - first, head_.logits_dev.as<float>(), logits);
   }
 
  private:
-  struct Layer {
-    AttentionWeights attn;
+  struct Layer : AttentionWeights {
     const float *attn_norm = nullptr, *ffn_norm = nullptr;
     DenseMatrix router;
   };
 
-  DenseMatrix dense(const WeightRef& w, const char* what) {
-    owned_.push_back(ctx_.be.resident(w.data(), w.t->nbytes, what));
-    return DenseMatrix{w.type(), owned_.back().get(), w.t->ne.size() > 1 ? w.t->ne[1] : 1, w.t->ne[0]};
-  }
-  // Norm weights are read as float32: other types are converted once at load.
-  const float* norm(const WeightRef& w, const char* what) {
-    const int64_t n = w.t->nelements();
-    const void* host = w.data();
-    if (w.type() != (uint32_t)QType::F32) {
-      converted_.emplace_back(n);
-      dequantize(quant_traits(w.type(), what).type, w.data(), converted_.back().data(), n);
-      host = converted_.back().data();
-    }
-    owned_.push_back(ctx_.be.resident(host, n * sizeof(float), what));
-    return owned_.back().as<float>();
-  }
-
   ForwardContext ctx_;
-  std::vector<std::vector<float>> converted_;  // before owned_: borrowed buffers may point into it
-  std::vector<DeviceBuffer> owned_;
+  ResidentWeights w_;
   std::vector<Layer> layers_;
-  DeviceBuffer token_embd_;
-  const float* output_norm_ = nullptr;
-  DenseMatrix output_;
+  HeadWeights head_;
   AttentionShape shape_;
-  DeviceBuffer logits_dev_;
+  AttentionScratch scratch_;
 };
 
 std::unique_ptr<ForwardPass> make_qwen3moe(const ForwardContext& ctx) {

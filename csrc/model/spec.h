@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "prefill/prefill.h"
 
 namespace strata {
 
@@ -22,7 +23,11 @@ struct LayerSpec {
   WeightRef gate_exps, up_exps, down_exps;
 };
 
-struct Ds4Spec;  // model/deepseek4.h
+// An architecture's hyperparameters and tensors beyond ModelSpec's common ones, which only its own
+// files read (DeepSeek V4's Ds4Spec).
+struct ArchSpec {
+  virtual ~ArchSpec() = default;
+};
 
 // One tensor of a layer's KV cache in an architecture's own cache layout: rows of `width` float32,
 // `rows` of them plus ceil(ctx / ctx_div) when ctx_div > 0.
@@ -49,10 +54,13 @@ struct ModelSpec {
   // compressed rows, indexer keys, compressor state); empty: keys and values, ctx rows of
   // n_kv_head * head_dim each.
   std::vector<std::vector<KvTensorSpec>> kv_layers;
+  // The architecture's prompt-chunk scratch beyond the common buffers (its attention's, any stream
+  // mixing), declared by its ScratchList: Prefill sizes and carves it with the rest.
+  std::vector<ScratchSpec> scratch;
   // Architecture-specific lines for `strata info`: (label, value).
   std::vector<std::pair<std::string, std::string>> details;
-  // DeepSeek V4's hyperparameters and tensors beyond the common ones (null for other architectures).
-  std::shared_ptr<const Ds4Spec> ds4;
+  // The architecture's own spec (null when it has none).
+  std::shared_ptr<const ArchSpec> arch_spec;
 
   // Totals for `strata info`.
   uint64_t dense_bytes = 0, expert_bytes = 0;

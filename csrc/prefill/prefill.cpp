@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <string_view>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -14,6 +16,20 @@ namespace {
 // No single buffer may exceed 2^56 bytes: far beyond any memory, and small enough that the sum of
 // a plan's buffers cannot wrap size_t.
 constexpr size_t kMaxBuffer = size_t(1) << 56;
+}  // namespace
+
+namespace {
+// A field of PrefillBuffers of pointer type P* takes the buffer.
+template <auto Field>
+void bind(PrefillBuffers& b, void* p, const BufferSpec&) {
+  using Ptr = std::remove_reference_t<decltype(b.*Field)>;
+  b.*Field = static_cast<Ptr>(p);
+}
+void bind_xq(PrefillBuffers& b, void* p, const BufferSpec& s) {
+  b.xq = static_cast<uint8_t*>(p);
+  b.xq_row_bytes = (size_t)s.shape[1];
+}
+void bind_scratch(PrefillBuffers& b, void* p, const BufferSpec& s) { b.scratch[(size_t)s.scratch_index] = p; }
 }  // namespace
 
 const char* moe_layout_name(MoeLayout l) { return l == MoeLayout::Fused ? "fused" : "mmq"; }
@@ -30,18 +46,14 @@ void set_expert_kernels(PrefillShape& s, bool (*uses_q8)(uint32_t ggml_type)) {
 
 Prefill::Prefill(PrefillShape shape) : shape_(std::move(shape)) {
   const auto& s = shape_;
-  STRATA_CHECK(s.D > 0 && s.HC > 0 && s.E > 0 && s.K > 0 && s.K <= s.E && s.F > 0 && s.n_head > 0 &&
-                   s.n_kv_head > 0 && s.head_dim > 0,
-               ConfigError, "prefill shape out of range: D=", s.D, " HC=", s.HC, " E=", s.E, " K=", s.K,
-               " F=", s.F, " heads=", s.n_head, "/", s.n_kv_head, " head_dim=", s.head_dim);
-  const PrefillV4& v = s.v4;
-  STRATA_CHECK(
-      v.q_lora == 0 || (v.o_groups > 0 && v.o_lora > 0 && v.comp_lanes >= 0 && v.comp_lanes <= 2 &&
-                        v.shared_ffn > 0 && v.idx_heads >= 0 && v.idx_dim >= 0 && v.idx_topk >= 0 &&
-                        (v.idx_heads > 0) == (v.idx_dim > 0) && (v.idx_heads > 0) == (v.idx_topk > 0)),
-      ConfigError, "prefill V4 shape out of range: q_lora=", v.q_lora, " o_groups=", v.o_groups,
-      " o_lora=", v.o_lora, " comp_lanes=", v.comp_lanes, " indexer=", v.idx_heads, "x", v.idx_dim, " top-",
-      v.idx_topk, " shared_ffn=", v.shared_ffn);
+  STRATA_CHECK(s.D > 0 && s.HC > 0 && s.E > 0 && s.K > 0 && s.K <= s.E && s.F > 0, ConfigError,
+               "prefill shape out of range: D=", s.D, " HC=", s.HC, " E=", s.E, " K=", s.K, " F=", s.F);
+  for (const ScratchSpec& b : s.scratch) {
+    STRATA_CHECK(!b.name.empty(), ConfigError, "prefill scratch: an architecture buffer has no name");
+    for (int64_t d : b.row)
+      STRATA_CHECK(d > 0, ConfigError, "prefill scratch '", b.name,
+                   "': every dimension must be positive, got ", d);
+  }
 }
 
 bool Prefill::fused_supported() const {
@@ -71,61 +83,38 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
   // Row indices (t * K + k) and expert offsets are int32 on every backend.
   int64_t rows = 0;
   if (__builtin_mul_overflow(T, s.K, &rows) || rows > INT32_MAX) throw too_large();
-  auto add = [&](const char* name, const char* dtype, std::vector<int64_t> shape, size_t elem_bytes) {
+  auto add = [&](const char* name, const char* dtype, std::vector<int64_t> shape, size_t elem_bytes,
+                 BindFn to) {
     size_t n = elem_bytes;
     for (int64_t d : shape)
       if (d < 0 || __builtin_mul_overflow(n, (size_t)d, &n) || n > kMaxBuffer) throw too_large();
-    p.buffers.push_back(BufferSpec{name, n, dtype, std::move(shape), 0});
+    p.buffers.push_back(BufferSpec{name, n, dtype, std::move(shape), 0, to, -1});
   };
-  const int64_t Hd = s.n_head * s.head_dim, KVd = s.n_kv_head * s.head_dim;
-  add("R", "f32", {T, s.HC, s.D}, 4);
-  add("grs", "f32", {T, s.HC}, 4);
-  if (s.gr_unfused) add("xn", "f32", {T, s.D}, 4);
-  const PrefillV4& v4 = s.v4;
-  if (v4.q_lora > 0) {
-    // DeepSeek V4: the hyper-connection weights of the current site, the token ids for hash routing,
-    // low-rank Q, the shared KV row, grouped output, the compressor and indexer projections.
-    add("hc.mix", "f32", {T, (2 + s.HC) * s.HC}, 4);
-    add("hc.post", "f32", {T, s.HC}, 4);
-    add("hc.comb", "f32", {T, s.HC, s.HC}, 4);
-    add("tokens", "i32", {T}, 4);
-    add("attn.qa", "f32", {T, v4.q_lora}, 4);
-    add("attn.q", "f32", {T, s.n_head, s.head_dim}, 4);
-    add("attn.kv", "f32", {T, s.head_dim}, 4);
-    add("attn.out", "f32", {T, s.n_head, s.head_dim}, 4);
-    add("attn.oa", "f32", {T, v4.o_groups * v4.o_lora}, 4);
-    if (v4.comp_lanes > 0) {
-      add("comp.kv", "f32", {T, v4.comp_lanes * s.head_dim}, 4);
-      add("comp.score", "f32", {T, v4.comp_lanes * s.head_dim}, 4);
-    }
-    if (v4.idx_heads > 0) {
-      add("index.kv", "f32", {T, 2 * v4.idx_dim}, 4);
-      add("index.score", "f32", {T, 2 * v4.idx_dim}, 4);
-      add("index.q", "f32", {T, v4.idx_heads, v4.idx_dim}, 4);
-      add("index.w", "f32", {T, v4.idx_heads}, 4);
-      add("index.sel", "i32", {T, v4.idx_topk}, 4);
-    }
-  } else {
-    add("attn.q", "f32", {T, s.n_head, s.head_dim}, 4);
-    add("attn.k", "f32", {T, s.n_kv_head, s.head_dim}, 4);
-    add("attn.v", "f32", {T, s.n_kv_head, s.head_dim}, 4);
-    add("attn.out", "f32", {T, Hd}, 4);
+  add("R", "f32", {T, s.HC, s.D}, 4, bind<&PrefillBuffers::R>);
+  add("grs", "f32", {T, s.HC}, 4, bind<&PrefillBuffers::grs>);
+  if (s.gr_unfused) add("xn", "f32", {T, s.D}, 4, bind<&PrefillBuffers::xn>);
+  // The architecture's buffers: T rows each.
+  for (size_t i = 0; i < s.scratch.size(); ++i) {
+    const ScratchSpec& a = s.scratch[i];
+    std::vector<int64_t> shape{T};
+    shape.insert(shape.end(), a.row.begin(), a.row.end());
+    add(a.name.c_str(), a.dtype == ScratchType::F32 ? "f32" : "i32", std::move(shape), 4, bind_scratch);
+    p.buffers.back().scratch_index = (int32_t)i;
   }
-  (void)KVd;
-  add("proj", "f32", {T, s.D}, 4);
-  add("router.logits", "f32", {T, s.E}, 4);
-  add("router.ids", "i32", {T, s.K}, 4);
-  add("router.weights", "f32", {T, s.K}, 4);
-  add("moe.offsets", "i32", {s.E + 1}, 4);
-  add("moe.rows", "i32", {T * s.K}, 4);
+  add("proj", "f32", {T, s.D}, 4, bind<&PrefillBuffers::proj>);
+  add("router.logits", "f32", {T, s.E}, 4, bind<&PrefillBuffers::router>);
+  add("router.ids", "i32", {T, s.K}, 4, bind<&PrefillBuffers::topk_ids>);
+  add("router.weights", "f32", {T, s.K}, 4, bind<&PrefillBuffers::topk_w>);
+  add("moe.offsets", "i32", {s.E + 1}, 4, bind<&PrefillBuffers::expert_off>);
+  add("moe.rows", "i32", {T * s.K}, 4, bind<&PrefillBuffers::expert_rows>);
   if (p.moe == MoeLayout::Fused) {
     // One expert at a time: at most T tokens route to it. A decode step runs its K experts at once
     // (every row found by id on the device): K rows. max(T, K) keeps the plan growing with T.
     const int64_t fr = std::max(T, s.K);
-    add("moe.x", "f32", {fr, s.D}, 4);
-    add("moe.gate", "f32", {fr, s.F}, 4);
-    add("moe.up", "f32", {fr, s.F}, 4);
-    add("moe.down", "f32", {fr, s.D}, 4);
+    add("moe.x", "f32", {fr, s.D}, 4, bind<&PrefillBuffers::xg>);
+    add("moe.gate", "f32", {fr, s.F}, 4, bind<&PrefillBuffers::hg>);
+    add("moe.up", "f32", {fr, s.F}, 4, bind<&PrefillBuffers::hu>);
+    add("moe.down", "f32", {fr, s.D}, 4, bind<&PrefillBuffers::yd>);
   } else {
     // All experts in one pass: every (token, k) row gathered, as q8_0 blocks for integer kernels
     // (rows wide enough to hold the down projection's requantized input, F, after gate/up have
@@ -134,24 +123,26 @@ PrefillPlan Prefill::layout(int64_t T, bool src) const {
       STRATA_CHECK(s.D % kQK8_0 == 0 && s.F % kQK8_0 == 0, UnsupportedError,
                    "the MMQ layout needs D and F divisible by 32 (q8_0 blocks), got D=", s.D, " F=", s.F);
       const int64_t width = std::max(s.q8_gate_up ? s.D : 0, s.q8_down ? s.F : 0);
-      add("moe.xq", "q8_0", {T * s.K, width / kQK8_0 * kQ8_0Bytes}, 1);
+      add("moe.xq", "q8_0", {T * s.K, width / kQK8_0 * kQ8_0Bytes}, 1, bind_xq);
     }
-    if (s.float_gate_up) add("moe.x", "f32", {T * s.K, s.D}, 4);
-    add("moe.gate", "f32", {T * s.K, s.F}, 4);
-    add("moe.up", "f32", {T * s.K, s.F}, 4);
-    add("moe.down", "f32", {T * s.K, s.D}, 4);
-  }
-  if (v4.q_lora > 0) {
-    add("shexp.gate", "f32", {T, v4.shared_ffn}, 4);
-    add("shexp.up", "f32", {T, v4.shared_ffn}, 4);
-    add("shexp.out", "f32", {T, s.D}, 4);
+    if (s.float_gate_up) add("moe.x", "f32", {T * s.K, s.D}, 4, bind<&PrefillBuffers::xg>);
+    add("moe.gate", "f32", {T * s.K, s.F}, 4, bind<&PrefillBuffers::hg>);
+    add("moe.up", "f32", {T * s.K, s.F}, 4, bind<&PrefillBuffers::hu>);
+    add("moe.down", "f32", {T * s.K, s.D}, 4, bind<&PrefillBuffers::yd>);
   }
   size_t off = 0;
   for (auto& b : p.buffers) {
     b.offset = off;
-    off += align_up(b.bytes);  // at most ~20 buffers of at most kMaxBuffer: cannot wrap
+    if (__builtin_add_overflow(off, align_up(b.bytes), &off)) throw too_large();
   }
   p.total = off;
+  // A name is what `strata layout` shows: an architecture's may not repeat one.
+  std::vector<std::string_view> names;
+  for (const auto& b : p.buffers) names.push_back(b.name);
+  std::sort(names.begin(), names.end());
+  const auto dup = std::adjacent_find(names.begin(), names.end());
+  STRATA_CHECK(dup == names.end(), ConfigError, "prefill scratch: the buffer name '", *dup,
+               "' appears twice in the plan");
   return p;
 }
 
@@ -168,84 +159,8 @@ PrefillBuffers Prefill::carve(void* region, size_t region_bytes, int64_t T, bool
   b.T = T;
   b.moe = p.moe;
   b.HC = shape_.HC;
-  for (const auto& s : p.buffers) {
-    void* ptr = base + s.offset;
-    const std::string& n = s.name;
-    auto f = static_cast<float*>(ptr);
-    auto i = static_cast<int32_t*>(ptr);
-    if (n == "R")
-      b.R = f;
-    else if (n == "grs")
-      b.grs = f;
-    else if (n == "xn")
-      b.xn = f;
-    else if (n == "attn.q")
-      b.q = f;
-    else if (n == "attn.k")
-      b.k = f;
-    else if (n == "attn.v")
-      b.v = f;
-    else if (n == "attn.out")
-      b.attn = f;
-    else if (n == "proj")
-      b.proj = f;
-    else if (n == "router.logits")
-      b.router = f;
-    else if (n == "router.ids")
-      b.topk_ids = i;
-    else if (n == "router.weights")
-      b.topk_w = f;
-    else if (n == "moe.offsets")
-      b.expert_off = i;
-    else if (n == "moe.rows")
-      b.expert_rows = i;
-    else if (n == "moe.x")
-      b.xg = f;
-    else if (n == "moe.xq")
-      b.xq = static_cast<uint8_t*>(ptr), b.xq_row_bytes = (size_t)s.shape[1];
-    else if (n == "moe.gate")
-      b.hg = f;
-    else if (n == "moe.up")
-      b.hu = f;
-    else if (n == "moe.down")
-      b.yd = f;
-    else if (n == "hc.mix")
-      b.hc_mix = f;
-    else if (n == "hc.post")
-      b.hc_post = f;
-    else if (n == "hc.comb")
-      b.hc_comb = f;
-    else if (n == "tokens")
-      b.tokens = i;
-    else if (n == "attn.qa")
-      b.qa = f;
-    else if (n == "attn.kv")
-      b.kv = f;
-    else if (n == "attn.oa")
-      b.oa = f;
-    else if (n == "comp.kv")
-      b.comp_kv = f;
-    else if (n == "comp.score")
-      b.comp_score = f;
-    else if (n == "index.kv")
-      b.idx_kv = f;
-    else if (n == "index.score")
-      b.idx_score = f;
-    else if (n == "index.q")
-      b.idx_q = f;
-    else if (n == "index.w")
-      b.idx_w = f;
-    else if (n == "index.sel")
-      b.idx_sel = i;
-    else if (n == "shexp.gate")
-      b.sh_gate = f;
-    else if (n == "shexp.up")
-      b.sh_up = f;
-    else if (n == "shexp.out")
-      b.sh_out = f;
-    else
-      throw Error(str("prefill carve: buffer '", n, "' has no destination"));
-  }
+  b.scratch.assign(shape_.scratch.size(), nullptr);
+  for (const auto& s : p.buffers) s.bind(b, base + s.offset, s);
   return b;
 }
 

@@ -3,34 +3,63 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata {
 
-// DeepSeek V4's attention, compressor, indexer, shared-expert and hyper-connection scratch; all zero
-// for other architectures.
-struct PrefillV4 {
-  int64_t q_lora = 0;  // > 0: a V4 plan
-  int64_t o_groups = 0, o_lora = 0;
-  int64_t comp_lanes = 0;  // the widest compressor: 2 (some ratio-4 layer), 1 (ratio 128 only), 0 (none)
-  int64_t idx_heads = 0, idx_dim = 0, idx_topk = 0;  // the indexer (0 without ratio-4 layers)
-  int64_t shared_ffn = 0;
+// One buffer an architecture adds to a chunk's scratch: T rows of `row` (dims after T, row-major;
+// empty: one element a token) of `dtype`. Its name is the one `strata layout` shows.
+enum class ScratchType { F32, I32 };
+struct ScratchSpec {
+  std::string name;
+  ScratchType dtype = ScratchType::F32;
+  std::vector<int64_t> row;
+  bool operator==(const ScratchSpec&) const = default;
+};
+
+// A typed handle to entry `index` of an architecture's scratch list; PrefillBuffers resolves it.
+template <class E>
+struct Scratch {
+  int32_t index = -1;
+};
+
+// An architecture's scratch list as it declares it: each call adds one entry and returns its handle.
+// The spec reader stores specs() in ModelSpec::scratch; the forward pass runs the same declaration
+// for its handles.
+class ScratchList {
+ public:
+  Scratch<float> f32(std::string name, std::vector<int64_t> row) {
+    return Scratch<float>{add(std::move(name), ScratchType::F32, std::move(row))};
+  }
+  Scratch<int32_t> i32(std::string name, std::vector<int64_t> row) {
+    return Scratch<int32_t>{add(std::move(name), ScratchType::I32, std::move(row))};
+  }
+  const std::vector<ScratchSpec>& specs() const { return specs_; }
+
+ private:
+  int32_t add(std::string name, ScratchType t, std::vector<int64_t> row) {
+    specs_.push_back(ScratchSpec{std::move(name), t, std::move(row)});
+    return (int32_t)specs_.size() - 1;
+  }
+  std::vector<ScratchSpec> specs_;
 };
 
 // The shapes Prefill sizes from; model/ fills it from the GGUF, tests fill it at random.
 struct PrefillShape {
-  int64_t D = 0;         // hidden size
-  int64_t HC = 1;        // residual streams per token
-  int64_t E = 0, K = 0;  // routed experts, experts per token
-  int64_t F = 0;         // routed expert FFN width
-  int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
+  int64_t D = 0;                       // hidden size
+  int64_t HC = 1;                      // residual streams per token
+  int64_t E = 0, K = 0;                // routed experts, experts per token
+  int64_t F = 0;                       // routed expert FFN width
   std::vector<uint32_t> expert_types;  // ggml types of gate/up/down experts, 3 per layer
   bool gr_unfused = false;             // STRATA_GR_UNFUSED=1: carve xn and normalize into it
   // How the MMQ layout feeds the experts, from the kernel choice per weight type (set_expert_kernels):
   // some layer's gate/up use the integer kernel (q8_0 input rows) / the float matmul (f32 input
   // rows); some layer's down uses the integer kernel (its input requantized into the q8_0 rows).
   bool q8_gate_up = true, float_gate_up = false, q8_down = true;
-  PrefillV4 v4;
+  // The architecture's own buffers (its attention's, any mixing of HC streams), carved after R, grs
+  // and xn (ModelSpec::scratch).
+  std::vector<ScratchSpec> scratch;
 };
 
 // Fills the MMQ flags of `s` from its expert_types and the kernel predicate (uses_matmul_q8).
@@ -39,12 +68,19 @@ void set_expert_kernels(PrefillShape& s, bool (*uses_q8)(uint32_t ggml_type));
 enum class MoeLayout { Fused, MMQ };
 const char* moe_layout_name(MoeLayout l);
 
+struct PrefillBuffers;
+struct BufferSpec;
+// Where carve puts a buffer's address: a field of PrefillBuffers, or the architecture's entry.
+using BindFn = void (*)(PrefillBuffers& b, void* p, const BufferSpec& spec);
+
 struct BufferSpec {
   std::string name;
   size_t bytes = 0;
   std::string dtype;           // "f32", "i32", "q8_0"
   std::vector<int64_t> shape;  // row-major, outermost first
   size_t offset = 0;           // filled by the plan: offset in the region
+  BindFn bind = nullptr;
+  int32_t scratch_index = -1;  // the architecture's entry (PrefillShape::scratch), or -1
 };
 
 struct PrefillPlan {
@@ -58,14 +94,11 @@ struct PrefillPlan {
 // Pointers into a carved region; a buffer absent from the plan stays null.
 struct PrefillBuffers {
   int64_t T = 0;
+  int64_t HC = 1;
   MoeLayout moe = MoeLayout::Fused;
   float* R = nullptr;              // T x HC x D residual
   float* grs = nullptr;            // T x HC GR scalars
   float* xn = nullptr;             // T x D normalized input (unfused only)
-  float* q = nullptr;              // T x H x hd
-  float* k = nullptr;              // T x KV x hd
-  float* v = nullptr;              // T x KV x hd
-  float* attn = nullptr;           // T x H x hd attention output
   float* proj = nullptr;           // T x D sublayer output before the residual add
   float* router = nullptr;         // T x E router logits
   int32_t* topk_ids = nullptr;     // T x K
@@ -80,25 +113,13 @@ struct PrefillBuffers {
   float* hg = nullptr;             // rows x F gate, then silu(gate) * up
   float* hu = nullptr;             // rows x F up
   float* yd = nullptr;             // rows x D expert down output
-  // DeepSeek V4 (PrefillShape::v4):
-  int64_t HC = 1;
-  float* hc_mix = nullptr;    // T x (2 + HC) HC: the mixing projection of the flattened streams
-  float* hc_post = nullptr;   // T x HC expand weights
-  float* hc_comb = nullptr;   // T x HC x HC stream combination (after Sinkhorn)
-  int32_t* tokens = nullptr;  // T token ids (the hash-routed layers read them)
-  float* qa = nullptr;        // T x q_lora low-rank query
-  float* kv = nullptr;        // T x hd the shared key/value row
-  float* oa = nullptr;        // T x groups * o_lora grouped output projection
-  float* comp_kv = nullptr;   // T x lanes * hd compressor projections
-  float* comp_score = nullptr;
-  float* idx_kv = nullptr;  // T x 2 * idx_dim indexer compressor projections
-  float* idx_score = nullptr;
-  float* idx_q = nullptr;      // T x idx_heads x idx_dim
-  float* idx_w = nullptr;      // T x idx_heads
-  int32_t* idx_sel = nullptr;  // T x idx_topk compressed rows picked (-1: none)
-  float* sh_gate = nullptr;    // T x shared_ffn
-  float* sh_up = nullptr;
-  float* sh_out = nullptr;  // T x D
+  std::vector<void*> scratch;      // the architecture's buffers, in the order of its list
+
+  // The architecture's buffer `h` (a handle from its ScratchList).
+  template <class E>
+  E* operator[](Scratch<E> h) const {
+    return static_cast<E*>(scratch.at((size_t)h.index));
+  }
 };
 
 class Prefill {

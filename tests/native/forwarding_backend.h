@@ -38,7 +38,6 @@ class ForwardingBackend : public Backend {
   void event_sync(EventId e) override { cpu_->event_sync(e); }
   void sync() override { cpu_->sync(); }
   bool supports_kv(KvType t) const override { return cpu_->supports_kv(t); }
-  bool has_ds4_ops() const override { return cpu_->has_ds4_ops(); }
 #define STRATA_FWD(name, sig, args) \
   void name sig override { cpu_->name args; }
   STRATA_FWD(embed, (uint32_t a, const void* b, int64_t c, const int32_t* d, int64_t e, float* f),
@@ -95,47 +94,6 @@ class ForwardingBackend : public Backend {
              (a, b, c, d, e, f, g))
   STRATA_FWD(zero, (void* a, size_t b), (a, b))
   STRATA_FWD(fill, (void* a, uint8_t b, size_t c), (a, b, c))
-  STRATA_FWD(apply_norm_hc,
-             (const float* a, const float* b, const float* c, int64_t d, int64_t e, const int32_t* f,
-              int64_t g, int64_t h, float* i),
-             (a, b, c, d, e, f, g, h, i))
-  STRATA_FWD(quantize_q8_0_hc,
-             (const float* a, const float* b, const float* c, int64_t d, int64_t e, const int32_t* f,
-              int64_t g, int64_t h, uint8_t* i, size_t j),
-             (a, b, c, d, e, f, g, h, i, j))
-  STRATA_FWD(hc_pre,
-             (const float* a, const float* b, int64_t c, int64_t d, int64_t e, float f, const float* g,
-              const float* h, float i, int64_t j, float* k, float* l, float* m),
-             (a, b, c, d, e, f, g, h, i, j, k, l, m))
-  STRATA_FWD(hc_post,
-             (float* a, const float* b, const float* c, const float* d, int64_t e, int64_t f, int64_t g),
-             (a, b, c, d, e, f, g))
-  STRATA_FWD(hc_expand, (const float* a, int64_t b, int64_t c, int64_t d, float* e), (a, b, c, d, e))
-  STRATA_FWD(rms_norm, (float* a, int64_t b, int64_t c, const float* d, float e), (a, b, c, d, e))
-  STRATA_FWD(rope_tail,
-             (float* a, int64_t b, int64_t c, int64_t d, int64_t e, const float* f, float g, int64_t h,
-              int64_t i, bool j),
-             (a, b, c, d, e, f, g, h, i, j))
-  STRATA_FWD(ring_store, (float* a, int64_t b, int64_t c, int64_t d, int64_t e, const float* f),
-             (a, b, c, d, e, f))
-  STRATA_FWD(compress_pool,
-             (const float* a, const float* b, const float* c, const float* d, const float* e, int64_t f,
-              int64_t g, int64_t h, int64_t i, int64_t j, float* k),
-             (a, b, c, d, e, f, g, h, i, j, k))
-  STRATA_FWD(attention_sink,
-             (const float* a, const float* b, const float* c, int64_t d, const float* e, int64_t f,
-              const int32_t* g, int64_t h, const float* i, int64_t j, int64_t k, int64_t l, int64_t m,
-              float n, float* o),
-             (a, b, c, d, e, f, g, h, i, j, k, l, m, n, o))
-  STRATA_FWD(indexer_topk,
-             (const float* a, const float* b, const float* c, int64_t d, int64_t e, int64_t f, int64_t g,
-              int64_t h, int64_t i, float j, int32_t* k),
-             (a, b, c, d, e, f, g, h, i, j, k))
-  STRATA_FWD(router_v4,
-             (const float* a, int64_t b, int64_t c, int64_t d, const float* e, const int32_t* f,
-              const int32_t* g, bool h, float i, int32_t* j, float* k),
-             (a, b, c, d, e, f, g, h, i, j, k))
-  STRATA_FWD(swiglu_clamp, (float* a, const float* b, int64_t c, float d), (a, b, c, d))
 #undef STRATA_FWD
 
  private:

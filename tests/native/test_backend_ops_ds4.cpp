@@ -1,21 +1,24 @@
 // The op harness for DeepSeek V4's backend ops: hyper-connections, norms and RoPE, the cache rings,
 // the compressor's pooling, the indexer, attention with a sink, routing and the clamped SwiGLU, on
 // every backend under test against backend_ops_ref_ds4.h at awkward shapes, outputs poisoned.
+#include "backend/ds4_ops.h"
 #include "backend_ops_harness.h"
 #include "backend_ops_ref_ds4.h"
 #include "forwarding_backend.h"
+#include "model/arch.h"
 #include "quant/formats.h"
 
 namespace {
 
-// A backend that has not ported the V4 ops (has_ds4_ops false) refuses V4 models at load; its ops are
-// checked once below (UnsupportedError naming it and the op), not skipped silently.
+// The V4 ops of each backend that has them (backend/ds4_ops.h); a backend without them refuses V4 models
+// at load (checked below), so its skip here hides nothing.
 class Ds4Op : public Op {
  protected:
   void SetUp() override {
     Op::SetUp();
-    if (!be().has_ds4_ops()) GTEST_SKIP() << "the " << be().name() << " backend has no DeepSeek V4 ops yet";
+    if (!ds4_ops(be())) GTEST_SKIP() << "the " << be().name() << " backend has no DeepSeek V4 ops (CPU only)";
   }
+  Ds4Ops& ops() { return *ds4_ops(be()); }
 };
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, Ds4Op, testing::ValuesIn(backends_under_test()),
@@ -31,7 +34,7 @@ TEST_P(Ds4Op, ApplyNormHcAndQuantize) {
       auto rows = randi(rng, n, (int32_t)n);
       Dev<float> dx(be(), x, "x"), dg(be(), g, "grs"), dw(be(), w, "w"), out(be(), n * D, "out");
       Dev<int32_t> dr(be(), rows, "rows");
-      be().apply_norm_hc(dx.p(), dg.p(), dw.p(), D, HC, dr.p(), K, n, out.p());
+      ops().apply_norm_hc(dx.p(), dg.p(), dw.p(), D, HC, dr.p(), K, n, out.p());
       std::vector<double> want, scale;
       ref::apply_norm_hc(x, g, w, D, HC, rows.data(), K, n, want, scale);
       const auto got = out.get();
@@ -44,7 +47,7 @@ TEST_P(Ds4Op, ApplyNormHcAndQuantize) {
       // q8_0 of the same rows, summed over the streams in order as backend.h says: bit for bit.
       const size_t rb = D / kQK8_0 * kQ8_0Bytes + 6;  // padded rows
       Dev<uint8_t> q(be(), n * rb, "xq");
-      be().quantize_q8_0_hc(dx.p(), dg.p(), dw.p(), D, HC, dr.p(), K, n, q.p(), rb);
+      ops().quantize_q8_0_hc(dx.p(), dg.p(), dw.p(), D, HC, dr.p(), K, n, q.p(), rb);
       const auto gq = q.get();
       std::vector<float> row(D);
       std::vector<uint8_t> wq(D / kQK8_0 * kQ8_0Bytes);
@@ -72,8 +75,8 @@ TEST_P(Ds4Op, HcPreWeightsAndSinkhorn) {
         const auto scale = randf(rng, 3, .5f, 1.5f), base = randf(rng, m, -1.f, 1.f);
         Dev<float> dx(be(), x, "x"), dm(be(), mix, "mix"), ds(be(), scale, "scale"), db(be(), base, "base");
         Dev<float> grs(be(), T * HC, "grs"), post(be(), T * HC, "post"), comb(be(), T * HC * HC, "comb");
-        be().hc_pre(dm.p(), dx.p(), T, HC, D, 1e-6f, ds.p(), db.p(), 1e-6f, iters, grs.p(),
-                    head ? nullptr : post.p(), head ? nullptr : comb.p());
+        ops().hc_pre(dm.p(), dx.p(), T, HC, D, 1e-6f, ds.p(), db.p(), 1e-6f, iters, grs.p(),
+                     head ? nullptr : post.p(), head ? nullptr : comb.p());
         const auto gg = grs.get(), gp = post.get(), gc = comb.get();
         double err = 0;
         for (int64_t t = 0; t < T; ++t) {
@@ -103,7 +106,7 @@ TEST_P(Ds4Op, HcPostAndExpand) {
       const auto x = randf(rng, T * HC * D, -2.f, 2.f), y = randf(rng, T * D, -2.f, 2.f);
       const auto post = randf(rng, T * HC, 0.f, 2.f), comb = randf(rng, T * HC * HC, 0.f, 1.f);
       Dev<float> dx(be(), x, "x"), dy(be(), y, "y"), dp(be(), post, "post"), dc(be(), comb, "comb");
-      be().hc_post(dx.p(), dy.p(), dp.p(), dc.p(), T, HC, D);
+      ops().hc_post(dx.p(), dy.p(), dp.p(), dc.p(), T, HC, D);
       std::vector<double> want(T * HC * D), scale(T * HC * D);
       for (int64_t t = 0; t < T; ++t)
         for (int64_t k = 0; k < HC; ++k)
@@ -119,7 +122,7 @@ TEST_P(Ds4Op, HcPostAndExpand) {
           }
       expect_err(max_err(dx.get(), want, scale), 1e-6, str("hc_post HC=", HC, " T=", T));  // measured 1.5e-7
       Dev<float> e(be(), T * HC * D, "expand");
-      be().hc_expand(dy.p(), T, HC, D, e.p());
+      ops().hc_expand(dy.p(), T, HC, D, e.p());
       std::vector<float> we(T * HC * D);
       for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < HC; ++j) std::copy_n(&y[t * D], D, &we[(t * HC + j) * D]);
@@ -133,7 +136,7 @@ TEST_P(Ds4Op, RmsNormAndRopeTail) {
     const int64_t rows = 13, D = 77;
     const auto x = randf(rng, rows * D, -3.f, 3.f), w = randf(rng, D, .5f, 1.5f);
     Dev<float> dx(be(), x, "x"), dw(be(), w, "w");
-    be().rms_norm(dx.p(), rows, D, weighted ? dw.p() : nullptr, 1e-6f);
+    ops().rms_norm(dx.p(), rows, D, weighted ? dw.p() : nullptr, 1e-6f);
     const auto g = ref::rms_scale(x, rows, D, 1e-6f);
     std::vector<double> want(rows * D);
     for (int64_t r = 0; r < rows; ++r)
@@ -145,7 +148,7 @@ TEST_P(Ds4Op, RmsNormAndRopeTail) {
     const int64_t rows = 7, H = 3, hd = 40, pairs = 6, pos0 = 250, step = 4;
     const auto x = randf(rng, rows * H * hd, -1.f, 1.f), inv = randf(rng, pairs, 0.001f, 1.f);
     Dev<float> dx(be(), x, "x"), di(be(), inv, "inv_freq");
-    be().rope_tail(dx.p(), rows, H, hd, pairs, di.p(), 0.75f, pos0, step, inverse);
+    ops().rope_tail(dx.p(), rows, H, hd, pairs, di.p(), 0.75f, pos0, step, inverse);
     std::vector<double> want(x.begin(), x.end());
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t h = 0; h < H; ++h)
@@ -169,7 +172,7 @@ TEST_P(Ds4Op, RingStore) {
       auto ring = randf(rng, slots * width, -1.f, 1.f);
       const auto src = randf(rng, T * width, -1.f, 1.f);
       Dev<float> dr(be(), ring, "ring"), ds(be(), src, "src");
-      be().ring_store(dr.p(), slots, width, pos0, T, ds.p());
+      ops().ring_store(dr.p(), slots, width, pos0, T, ds.p());
       for (int64_t p = std::max(pos0, pos0 + T - slots); p < pos0 + T; ++p)
         std::copy_n(&src[(p - pos0) * width], width, &ring[(p % slots) * width]);
       expect_same(dr.get(), ring, str("ring_store pos0=", pos0, " T=", T));
@@ -196,10 +199,10 @@ TEST_P(Ds4Op, CompressPoolAcrossChunks) {
                         "kv");
           Dev<float> cs(be(), std::vector<float>(sc.begin() + p0 * width, sc.begin() + (p0 + T) * width),
                         "score");
-          be().compress_pool(ck.p(), cs.p(), skv.p(), ssc.p(), dape.p(), p0, T, ratio, lanes, hd,
-                             rows.p() + (p0 / ratio) * hd);
-          be().ring_store(skv.p(), slots, width, p0, T, ck.p());
-          be().ring_store(ssc.p(), slots, width, p0, T, cs.p());
+          ops().compress_pool(ck.p(), cs.p(), skv.p(), ssc.p(), dape.p(), p0, T, ratio, lanes, hd,
+                              rows.p() + (p0 / ratio) * hd);
+          ops().ring_store(skv.p(), slots, width, p0, T, ck.p());
+          ops().ring_store(ssc.p(), slots, width, p0, T, cs.p());
         }
         const auto got = rows.get();
         if (first.empty()) {
@@ -239,8 +242,8 @@ TEST_P(Ds4Op, AttentionSinkWindowAndCompressed) {
           out(be(), T * H * hd, "out");
       Dev<int32_t> dsel(be(), sel, "sel");
       const float scale = 1.0f / std::sqrt((float)hd);
-      be().attention_sink(dq.p(), dkv.p(), dwin.p(), window, ratio ? dcomp.p() : nullptr, ratio,
-                          selected ? dsel.p() : nullptr, topk, dsink.p(), T, pos0, H, hd, scale, out.p());
+      ops().attention_sink(dq.p(), dkv.p(), dwin.p(), window, ratio ? dcomp.p() : nullptr, ratio,
+                           selected ? dsel.p() : nullptr, topk, dsink.p(), T, pos0, H, hd, scale, out.p());
       std::vector<double> want;
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < H; ++h) {
@@ -271,7 +274,7 @@ TEST_P(Ds4Op, IndexerTopk) {
       const auto keys = randf(rng, n_keys * dim, -1.f, 1.f);
       Dev<float> dq(be(), q, "q"), dw(be(), w, "w"), dk(be(), keys, "keys");
       Dev<int32_t> sel(be(), T * topk, "sel");
-      be().indexer_topk(dq.p(), dw.p(), dk.p(), T, pos0, nh, dim, ratio, topk, 0.3f, sel.p());
+      ops().indexer_topk(dq.p(), dw.p(), dk.p(), T, pos0, nh, dim, ratio, topk, 0.3f, sel.p());
       std::vector<int32_t> want(T * topk, -1);
       for (int64_t t = 0; t < T; ++t) {
         const int64_t n = std::min<int64_t>((pos0 + t + 1) / ratio, n_keys);
@@ -305,8 +308,8 @@ TEST_P(Ds4Op, RouterV4BiasedAndHash) {
         for (auto& e : table) e = (int32_t)(rng() % E);
         Dev<float> dl(be(), logits, "logits"), db(be(), bias, "bias"), wts(be(), T * K, "weights");
         Dev<int32_t> dt(be(), table, "table"), dtok(be(), tokens, "tokens"), ids(be(), T * K, "ids");
-        be().router_v4(dl.p(), T, E, K, hash ? nullptr : db.p(), hash ? dt.p() : nullptr, dtok.p(), norm,
-                       1.5f, ids.p(), wts.p());
+        ops().router_v4(dl.p(), T, E, K, hash ? nullptr : db.p(), hash ? dt.p() : nullptr, dtok.p(), norm,
+                        1.5f, ids.p(), wts.p());
         std::vector<int32_t> wid(T * K);
         std::vector<double> ww(T * K);
         for (int64_t t = 0; t < T; ++t) {
@@ -340,7 +343,7 @@ TEST_P(Ds4Op, SwigluClamp) {
     const int64_t n = 1000;
     const auto g = randf(rng, n, -3.f, 3.f), u = randf(rng, n, -3.f, 3.f);
     Dev<float> dg(be(), g, "g"), du(be(), u, "u");
-    be().swiglu_clamp(dg.p(), du.p(), n, limit);
+    ops().swiglu_clamp(dg.p(), du.p(), n, limit);
     std::vector<double> want(n);
     for (int64_t i = 0; i < n; ++i) {
       double x = g[i], y = u[i];
@@ -352,42 +355,34 @@ TEST_P(Ds4Op, SwigluClamp) {
   }
 }
 
-// A backend without the V4 ops (the Backend defaults): each op is an UnsupportedError naming the
-// backend and the op, in one line, and has_ds4_ops says so, which a V4 load checks first.
-TEST(Ds4Ops, DefaultsNameTheBackendAndTheOp) {
+// A backend without the V4 ops (the CUDA backend; here one that forwards the shared surface to the CPU)
+// is refused for a V4 model before anything is allocated: UnsupportedError naming the file, the
+// backend and the fix, in one line. The CPU backend is accepted.
+TEST(Ds4Ops, BackendWithoutThemIsRefused) {
   class Bare final : public strata::testing_support::ForwardingBackend {
    public:
-    bool has_ds4_ops() const override { return false; }
     const char* name() const override { return "bare"; }
   };
   Bare bare;
-  Backend& be = bare;
-  EXPECT_FALSE(be.has_ds4_ops());
-  EXPECT_TRUE(make_cpu_backend(1)->has_ds4_ops());
-  auto expect_unsupported = [](const char* op, const std::function<void()>& call) {
-    try {
-      call();
-      ADD_FAILURE() << op << " did not throw";
-    } catch (const UnsupportedError& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find(str("the bare backend has no ", op, " op")), std::string::npos) << m;
-      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
-    }
-  };
-  expect_unsupported("apply_norm_hc", [&] {
-    be.Backend::apply_norm_hc(nullptr, nullptr, nullptr, 0, 1, nullptr, 1, 0, nullptr);
-  });
-  expect_unsupported("hc_pre", [&] {
-    be.Backend::hc_pre(nullptr, nullptr, 0, 1, 0, 0.f, nullptr, nullptr, 0.f, 1, nullptr, nullptr, nullptr);
-  });
-  expect_unsupported("attention_sink", [&] {
-    be.Backend::attention_sink(nullptr, nullptr, nullptr, 1, nullptr, 0, nullptr, 0, nullptr, 0, 0, 1, 1, 1.f,
-                               nullptr);
-  });
-  expect_unsupported("router_v4", [&] {
-    be.Backend::router_v4(nullptr, 0, 1, 1, nullptr, nullptr, nullptr, false, 1.f, nullptr, nullptr);
-  });
-  expect_unsupported("swiglu_clamp", [&] { be.Backend::swiglu_clamp(nullptr, nullptr, 0, 1.f); });
+  EXPECT_EQ(ds4_ops(bare), nullptr);
+  const Architecture& v4 = find_architecture("deepseek4", "v4.gguf");
+  ASSERT_NE(v4.check_backend, nullptr);
+  try {
+    v4.check_backend(bare, "v4.gguf");
+    ADD_FAILURE() << "a backend without the V4 ops was accepted";
+  } catch (const UnsupportedError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("v4.gguf: DeepSeek V4 runs on the CPU backend only; the bare backend"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("--device cpu"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  const auto cpu = make_cpu_backend(1);
+  EXPECT_NE(ds4_ops(*cpu), nullptr);
+  EXPECT_NO_THROW(v4.check_backend(*cpu, "v4.gguf"));
+  // Architectures on the shared surface alone run on every backend.
+  EXPECT_EQ(find_architecture("qwen3moe", "q.gguf").check_backend, nullptr);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "model/blocks.h"
+#include "model/deepseek4.h"
 #include "prefill/chunk_plan.h"
 #include "prefill/prefill.h"
 
@@ -23,6 +25,8 @@ constexpr uint8_t kGuardByte = 0xA5;
 constexpr size_t kGuard = 4096;  // guard bytes on each side (a multiple of kAlign)
 constexpr uint32_t kQ4K = 12;    // ggml type id of Q4_K
 
+// A qwen3moe-like shape: the attention block's scratch (model/blocks.h's declaration) for H heads,
+// KV kv heads of hd.
 PrefillShape make_shape(int64_t D, int64_t HC, int64_t E, int64_t K, int64_t F, int64_t H, int64_t KV,
                         int64_t hd, bool unfused) {
   PrefillShape s;
@@ -31,24 +35,39 @@ PrefillShape make_shape(int64_t D, int64_t HC, int64_t E, int64_t K, int64_t F, 
   s.E = E;
   s.K = K;
   s.F = F;
-  s.n_head = H;
-  s.n_kv_head = KV;
-  s.head_dim = hd;
   s.expert_types = {kQ4K, kQ4K, kQ4K};
   s.gr_unfused = unfused;
+  ScratchList list;
+  declare_attention(list, AttentionShape{H, KV, hd, 1e-6f, RopeParams{hd, 1e4f, true}});
+  s.scratch = list.specs();
   return s;
 }
 
-// DeepSeek V4's scratch on a shape: low-rank Q, grouped output, compressors of `lanes`, an indexer.
-PrefillShape v4(PrefillShape s, int64_t lanes, int64_t idx_heads) {
-  s.v4.q_lora = 24;
-  s.v4.o_groups = 2;
-  s.v4.o_lora = 12;
-  s.v4.comp_lanes = lanes;
-  s.v4.idx_heads = idx_heads;
-  s.v4.idx_dim = idx_heads ? 32 : 0;
-  s.v4.idx_topk = idx_heads ? 5 : 0;
-  s.v4.shared_ffn = 40;
+// A V4 spec with one layer per compress ratio in `ratios` (the indexer's shape used only with a 4).
+std::pair<ModelSpec, Ds4Spec> v4_spec(int64_t D, int64_t H, int64_t hd, std::vector<int64_t> ratios) {
+  ModelSpec m;
+  m.D = D;
+  m.n_head = H;
+  m.n_kv_head = 1;
+  m.head_dim = hd;
+  Ds4Spec d;
+  d.q_lora = 24;
+  d.o_groups = 2;
+  d.o_lora = 12;
+  d.idx_heads = 3;
+  d.idx_dim = 32;
+  d.idx_topk = 5;
+  d.shared_ffn = 40;
+  for (int64_t r : ratios) d.layers.push_back(Ds4Layer{r});
+  return {m, d};
+}
+
+// DeepSeek V4's scratch (its own declaration, model/deepseek4.h) on a shape.
+PrefillShape v4(PrefillShape s, std::vector<int64_t> ratios) {
+  const auto [m, d] = v4_spec(s.D, 2, 16, std::move(ratios));
+  ScratchList list;
+  ds4_scratch(m, d, list);
+  s.scratch = list.specs();
   return s;
 }
 
@@ -59,9 +78,9 @@ std::vector<std::pair<std::string, PrefillShape>> shapes() {
       {"qwen-like-unfused", make_shape(64, 1, 8, 2, 32, 4, 2, 16, true)},
       {"hc4-unfused", make_shape(32, 4, 4, 4, 96, 2, 1, 16, true)},  // K == E, F not a power of two
       {"hc4-fused-gr", make_shape(96, 4, 5, 1, 32, 6, 3, 18, false)},
-      {"v4-indexer-unfused", v4(make_shape(32, 4, 4, 2, 32, 2, 1, 16, true), 2, 3)},
-      {"v4-hca-only", v4(make_shape(32, 4, 5, 3, 32, 4, 1, 18, false), 1, 0)},
-      {"v4-window-only", v4(make_shape(64, 4, 3, 1, 32, 2, 1, 16, false), 0, 0)},
+      {"v4-indexer-unfused", v4(make_shape(32, 4, 4, 2, 32, 2, 1, 16, true), {0, 4, 128})},
+      {"v4-hca-only", v4(make_shape(32, 4, 5, 3, 32, 4, 1, 18, false), {128, 0})},
+      {"v4-window-only", v4(make_shape(64, 4, 3, 1, 32, 2, 1, 16, false), {0})},
   };
 }
 
@@ -92,15 +111,17 @@ struct Fenced {
   uint8_t* base = nullptr;
 };
 
-// The PrefillBuffers pointer a plan buffer lands in, by name (the names carve() knows).
-const void* pointer_of(const PrefillBuffers& b, const std::string& n) {
+// The PrefillBuffers pointer a plan buffer lands in: a common one by its name, an architecture's by
+// its entry (which must carry the same name).
+const void* pointer_of(const PrefillShape& shape, const PrefillBuffers& b, const BufferSpec& s) {
+  if (s.scratch_index >= 0) {
+    EXPECT_EQ(shape.scratch.at(s.scratch_index).name, s.name);
+    return b.scratch.at(s.scratch_index);
+  }
+  const std::string& n = s.name;
   if (n == "R") return b.R;
   if (n == "grs") return b.grs;
   if (n == "xn") return b.xn;
-  if (n == "attn.q") return b.q;
-  if (n == "attn.k") return b.k;
-  if (n == "attn.v") return b.v;
-  if (n == "attn.out") return b.attn;
   if (n == "proj") return b.proj;
   if (n == "router.logits") return b.router;
   if (n == "router.ids") return b.topk_ids;
@@ -112,33 +133,15 @@ const void* pointer_of(const PrefillBuffers& b, const std::string& n) {
   if (n == "moe.gate") return b.hg;
   if (n == "moe.up") return b.hu;
   if (n == "moe.down") return b.yd;
-  if (n == "hc.mix") return b.hc_mix;
-  if (n == "hc.post") return b.hc_post;
-  if (n == "hc.comb") return b.hc_comb;
-  if (n == "tokens") return b.tokens;
-  if (n == "attn.qa") return b.qa;
-  if (n == "attn.kv") return b.kv;
-  if (n == "attn.oa") return b.oa;
-  if (n == "comp.kv") return b.comp_kv;
-  if (n == "comp.score") return b.comp_score;
-  if (n == "index.kv") return b.idx_kv;
-  if (n == "index.score") return b.idx_score;
-  if (n == "index.q") return b.idx_q;
-  if (n == "index.w") return b.idx_w;
-  if (n == "index.sel") return b.idx_sel;
-  if (n == "shexp.gate") return b.sh_gate;
-  if (n == "shexp.up") return b.sh_up;
-  if (n == "shexp.out") return b.sh_out;
   ADD_FAILURE() << "plan buffer '" << n << "' has no PrefillBuffers field";
   return nullptr;
 }
 
 std::vector<const void*> all_pointers(const PrefillBuffers& b) {
-  return {b.R,         b.grs,    b.xn,       b.q,       b.k,          b.v,           b.attn,
-          b.proj,      b.router, b.topk_ids, b.topk_w,  b.expert_off, b.expert_rows, b.xg,
-          b.xq,        b.hg,     b.hu,       b.yd,      b.hc_mix,     b.hc_post,     b.hc_comb,
-          b.tokens,    b.qa,     b.kv,       b.oa,      b.comp_kv,    b.comp_score,  b.idx_kv,
-          b.idx_score, b.idx_q,  b.idx_w,    b.idx_sel, b.sh_gate,    b.sh_up,       b.sh_out};
+  std::vector<const void*> v = {b.R,          b.grs,         b.xn, b.proj, b.router, b.topk_ids, b.topk_w,
+                                b.expert_off, b.expert_rows, b.xg, b.xq,   b.hg,     b.hu,       b.yd};
+  v.insert(v.end(), b.scratch.begin(), b.scratch.end());
+  return v;
 }
 
 }  // namespace
@@ -181,7 +184,7 @@ TEST(Prefill, CarveWritesStayInsideExactRegion) {
         // each plan buffer sits at its offset, and writing it in full stays inside the region
         size_t non_null = 0;
         for (const auto& s : plan.buffers) {
-          const void* p = pointer_of(b, s.name);
+          const void* p = pointer_of(shape, b, s);
           ASSERT_EQ(p, static_cast<const void*>(mem.region() + s.offset)) << s.name;
           ASSERT_LE(s.offset + s.bytes, need) << s.name;
           std::memset(mem.region() + s.offset, 0x5A ^ (int)(s.offset / kAlign & 0x7f), s.bytes);
@@ -197,12 +200,9 @@ TEST(Prefill, CarveWritesStayInsideExactRegion) {
         EXPECT_EQ(b.xn != nullptr, shape.gr_unfused);
         EXPECT_NE(b.grs, nullptr);
         EXPECT_EQ(b.HC, shape.HC);
-        // a V4 plan carves its buffers, and only the ones its compressors and indexer use
-        const bool is_v4 = shape.v4.q_lora > 0;
-        EXPECT_EQ(b.hc_comb != nullptr, is_v4);
-        EXPECT_EQ(b.k == nullptr, is_v4);
-        EXPECT_EQ(b.comp_kv != nullptr, shape.v4.comp_lanes > 0);
-        EXPECT_EQ(b.idx_sel != nullptr, shape.v4.idx_heads > 0);
+        // every entry of the architecture's list is carved
+        ASSERT_EQ(b.scratch.size(), shape.scratch.size());
+        for (const void* p : b.scratch) EXPECT_NE(p, nullptr);
         if (b.moe == MoeLayout::Fused) {
           EXPECT_NE(b.xg, nullptr);
           EXPECT_EQ(b.xq, nullptr);
@@ -290,21 +290,42 @@ TEST(Prefill, RejectsBadShapesAndChunks) {
   EXPECT_THROW(pf.bytes_needed(-1, false), ConfigError);
 }
 
-TEST(Prefill, RejectsBadV4Shapes) {
-  const PrefillShape ok = v4(make_shape(32, 4, 4, 2, 32, 2, 1, 16, false), 2, 3);
-  EXPECT_NO_THROW(Prefill{ok});
-  PrefillShape s = ok;
-  s.v4.o_groups = 0;
-  EXPECT_THROW(Prefill{s}, ConfigError);
-  s = ok;
-  s.v4.comp_lanes = 3;
-  EXPECT_THROW(Prefill{s}, ConfigError);
-  s = ok;
-  s.v4.idx_topk = 0;  // an indexer with no top-k
-  EXPECT_THROW(Prefill{s}, ConfigError);
-  s = ok;
-  s.v4.shared_ffn = 0;
-  EXPECT_THROW(Prefill{s}, ConfigError);
+TEST(Prefill, RejectsBadScratch) {
+  PrefillShape s = shapes()[0].second;
+  s.scratch.push_back(ScratchSpec{"extra", ScratchType::F32, {4, 0}});
+  EXPECT_THROW(Prefill{s}, ConfigError);  // an empty dimension
+  s.scratch.back() = ScratchSpec{"", ScratchType::F32, {4}};
+  EXPECT_THROW(Prefill{s}, ConfigError);  // no name
+  s.scratch.back() = ScratchSpec{"proj", ScratchType::F32, {4}};
+  const Prefill pf(s);
+  EXPECT_THROW(pf.layout(8, true), ConfigError);  // a name the plan already has
+}
+
+// An architecture's handles resolve to the buffers of their names, whatever sits before them.
+TEST(Prefill, ScratchHandlesResolveToTheirBuffers) {
+  for (const bool unfused : {false, true}) {
+    PrefillShape s = make_shape(32, 4, 4, 2, 32, 2, 1, 16, unfused);
+    const auto [m, d] = v4_spec(32, 2, 16, {0, 4});
+    ScratchList list;
+    const Ds4Scratch h = ds4_scratch(m, d, list);
+    s.scratch = list.specs();
+    const Prefill pf(s);
+    const PrefillPlan plan = pf.layout(9, true);
+    Fenced mem(plan.total);
+    const PrefillBuffers b = pf.carve(mem.region(), plan.total, 9, true);
+    auto at = [&](const std::string& name) -> const void* {
+      for (const auto& x : plan.buffers)
+        if (x.name == name) return mem.region() + x.offset;
+      ADD_FAILURE() << name << " is not in the plan";
+      return nullptr;
+    };
+    EXPECT_EQ(b[h.hc_mix], at("hc.mix"));
+    EXPECT_EQ(b[h.tokens], at("tokens"));
+    EXPECT_EQ(b[h.out], at("attn.out"));
+    EXPECT_EQ(b[h.idx_sel], at("index.sel"));
+    EXPECT_EQ(b[h.sh_out], at("shexp.out"));
+    EXPECT_EQ(b.proj, at("proj"));
+  }
 }
 
 // The three --prefill modes on one cache. Fixed is exactly N, or an error naming with units the

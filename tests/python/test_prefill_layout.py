@@ -23,9 +23,23 @@ SUPPORTED_TYPES = sorted(tid for tid, _, _, _ in _core.quant_types())
 Q8_TYPES = {t for t in SUPPORTED_TYPES if _core.has_matmul_q8(t)}  # weight types with an integer kernel
 
 
+def attention_scratch(heads: int, kv_heads: int, head_dim: int) -> list[tuple[str, str, list[int]]]:
+    """The attention block's buffers (model/blocks.cpp declare_attention), qwen3moe's scratch list."""
+    return [("attn.q", "f32", [heads, head_dim]), ("attn.k", "f32", [kv_heads, head_dim]),
+            ("attn.v", "f32", [kv_heads, head_dim]), ("attn.out", "f32", [heads * head_dim])]
+
+
+def scratch_of(shape: dict) -> list:
+    """The architecture's scratch list of a shape: given, or the attention block's of its heads."""
+    if "scratch" in shape:
+        return shape["scratch"]
+    return attention_scratch(shape["heads"], shape["kv_heads"], shape["head_dim"])
+
+
 def prefill_layout(shape: dict, T: int, src: bool) -> dict:
-    """_core.prefill_layout with the shape's optional keys filled: one stream, Q4_K experts, GR fused."""
-    full = {"HC": 1, "expert_types": [12, 12, 12], "unfused": False, **shape}
+    """_core.prefill_layout with the shape's optional keys filled: one stream, Q4_K experts, GR fused,
+    the attention block's scratch for the shape's heads."""
+    full = {"HC": 1, "expert_types": [12, 12, 12], "unfused": False, **shape, "scratch": scratch_of(shape)}
     return _core.prefill_layout(full, T, src)
 
 
@@ -148,6 +162,12 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
     assert list(by["moe.gate"]["shape"]) == [rows, F]
     assert list(by["moe.up"]["shape"]) == [rows, F]
     assert list(by["moe.down"]["shape"]) == [rows, D]
+    # the architecture's buffers: T rows of their dims each, in the order of its list, after R, grs, xn
+    scratch = scratch_of(shape)
+    first = 3 if shape["unfused"] else 2
+    assert names[first:first + len(scratch)] == [n for n, _, _ in scratch], names
+    for name, dtype, row in scratch:
+        assert list(by[name]["shape"]) == [T, *row] and by[name]["dtype"] == dtype, by[name]
     # slots, where a slot size is given (a model's layout; prefill_layout has none)
     if plan.get("slot_bytes"):
         assert plan["slots"] == -(-plan["bytes_needed"] // plan["slot_bytes"])
@@ -185,6 +205,30 @@ def test_unfused_and_hc_only_add(shape, T):
         unf = prefill_layout({**shape, "unfused": True}, T, src)
         assert unf["bytes_needed"] - fused["bytes_needed"] == align_up(T * shape["D"] * 4)
         assert [b["name"] for b in unf["buffers"] if b["name"] != "xn"] == [b["name"] for b in fused["buffers"]]
+
+
+@st.composite
+def scratch_lists(draw):
+    n = draw(st.integers(0, 12))
+    names = draw(st.lists(st.text("abcdefgh.", min_size=1, max_size=8), min_size=n, max_size=n, unique=True))
+    return [(f"x.{name}", draw(st.sampled_from(["f32", "i32"])),
+             draw(st.lists(st.integers(1, 300), min_size=0, max_size=3))) for name in names]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=shapes(), scratch=scratch_lists(), T=chunk_tokens(), src=st.booleans())
+def test_any_scratch_list_exact(shape, scratch, T, src):
+    """Any list an architecture declares is sized and carved with the rest, exactly."""
+    shape = {**shape, "scratch": scratch}
+    check_plan(shape, T, src, prefill_layout(shape, T, src))
+
+
+@pytest.mark.parametrize("bad", [[("x", "f32", [0])], [("", "f32", [4])], [("x", "f16", [4])],
+                                 [("proj", "f32", [4])], [("x", "f32", [4]), ("x", "i32", [2])]])
+def test_bad_scratch_rejected(bad):
+    shape = dict(D=256, E=8, K=2, F=256, scratch=bad)
+    with pytest.raises(strata.ConfigError):
+        prefill_layout(shape, 16, True)
 
 
 def test_layout_kind_needs_supported_types():

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ds4_ops.h"
+#include "backend/ds4_ops.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
@@ -39,7 +40,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   if (n) std::memcpy(dst, src, n);
 }
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, public Ds4Ops {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
@@ -70,7 +71,6 @@ class CpuBackend final : public Backend {
     host_memory(free_bytes, total_bytes);
   }
   bool host_is_device() const override { return true; }
-  bool has_ds4_ops() const override { return true; }
   // The CPU reads host memory where it is: there is nothing to register.
   bool register_host(const void*, size_t) override { return false; }
   const void* device_view(const void* host) const override { return host; }
@@ -308,7 +308,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // DeepSeek V4's ops: backend/cpu/ds4_ops.h.
+  // Ds4Ops (backend/ds4_ops.h), implemented in the files backend/cpu/ds4_ops.h lists.
   void apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
                      const int32_t* rows, int64_t div, int64_t n, float* out) override {
     cpu_apply_norm_hc(x, grs, w, D, HC, rows, div, n, out, pool_);
@@ -392,10 +392,5 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
-
-void unsupported_backend_op(const Backend& be, const char* op) {
-  throw UnsupportedError(str("the ", be.name(), " backend has no ", op,
-                             " op yet (DeepSeek V4 needs it); run this model with --device cpu"));
-}
 
 }  // namespace strata

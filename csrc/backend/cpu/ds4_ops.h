@@ -1,4 +1,4 @@
-// CPU reference implementations of DeepSeek V4's backend ops (backend.h documents each): the
+// CPU reference implementations of DeepSeek V4's ops (backend/ds4_ops.h documents each): the
 // hyper-connections (hyper_connection.cpp), its attention, compressor and indexer (ds4_attention.cpp),
 // norms, RoPE, rings and routing (ds4_misc.cpp).
 #pragma once
