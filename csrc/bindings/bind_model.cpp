@@ -240,7 +240,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("gr_unfused", &ModelConfig::gr_unfused)
       .def_readwrite("kv_type", &ModelConfig::kv_type)
       .def_readwrite("decode_graph", &ModelConfig::decode_graph)
-      .def_readwrite("decode_resolve", &ModelConfig::decode_resolve);
+      .def_readwrite("decode_resolve", &ModelConfig::decode_resolve)
+      .def_readwrite("cache_policy", &ModelConfig::cache_policy);
   m.attr("PREFILL_AUTO_MAX") = kPrefillAutoMax;
 
   py::class_<Model>(m, "Model")

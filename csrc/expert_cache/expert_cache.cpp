@@ -8,7 +8,8 @@
 
 namespace strata {
 
-ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSource* src, size_t cache_bytes)
+ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSource* src, size_t cache_bytes,
+                         const std::string& policy)
     : be_(be), layout_(layout), src_(src) {
   const int64_t keys = layout.L * layout.E;
   index_.assign(keys, -1);
@@ -45,7 +46,7 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
     ready_.emplace_back(be);
     last_use_.emplace_back(be);
   }
-  policy_ = std::make_unique<LruPolicy>(n_slots_);
+  policy_ = make_policy(policy, n_slots_);
   if (!src_->page_locked() && !be.host_is_device()) {
     for (int i = 0; i < kStages; ++i)
       stages_.push_back(Stage{

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,7 +34,8 @@ struct CacheStats {
 class ExpertCache {
  public:
   // With `src` null every expert is resident (--expert-cache all): nothing streams, no slots.
-  ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSource* src, size_t cache_bytes);
+  ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSource* src, size_t cache_bytes,
+              const std::string& policy = "lru");
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 

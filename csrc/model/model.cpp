@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "expert_cache/policy.h"
 #include "model/blocks.h"
 #include "prefill/chunk_plan.h"
 #if defined(STRATA_HAVE_CUDA)
@@ -72,6 +73,11 @@ void check_config(const ModelConfig& c) {
                "kv_type (--kv-type) must be auto, f16 or f32, got '", c.kv_type, "'");
   STRATA_CHECK(one_of(c.decode_resolve, {"auto", "device", "host"}), ConfigError,
                "decode_resolve must be auto, device or host, got '", c.decode_resolve, "'");
+  STRATA_CHECK(one_of(c.cache_policy, {"lru", "lfu"}), ConfigError, "--cache-policy must be one of ",
+               cache_policy_names(), ", got '", c.cache_policy, "'");
+  STRATA_CHECK(c.decode_resolve != "device" || c.cache_policy == "lru", ConfigError,
+               "decode_resolve 'device' runs the LRU policy on the device; --cache-policy ", c.cache_policy,
+               " resolves a decode step's experts on the host (decode_resolve 'host' or 'auto')");
 }
 
 std::shared_ptr<Backend> make_backend(const std::string& device, int threads) {
@@ -180,7 +186,7 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       src_ = make_mmap_source(xl);
     }
   }
-  cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes);
+  cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes, cfg_.cache_policy);
   STRATA_CHECK(cfg_.decode_resolve != "device" || cache_->all_resident() || cache_->can_resolve_on_device(),
                UnsupportedError, "decode_resolve 'device': the ", be_->name(),
                " backend cannot read this expert source (", src_ ? src_->describe() : "none",
@@ -200,8 +206,9 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       " (slot ", xl.slot_bytes, " bytes)");
   log(LogLevel::Info, "backend ", be_->describe(), ", ctx=", cfg_.ctx, " KV ", mib_str(kv_->total_bytes()),
       "; expert cache ",
-      cache_->all_resident() ? std::string("all resident") : str(cache_->n_slots(), " slots"), ", source ",
-      source_kind(), "; prompt chunk ", chunk_, " tokens (",
+      cache_->all_resident() ? std::string("all resident")
+                             : str(cache_->n_slots(), " slots (", cfg_.cache_policy, ")"),
+      ", source ", source_kind(), "; prompt chunk ", chunk_, " tokens (",
       moe_layout_name(pf.fused_layout(chunk_, has_source())), " layout",
       cache_->all_resident() ? "" : str(", borrows ", slots_for(chunk_), " slots").c_str(), ")");
 }

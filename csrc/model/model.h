@@ -40,6 +40,8 @@ struct ModelConfig {
                                         // it (a GPU, every expert resident or resolved on the device)
   std::string decode_resolve = "auto";  // a bounded cache's decode: "device" (resolve_experts), "host"
                                         // (prepare, one round trip a layer), auto: device where it can
+  std::string cache_policy = "lru";     // the expert cache's eviction policy: lru | lfu (LFU with aging;
+                                        // host resolution only)
   Progress progress;                    // long loads report here
 
   bool all_resident() const { return cache == CacheKind::All; }

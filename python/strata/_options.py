@@ -96,7 +96,7 @@ def _load_defaults() -> Mapping[str, Any]:
     return MappingProxyType({
         "device": c.device, "expert_cache": c.expert_cache, "prefill": c.prefill, "source": c.source,
         "ctx": c.ctx, "threads": c.threads, "kv_type": c.kv_type, "decode_graph": c.decode_graph,
-        "decode_resolve": c.decode_resolve,
+        "decode_resolve": c.decode_resolve, "cache_policy": c.cache_policy,
     })
 
 
@@ -143,6 +143,7 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
                 threads: object = LOAD_DEFAULTS["threads"], kv_type: object = LOAD_DEFAULTS["kv_type"],
                 decode_graph: object = LOAD_DEFAULTS["decode_graph"],
                 decode_resolve: object = LOAD_DEFAULTS["decode_resolve"],
+                cache_policy: object = LOAD_DEFAULTS["cache_policy"],
                 gr_unfused: bool | None = None) -> _core.ModelConfig:
     """The native ModelConfig of strata.Model's keywords: user text parsed and types checked here
     (strata.ConfigError naming the argument), ranges and names checked natively (ModelConfig.check)."""
@@ -156,6 +157,7 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
     c.kv_type = _as_str(kv_type, "kv_type (--kv-type)", "auto, f16 or f32")
     c.decode_graph = _as_bool(decode_graph, "decode_graph")
     c.decode_resolve = _as_str(decode_resolve, "decode_resolve", "auto, device or host")
+    c.cache_policy = _as_str(cache_policy, "cache_policy (--cache-policy)", "lru or lfu")
     if gr_unfused is not None and not isinstance(gr_unfused, bool):
         raise ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
     c.gr_unfused = gr_unfused_from_env(gr_unfused)

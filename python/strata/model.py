@@ -138,7 +138,9 @@ class Model:
     op by op, to measure the difference). decode_resolve: how a bounded cache finds a decode token's
     experts: 'device' (the GPU resolves hits and misses and reads the misses from page-locked host
     memory itself), 'host' (one round trip per layer, copies by the copy engine) or 'auto' (device
-    where the source allows it).
+    where the source allows it). cache_policy: the expert cache's eviction policy, 'lru' (least
+    recently used) or 'lfu' (least frequently used, counts halving as they age; a decode step then
+    resolves its experts on the host). The logits are the same under either; the hit rate is not.
 
     Ctrl-C (on the main thread) stops a load, a prompt or a token between two layers and raises
     KeyboardInterrupt; the Model stays usable.
@@ -159,6 +161,7 @@ class Model:
         kv_type: str = _L["kv_type"],
         decode_graph: bool = _L["decode_graph"],
         decode_resolve: str = _L["decode_resolve"],
+        cache_policy: str = _L["cache_policy"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -167,7 +170,7 @@ class Model:
             raise _core.ConfigError(f"backend must be a strata.Backend, got {backend!r}")
         cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
                           threads=threads, kv_type=kv_type, decode_graph=decode_graph,
-                          decode_resolve=decode_resolve, gr_unfused=gr_unfused)
+                          decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused)
         if log_level_error():
             warn(f"{log_level_error()}; using warn")
         file = _open(self.path)  # mapped and validated once; the native model shares it

@@ -172,6 +172,53 @@ TEST(ExpertCache, EvictsLeastRecentlyUsed) {
   EXPECT_TRUE(cache.resident(0, 0));
 }
 
+// LFU: the least used expert goes (the least recent among equals), whatever its recency; counts
+// halve every 8 * slots uses, so old popularity fades.
+TEST(ExpertCache, LfuEvictsTheLeastUsedAndAges) {
+  Fixture fx(1, 8, 256);
+  TraceBackend be;
+  auto src = make_mmap_source(fx.layout);
+  ExpertCache cache(be, fx.layout, src.get(), 3 * fx.layout.slot_bytes, "lfu");
+  auto use = [&](int32_t e) {
+    ASSERT_EQ(cache.prepare(0, &e, 1), 1);
+    cache.wait(0, e);
+    cache.release(0);
+  };
+  use(0), use(0), use(0), use(1), use(1), use(2);  // counts 3, 2, 1
+  use(3);                                          // evicts 2 (count 1), though 0 is the least recent
+  EXPECT_FALSE(cache.resident(0, 2));
+  EXPECT_TRUE(cache.resident(0, 0) && cache.resident(0, 1) && cache.resident(0, 3));
+  use(3);  // counts 3, 2, 2: the tie between 1 and 3 goes to the less recent, 1
+  use(4);
+  EXPECT_FALSE(cache.resident(0, 1));
+  EXPECT_TRUE(cache.resident(0, 0) && cache.resident(0, 3) && cache.resident(0, 4));
+}
+
+TEST(EvictionPolicy, LfuAgingAndTheNamedPolicies) {
+  LfuPolicy p(2);  // counts halve every 16 uses
+  for (int i = 0; i < 9; ++i) p.on_use(0);
+  for (int i = 0; i < 6; ++i) p.on_use(1);  // 15 uses: counts 9 and 6
+  const std::vector<uint8_t> both = {1, 1};
+  EXPECT_EQ(p.victim(both), 1);
+  p.on_use(1);  // the 16th use: counts 9 and 7, then halved to 4 and 3
+  EXPECT_EQ(p.value(0), 5u);
+  EXPECT_EQ(p.value(1), 4u);
+  p.on_use(1);  // 4 and 4: the tie goes to the less recent slot, 0
+  EXPECT_EQ(p.victim(both), 0);
+  EXPECT_EQ(p.victim({0, 1}), 1);
+  EXPECT_EQ(p.victim({0, 0}), -1);
+  p.on_clear(0);
+  EXPECT_EQ(p.value(0), 0u);
+  EXPECT_NE(dynamic_cast<LruPolicy*>(make_policy("lru", 4).get()), nullptr);
+  EXPECT_NE(dynamic_cast<LfuPolicy*>(make_policy("lfu", 4).get()), nullptr);
+  try {
+    make_policy("mru", 4);
+    FAIL() << "an unknown policy was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("lru, lfu"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ExpertCache, LendWaitsForLandingCopiesAndRefillsAfterTheChunksLastUse) {
   Fixture fx(1, 8, 256);
   TraceBackend be;

@@ -392,13 +392,14 @@ def test_load_defaults_are_the_native_ones(f16):
     assert dict(strata.LOAD_DEFAULTS) == {
         "device": native.device, "expert_cache": native.expert_cache, "prefill": native.prefill,
         "source": native.source, "ctx": native.ctx, "threads": native.threads, "kv_type": native.kv_type,
-        "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve}
+        "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve,
+        "cache_policy": native.cache_policy}
     assert native.prefill_mode == "default"
     sig = inspect.signature(strata.Model).parameters
     for k, v in strata.LOAD_DEFAULTS.items():
         assert sig[k].default == (None if k == "prefill" else v), k
     flags = {"device": "device", "expert_cache": "expert_cache", "source": "source", "ctx": "ctx",
-             "threads": "threads", "kv_type": "kv_type"}
+             "threads": "threads", "kv_type": "kv_type", "cache_policy": "cache_policy"}
     for name in ("generate", "chat", "bench"):
         params = {p.name: p for p in main.commands[name].params}
         for k, p in flags.items():
