@@ -7,7 +7,7 @@ T = 1 (decode, bound by memory: weight GB/s) and T = 8, on the shapes of bench/q
 
 --llama is a llama.cpp source tree (../shared/peers/llama.cpp-trim.tar.xz unpacked), --build a CPU build
 of its ggml there (`cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DBUILD_SHARED_LIBS=ON ... && cmake
---build build --target ggml`; ~10 minutes on 2 cores). The peer side is bench/ggml_matmul.cpp, compiled
+--build build --target ggml`; ~10 minutes on 2 cores). The peer side is bench/peer/ggml_matmul.cpp, compiled
 here against that build; strata's side is build/dev/strata_bench_quant_matmul (scripts/dev-build).
 strata reports its float path (float activations) and its q8 path (q8_0 activations, the MMQ layout);
 ggml quantizes the activations inside mul_mat, as llama.cpp does. ggml's weights are plain tensors:
@@ -64,7 +64,7 @@ def main() -> int:
     ids = {t: int(gguf.GGMLQuantizationType[t]) for t in types}
     libdir = os.path.join(a.build, "bin")
     exe = os.path.join(a.build, "strata_ggml_matmul")
-    subprocess.run(["g++", "-O2", "-std=c++17", os.path.join(HERE, "ggml_matmul.cpp"), "-I",
+    subprocess.run(["g++", "-O2", "-std=c++17", os.path.join(HERE, "peer", "ggml_matmul.cpp"), "-I",
                     os.path.join(a.llama, "ggml/include"), "-L", libdir, "-lggml", "-lggml-base", "-lggml-cpu",
                     f"-Wl,-rpath,{libdir}", "-o", exe], check=True)
     peer = {}

@@ -1,4 +1,4 @@
-// The peer side of bench/ggml_matmul.py: ggml's CPU mul_mat (llama.cpp's matmul) timed on the shapes
+// The peer side of bench/ggml_matmul.py (in bench/peer/: not one of the CMake-built benches): ggml's CPU mul_mat (llama.cpp's matmul) timed on the shapes
 // and token counts of bench/quant_matmul.cpp, one line per cell. Built by that script against a
 // llama.cpp build (../shared/peers); it uses ggml's public API only and is not part of strata.
 // Usage: ggml_matmul THREADS SECONDS TYPE_ID...   (ids as in GGUF: 0 F32, 1 F16, 8 Q8_0, 12 Q4_K, ...)
