@@ -277,9 +277,8 @@ constexpr QuantTraits kTraits[] = {
      mmq_q6_k_scalar, AVX2(mmq_q6_k)},
     {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs, DecIQ2_XS), false,
      AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs)},
-    // Q2_K has no AVX2 integer kernel yet (its scalar one fills both slots).
     {QType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), row_q2_k, SIMD(row_q2_k, DecQ2_K), false, AVX2(gemv_q2_k),
-     mmq_q2_k_scalar, mmq_q2_k_scalar},
+     mmq_q2_k_scalar, AVX2(mmq_q2_k)},
     {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, SIMD(row_iq2_xxs, DecIQ2_XXS),
      false, AVX2(gemv_iq2_xxs), mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs)},
 #define STRATA_ROW(T, name, B, D) \

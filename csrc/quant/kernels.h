@@ -37,9 +37,9 @@ namespace strata::quant_detail {
                          int64_t);
 STRATA_QUANT_KERNELS(STRATA_DECLARE)
 #undef STRATA_DECLARE
-// Q2_K and IQ2_XXS: AVX2 decoders (matmul.cpp); IQ2_XXS has an AVX2 integer kernel, Q2_K not yet (the
-// table holds its scalar kernel in both slots).
+// Q2_K and IQ2_XXS: AVX2 decoders (matmul.cpp) and AVX2 integer kernels (mmq_k.cpp, mmq_iq.cpp).
 void gemv_q2_k_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);
+void mmq_q2_k_avx2(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, int64_t);
 void gemv_iq2_xxs_avx2(const void*, size_t, int64_t, int64_t, const float*, float*);
 void mmq_q2_k_scalar(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,
                      int64_t);

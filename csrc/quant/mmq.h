@@ -67,11 +67,11 @@ STRATA_SIMD inline __m256i reduce8(const __m256i* v) {
 
 STRATA_SIMD inline __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
 
-// Per call, each token's block scales and int8 sums, block-major ([b][t], tokens padded to a
-// multiple of 8 with zeros), so a tile loads its NT tokens' values with one instruction. For the
-// interleaved kernels (T > 4) also each block's two 16-element half sums (int16 pair: low = first
-// half) and xt: the int8 activations regrouped [group of 8 tokens][b][step k][token][4 elements],
-// so one load gives elements 4k..4k+3 of block b for eight tokens.
+// Per call, each token's block scales, int8 sums and two 16-element half sums (int16 pair: low =
+// first half), block-major ([b][t], tokens padded to a multiple of 8 with zeros), so a tile loads
+// its NT tokens' values with one instruction. For the interleaved kernels (T > 4) also xt: the int8
+// activations regrouped [group of 8 tokens][b][step k][token][4 elements], so one load gives elements
+// 4k..4k+3 of block b for eight tokens.
 struct XInfo {
   const float* dx;
   const int32_t* sum;
@@ -89,10 +89,8 @@ STRATA_SIMD inline XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64
   const int64_t tpad = (T + 7) / 8 * 8;
   dx.assign(static_cast<size_t>(nb * tpad), 0.0f);
   sum.assign(static_cast<size_t>(nb * tpad), 0);
-  if (interleave) {
-    hsum.assign(static_cast<size_t>(nb * tpad), 0);
-    xt.assign(static_cast<size_t>(nb * tpad * 32), 0);
-  }
+  hsum.assign(static_cast<size_t>(nb * tpad), 0);
+  if (interleave) xt.assign(static_cast<size_t>(nb * tpad * 32), 0);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* xb = Xq + t * xrb + b * kQ8_0Bytes;
@@ -102,9 +100,9 @@ STRATA_SIMD inline XInfo x_info(const uint8_t* Xq, int64_t xrb, int64_t T, int64
           _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
       const __m128i lo = _mm256_castsi256_si128(s8), hi = _mm256_extracti128_si256(s8, 1);
       sum[b * tpad + t] = hsum_epi32(_mm_add_epi32(lo, hi));
+      const uint32_t h0 = static_cast<uint16_t>(hsum_epi32(lo)), h1 = static_cast<uint16_t>(hsum_epi32(hi));
+      hsum[b * tpad + t] = static_cast<int32_t>(h0 | (h1 << 16));
       if (interleave) {
-        const uint32_t h0 = static_cast<uint16_t>(hsum_epi32(lo)), h1 = static_cast<uint16_t>(hsum_epi32(hi));
-        hsum[b * tpad + t] = static_cast<int32_t>(h0 | (h1 << 16));
         int8_t* dst = xt.data() + (((t / 8) * nb + b) * 8) * 32 + (t % 8) * 4;
         for (int k = 0; k < 8; ++k) std::memcpy(dst + k * 32, xb + kXqs + k * 4, 4);
       }
@@ -156,7 +154,13 @@ STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XI
       const __m256 dx = token_lanes<NT>(xi.dx + b * xi.tpad + t0);
       const __m256i xsum =
           _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
-      acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum);
+      if constexpr (requires { K::kHalfMins; }) {  // a min per 16 elements: the half sums too
+        const __m256i hsum =
+            _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.hsum + b * xi.tpad + t0)));
+        acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum, hsum);
+      } else {
+        acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum);
+      }
     }
   }
   _mm256_storeu_ps(out, acc);
@@ -233,8 +237,13 @@ STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t co
         const __m256 dx = _mm256_loadu_ps(xi.dx + b * xi.tpad + (g + v) * 8);
         const __m256i xsum =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
-        for (int r = 0; r < MR; ++r)
-          acc[r * NV + v] = K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx, xsum);
+        for (int r = 0; r < MR; ++r) {
+          if constexpr (requires { K::kHalfMins; })
+            acc[r * NV + v] =
+                K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx, xsum, hs[v]);
+          else
+            acc[r * NV + v] = K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx, xsum);
+        }
       }
     }
   }

@@ -225,6 +225,78 @@ struct IlQ6_K {
   }
 };
 
+// Q2_K: q in [0, 3], a scale and a min per 16 elements. The scaled sums go as KBytes' do (pairs of
+// products stay within 2 * 3 * 128 in int16); the mins multiply the activation's half sums
+// (madd of the int16 pairs), so both integer terms are the scalar kernel's exactly.
+struct KQ2_K {
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(BlockQ2_K);
+  static constexpr bool kHalfMins = true;
+  struct Pre {
+    float d, dmin;
+    const BlockQ2_K* b;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    const BlockQ2_K* b = reinterpret_cast<const BlockQ2_K*>(blk);
+    return {h2f(b->d), h2f(b->dmin), b};
+  }
+  STRATA_SIMD static __m256i q(const BlockQ2_K& b, int j) {
+    const Q2_KSub s = q2_k_sub(j);
+    return _mm256_and_si256(_mm256_srl_epi16(load256(b.qs + s.qs), _mm_cvtsi32_si128(s.shift)),
+                            _mm256_set1_epi8(3));
+  }
+  STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
+    return _mm256_madd_epi16(
+        _mm256_maddubs_epi16(q(*p.b, j), x),
+        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(q2_k_scale(*p.b, 2 * j + 1))),
+                         _mm_set1_epi16(static_cast<int16_t>(q2_k_scale(*p.b, 2 * j)))));
+  }
+  // a = fma(d * dx, s, a); a = fma(-(dmin * dx), m_lo * S_lo(x) + m_hi * S_hi(x), a)
+  template <int MR, int NT>
+  STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int j, __m256 dx, __m256i,
+                                   __m256i hsum) {
+    const __m256 d = row_lanes_ps<MR, NT>([&](int r) { return p[r].d; });
+    const __m256 dmin = row_lanes_ps<MR, NT>([&](int r) { return p[r].dmin; });
+    const __m256i m = row_lanes_epi32<MR, NT>(
+        [&](int r) { return pair16(q2_k_min(*p[r].b, 2 * j), q2_k_min(*p[r].b, 2 * j + 1)); });
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+    const __m256 mdx = _mm256_xor_ps(_mm256_mul_ps(dmin, dx), _mm256_set1_ps(-0.0f));
+    return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_madd_epi16(hsum, m)), acc);
+  }
+};
+
+// scr = q in [0, 3]; each half's four steps summed in int16 (4 * 2 * 3 * 128), then scaled.
+struct IlQ2_K {
+  STRATA_SIMD static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ2_K* blk = reinterpret_cast<const BlockQ2_K*>(w);
+    for (int64_t b = 0; b < nb; ++b)
+      store32(scr + b * 32, KQ2_K::q(blk[b / kBlocksK], static_cast<int>(b % kBlocksK)));
+  }
+  template <int MR, int NV>
+  STRATA_SIMD static void dots(const KQ2_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, __m256i* isum) {
+    for (int i = 0; i < MR * NV; ++i) isum[i] = _mm256_setzero_si256();
+    for (int hf = 0; hf < 2; ++hf) {
+      __m256i s16[MR * NV];
+      for (int i = 0; i < MR * NV; ++i) s16[i] = _mm256_setzero_si256();
+      for (int k = 4 * hf; k < 4 * hf + 4; ++k) {
+        __m256i x[NV];
+        for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+        for (int r = 0; r < MR; ++r) {
+          const __m256i aw = bcast4(a[r] + 4 * k);
+          for (int v = 0; v < NV; ++v)
+            s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
+        }
+      }
+      for (int r = 0; r < MR; ++r) {
+        const __m256i sc = _mm256_set1_epi16(static_cast<int16_t>(q2_k_scale(*p[r].b, 2 * j + hf)));
+        for (int v = 0; v < NV; ++v)
+          isum[r * NV + v] = _mm256_add_epi32(isum[r * NV + v], _mm256_madd_epi16(s16[r * NV + v], sc));
+      }
+    }
+  }
+};
+
 // Q5_K and Q3_K through decode_avx2.h's bytes.
 struct KQ5 {
   using Bytes = Q5_KBytes;
@@ -281,6 +353,10 @@ void mmq_q4_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const u
 void mmq_q6_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KQ6_K, IlQ6_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q2_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KQ2_K, IlQ2_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 void mmq_q5_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
