@@ -21,6 +21,20 @@ class KVCache;
 using LayerHook = std::function<void(int64_t layer, int64_t T, int64_t pos0)>;
 
 // What a forward pass runs on; all owned by the Model, which outlives the pass.
+// How one forward call finds its experts: decided once by the Model before the call (Model::forward,
+// Model::decode) and read by the blocks, which never work it out again from the cache's state or the
+// backend's phase.
+enum class ExpertPath : uint8_t {
+  PerExpert,  // a prompt chunk, or a decode step with too few free slots: expert by expert (for_routed)
+  Resident,   // one token, every expert resident: the gathered decode finds them by id
+  Device,     // one token, a bounded cache resolved on the device (resolve_experts): gathered
+  Host,       // one token, a bounded cache resolved on the host for the whole layer (prepare K): gathered
+};
+struct StepPlan {
+  bool decode = false;  // one token of a generation (the backend's phase: its kernels per shape)
+  ExpertPath experts = ExpertPath::PerExpert;
+};
+
 struct ForwardContext {
   Backend& be;
   const ModelSpec& spec;
@@ -28,6 +42,7 @@ struct ForwardContext {
   ExpertCache& cache;
   KVCache& kv;
   const LayerHook* layer_hook = nullptr;  // the Model's; empty when no caller watches
+  const StepPlan* step = nullptr;         // the Model's plan of the call running; null: a prompt's
 };
 
 class ForwardPass {

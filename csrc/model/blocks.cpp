@@ -141,15 +141,15 @@ void expert_swiglu(Backend& be, float* g, const float* u, int64_t n, const MoeVa
 // resolve_experts, again nothing on the host) or on the host first (design (a): one download,
 // prepare, copies on the copy engine).
 void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-                  const float* ffn_norm, const MoeVariant* var) {
+                  const float* ffn_norm, const MoeVariant* var, ExpertPath path) {
   Backend& be = ctx.be;
   ExpertCache& cache = ctx.cache;
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K, n = T * K;
-  if (cache.all_resident()) {
+  if (path == ExpertPath::Resident) {
     cache.count_hits((uint64_t)n);  // T == 1: K distinct experts
-  } else if (cache.on_device()) {
+  } else if (path == ExpertPath::Device) {
     // Design (b): the device resolves hits and misses and fills the misses' slots itself.
     be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n));
   } else {
@@ -196,7 +196,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   }
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   be.scatter_add(b.yd, order, b.topk_w, K, n, D, b.proj);
-  if (!cache.all_resident() && !cache.on_device()) cache.release(l);
+  if (path == ExpertPath::Host) cache.release(l);
 }
 
 }  // namespace
@@ -209,8 +209,11 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const int64_t D = s.D, F = s.F, K = s.K;
   STRATA_CHECK(b.HC == 1 || var, Error, "internal error: the MoE block reads ", b.HC,
                " streams only through the architecture's MoeVariant");
-  if (be.phase() == Phase::Decode && T == 1 && (ctx.cache.all_resident() || ctx.cache.free_slots() >= K)) {
-    moe_gathered(ctx, b, l, T, ffn_norm, var);
+  // The step's plan (Model::decode) says whether this token's experts go gathered, and how they are found.
+  const ExpertPath path = ctx.step ? ctx.step->experts : ExpertPath::PerExpert;
+  if (path != ExpertPath::PerExpert) {
+    STRATA_CHECK(T == 1, Error, "internal error: a gathered MoE step of ", T, " tokens");
+    moe_gathered(ctx, b, l, T, ffn_norm, var, path);
     return;
   }
   const Routed r = routed_experts(be, b, s.E);

@@ -199,7 +199,7 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
     own_region_ = DeviceBuffer(*be_, pf.bytes_needed(chunk_, false), "the prompt scratch (lower --prefill)");
   // Op scratch for the largest chunk and context, now: no op allocates later (nor inside a graph).
   be_->reserve_scratch(cfg_.ctx, chunk_ * s.K, s.n_head, s.head_dim);
-  forward_ = arch.make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_});
+  forward_ = arch.make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_, &step_});
 
   log(LogLevel::Info, plan_.file->path(), ": ", s.arch, " L=", s.L, " D=", s.D, " E=", s.E, " K=", s.K,
       " F=", s.F, " V=", s.V, "; dense ", mib_str(s.dense_bytes), ", experts ", mib_str(s.expert_bytes),
@@ -233,11 +233,10 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
     STRATA_CHECK(ids[i] >= 0 && ids[i] < s.V, ConfigError, "token id ", ids[i], " out of range [0, ", s.V,
                  ")");
   if (n == 1) {
-    be_->set_phase(Phase::Decode);
     decode(ids[0], pos0, logits, all_logits);
     return;
   }
-  be_->set_phase(Phase::Prompt);
+  set_step(StepPlan{false, ExpertPath::PerExpert});
   cache_->to_host();
   for (int64_t i = 0; i < n; i += chunk_) {
     const int64_t T = std::min(chunk_, n - i);
@@ -266,15 +265,21 @@ const char* Model::decode_resolution() const {
 void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   const Prefill& pf = plan_.prefill;
   const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), 1, has_source());
+  // The step's one decision: how its tokens find their experts (moe_block reads it, the backend
+  // gets its phase from it).
   const bool on_device = resolve_on_device();
+  const ExpertPath path = cache_->all_resident()                 ? ExpertPath::Resident
+                          : on_device                            ? ExpertPath::Device
+                          : cache_->free_slots() >= plan_.spec.K ? ExpertPath::Host
+                                                                 : ExpertPath::PerExpert;
+  set_step(StepPlan{true, path});
   if (on_device)
     cache_->to_device();
   else
     cache_->to_host();
   // A graph reads nothing the host decides per step but the token and position it finds in step_io_:
-  // the decode MoE must find its experts on the device (moe_block): every expert resident, or
-  // resolved there.
-  const bool graphable = cache_->all_resident() || on_device;
+  // the decode MoE must find its experts on the device: every expert resident, or resolved there.
+  const bool graphable = path == ExpertPath::Resident || path == ExpertPath::Device;
   if (!graphable) {
     forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
     return;

@@ -155,6 +155,13 @@ class Model {
   DeviceBuffer step_pos_;  // the position the graph's ops add (Backend::set_position_source)
   bool graph_failed_ = false;
   LayerHook layer_hook_;
+  // The plan of the forward call running (the blocks read it through ForwardContext::step), and the
+  // backend's phase set from it: the one place either is decided.
+  StepPlan step_;
+  void set_step(const StepPlan& p) {
+    step_ = p;
+    be_->set_phase(p.decode ? Phase::Decode : Phase::Prompt);
+  }
   ChunkStats chunk_stats_;
   int64_t chunk_ = 0;
   const void* kv_owner_ = nullptr;
