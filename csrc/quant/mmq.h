@@ -202,6 +202,22 @@ STRATA_SIMD inline __m256i bcast4(const uint8_t* p) {
 STRATA_SIMD inline __m256i xload(const int8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
+// s16[r * NV + v] = the int16 sum over steps k in [k0, k1) of maddubs(row r's unsigned bytes 4k..4k+3,
+// token group v's activations of step k); the caller bounds the steps so that no lane overflows.
+template <int MR, int NV>
+STRATA_SIMD inline void step_sums(const uint8_t* const* a, const int8_t* const* xv, int k0, int k1,
+                                  __m256i* s16) {
+  for (int i = 0; i < MR * NV; ++i) s16[i] = _mm256_setzero_si256();
+  for (int k = k0; k < k1; ++k) {
+    __m256i x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m256i aw = bcast4(a[r] + 4 * k);
+      for (int v = 0; v < NV; ++v)
+        s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
+    }
+  }
+}
 STRATA_SIMD inline void store32(uint8_t* p, __m256i v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
 }

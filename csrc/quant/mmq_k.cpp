@@ -174,16 +174,7 @@ struct IlQ4_K {  // scr = nibbles 0..15; 8 steps of pairs stay below 2^15 in int
   STRATA_SIMD static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
                                const __m256i*, __m256i* isum) {
     __m256i s16[MR * NV];
-    for (int i = 0; i < MR * NV; ++i) s16[i] = _mm256_setzero_si256();
-    for (int k = 0; k < 8; ++k) {
-      __m256i x[NV];
-      for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
-      for (int r = 0; r < MR; ++r) {
-        const __m256i aw = bcast4(a[r] + 4 * k);
-        for (int v = 0; v < NV; ++v)
-          s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
-      }
-    }
+    step_sums<MR, NV>(a, xv, 0, 8, s16);
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v)
         isum[r * NV + v] = _mm256_madd_epi16(s16[r * NV + v], _mm256_set1_epi16(p[r].sc[j]));
@@ -278,16 +269,7 @@ struct IlQ2_K {
     for (int i = 0; i < MR * NV; ++i) isum[i] = _mm256_setzero_si256();
     for (int hf = 0; hf < 2; ++hf) {
       __m256i s16[MR * NV];
-      for (int i = 0; i < MR * NV; ++i) s16[i] = _mm256_setzero_si256();
-      for (int k = 4 * hf; k < 4 * hf + 4; ++k) {
-        __m256i x[NV];
-        for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
-        for (int r = 0; r < MR; ++r) {
-          const __m256i aw = bcast4(a[r] + 4 * k);
-          for (int v = 0; v < NV; ++v)
-            s16[r * NV + v] = _mm256_add_epi16(s16[r * NV + v], _mm256_maddubs_epi16(aw, x[v]));
-        }
-      }
+      step_sums<MR, NV>(a, xv, 4 * hf, 4 * hf + 4, s16);
       for (int r = 0; r < MR; ++r) {
         const __m256i sc = _mm256_set1_epi16(static_cast<int16_t>(q2_k_scale(*p[r].b, 2 * j + hf)));
         for (int v = 0; v < NV; ++v)

@@ -9,13 +9,10 @@
 #include "quant/quant.h"
 #include "quant/unit_decode.h"
 
-// Every format the CUDA backend reads (the integer kernels' subset: STRATA_CUDA_MATMUL_Q8_FORMATS in
-// matmul_kernels.cuh).
+// Every format the CUDA backend reads: the float formats and the quantized ones, which all have
+// integer kernels against q8_0 activations (STRATA_CUDA_MATMUL_Q8_FORMATS in matmul_kernels.cuh).
 // clang-format off
-#define STRATA_CUDA_FORMATS(X) \
-  X(F32) \
-  X(F16) \
-  X(BF16) \
+#define STRATA_CUDA_QUANT_FORMATS(X) \
   X(Q8_0) \
   X(Q4_K) \
   X(Q6_K) \
@@ -36,6 +33,11 @@
   X(IQ2_S) \
   X(IQ1_S) \
   X(IQ1_M)
+#define STRATA_CUDA_FORMATS(X) \
+  X(F32) \
+  X(F16) \
+  X(BF16) \
+  STRATA_CUDA_QUANT_FORMATS(X)
 // clang-format on
 
 namespace strata::cuda {

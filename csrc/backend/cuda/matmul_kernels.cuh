@@ -13,30 +13,8 @@
 #include "quant/quant.h"
 #include "quant/unit_decode.h"
 
-// The formats of the integer kernels against q8_0 activations (uses_matmul_q8).
-// clang-format off
-#define STRATA_CUDA_MATMUL_Q8_FORMATS(X) \
-  X(Q8_0) \
-  X(Q4_K) \
-  X(Q6_K) \
-  X(IQ2_XS) \
-  X(Q2_K) \
-  X(IQ2_XXS) \
-  X(Q5_K) \
-  X(Q3_K) \
-  X(IQ4_XS) \
-  X(MXFP4) \
-  X(Q5_0) \
-  X(Q4_0) \
-  X(Q4_1) \
-  X(Q5_1) \
-  X(IQ4_NL) \
-  X(IQ3_XXS) \
-  X(IQ3_S) \
-  X(IQ2_S) \
-  X(IQ1_S) \
-  X(IQ1_M)
-// clang-format on
+// The formats of the integer kernels against q8_0 activations (uses_matmul_q8): every quantized one.
+#define STRATA_CUDA_MATMUL_Q8_FORMATS(X) STRATA_CUDA_QUANT_FORMATS(X)
 
 namespace strata::cuda {
 
