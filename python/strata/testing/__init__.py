@@ -5,5 +5,4 @@ from strata.testing.gptoss import make_gpt_oss
 from strata.testing.models import PRESETS, QUANT_MIXES, make_preset, make_qwen3moe
 
 __all__ = ["DEEPSEEK4_PRESETS", "PRESETS", "QUANT_MIXES", "make_deepseek4", "make_deepseek4_preset", "make_gpt_oss",
-           "make_preset",
-           "make_qwen3moe"]
+           "make_preset", "make_qwen3moe"]
