@@ -88,7 +88,7 @@ def make_gpt_oss(
     w.add_file_type(_FILE_TYPES[types["experts"]])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre("gpt-4o")  # o200k's split over the small test vocabulary
     w.add_token_list(list(voc.tokens))
     w.add_token_types(list(voc.token_types))
     w.add_token_merges(list(voc.merges))
