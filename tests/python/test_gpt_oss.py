@@ -83,15 +83,19 @@ def test_logits_match_transformers(oss_model, mix):
     assert err <= TOLERANCE
 
 
-def test_default_configuration_and_greedy_tokens_match_transformers(oss_model):
-    """Every expert resident (the MMQ layout, float experts never quantized), one prompt chunk, then
-    greedy decoding (the gathered decode MoE) token for token against transformers' argmax."""
+@pytest.mark.parametrize("cache", ["all", "third"])
+def test_greedy_tokens_match_transformers(oss_model, cache):
+    """Every expert resident (the default: the MMQ layout, float experts never quantized) or streamed
+    through a third of them (the fused layout): one prompt chunk, then greedy decoding (the gathered
+    decode MoE) token for token against transformers' argmax."""
     path = oss_model("f32")
-    m = strata.Model(path, progress=False)
-    assert m.cache["all_resident"] and m.layout(m.chunk, source=False)["kind"] == "mmq"
+    streamed = {} if cache == "all" else {"expert_cache": _third_of_experts(path), "prefill": 8}
+    m = strata.Model(path, progress=False, **streamed)
+    assert m.cache["all_resident"] == (cache == "all")
+    assert m.layout(m.chunk, source=cache != "all")["kind"] == ("mmq" if cache == "all" else "fused")
     ids = m.tokenize(PROMPT)
     err = _rel_err(m.logits(ids), _hf_logits(path, tuple(ids)))
-    print(f"gpt-oss default f32: max relative logit error {err:.3e}")
+    print(f"gpt-oss f32, cache {cache}: max relative logit error {err:.3e}")
     assert err <= TOLERANCE
     prompt = m.tokenize("Once upon a time")
     out = m.generate(prompt, max_tokens=24, temperature=0.0, ignore_eos=True)
