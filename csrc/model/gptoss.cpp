@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numbers>
 #include <vector>
 
 #include "backend/gptoss_ops.h"
@@ -57,7 +58,7 @@ void rope_frequencies(GptOssSpec& d, int64_t hd, double base) {
   double low = 0, high = 0;
   if (factor > 1) {
     const auto corr = [&](double rot) {
-      return hd * std::log((double)d.yarn_orig_ctx / (rot * 2 * M_PI)) / (2 * std::log(base));
+      return hd * std::log((double)d.yarn_orig_ctx / (rot * 2 * std::numbers::pi)) / (2 * std::log(base));
     };
     low = std::max(corr(d.beta_fast), 0.0);
     high = std::min(corr(d.beta_slow), (double)(hd - 1));

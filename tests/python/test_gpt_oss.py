@@ -141,28 +141,28 @@ def test_each_hyperparameter_from_metadata_moves_the_logits(oss_model, key):
     assert err <= TOLERANCE
 
 
-def _slot_bytes(path: str, prefill: int) -> tuple[int, int]:
-    plan = strata.ModelInfo(path).layout(prefill, True)
+def _slot_bytes(path: str, prefill: int, unfused: bool) -> tuple[int, int]:
+    plan = strata.ModelInfo(path, gr_unfused=unfused).layout(prefill, True)
     assert plan["kind"] == "fused"
     return plan["slots"], plan["slot_bytes"]
 
 
 @pytest.mark.parametrize("mix", ["q8_0", "mxfp4"])
 def test_logits_do_not_depend_on_cache_or_chunk_size(oss_model, mix):
-    """Streamed (fused layout): byte-identical logits across cache sizes from thrashing to all and
-    chunk sizes that cut the prompt unevenly, both sources; the one-token decode scratch equals the
-    first row of a prompt; with every expert resident (MMQ) identical across chunk sizes."""
+    """Streamed (fused layout): byte-identical logits across cache sizes from thrashing to all, chunk
+    sizes that cut the prompt unevenly, both sources and both GR modes; the one-token decode scratch
+    equals the first row of a prompt; with every expert resident (MMQ) identical across chunk sizes."""
     path = oss_model(mix)
     rng = np.random.default_rng(99)
     prompt = [int(x) for x in rng.integers(1, 500, size=37)]
     spec = strata.ModelInfo(path).spec
     n = spec["layers"] * spec["experts"]
     ref = None
-    for prefill, source in ((5, "host"), (13, "mmap"), (37, "host")):
-        region, slot = _slot_bytes(path, prefill)
+    for prefill, source, unfused in ((5, "host", False), (13, "mmap", True), (37, "host", False)):
+        region, slot = _slot_bytes(path, prefill, unfused)
         for slots in (region + 1, region + spec["top_k"] + 2, region + n):
             m = strata.Model(path, ctx=64, expert_cache=f"{slots * slot}b", prefill=prefill, source=source,
-                             progress=False)
+                             gr_unfused=unfused, progress=False)
             assert not m.cache["all_resident"]
             out = m.logits(prompt)
             if ref is None:
