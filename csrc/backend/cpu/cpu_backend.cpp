@@ -380,8 +380,8 @@ class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps {
                        float* out) override {
     STRATA_CHECK(t == KvType::F32, UnsupportedError,
                  "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
-    cpu_attention_sinks(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd,
-                        scale, sinks, window, out, pool_);
+    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale,
+                  out, pool_, sinks, window);
   }
   void swiglu_oai(float* g, const float* u, const int32_t* ids, const int32_t* rows, int64_t n, int64_t F,
                   const float* gate_b, const float* up_b, float alpha, float limit) override {

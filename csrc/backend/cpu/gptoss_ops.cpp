@@ -1,5 +1,6 @@
 // gpt-oss's ops on the CPU (backend/gptoss_ops.h): plain loops, each output element computed the same
-// way whatever T is, so the logits do not depend on the prompt chunking.
+// way whatever T is, so the logits do not depend on the prompt chunking. Its attention is the shared
+// CPU attention's (attention.cpp) with sinks and a window.
 #include "backend/cpu/gptoss_ops.h"
 
 #include <algorithm>
@@ -33,41 +34,6 @@ void cpu_rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const float
           v[i + half] = x1 * c + x0 * s;
         }
       }
-    }
-  });
-}
-
-void cpu_attention_sinks(const float* q, const float* kc, const float* vc, int64_t T, int64_t pos0, int64_t H,
-                         int64_t KV, int64_t hd, float scale, const float* sinks, int64_t window, float* out,
-                         ThreadPool& pool) {
-  const int64_t group = H / KV;
-  pool.parallel_for(T * H, 1, [&](int64_t b, int64_t e, int) {
-    std::vector<float> s;
-    std::vector<double> acc(hd);
-    for (int64_t th = b; th < e; ++th) {
-      const int64_t t = th / H, h = th % H, kvh = h / group;
-      const int64_t p = pos0 + t, j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      const float* qh = q + th * hd;
-      s.resize(p + 1 - j0);
-      float m = sinks[h];
-      for (int64_t j = j0; j <= p; ++j) {
-        const float* kr = kc + (j * KV + kvh) * hd;
-        float d = 0.f;
-        for (int64_t i = 0; i < hd; ++i) d = std::fma(qh[i], kr[i], d);
-        s[j - j0] = d * scale;
-        m = std::max(m, s[j - j0]);
-      }
-      // The sink joins the denominator only.
-      double l = std::exp((double)sinks[h] - m);
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = j0; j <= p; ++j) {
-        const double w = std::exp((double)s[j - j0] - m);
-        l += w;
-        const float* vr = vc + (j * KV + kvh) * hd;
-        for (int64_t i = 0; i < hd; ++i) acc[i] += w * vr[i];
-      }
-      float* o = out + th * hd;
-      for (int64_t i = 0; i < hd; ++i) o[i] = (float)(acc[i] / l);
     }
   });
 }
