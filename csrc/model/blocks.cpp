@@ -124,12 +124,14 @@ void expert_input_q8(Backend& be, const PrefillBuffers& b, const float* ffn_norm
     be.quantize_q8_0(b.xn ? b.xn : b.R, b.xn ? nullptr : b.grs, ffn_norm, D, rows, K, n, out, rb);
 }
 
-// The activation of the experts' gate (in place) and up: SwiGLU, or the architecture's.
-void expert_swiglu(Backend& be, float* g, const float* u, int64_t n, const MoeVariant* var) {
+// The activation of the experts' gate (in place) and up over n rows of F (their (token, k) ids
+// `rows`): SwiGLU, or the architecture's.
+void expert_swiglu(Backend& be, const PrefillBuffers& b, const int32_t* rows, int64_t n, int64_t F, float* g,
+                   const float* u, const MoeVariant* var) {
   if (var)
-    var->activate(be, g, u, n);
+    var->activate_rows(be, b, rows, n, F, g, u);
   else
-    be.swiglu(g, u, n);
+    be.swiglu(g, u, n * F);
 }
 
 // A decode step's experts all at once: each matrix is one matmul_experts over the token's K rows,
@@ -166,7 +168,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     expert_input(be, b, ffn_norm, D, K, order, n, b.xg, var);
     be.matmul_experts(xl.gate.type, tab, 0, F, D, ids, order, n, b.xg, D, b.hg, F);
     be.matmul_experts(xl.up.type, tab, 1, F, D, ids, order, n, b.xg, D, b.hu, F);
-    expert_swiglu(be, b.hg, b.hu, n * F, var);
+    expert_swiglu(be, b, order, n, F, b.hg, b.hu, var);
     be.matmul_experts(xl.down.type, tab, 2, D, F, ids, order, n, b.hg, F, b.yd, D);
   } else {
     const size_t xrb = b.xq_row_bytes;
@@ -189,7 +191,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     if (uses_matmul_q8(xl.down.type) && !var) {
       be.swiglu_q8_0(b.hg, b.hu, n, F, b.xq, xrb);
     } else {
-      expert_swiglu(be, b.hg, b.hu, n * F, var);
+      expert_swiglu(be, b, order, n, F, b.hg, b.hu, var);
       if (uses_matmul_q8(xl.down.type)) be.quantize_q8_0(b.hg, nullptr, nullptr, F, nullptr, 1, n, b.xq, xrb);
     }
     mm(xl.down.type, 2, D, F, b.hg, b.yd);
@@ -227,7 +229,7 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
           expert_input(be, b, ffn_norm, D, K, rows, n, b.xg, var);
           be.matmul(xl.gate.type, v.gate, F, D, b.xg, D, n, b.hg, F);
           be.matmul(xl.up.type, v.up, F, D, b.xg, D, n, b.hu, F);
-          expert_swiglu(be, b.hg, b.hu, n * F, var);
+          expert_swiglu(be, b, rows, n, F, b.hg, b.hu, var);
           be.matmul(xl.down.type, v.down, D, F, b.hg, F, n, b.yd, D);
           be.scatter_add(b.yd, rows, b.topk_w, K, n, D, b.proj);
         },
@@ -264,7 +266,7 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
       [&](int64_t r0, int64_t r1) {
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
         // (gate/up have read them), then down, expert by expert.
-        expert_swiglu(be, b.hg + r0 * F, b.hu + r0 * F, (r1 - r0) * F, var);
+        expert_swiglu(be, b, b.expert_rows + r0, r1 - r0, F, b.hg + r0 * F, b.hu + r0 * F, var);
         if (q8_down)
           be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, at(b.xq, r0 * xrb), xrb);
         for (int32_t e : r.ids) {

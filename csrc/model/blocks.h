@@ -68,6 +68,13 @@ class MoeVariant {
                         const int32_t* rows, int64_t n, uint8_t* out, size_t rb) const = 0;
   // g[i] = act(g[i], u[i]) for i < n.
   virtual void activate(Backend& be, float* g, const float* u, int64_t n) const = 0;
+  // The activation of n rows of F whose (token, k) ids are rows[0..n) (row i's expert is
+  // b.topk_ids[rows[i]]): for an activation that depends on the expert (gpt-oss's biases). Default:
+  // activate over the n * F values.
+  virtual void activate_rows(Backend& be, const PrefillBuffers& /*b*/, const int32_t* /*rows*/, int64_t n,
+                             int64_t F, float* g, const float* u) const {
+    activate(be, g, u, n * F);
+  }
 };
 
 // The routed experts of layer `l` over the rows the router grouped, through the expert cache; the

@@ -6,9 +6,10 @@ namespace strata {
 
 extern const Architecture kQwen3Moe;
 extern const Architecture kDeepseek4;
+extern const Architecture kGptOss;
 
 namespace {
-const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4};
+const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4, &kGptOss};
 }  // namespace
 
 const Architecture& find_architecture(const std::string& name, const std::string& path) {

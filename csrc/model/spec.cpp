@@ -46,7 +46,8 @@ ModelSpec read_spec(const gguf::File& f) {
       s.params_active += w->t->nelements() / s.E * s.K;
     }
   for (const auto& t : f.tensors()) {
-    if (t.name.find("_exps.") != std::string::npos) continue;
+    // The routed experts' matrices were counted above; their biases (gpt-oss) stay resident, as dense.
+    if (t.name.find("_exps.weight") != std::string::npos) continue;
     s.dense_bytes += t.nbytes;
     s.params_total += t.nelements();
     // The embedding is a lookup: one row per token is read, not counted as active compute.

@@ -469,7 +469,7 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
     mix: Counter[tuple[str, str]] = Counter()
     mix_bytes: Counter[tuple[str, str]] = Counter()
     for t in m.tensors:
-        role = "experts" if "_exps." in t["name"] else "dense"
+        role = "experts" if "_exps.weight" in t["name"] else "dense"  # gpt-oss's expert biases are resident
         mix[(role, t["type_name"])] += 1
         mix_bytes[(role, t["type_name"])] += t["nbytes"]
     out: dict[str, Any] = dict(s)

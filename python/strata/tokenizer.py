@@ -39,6 +39,14 @@ _DEEPSEEK_V3 = (
         r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     ),
 )
+# o200k (gpt-oss), as llama.cpp splits it: its lookahead rewrite of tokenizer.json's case-splitting regex
+# (runs of letters other than a-z, then of letters other than A-Z), which it runs for "gpt-4o".
+_O200K_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _O200K_CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _O200K_CONTRACTIONS
+    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 
 PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
@@ -52,6 +60,7 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "deepseek-r1-qwen": (_QWEN2,),
     "qwen35": (_QWEN35,),
     "deepseek-v3": _DEEPSEEK_V3,
+    "gpt-4o": (_GPT4O,),
 }
 # llama.cpp turns on ignore_merges and a default BOS for the llama3 family only.
 _LLAMA3_FAMILY = frozenset({"llama3", "llama-v3", "llama-bpe"})
@@ -64,6 +73,8 @@ _STOP_TEXTS = (
     "<|eom_id|>",
     "<|end_of_text|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
     "<end_of_turn>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>",
 )
@@ -225,6 +236,10 @@ class Tokenizer:
 
         by_text = {t: i for i, t in enumerate(tokens) if t in _STOP_TEXTS}
         stop.update(by_text.values())
+        # o200k_harmony (gpt-oss): <|end|> closes a message inside a turn, which <|return|> or <|call|>
+        # ends; llama.cpp drops <|end|> from its end-of-generation list when all three are present.
+        if {"<|return|>", "<|call|>", "<|end|>"} <= by_text.keys():
+            stop.discard(by_text["<|end|>"])
         return cls(
             backend,
             tokens,

@@ -14,13 +14,19 @@ KEYS = [
     "qwen3moe.expert_feed_forward_length", "qwen3moe.attention.head_count", "qwen3moe.attention.head_count_kv",
     "qwen3moe.attention.key_length", "qwen3moe.attention.value_length", "qwen3moe.rope.freq_base",
     "qwen3moe.attention.layer_norm_rms_epsilon", "qwen3moe.expert_count", "qwen3moe.expert_used_count",
+    "gpt-oss.block_count", "gpt-oss.context_length", "gpt-oss.embedding_length", "gpt-oss.expert_feed_forward_length",
+    "gpt-oss.attention.head_count", "gpt-oss.attention.head_count_kv", "gpt-oss.attention.key_length",
+    "gpt-oss.attention.value_length", "gpt-oss.attention.sliding_window", "gpt-oss.rope.freq_base",
+    "gpt-oss.rope.scaling.type", "gpt-oss.rope.scaling.factor", "gpt-oss.rope.scaling.original_context_length",
+    "gpt-oss.rope.scaling.yarn_beta_fast", "gpt-oss.rope.scaling.yarn_beta_slow",
+    "gpt-oss.attention.layer_norm_rms_epsilon", "gpt-oss.expert_count", "gpt-oss.expert_used_count",
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
     "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
     "tokenizer.ggml.padding_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.add_bos_token",
     "tokenizer.ggml.add_eos_token", "tokenizer.chat_template",
 ]
 STRINGS = [
-    b"qwen3moe", b"llama", b"gpt2", b"qwen2", b"llama-bpe", b"default", b"", b"\xff\xfe", b"a\xc3",
+    b"qwen3moe", b"llama", b"gpt-oss", b"yarn", b"gpt2", b"qwen2", b"llama-bpe", b"default", b"", b"\xff\xfe", b"a\xc3",
     b"\xed\xa0\x80", b"\xc0\xaf", b"x\n\x1b[2J", b"<|im_end|>", b"a b", b" ", b"\xc4\xa0 \xc4\xa0",
     b"{{ raise_exception('x') }}", b"{% for m in messages %}{{ m['content'] }}{% endfor %}", b"{{",
 ]

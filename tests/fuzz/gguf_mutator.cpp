@@ -189,6 +189,24 @@ const char* const kKeys[] = {
     "qwen3moe.attention.layer_norm_rms_epsilon",
     "qwen3moe.expert_count",
     "qwen3moe.expert_used_count",
+    "gpt-oss.block_count",
+    "gpt-oss.context_length",
+    "gpt-oss.embedding_length",
+    "gpt-oss.expert_feed_forward_length",
+    "gpt-oss.attention.head_count",
+    "gpt-oss.attention.head_count_kv",
+    "gpt-oss.attention.key_length",
+    "gpt-oss.attention.value_length",
+    "gpt-oss.attention.sliding_window",
+    "gpt-oss.rope.freq_base",
+    "gpt-oss.rope.scaling.type",
+    "gpt-oss.rope.scaling.factor",
+    "gpt-oss.rope.scaling.original_context_length",
+    "gpt-oss.rope.scaling.yarn_beta_fast",
+    "gpt-oss.rope.scaling.yarn_beta_slow",
+    "gpt-oss.attention.layer_norm_rms_epsilon",
+    "gpt-oss.expert_count",
+    "gpt-oss.expert_used_count",
     "tokenizer.ggml.model",
     "tokenizer.ggml.pre",
     "tokenizer.ggml.tokens",
@@ -203,9 +221,9 @@ const char* const kKeys[] = {
     "tokenizer.chat_template",
 };
 const char* const kStrings[] = {
-    "qwen3moe",          "llama", "deepseek4",    "gpt2",     "qwen2",      "llama-bpe",  "default", "",
-    "\xff\xfe",          "a\xc3", "\xed\xa0\x80", "\xc0\xaf", "x\n\x1b[2J", "<|im_end|>", "a b",     " ",
-    "\xc4\xa0 \xc4\xa0",
+    "qwen3moe",          "llama",   "deepseek4",    "gpt2",     "qwen2",      "llama-bpe",  "default", "",
+    "\xff\xfe",          "a\xc3",   "\xed\xa0\x80", "\xc0\xaf", "x\n\x1b[2J", "<|im_end|>", "a b",     " ",
+    "\xc4\xa0 \xc4\xa0", "gpt-oss", "yarn",
 };
 
 class Mutator {

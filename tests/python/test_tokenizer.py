@@ -258,7 +258,7 @@ def splits_cases() -> list[tuple[str, str, list[str]]]:
     return [(pre, text, want) for pre, cases in data["splits"].items() for text, want in cases]
 
 
-@pytest.mark.parametrize("pre", ["default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-v3"])
+@pytest.mark.parametrize("pre", ["default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-v3", "gpt-4o"])
 def test_pre_tokenizer_splits_like_llama_cpp(vocab, pre: str) -> None:
     """Every supported tokenizer.ggml.pre splits text into the pieces llama.cpp's unicode_regex_split
     gives (data/llamacpp/splits.json, computed by llama.cpp itself, not from strata's regex lists)."""
@@ -478,3 +478,19 @@ def test_strftime_and_generation_block() -> None:
     )
     year, body = out.split("|")
     assert year.isdigit() and len(year) == 4 and body == "ok"
+
+
+@pytest.mark.parametrize("specials,stops", [
+    (["<|return|>", "<|call|>", "<|end|>"], ["<|return|>", "<|call|>"]),  # o200k_harmony: <|end|> ends a message
+    (["<|return|>", "<|end|>"], ["<|return|>", "<|end|>"]),  # without <|call|> it is no harmony vocabulary
+])
+def test_harmony_stop_tokens_as_llama_cpp(vocab, specials: list[str], stops: list[str]) -> None:
+    """gpt-oss's turn ends: <|return|> and <|call|> stop generation; <|end|> does too, except in a
+    vocabulary that has all three (llama.cpp's o200k_harmony rule)."""
+    tokens, merges = vocab
+    toks = list(tokens) + specials
+    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-4o", "tokenizer.ggml.tokens": toks,
+          "tokenizer.ggml.token_type": [1] * len(tokens) + [3] * len(specials), "tokenizer.ggml.merges": merges}
+    tok = StrataTokenizer.from_metadata(md)
+    base = {toks.index(t) for t in ("<|im_end|>", "<|endoftext|>") if t in toks}
+    assert tok.stop_ids == base | {toks.index(t) for t in stops}

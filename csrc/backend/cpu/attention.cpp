@@ -82,7 +82,8 @@ Kernels pick() {
 }  // namespace
 
 void cpu_attention(const float* q, const float* kc, const float* vc, int64_t T, int64_t pos0, int64_t H,
-                   int64_t KV, int64_t hd, float scale, float* out, ThreadPool& pool) {
+                   int64_t KV, int64_t hd, float scale, float* out, ThreadPool& pool, const float* sinks,
+                   int64_t window) {
   static const Kernels k = pick();
   const int64_t group = H / KV;
   pool.parallel_for(T * KV, 1, [&](int64_t b, int64_t e, int) {
@@ -90,12 +91,20 @@ void cpu_attention(const float* q, const float* kc, const float* vc, int64_t T, 
     for (int64_t tk = b; tk < e; ++tk) {
       const int64_t t = tk / KV, kvh = tk % KV;
       const int64_t n_keys = pos0 + t + 1;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, n_keys - window) : 0;
       const float* qg = q + (t * H + kvh * group) * hd;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t j0 = 0; j0 < n_keys; j0 += kBlock) {
-        const int64_t nb = std::min(kBlock, n_keys - j0);
+      // A sink is a key of logit sinks[h] and no value: the softmax starts from it.
+      if (sinks)
+        for (int64_t g = 0; g < group; ++g) {
+          m[g] = sinks[kvh * group + g];
+          l[g] = 1.f;
+        }
+      for (int64_t blk = first / kBlock * kBlock; blk < n_keys; blk += kBlock) {
+        const int64_t j0 = std::max(blk, first);
+        const int64_t nb = std::min(blk + kBlock, n_keys) - j0;
         for (int64_t j = 0; j < nb; ++j) {
           const float* kr = kc + ((j0 + j) * KV + kvh) * hd;
           for (int64_t g = 0; g < group; ++g) s[g * kBlock + j] = k.dot(qg + g * hd, kr, hd) * scale;

@@ -12,7 +12,9 @@
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ds4_ops.h"
+#include "backend/cpu/gptoss_ops.h"
 #include "backend/ds4_ops.h"
+#include "backend/gptoss_ops.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
@@ -40,7 +42,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   if (n) std::memcpy(dst, src, n);
 }
 
-class CpuBackend final : public Backend, public Ds4Ops {
+class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
@@ -363,6 +365,31 @@ class CpuBackend final : public Backend, public Ds4Ops {
   }
   void swiglu_clamp(float* g, const float* u, int64_t n, float limit) override {
     cpu_swiglu_clamp(g, u, n, limit, pool_);
+  }
+
+  // GptOssOps (backend/gptoss_ops.h), implemented in gptoss_ops.cpp.
+  void add_bias(float* y, const float* bias, int64_t T, int64_t n) override {
+    cpu_add_bias(y, bias, T, n, pool_);
+  }
+  void rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, float mscale,
+                 int64_t pos0) override {
+    cpu_rope_neox(x, T, n_heads, hd, inv_freq, mscale, pos0, pool_);
+  }
+  void attention_sinks(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
+                       int64_t H, int64_t KV, int64_t hd, float scale, const float* sinks, int64_t window,
+                       float* out) override {
+    STRATA_CHECK(t == KvType::F32, UnsupportedError,
+                 "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale,
+                  out, pool_, sinks, window);
+  }
+  void swiglu_oai(float* g, const float* u, const int32_t* ids, const int32_t* rows, int64_t n, int64_t F,
+                  const float* gate_b, const float* up_b, float alpha, float limit) override {
+    cpu_swiglu_oai(g, u, ids, rows, n, F, gate_b, up_b, alpha, limit, pool_);
+  }
+  void expert_bias(float* y, const int32_t* ids, const float* w, const float* bias, int64_t T, int64_t K,
+                   int64_t D) override {
+    cpu_expert_bias(y, ids, w, bias, T, K, D, pool_);
   }
 
  private:

@@ -1,0 +1,353 @@
+// gpt-oss (GGUF arch "gpt-oss"): hyperparameters and tensors from llama.cpp's key and tensor names,
+// and its forward pass: pre-norm GQA with q/k/v/o biases, NEOX RoPE with YaRN, attention with a
+// per-head sink on alternating sliding-window (even layers) and full layers; a biased router, softmax
+// over the top-K logits, experts with gate/up/down biases and the clamped SwiGLU (`(up + 1) * glu`).
+// Its own ops are GptOssOps (backend/gptoss_ops.h), which only the CPU backend implements.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numbers>
+#include <vector>
+
+#include "backend/gptoss_ops.h"
+#include "core/error.h"
+#include "core/utf8.h"
+#include "model/arch.h"
+#include "model/blocks.h"
+#include "model/kv_cache.h"
+#include "model/spec.h"
+#include "model/weights.h"
+
+namespace strata {
+
+namespace {
+
+// gpt-oss's tensors beyond LayerSpec: the biases, the sinks.
+struct GptOssLayer {
+  WeightRef q_b, k_b, v_b, o_b, sinks, router_b, gate_b, up_b, down_b;
+};
+
+struct GptOssSpec final : ArchSpec {
+  int64_t window = 0;  // the sliding layers' window (keys at p - window + 1 .. p)
+  // The rotation: inverse frequencies of the head_dim / 2 pairs (YaRN folded in), cos/sin scale.
+  std::vector<float> inv_freq;
+  float mscale = 1.f;
+  // YaRN as read (factor 0: none), for `strata info`.
+  float yarn_factor = 0.f, beta_fast = 32.f, beta_slow = 1.f;
+  int64_t yarn_orig_ctx = 0;
+  // The experts' clamped SwiGLU: llama.cpp's and transformers' constants (no metadata key).
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
+  std::vector<GptOssLayer> layers;
+};
+
+const GptOssSpec& oss_spec(const ModelSpec& s) {
+  const auto* d = dynamic_cast<const GptOssSpec*>(s.arch_spec.get());
+  STRATA_CHECK(d, Error, "internal error: the spec of '", s.arch, "' is not a gpt-oss spec");
+  return *d;
+}
+
+// Even layers slide (transformers' layer_types, llama.cpp's swa pattern 2), odd ones see everything.
+bool sliding(int64_t l) { return l % 2 == 0; }
+
+// transformers' rotary frequencies for gpt-oss: the default RoPE, or YaRN with its published
+// `truncate: false` (the correction range is not rounded to whole dims).
+void rope_frequencies(GptOssSpec& d, int64_t hd, double base) {
+  const int64_t half = hd / 2;
+  d.inv_freq.resize(half);
+  const double factor = d.yarn_factor;
+  double low = 0, high = 0;
+  if (factor > 1) {
+    const auto corr = [&](double rot) {
+      return hd * std::log((double)d.yarn_orig_ctx / (rot * 2 * std::numbers::pi)) / (2 * std::log(base));
+    };
+    low = std::max(corr(d.beta_fast), 0.0);
+    high = std::min(corr(d.beta_slow), (double)(hd - 1));
+    if (low == high) high += 0.001;
+    d.mscale = (float)(0.1 * std::log(factor) + 1.0);
+  }
+  for (int64_t i = 0; i < half; ++i) {
+    const float pos_freq = std::pow((float)base, (float)(2 * i) / (float)hd);
+    const float extra = 1.0f / pos_freq;
+    if (factor <= 1) {
+      d.inv_freq[i] = extra;
+      continue;
+    }
+    const float inter = 1.0f / ((float)factor * pos_freq);
+    const float ramp = std::clamp((float)(((double)i - low) / (high - low)), 0.f, 1.f);
+    const float ext = 1.0f - ramp;
+    d.inv_freq[i] = inter * (1.0f - ext) + extra * ext;
+  }
+}
+
+AttentionShape attention_shape(const ModelSpec& s) {
+  return AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
+                        RopeParams{s.head_dim, s.rope_base, true}};
+}
+
+AttentionScratch declare_scratch(const ModelSpec& s, ScratchList& list) {
+  return declare_attention(list, attention_shape(s));
+}
+
+}  // namespace
+
+ModelSpec read_gptoss(const gguf::File& f) {
+  ModelSpec s;
+  const std::string a = "gpt-oss.";
+  s.arch = "gpt-oss";
+  s.name = printable(f.get_string("general.name", ""));
+  s.L = read_count(f, a + "block_count", 1, limits::kLayers);
+  s.D = read_count(f, a + "embedding_length", 1, limits::kHidden);
+  s.n_head = read_count(f, a + "attention.head_count", 1, limits::kHeads);
+  s.n_kv_head = read_count(f, a + "attention.head_count_kv", 1, s.n_head, s.n_head);
+  STRATA_CHECK(s.n_head % s.n_kv_head == 0, FormatError, f.path(), ": ", a, "attention.head_count ", s.n_head,
+               " is not a multiple of ", a, "attention.head_count_kv ", s.n_kv_head);
+  s.head_dim = read_count(f, a + "attention.key_length", 2, limits::kHeadDim, s.D / s.n_head);
+  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.head_dim % 2 == 0, FormatError,
+               f.path(), ": ", a,
+               "attention.key_length (or embedding_length / head_count when it is absent) = ", s.head_dim,
+               " must be even and in [2, ", limits::kHeadDim, "] (RoPE rotates pairs)");
+  const int64_t vlen = read_count(f, a + "attention.value_length", 1, limits::kHeadDim, s.head_dim);
+  STRATA_CHECK(vlen == s.head_dim, UnsupportedError, f.path(), ": ", a, "attention.value_length ", vlen,
+               " != key_length ", s.head_dim, " is not supported");
+  s.E = read_count(f, a + "expert_count", 1, limits::kExperts);
+  s.K = read_count(f, a + "expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));
+  s.F = read_count(f, a + "expert_feed_forward_length", 1, limits::kFfn);
+  s.ctx_train = read_count(f, a + "context_length", 1, limits::kContext, 131072);
+  s.rms_eps = (float)read_real(f, a + "attention.layer_norm_rms_epsilon", 1e-30, 1.0, 1e-5);
+  s.rope_base = (float)read_real(f, a + "rope.freq_base", 1.0, 1e30, 150000);
+  s.norm_topk = true;  // softmax over the top-K logits
+
+  auto d = std::make_shared<GptOssSpec>();
+  d->window = read_count(f, a + "attention.sliding_window", 1, limits::kContext, 128);
+  const std::string scaling = printable(f.get_string(a + "rope.scaling.type", "none"));
+  STRATA_CHECK(scaling == "none" || scaling == "yarn", UnsupportedError, f.path(), ": ", a,
+               "rope.scaling.type '", scaling, "' is not supported (gpt-oss uses 'yarn' or none)");
+  if (scaling == "yarn") {
+    d->yarn_factor = (float)read_real(f, a + "rope.scaling.factor", 1.0, 1e6, 32.0);
+    d->yarn_orig_ctx = read_count(f, a + "rope.scaling.original_context_length", 1, limits::kContext, 4096);
+    d->beta_fast = (float)read_real(f, a + "rope.scaling.yarn_beta_fast", 1e-3, 1e6, 32.0);
+    d->beta_slow = (float)read_real(f, a + "rope.scaling.yarn_beta_slow", 1e-3, 1e6, 1.0);
+    STRATA_CHECK(d->beta_fast > d->beta_slow, FormatError, f.path(), ": ", a, "rope.scaling.yarn_beta_fast ",
+                 d->beta_fast, " must exceed yarn_beta_slow ", d->beta_slow);
+  }
+  rope_frequencies(*d, s.head_dim, s.rope_base);
+
+  const TensorReader r(f, s.arch);
+  r.common(s, false);
+  const int64_t Hd = checked_mul(f, s.n_head, s.head_dim, "head_count * key_length");
+  const int64_t KVd = checked_mul(f, s.n_kv_head, s.head_dim, "head_count_kv * key_length");
+  for (int64_t l = 0; l < s.L; ++l) {
+    LayerSpec ls;
+    r.layer<LayerSpec>(l, ls,
+                       {
+                           {"attn_norm.weight", &LayerSpec::attn_norm, {s.D}},
+                           {"attn_q.weight", &LayerSpec::q, {s.D, Hd}},
+                           {"attn_k.weight", &LayerSpec::k, {s.D, KVd}},
+                           {"attn_v.weight", &LayerSpec::v, {s.D, KVd}},
+                           {"attn_output.weight", &LayerSpec::o, {Hd, s.D}},
+                           {"post_attention_norm.weight", &LayerSpec::ffn_norm, {s.D}},
+                           {"ffn_gate_inp.weight", &LayerSpec::router, {s.D, s.E}},
+                           {"ffn_gate_exps.weight", &LayerSpec::gate_exps, {s.D, s.F, s.E}},
+                           {"ffn_up_exps.weight", &LayerSpec::up_exps, {s.D, s.F, s.E}},
+                           {"ffn_down_exps.weight", &LayerSpec::down_exps, {s.F, s.D, s.E}},
+                       });
+    GptOssLayer gl;
+    r.layer<GptOssLayer>(l, gl,
+                         {
+                             {"attn_q.bias", &GptOssLayer::q_b, {Hd}},
+                             {"attn_k.bias", &GptOssLayer::k_b, {KVd}},
+                             {"attn_v.bias", &GptOssLayer::v_b, {KVd}},
+                             {"attn_output.bias", &GptOssLayer::o_b, {s.D}},
+                             {"attn_sinks.weight", &GptOssLayer::sinks, {s.n_head}},
+                             {"ffn_gate_inp.bias", &GptOssLayer::router_b, {s.E}},
+                             {"ffn_gate_exps.bias", &GptOssLayer::gate_b, {s.F, s.E}},
+                             {"ffn_up_exps.bias", &GptOssLayer::up_b, {s.F, s.E}},
+                             {"ffn_down_exps.bias", &GptOssLayer::down_b, {s.D, s.E}},
+                         });
+    s.layers.push_back(ls);
+    d->layers.push_back(gl);
+  }
+  s.details.push_back(
+      {"attention", str("sinks; sliding window ", d->window, " on even layers, full on odd")});
+  s.details.push_back({"rope", d->yarn_factor > 1
+                                   ? str("YaRN factor ", d->yarn_factor, ", original context ",
+                                         d->yarn_orig_ctx, ", beta ", d->beta_fast, "/", d->beta_slow)
+                                   : std::string("no scaling")});
+  s.arch_spec = d;
+  ScratchList scratch;
+  declare_scratch(s, scratch);
+  s.scratch = scratch.specs();
+  return s;
+}
+
+namespace {
+
+// The experts' input is the plain GR read; their activation adds each row's expert's gate/up biases
+// and clamps (GptOssOps::swiglu_oai).
+class OssMoe final : public MoeVariant {
+ public:
+  OssMoe(GptOssOps& ops, const float* gate_b, const float* up_b, float alpha, float limit)
+      : ops_(ops), gate_b_(gate_b), up_b_(up_b), alpha_(alpha), limit_(limit) {}
+  void input(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+             const int32_t* rows, int64_t n, float* out) const override {
+    be.apply_norm(b.R, b.grs, ffn_norm, D, rows, K, n, out);
+  }
+  void input_q8(Backend& be, const PrefillBuffers& b, const float* ffn_norm, int64_t D, int64_t K,
+                const int32_t* rows, int64_t n, uint8_t* out, size_t rb) const override {
+    be.quantize_q8_0(b.R, b.grs, ffn_norm, D, rows, K, n, out, rb);
+  }
+  void activate(Backend&, float*, const float*, int64_t) const override {
+    throw Error("internal error: gpt-oss's expert activation needs the rows' experts (activate_rows)");
+  }
+  void activate_rows(Backend&, const PrefillBuffers& b, const int32_t* rows, int64_t n, int64_t F, float* g,
+                     const float* u) const override {
+    ops_.swiglu_oai(g, u, b.topk_ids, rows, n, F, gate_b_, up_b_, alpha_, limit_);
+  }
+
+ private:
+  GptOssOps& ops_;
+  const float *gate_b_, *up_b_;
+  float alpha_, limit_;
+};
+
+class GptOssForward final : public ForwardPass {
+ public:
+  GptOssForward(const ForwardContext& ctx, GptOssOps& ops) : ctx_(ctx), ops_(ops), w_(ctx.be) {
+    const ModelSpec& s = ctx.spec;
+    const GptOssSpec& d = oss_spec(s);
+    for (int64_t l = 0; l < s.L; ++l) {
+      Layer ly;
+      w_.layer<LayerSpec, Layer>(s.layers[l], ly,
+                                 {
+                                     {&LayerSpec::q, &Layer::q, "attn_q"},
+                                     {&LayerSpec::k, &Layer::k, "attn_k"},
+                                     {&LayerSpec::v, &Layer::v, "attn_v"},
+                                     {&LayerSpec::o, &Layer::o, "attn_output"},
+                                     {&LayerSpec::attn_norm, &Layer::attn_norm, "attn_norm"},
+                                     {&LayerSpec::ffn_norm, &Layer::ffn_norm, "post_attention_norm"},
+                                     {&LayerSpec::router, &Layer::router, "ffn_gate_inp"},
+                                 });
+      w_.layer<GptOssLayer, Layer>(d.layers[l], ly,
+                                   {
+                                       {&GptOssLayer::q_b, &Layer::q_b, "attn_q.bias"},
+                                       {&GptOssLayer::k_b, &Layer::k_b, "attn_k.bias"},
+                                       {&GptOssLayer::v_b, &Layer::v_b, "attn_v.bias"},
+                                       {&GptOssLayer::o_b, &Layer::o_b, "attn_output.bias"},
+                                       {&GptOssLayer::sinks, &Layer::sinks, "attn_sinks"},
+                                       {&GptOssLayer::router_b, &Layer::router_b, "ffn_gate_inp.bias"},
+                                       {&GptOssLayer::gate_b, &Layer::gate_b, "ffn_gate_exps.bias"},
+                                       {&GptOssLayer::up_b, &Layer::up_b, "ffn_up_exps.bias"},
+                                       {&GptOssLayer::down_b, &Layer::down_b, "ffn_down_exps.bias"},
+                                   });
+      layers_.push_back(ly);
+      moe_.push_back(std::make_unique<OssMoe>(ops, ly.gate_b, ly.up_b, d.swiglu_alpha, d.swiglu_limit));
+    }
+    head_ = w_.head(s);
+    inv_freq_ = w_.floats(d.inv_freq, "rope frequencies");
+    ScratchList scratch;
+    scratch_ = declare_scratch(s, scratch);
+    STRATA_CHECK(scratch.specs() == s.scratch, Error,
+                 "internal error: the gpt-oss scratch is not the spec's");
+  }
+
+  void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
+                 bool all_logits) override {
+    const ModelSpec& s = ctx_.spec;
+    Backend& be = ctx_.be;
+    const int64_t D = s.D;
+    be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
+    be.embed(s.token_embd.type(), head_.token_embd.get(), D, b.topk_ids, T, b.R);
+    for (int64_t l = 0; l < s.L; ++l) {
+      between_layers(ctx_, l, T, pos0);
+      const Layer& ly = layers_[l];
+      const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
+                              : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
+      attention(b, l, ly, x, T, pos0);
+      x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
+      // Softmax over all E, top-K, renormalized: the softmax of the top-K logits.
+      be.matmul(ly.router.type, ly.router.data, s.E, D, x, D, T, b.router, s.E);
+      ops_.add_bias(b.router, ly.router_b, T, s.E);
+      be.router_topk(b.router, T, s.E, s.K, true, b.topk_ids, b.topk_w);
+      be.group_by_expert(b.topk_ids, T, s.K, s.E, b.expert_off, b.expert_rows);
+      moe_block(ctx_, b, l, T, ly.ffn_norm, moe_[l].get());
+      ops_.expert_bias(b.proj, b.topk_ids, b.topk_w, ly.down_b, T, s.K, D);
+    }
+    between_layers(ctx_, s.L, T, pos0);
+    if (!logits) return;
+    be.add(b.R, b.proj, T * D);  // the last layer's MoE output
+    be.rms_scale(b.R, T, D, s.rms_eps, b.grs);
+    const int64_t first = all_logits ? 0 : T - 1;
+    float* x = b.xn ? b.xn : b.proj;
+    be.apply_norm(b.R + first * D, b.grs + first, head_.output_norm, D, nullptr, 1, T - first, x);
+    head_block(be, head_.output, x, T - first, head_.logits_dev.as<float>(), logits);
+  }
+
+ private:
+  struct Layer {
+    DenseMatrix q, k, v, o, router;
+    const float *attn_norm = nullptr, *ffn_norm = nullptr;
+    const float *q_b = nullptr, *k_b = nullptr, *v_b = nullptr, *o_b = nullptr, *sinks = nullptr;
+    const float *router_b = nullptr, *gate_b = nullptr, *up_b = nullptr, *down_b = nullptr;
+  };
+
+  void matmul(const DenseMatrix& m, const float* x, int64_t T, float* y) {
+    ctx_.be.matmul(m.type, m.data, m.rows, m.cols, x, m.cols, T, y, m.rows);
+  }
+
+  // Biased q/k/v, RoPE, the KV cache at pos0, attention with sinks (windowed on sliding layers), the
+  // biased output projection into b.proj.
+  void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T,
+                 int64_t pos0) {
+    const ModelSpec& s = ctx_.spec;
+    Backend& be = ctx_.be;
+    const int64_t H = s.n_head, KV = s.n_kv_head, hd = s.head_dim;
+    float *q = b[scratch_.q], *k = b[scratch_.k], *v = b[scratch_.v], *out = b[scratch_.out];
+    matmul(w.q, x, T, q);
+    matmul(w.k, x, T, k);
+    matmul(w.v, x, T, v);
+    ops_.add_bias(q, w.q_b, T, H * hd);
+    ops_.add_bias(k, w.k_b, T, KV * hd);
+    ops_.add_bias(v, w.v_b, T, KV * hd);
+    const GptOssSpec& d = oss_spec(s);
+    ops_.rope_neox(q, T, H, hd, inv_freq_, d.mscale, pos0);
+    ops_.rope_neox(k, T, KV, hd, inv_freq_, d.mscale, pos0);
+    const KvType kt = ctx_.kv.type();
+    be.kv_store(ctx_.kv.k(l), kt, pos0, T, KV * hd, k);
+    be.kv_store(ctx_.kv.v(l), kt, pos0, T, KV * hd, v);
+    const float scale = 1.0f / std::sqrt((float)hd);
+    ops_.attention_sinks(q, ctx_.kv.k(l), ctx_.kv.v(l), kt, T, pos0, H, KV, hd, scale, w.sinks,
+                         sliding(l) ? d.window : 0, out);
+    matmul(w.o, out, T, b.proj);
+    ops_.add_bias(b.proj, w.o_b, T, s.D);
+  }
+
+  ForwardContext ctx_;
+  GptOssOps& ops_;
+  ResidentWeights w_;
+  std::vector<Layer> layers_;
+  std::vector<std::unique_ptr<OssMoe>> moe_;
+  HeadWeights head_;
+  const float* inv_freq_ = nullptr;
+  AttentionScratch scratch_;
+};
+
+std::string no_oss_ops(Backend& be) {
+  return str("gpt-oss runs on the CPU backend only for now; the ", be.name(),
+             " backend has no gpt-oss ops (attention sinks, YaRN, the biased experts). Use --device cpu.");
+}
+
+void check_gptoss_backend(Backend& be, const std::string& path) {
+  STRATA_CHECK(gptoss_ops(be), UnsupportedError, path, ": ", no_oss_ops(be));
+}
+
+std::unique_ptr<ForwardPass> make_gptoss(const ForwardContext& ctx) {
+  GptOssOps* ops = gptoss_ops(ctx.be);
+  STRATA_CHECK(ops, UnsupportedError, no_oss_ops(ctx.be));
+  return std::make_unique<GptOssForward>(ctx, *ops);
+}
+
+}  // namespace
+
+extern const Architecture kGptOss{"gpt-oss", read_gptoss, make_gptoss, check_gptoss_backend};
+
+}  // namespace strata

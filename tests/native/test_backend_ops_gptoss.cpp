@@ -1,0 +1,155 @@
+// The op harness for gpt-oss's backend ops: bias rows, NEOX RoPE with given frequencies, attention with
+// sinks over a sliding window, the experts' biased clamped SwiGLU and down biases, on every backend
+// that has them against backend_ops_ref_gptoss.h at awkward shapes, outputs poisoned.
+#include "backend/gptoss_ops.h"
+#include "backend_ops_harness.h"
+#include "backend_ops_ref_gptoss.h"
+#include "forwarding_backend.h"
+#include "model/arch.h"
+
+namespace {
+
+// The gpt-oss ops of each backend that has them; a backend without them refuses gpt-oss models at load
+// (checked below), so its skip here hides nothing.
+class OssOp : public Op {
+ protected:
+  void SetUp() override {
+    Op::SetUp();
+    if (!gptoss_ops(be())) GTEST_SKIP() << "the " << be().name() << " backend has no gpt-oss ops (CPU only)";
+  }
+  GptOssOps& ops() { return *gptoss_ops(be()); }
+};
+
+INSTANTIATE_TEST_SUITE_P(BackendOps, OssOp, testing::ValuesIn(backends_under_test()),
+                         [](const testing::TestParamInfo<BackendFactory>& i) { return i.param.name; });
+
+TEST_P(OssOp, AddBias) {
+  std::mt19937 rng(41);
+  for (int64_t T : {1, 7}) {
+    const int64_t n = 37;
+    const auto y = randf(rng, T * n, -2.f, 2.f), bias = randf(rng, n, -1.f, 1.f);
+    Dev<float> dy(be(), y, "y"), db(be(), bias, "bias");
+    ops().add_bias(dy.p(), db.p(), T, n);
+    std::vector<float> want(y);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < n; ++i) want[t * n + i] = y[t * n + i] + bias[i];
+    expect_same(dy.get(), want, str("add_bias T=", T));
+  }
+}
+
+TEST_P(OssOp, RopeNeox) {
+  std::mt19937 rng(43);
+  for (int64_t pos0 : {0, 1029}) {
+    const int64_t T = 5, n_heads = 3, hd = 22;
+    const auto x = randf(rng, T * n_heads * hd, -2.f, 2.f), inv = randf(rng, hd / 2, 1e-4f, 1.f);
+    Dev<float> dx(be(), x, "x"), di(be(), inv, "inv_freq");
+    ops().rope_neox(dx.p(), T, n_heads, hd, di.p(), 1.3f, pos0);
+    const auto want = ref::rope_neox(x, T, n_heads, hd, inv, 1.3, pos0);
+    // The angle is formed in float32 as backend.h says: at position ~1000 its rounding moves the
+    // rotation by ~1e-4 rad. measured 4.2e-7 (pos0 0), 8.7e-5 (pos0 1029)
+    expect_err(max_err(dx.get(), want, std::vector<double>(want.size(), 1.0)), pos0 ? 5e-4 : 2e-6,
+               str("rope_neox pos0=", pos0));
+  }
+}
+
+TEST_P(OssOp, AttentionSinksWindowAndFull) {
+  std::mt19937 rng(47);
+  // Windows inside one 128-key block of the CPU's online softmax, and across blocks from an
+  // unaligned first key.
+  struct Case {
+    int64_t N, pos0, window;
+  };
+  for (const Case c : {Case{37, 25, 0}, Case{37, 25, 1}, Case{37, 25, 6}, Case{301, 290, 0},
+                       Case{301, 290, 150}, Case{301, 290, 6}}) {
+    const int64_t H = 6, KV = 2, hd = 20, N = c.N, pos0 = c.pos0, T = N - pos0, window = c.window;
+    const auto k = randf(rng, N * KV * hd, -1.f, 1.f), v = randf(rng, N * KV * hd, -1.f, 1.f);
+    const auto q = randf(rng, T * H * hd, -1.f, 1.f), sinks = randf(rng, H, -1.f, 3.f);
+    Dev<float> dk(be(), k, "kc"), dv(be(), v, "vc"), dq(be(), q, "q"), ds(be(), sinks, "sinks");
+    const float scale = 1.0f / std::sqrt((float)hd);
+    Dev<float> out(be(), T * H * hd, "out");
+    ops().attention_sinks(dq.p(), dk.p(), dv.p(), KvType::F32, T, pos0, H, KV, hd, scale, ds.p(), window,
+                          out.p());
+    std::vector<double> want;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t p = pos0 + t, kvh = h / (H / KV);
+        const int64_t j0 = window ? std::max<int64_t>(0, p - window + 1) : 0;
+        const auto o = ref::attend_sinks(&q[(t * H + h) * hd], &k[kvh * hd], &v[kvh * hd], KV * hd, j0, p,
+                                         sinks[h], hd, scale);
+        want.insert(want.end(), o.begin(), o.end());
+      }
+    expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), 1e-6,  // measured 1.1e-7
+               str("attention_sinks N=", N, " window=", window));
+  }
+}
+
+TEST_P(OssOp, SwigluOaiWithExpertBiases) {
+  std::mt19937 rng(53);
+  const int64_t T = 9, K = 3, E = 5, F = 19, n = T * K;
+  const auto ids = randi(rng, n, (int32_t)E);
+  std::vector<int32_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = (int32_t)((i * 7) % n);  // any order of the (t, k) rows
+  const auto g = randf(rng, n * F, -12.f, 12.f), u = randf(rng, n * F, -12.f, 12.f);
+  const auto gb = randf(rng, E * F, -1.f, 1.f), ub = randf(rng, E * F, -1.f, 1.f);
+  Dev<float> dg(be(), g, "g"), du(be(), u, "u"), dgb(be(), gb, "gate_b"), dub(be(), ub, "up_b");
+  Dev<int32_t> di(be(), ids, "ids"), dr(be(), rows, "rows");
+  ops().swiglu_oai(dg.p(), du.p(), di.p(), dr.p(), n, F, dgb.p(), dub.p(), 1.702f, 7.0f);
+  std::vector<double> want(n * F);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = ids[rows[i]];
+    for (int64_t c = 0; c < F; ++c)
+      want[i * F + c] = ref::swiglu_oai((double)(g[i * F + c] + gb[e * F + c]),
+                                        (double)(u[i * F + c] + ub[e * F + c]), 1.702, 7.0);
+  }
+  // Inputs past the limit on both sides: the clamps are exercised. measured 5.4e-7
+  expect_err(max_err(dg.get(), want, std::vector<double>(want.size(), 8.0)), 2e-6, "swiglu_oai");
+}
+
+TEST_P(OssOp, ExpertDownBiases) {
+  std::mt19937 rng(59);
+  const int64_t T = 11, K = 4, E = 7, D = 45;
+  const auto ids = randi(rng, T * K, (int32_t)E);
+  const auto w = randf(rng, T * K, 0.f, 1.f), bias = randf(rng, E * D, -1.f, 1.f),
+             y = randf(rng, T * D, -1.f, 1.f);
+  Dev<float> dy(be(), y, "y"), dw(be(), w, "w"), db(be(), bias, "bias");
+  Dev<int32_t> di(be(), ids, "ids");
+  ops().expert_bias(dy.p(), di.p(), dw.p(), db.p(), T, K, D);
+  std::vector<double> want(T * D);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < D; ++c) {
+      double acc = y[t * D + c];
+      for (int64_t k = 0; k < K; ++k) acc += (double)w[t * K + k] * bias[ids[t * K + k] * D + c];
+      want[t * D + c] = acc;
+    }
+  expect_err(max_err(dy.get(), want, std::vector<double>(want.size(), 4.0)), 1e-6,
+             "expert_bias");  // measured 8.3e-8
+}
+
+// A backend without the ops refuses gpt-oss files at load with UnsupportedError naming the file, the
+// backend and the fix, in one line. The CPU backend is accepted.
+TEST(GptOssOps, BackendWithoutThemIsRefused) {
+  class Bare final : public strata::testing_support::ForwardingBackend {
+   public:
+    const char* name() const override { return "bare"; }
+  };
+  Bare bare;
+  EXPECT_EQ(gptoss_ops(bare), nullptr);
+  const Architecture& oss = find_architecture("gpt-oss", "oss.gguf");
+  ASSERT_NE(oss.check_backend, nullptr);
+  try {
+    oss.check_backend(bare, "oss.gguf");
+    ADD_FAILURE() << "a backend without the gpt-oss ops was accepted";
+  } catch (const UnsupportedError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("oss.gguf: gpt-oss runs on the CPU backend only for now; the bare backend"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("--device cpu"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  const auto cpu = make_cpu_backend(1);
+  EXPECT_NE(gptoss_ops(*cpu), nullptr);
+  EXPECT_NO_THROW(oss.check_backend(*cpu, "oss.gguf"));
+}
+
+}  // namespace
