@@ -42,6 +42,16 @@ struct AttentionScratch {
 };
 // Adds them (attn.q, attn.k, attn.v, attn.out) to an architecture's list.
 AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a);
+// A GQA spec's attention: its heads, rms eps, and RoPE (NEOX pairs) over the whole head at rope_base.
+inline AttentionShape gqa_attention_shape(const ModelSpec& s) {
+  return AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
+                        RopeParams{s.head_dim, s.rope_base, true}};
+}
+// Its chunk scratch beyond the common buffers (the attention block's): the spec reader stores the list,
+// the forward pass takes the handles of the same declaration.
+inline AttentionScratch declare_gqa_scratch(const ModelSpec& s, ScratchList& list) {
+  return declare_attention(list, gqa_attention_shape(s));
+}
 
 // Pre-norm GQA attention of layer `l`: q/k/v projections of x, per-head norm and RoPE, the KV cache
 // appended at pos0, causal attention; the output projection lands in b.proj.

@@ -79,42 +79,13 @@ void rope_frequencies(GptOssSpec& d, int64_t hd, double base) {
   }
 }
 
-AttentionShape attention_shape(const ModelSpec& s) {
-  return AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
-                        RopeParams{s.head_dim, s.rope_base, true}};
-}
-
-AttentionScratch declare_scratch(const ModelSpec& s, ScratchList& list) {
-  return declare_attention(list, attention_shape(s));
-}
-
 }  // namespace
 
 ModelSpec read_gptoss(const gguf::File& f) {
   ModelSpec s;
   const std::string a = "gpt-oss.";
   s.arch = "gpt-oss";
-  s.name = printable(f.get_string("general.name", ""));
-  s.L = read_count(f, a + "block_count", 1, limits::kLayers);
-  s.D = read_count(f, a + "embedding_length", 1, limits::kHidden);
-  s.n_head = read_count(f, a + "attention.head_count", 1, limits::kHeads);
-  s.n_kv_head = read_count(f, a + "attention.head_count_kv", 1, s.n_head, s.n_head);
-  STRATA_CHECK(s.n_head % s.n_kv_head == 0, FormatError, f.path(), ": ", a, "attention.head_count ", s.n_head,
-               " is not a multiple of ", a, "attention.head_count_kv ", s.n_kv_head);
-  s.head_dim = read_count(f, a + "attention.key_length", 2, limits::kHeadDim, s.D / s.n_head);
-  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.head_dim % 2 == 0, FormatError,
-               f.path(), ": ", a,
-               "attention.key_length (or embedding_length / head_count when it is absent) = ", s.head_dim,
-               " must be even and in [2, ", limits::kHeadDim, "] (RoPE rotates pairs)");
-  const int64_t vlen = read_count(f, a + "attention.value_length", 1, limits::kHeadDim, s.head_dim);
-  STRATA_CHECK(vlen == s.head_dim, UnsupportedError, f.path(), ": ", a, "attention.value_length ", vlen,
-               " != key_length ", s.head_dim, " is not supported");
-  s.E = read_count(f, a + "expert_count", 1, limits::kExperts);
-  s.K = read_count(f, a + "expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));
-  s.F = read_count(f, a + "expert_feed_forward_length", 1, limits::kFfn);
-  s.ctx_train = read_count(f, a + "context_length", 1, limits::kContext, 131072);
-  s.rms_eps = (float)read_real(f, a + "attention.layer_norm_rms_epsilon", 1e-30, 1.0, 1e-5);
-  s.rope_base = (float)read_real(f, a + "rope.freq_base", 1.0, 1e30, 150000);
+  read_gqa_moe(f, a, GqaMoeDefaults{131072, 1e-5, 150000}, s);
   s.norm_topk = true;  // softmax over the top-K logits
 
   auto d = std::make_shared<GptOssSpec>();
@@ -175,7 +146,7 @@ ModelSpec read_gptoss(const gguf::File& f) {
                                    : std::string("no scaling")});
   s.arch_spec = d;
   ScratchList scratch;
-  declare_scratch(s, scratch);
+  declare_gqa_scratch(s, scratch);
   s.scratch = scratch.specs();
   return s;
 }
@@ -245,7 +216,7 @@ class GptOssForward final : public ForwardPass {
     head_ = w_.head(s);
     inv_freq_ = w_.floats(d.inv_freq, "rope frequencies");
     ScratchList scratch;
-    scratch_ = declare_scratch(s, scratch);
+    scratch_ = declare_gqa_scratch(s, scratch);
     STRATA_CHECK(scratch.specs() == s.scratch, Error,
                  "internal error: the gpt-oss scratch is not the spec's");
   }

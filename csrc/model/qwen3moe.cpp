@@ -13,48 +13,11 @@
 
 namespace strata {
 
-namespace {
-
-AttentionShape attention_shape(const ModelSpec& s) {
-  return AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
-                        RopeParams{s.head_dim, s.rope_base, true}};
-}
-
-// The chunk scratch beyond the common buffers: the attention block's. The spec reader stores the
-// list, the forward pass takes the handles of the same declaration.
-AttentionScratch declare_scratch(const ModelSpec& s, ScratchList& list) {
-  return declare_attention(list, attention_shape(s));
-}
-
-}  // namespace
-
 ModelSpec read_qwen3moe(const gguf::File& f) {
   ModelSpec s;
   const std::string a = "qwen3moe.";
   s.arch = "qwen3moe";
-  s.name = printable(f.get_string("general.name", ""));
-  // Each number is bounded before anything is derived from it (key_length's default divides by
-  // head_count; the q width multiplies two of them).
-  s.L = read_count(f, a + "block_count", 1, limits::kLayers);
-  s.D = read_count(f, a + "embedding_length", 1, limits::kHidden);
-  s.n_head = read_count(f, a + "attention.head_count", 1, limits::kHeads);
-  s.n_kv_head = read_count(f, a + "attention.head_count_kv", 1, s.n_head, s.n_head);
-  STRATA_CHECK(s.n_head % s.n_kv_head == 0, FormatError, f.path(), ": ", a, "attention.head_count ", s.n_head,
-               " is not a multiple of ", a, "attention.head_count_kv ", s.n_kv_head);
-  s.head_dim = read_count(f, a + "attention.key_length", 2, limits::kHeadDim, s.D / s.n_head);
-  STRATA_CHECK(s.head_dim >= 2 && s.head_dim <= limits::kHeadDim && s.head_dim % 2 == 0, FormatError,
-               f.path(), ": ", a,
-               "attention.key_length (or embedding_length / head_count when it is absent) = ", s.head_dim,
-               " must be even and in [2, ", limits::kHeadDim, "] (RoPE rotates pairs)");
-  s.E = read_count(f, a + "expert_count", 1, limits::kExperts);
-  s.K = read_count(f, a + "expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));
-  s.F = read_count(f, a + "expert_feed_forward_length", 1, limits::kFfn);
-  s.ctx_train = read_count(f, a + "context_length", 1, limits::kContext, 4096);
-  s.rms_eps = (float)read_real(f, a + "attention.layer_norm_rms_epsilon", 1e-30, 1.0, 1e-6);
-  s.rope_base = (float)read_real(f, a + "rope.freq_base", 1.0, 1e30, 1e6);
-  const int64_t vlen = read_count(f, a + "attention.value_length", 1, limits::kHeadDim, s.head_dim);
-  STRATA_CHECK(vlen == s.head_dim, UnsupportedError, f.path(), ": value_length ", vlen, " != key_length ",
-               s.head_dim, " is not supported");
+  read_gqa_moe(f, a, GqaMoeDefaults{4096, 1e-6, 1e6}, s);
 
   const TensorReader r(f, s.arch);
   r.common(s, true);
@@ -80,7 +43,7 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
     s.layers.push_back(ls);
   }
   ScratchList scratch;
-  declare_scratch(s, scratch);
+  declare_gqa_scratch(s, scratch);
   s.scratch = scratch.specs();
   return s;
 }
@@ -108,9 +71,9 @@ class Qwen3MoeForward final : public ForwardPass {
       layers_.push_back(ly);
     }
     head_ = w_.head(s);
-    shape_ = attention_shape(s);
+    shape_ = gqa_attention_shape(s);
     ScratchList scratch;
-    scratch_ = declare_scratch(s, scratch);
+    scratch_ = declare_gqa_scratch(s, scratch);
     STRATA_CHECK(scratch.specs() == s.scratch, Error,
                  "internal error: the qwen3moe scratch is not the spec's");
   }

@@ -96,4 +96,17 @@ double read_real(const gguf::File& f, const std::string& key, double lo, double 
 // a * b, or FormatError naming `what` (the keys the factors came from) when it overflows int64.
 int64_t checked_mul(const gguf::File& f, int64_t a, int64_t b, const char* what);
 
+// The keys a grouped-query-attention MoE architecture reads alike, under its prefix a ("qwen3moe."):
+// general.name, block_count, embedding_length, attention.head_count / head_count_kv / key_length
+// (default embedding_length / head_count) / value_length (= key_length), expert_count,
+// expert_used_count, expert_feed_forward_length, and with the architecture's defaults context_length,
+// attention.layer_norm_rms_epsilon and rope.freq_base. Each number is bounded before anything is
+// derived from it (key_length's default divides by head_count); FormatError or UnsupportedError
+// naming the file and key otherwise.
+struct GqaMoeDefaults {
+  int64_t ctx_train;
+  double rms_eps, rope_base;
+};
+void read_gqa_moe(const gguf::File& f, const std::string& a, const GqaMoeDefaults& d, ModelSpec& s);
+
 }  // namespace strata
