@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/kv_cache.h"
+#include "model/weights.h"
 #include "quant/quant.h"
 
 namespace strata {
@@ -286,6 +287,16 @@ void head_block(Backend& be, const DenseMatrix& output, const float* x, int64_t 
     be.matmul(output.type, output.data, V, D, x + r * D, D, n, logits_dev, V);
     be.download(logits_host + r * V, logits_dev, (size_t)n * V * sizeof(float));
   }
+}
+
+void final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& head, int64_t T, int64_t D,
+                  float eps, bool all_logits, float* logits) {
+  be.add(b.R, b.proj, T * D);  // the last layer's MoE output
+  be.rms_scale(b.R, T, D, eps, b.grs);
+  const int64_t first = all_logits ? 0 : T - 1;
+  float* x = b.xn ? b.xn : b.proj;
+  be.apply_norm(b.R + first * D, b.grs + first, head.output_norm, D, nullptr, 1, T - first, x);
+  head_block(be, head.output, x, T - first, head.logits_dev.as<float>(), logits);
 }
 
 }  // namespace strata

@@ -109,4 +109,10 @@ constexpr int64_t kHeadRows = 16;
 void head_block(Backend& be, const DenseMatrix& output, const float* x, int64_t rows, float* logits_dev,
                 float* logits_host);
 
+struct HeadWeights;
+// After the last layer of a single-stream pass: its output (b.proj) joins the residual b.R, the final
+// RMSNorm of every row (all_logits) or the last, then the head into `logits` (host memory).
+void final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& head, int64_t T, int64_t D,
+                  float eps, bool all_logits, float* logits);
+
 }  // namespace strata

@@ -245,12 +245,7 @@ class GptOssForward final : public ForwardPass {
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
-    be.add(b.R, b.proj, T * D);  // the last layer's MoE output
-    be.rms_scale(b.R, T, D, s.rms_eps, b.grs);
-    const int64_t first = all_logits ? 0 : T - 1;
-    float* x = b.xn ? b.xn : b.proj;
-    be.apply_norm(b.R + first * D, b.grs + first, head_.output_norm, D, nullptr, 1, T - first, x);
-    head_block(be, head_.output, x, T - first, head_.logits_dev.as<float>(), logits);
+    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
   }
 
  private:

@@ -191,16 +191,7 @@ def make_deepseek4(
         w.add_uint32(a + "nextn_predict_layers", 1)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if types["experts"] == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("deepseek-v3")
-    w.add_token_list(list(voc.tokens))
-    w.add_token_types(list(voc.token_types))
-    w.add_token_merges(list(voc.merges))
-    w.add_bos_token_id(voc.bos_id)
-    w.add_eos_token_id(voc.eos_id)
-    w.add_pad_token_id(voc.pad_id)
-    w.add_add_bos_token(False)
-    w.add_chat_template(tok.CHAT_TEMPLATE)
+    tok.add_to_gguf(w, voc, "deepseek-v3")
     for t in tensors:
         raw = gguf.GGMLQuantizationType[t.qtype]
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=raw)

@@ -87,16 +87,7 @@ def make_gpt_oss(
     w.add_expert_used_count(top_k)
     w.add_file_type(_FILE_TYPES[types["experts"]])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-4o")  # o200k's split over the small test vocabulary
-    w.add_token_list(list(voc.tokens))
-    w.add_token_types(list(voc.token_types))
-    w.add_token_merges(list(voc.merges))
-    w.add_bos_token_id(voc.bos_id)
-    w.add_eos_token_id(voc.eos_id)
-    w.add_pad_token_id(voc.pad_id)
-    w.add_add_bos_token(False)
-    w.add_chat_template(tok.CHAT_TEMPLATE)
+    tok.add_to_gguf(w, voc, "gpt-4o")  # o200k's split over the small test vocabulary
     for t in tensors:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=gguf.GGMLQuantizationType[t.qtype])
     w.write_header_to_file()

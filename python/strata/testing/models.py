@@ -173,16 +173,7 @@ def make_qwen3moe(
     w.add_expert_used_count(top_k)
     w.add_file_type(_FILE_TYPES[types["experts"]])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(list(voc.tokens))
-    w.add_token_types(list(voc.token_types))
-    w.add_token_merges(list(voc.merges))
-    w.add_bos_token_id(voc.bos_id)
-    w.add_eos_token_id(voc.eos_id)
-    w.add_pad_token_id(voc.pad_id)
-    w.add_add_bos_token(False)
-    w.add_chat_template(tok.CHAT_TEMPLATE if chat_template is None else chat_template)
+    tok.add_to_gguf(w, voc, "qwen2", chat_template)
     for t in tensors:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=gguf.GGMLQuantizationType[t.qtype])
 

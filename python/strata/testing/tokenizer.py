@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
@@ -118,6 +119,22 @@ def vocab(size: int) -> Vocab:
     if len(ids) != size:
         raise AssertionError("duplicate tokens in the synthetic vocabulary")
     return Vocab(tuple(tokens), tuple(types), tuple(merges), ids[BOS], ids[EOS], ids[PAD])
+
+
+def add_to_gguf(w: Any, voc: Vocab, pre: str, chat_template: str | None = None) -> None:
+    """Writes `voc` into the GGUFWriter `w` as llama.cpp's BPE ('gpt2') tokenizer metadata: the
+    pre-tokenizer name `pre` (its split rule), tokens, types, merges, BOS/EOS/PAD, no BOS added, and
+    `chat_template` (default: CHAT_TEMPLATE)."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(list(voc.tokens))
+    w.add_token_types(list(voc.token_types))
+    w.add_token_merges(list(voc.merges))
+    w.add_bos_token_id(voc.bos_id)
+    w.add_eos_token_id(voc.eos_id)
+    w.add_pad_token_id(voc.pad_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE if chat_template is None else chat_template)
 
 
 @lru_cache(maxsize=8)
