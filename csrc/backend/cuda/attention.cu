@@ -36,6 +36,11 @@ constexpr int64_t kSmemFloats = 48 * 1024 / 4;               // a block's shared
 
 __device__ __forceinline__ float kv_load(const float* p) { return *p; }
 __device__ __forceinline__ float kv_load(const uint16_t* p) { return __half2float(__ushort_as_half(*p)); }
+// Elements p[0] and p[1] (p 2-element aligned) in one load.
+__device__ __forceinline__ float2 kv_load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 kv_load2(const uint16_t* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
 
 // Keys (or values) s0 .. s0 + ns of kv head kvh into kv ([ns][hd] floats). Where rows are whole
 // 16-byte pieces, each thread first loads up to kStageLoads pieces through the read-only path (no
@@ -110,6 +115,7 @@ template <class KvT, bool kSplit>
 __global__ void __launch_bounds__(kThreads)
     attention_kernel(const float* q, const KvT* kc, const KvT* vc, Shape sh, float* out, float* part_ml,
                      float* part_acc) {
+  grid_start();
   extern __shared__ float smem[];
   const int64_t pos0 = sh.pos0 + (sh.pos_dev ? *sh.pos_dev : 0);
   // A launch sized for the largest position (a recorded graph) has key blocks past this one's keys.
@@ -323,6 +329,7 @@ template <class KvT, int kDims>
 __global__ void __launch_bounds__(kDecThreads)
     attention_decode_kernel(const float* q, const KvT* kc, const KvT* vc, Shape sh, float* part_ml,
                             float* part_acc, float* out, unsigned* tickets) {
+  grid_start();
   constexpr int64_t hd = kDims * kWarp;
   constexpr int64_t kFit = kStageBytes / (hd * (int64_t)sizeof(KvT));
   constexpr int kRound = (int)(kFit < kKeyBlock ? kFit : kKeyBlock);  // keys staged at a time
@@ -389,9 +396,12 @@ __global__ void __launch_bounds__(kDecThreads)
       row_l[h] = l;
     }
   }
-  // a_b = sum_j p_j v_j, keys in order: a task is (head, 32 dims).
-  constexpr int kTasks = (kDecMaxGroup * kDims + kDecWarps - 1) / kDecWarps;
-  float acc[kTasks] = {};
+  // a_b = sum_j p_j v_j, keys in order: a task is (head, 64 dims), lane l taking dims 2 l and 2 l + 1
+  // (one load for both; each dim its own fma chain, as one dim a thread in the prompt kernel).
+  constexpr int kPairDims = kDims / 2;  // 64-dim groups of a head
+  static_assert(kDims % 2 == 0, "head dims of whole 64-dim groups");
+  constexpr int kTasks = (kDecMaxGroup * kPairDims + kDecWarps - 1) / kDecWarps;
+  float acc[kTasks][2] = {};
   for (int r0 = 0; r0 < nv; r0 += kRound) {
     const int nk = min(kRound, nv - r0);
     __syncthreads();  // buf is free; the softmax's p are visible
@@ -400,19 +410,26 @@ __global__ void __launch_bounds__(kDecThreads)
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < kTasks; ++t) {
-      const int task = warp + t * kDecWarps, h = task / kDims, dg = task % kDims;
+      const int task = warp + t * kDecWarps, h = task / kPairDims, dg = task % kPairDims;
       if (h >= group) continue;
       const float* sr = sc + h * kKeyBlock + r0;
-      const KvT* col = buf + dg * kWarp + lane;
-      for (int k = 0; k < nk; ++k) acc[t] = fmaf(sr[k], kv_load(col + k * hd), acc[t]);
+      const KvT* col = buf + dg * 2 * kWarp + 2 * lane;
+#pragma unroll 4
+      for (int k = 0; k < nk; ++k) {
+        const float2 v = kv_load2(col + k * hd);
+        const float p = sr[k];
+        acc[t][0] = fmaf(p, v.x, acc[t][0]);
+        acc[t][1] = fmaf(p, v.y, acc[t][1]);
+      }
     }
   }
 #pragma unroll
   for (int t = 0; t < kTasks; ++t) {
-    const int task = warp + t * kDecWarps, h = task / kDims, dg = task % kDims;
+    const int task = warp + t * kDecWarps, h = task / kPairDims, dg = task % kPairDims;
     if (h >= group) continue;
     const int64_t part = jb * sh.H + kvh * group + h;
-    part_acc[part * hd + dg * kWarp + lane] = acc[t];
+    *reinterpret_cast<float2*>(part_acc + part * hd + dg * 2 * kWarp + 2 * lane) =
+        make_float2(acc[t][0], acc[t][1]);
     if (dg == 0 && lane == 0) {
       part_ml[part * 2] = row_m[h];
       part_ml[part * 2 + 1] = row_l[h];
@@ -440,6 +457,7 @@ __global__ void __launch_bounds__(kDecThreads)
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
                    int64_t H, int64_t hd, float* out) {
+  grid_start();
   const int64_t h = blockIdx.x;
   const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, kKeyBlock);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x)
@@ -448,6 +466,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void kv_store_f32_kernel(float* dst, const int32_t* pos_dev, int64_t width, const float* src,
                                     int64_t n) {
+  grid_start();
   if (pos_dev) dst += (int64_t)*pos_dev * width;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
@@ -456,6 +475,7 @@ __global__ void kv_store_f32_kernel(float* dst, const int32_t* pos_dev, int64_t 
 
 __global__ void kv_store_f16_kernel(uint16_t* dst, const int32_t* pos_dev, int64_t width, const float* src,
                                     int64_t n) {
+  grid_start();
   if (pos_dev) dst += (int64_t)*pos_dev * width;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
@@ -507,8 +527,8 @@ size_t smem_bytes(const Shape& s) {
 template <class KvT, int kDims>
 void launch_decode_dims(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb,
                         float* part_ml, float* part_acc, float* out, unsigned* tickets, cudaStream_t st) {
-  attention_decode_kernel<KvT, kDims><<<dim3(grid_x(nb), (unsigned)s.KV), kDecThreads, 0, st>>>(
-      q, kc, vc, s, part_ml, part_acc, out, tickets);
+  launch_kernel(attention_decode_kernel<KvT, kDims>, dim3(grid_x(nb), (unsigned)s.KV), kDecThreads, 0, st, q,
+                kc, vc, s, part_ml, part_acc, out, tickets);
 }
 // With tickets (zeroed words, one per kv head) the kernel also folds the partials into out.
 template <class KvT>
@@ -549,17 +569,17 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
       STRATA_CUDA_LAUNCH_CHECK();
       if (tickets) return;  // combined by the kernel's last blocks
     } else {
-      attention_kernel<KvT, true><<<dim3(grid_x(nb), (unsigned)KV, chunks), kThreads, smem, st>>>(
-          q, kc, vc, s, out, part_ml, part_acc);
+      launch_kernel(attention_kernel<KvT, true>, dim3(grid_x(nb), (unsigned)KV, chunks), kThreads, smem, st,
+                    q, kc, vc, s, out, part_ml, part_acc);
       STRATA_CUDA_LAUNCH_CHECK();
     }
-    combine_kernel<<<grid_x(H), (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st>>>(
-        part_ml, part_acc, pos0, ps.dev, H, hd, out);
+    launch_kernel(combine_kernel, grid_x(H),
+                  (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st, part_ml,
+                  part_acc, pos0, ps.dev, H, hd, out);
     STRATA_CUDA_LAUNCH_CHECK();
   } else {
-    attention_kernel<KvT, false>
-        <<<dim3(grid_x(ceil_div(T, s.qt)), (unsigned)KV, chunks), kThreads, smem, st>>>(q, kc, vc, s, out,
-                                                                                        nullptr, nullptr);
+    launch_kernel(attention_kernel<KvT, false>, dim3(grid_x(ceil_div(T, s.qt)), (unsigned)KV, chunks),
+                  kThreads, smem, st, q, kc, vc, s, out, nullptr, nullptr);
     STRATA_CUDA_LAUNCH_CHECK();
   }
 }
@@ -572,11 +592,11 @@ void launch_kv_store(void* cache, KvType t, int64_t pos0, const PosSource& ps, i
   if (n <= 0) return;
   const unsigned blocks = (unsigned)std::min<int64_t>(ceil_div(n, kThreads), 4096);
   if (t == KvType::F32) {
-    kv_store_f32_kernel<<<blocks, kThreads, 0, s>>>(static_cast<float*>(cache) + pos0 * width, ps.dev, width,
-                                                    src, n);
+    launch_kernel(kv_store_f32_kernel, blocks, kThreads, 0, s, static_cast<float*>(cache) + pos0 * width,
+                  ps.dev, width, src, n);
   } else {
-    kv_store_f16_kernel<<<blocks, kThreads, 0, s>>>(static_cast<uint16_t*>(cache) + pos0 * width, ps.dev,
-                                                    width, src, n);
+    launch_kernel(kv_store_f16_kernel, blocks, kThreads, 0, s, static_cast<uint16_t*>(cache) + pos0 * width,
+                  ps.dev, width, src, n);
   }
   STRATA_CUDA_LAUNCH_CHECK();
 }

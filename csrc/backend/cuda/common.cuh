@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/error.h"
 
@@ -23,6 +24,42 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 inline unsigned grid_x(int64_t n) {
   STRATA_CHECK(n >= 0 && n <= 0x7fffffff, ConfigError, "kernel grid of ", n, " blocks exceeds CUDA's limit");
   return static_cast<unsigned>(n);
+}
+
+// Programmatic dependent launch (sm_90 and later). Every kernel of the backend is launched by
+// launch_kernel with the attribute that lets it start while the kernel before it in the stream is
+// still running, and every kernel's first statement is grid_start(): it waits until that kernel has
+// finished and its writes are visible (griddepcontrol.wait), then lets the next kernel launch
+// (griddepcontrol.launch_dependents). What overlaps is the launch and the blocks' setup, never a
+// read or write of memory another kernel touches. Before sm_90 (and for code built as PTX for an
+// older target) both are no-ops and launch_kernel leaves the attribute off: see pdl_on().
+__device__ __forceinline__ void grid_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches carry the programmatic-serialization attribute: the device's code was generated
+// for sm_90 or later (a kernel's ptxVersion, so PTX JIT-compiled from an older target counts as
+// older), and STRATA_CUDA_PDL is not "0" (a switch for measuring with and without). Decided once.
+bool pdl_on();
+
+// kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch where pdl_on().
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_on() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  if (e != cudaSuccess) fail(e, "cudaLaunchKernelEx", __FILE__, __LINE__);
 }
 
 // Sum over the warp; every lane gets the same bits (each butterfly step adds a + b on one lane and

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -23,6 +25,26 @@
 #include "core/memory.h"
 
 namespace strata {
+namespace cuda {
+namespace {
+__global__ void pdl_probe_kernel() {}
+}  // namespace
+
+bool pdl_on() {
+  static const bool on = [] {
+    const char* env = std::getenv("STRATA_CUDA_PDL");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, pdl_probe_kernel) != cudaSuccess) {
+      cudaGetLastError();  // no kernel image for this device: the launches will say so themselves
+      return false;
+    }
+    return a.ptxVersion >= 90;
+  }();
+  return on;
+}
+}  // namespace cuda
+
 namespace {
 
 std::string gib(size_t bytes) {

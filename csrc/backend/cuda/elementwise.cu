@@ -18,6 +18,7 @@ constexpr int kThreads = 256;
 unsigned elementwise_blocks(int64_t n) { return (unsigned)std::min<int64_t>(ceil_div(n, kThreads), 8192); }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+  grid_start();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     x[i] = __fadd_rn(x[i], y[i]);
@@ -28,6 +29,7 @@ __device__ __forceinline__ float swiglu_one(float x, float u) {
   return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u);
 }
 __global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
+  grid_start();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     g[i] = swiglu_one(g[i], u[i]);
@@ -38,6 +40,7 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
 // row's 32-blocks).
 __global__ void __launch_bounds__(kThreads)
     swiglu_q8_0_kernel(float* g, const float* u, int64_t F, uint8_t* out, size_t out_row_bytes) {
+  grid_start();
   const int lane = threadIdx.x % kWarp;
   const int64_t i = blockIdx.x;
   uint8_t* o = out + i * out_row_bytes;
@@ -74,6 +77,7 @@ struct PrevItem {
 // bits, as many as the largest token needs, the last one landing in perm.
 __global__ void __launch_bounds__(kSortThreads)
     sort_by_token_kernel(const int32_t* rows, int64_t K, int64_t n, int32_t* perm, int32_t* tmp) {
+  grid_start();
   extern __shared__ int smem[];
   __shared__ unsigned top;
   if (threadIdx.x == 0) top = 0;
@@ -97,6 +101,7 @@ __global__ void __launch_bounds__(kSortThreads)
 __global__ void __launch_bounds__(kThreads)
     scatter_add_kernel(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n, int64_t D,
                        const int32_t* perm, float* out) {
+  grid_start();
   const int64_t p = blockIdx.x;
   const int64_t tok = rows[perm[p]] / K;
   if (p > 0 && rows[perm[p - 1]] / K == tok) return;
@@ -119,6 +124,7 @@ constexpr int64_t kSmallScatter = 64;
 __global__ void __launch_bounds__(kThreads)
     scatter_add_small_kernel(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n,
                              int64_t D, float* out) {
+  grid_start();
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= D) return;
   // A batch of rows' products loaded before any output is written: their loads are in flight together.
@@ -145,13 +151,13 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_add(float* x, const float* y, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  add_kernel<<<elementwise_blocks(n), kThreads, 0, s>>>(x, y, n);
+  launch_kernel(add_kernel, elementwise_blocks(n), kThreads, 0, s, x, y, n);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_swiglu(float* g, const float* u, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  swiglu_kernel<<<elementwise_blocks(n), kThreads, 0, s>>>(g, u, n);
+  launch_kernel(swiglu_kernel, elementwise_blocks(n), kThreads, 0, s, g, u, n);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -162,7 +168,7 @@ void launch_swiglu_q8_0(float* g, const float* u, int64_t n, int64_t F, uint8_t*
                "swiglu_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", F / 32, " blocks");
   if (n <= 0 || F == 0) return;
   const unsigned per_row = (unsigned)std::min<int64_t>(ceil_div(F / 32, kThreads / kWarp), 65535);
-  swiglu_q8_0_kernel<<<dim3(grid_x(n), per_row), kThreads, 0, s>>>(g, u, F, out, out_row_bytes);
+  launch_kernel(swiglu_q8_0_kernel, dim3(grid_x(n), per_row), kThreads, 0, s, g, u, F, out, out_row_bytes);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -174,14 +180,16 @@ void launch_scatter_add(const float* y, const int32_t* rows, const float* w, int
   STRATA_CHECK(n < 0x7fffffff, ConfigError, "scatter_add: ", n, " rows exceed int32");
   if (n <= 0 || D <= 0) return;
   if (n <= kSmallScatter) {
-    scatter_add_small_kernel<<<grid_x(ceil_div(D, kThreads)), kThreads, 0, s>>>(y, rows, w, K, n, D, out);
+    launch_kernel(scatter_add_small_kernel, grid_x(ceil_div(D, kThreads)), kThreads, 0, s, y, rows, w, K, n,
+                  D, out);
     STRATA_CUDA_LAUNCH_CHECK();
     return;
   }
   int32_t* perm = static_cast<int32_t*>(scratch);
-  sort_by_token_kernel<<<1, kSortThreads, counting_sort_smem(256), s>>>(rows, K, n, perm, perm + n);
+  launch_kernel(sort_by_token_kernel, 1, kSortThreads, counting_sort_smem(256), s, rows, K, n, perm,
+                perm + n);
   STRATA_CUDA_LAUNCH_CHECK();
-  scatter_add_kernel<<<grid_x(n), kThreads, 0, s>>>(y, rows, w, K, n, D, perm, out);
+  launch_kernel(scatter_add_kernel, grid_x(n), kThreads, 0, s, y, rows, w, K, n, D, perm, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

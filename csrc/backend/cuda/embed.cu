@@ -34,6 +34,7 @@ __device__ __forceinline__ void decode_unit(const uint8_t* row, int64_t u, float
 template <class F>
 __global__ void __launch_bounds__(kThreads)
     dequant_rows_kernel(const uint8_t* src, size_t src_row_bytes, const int32_t* ids, int64_t D, float* out) {
+  grid_start();
   __shared__ float tile[kThreads * kPitch];
   const int64_t i = blockIdx.x;
   const uint8_t* row = src + static_cast<size_t>(ids ? ids[i] : i) * src_row_bytes;
@@ -80,8 +81,8 @@ void launch(uint32_t type, const void* src, size_t src_row_bytes, const int32_t*
                  "rows at a multiple of it");
     if (n <= 0 || D <= 0) return;
     const int64_t groups = std::max<int64_t>(1, std::min(ceil_div(D / kUnit, kThreads), kMaxBlocksY));
-    dequant_rows_kernel<F><<<dim3(grid_x(n), static_cast<unsigned>(groups)), kThreads, 0, s>>>(
-        static_cast<const uint8_t*>(src), src_row_bytes, ids, D, out);
+    launch_kernel(dequant_rows_kernel<F>, dim3(grid_x(n), static_cast<unsigned>(groups)), kThreads, 0, s,
+                  static_cast<const uint8_t*>(src), src_row_bytes, ids, D, out);
     STRATA_CUDA_LAUNCH_CHECK();
   });
 }

@@ -27,6 +27,7 @@ __device__ __forceinline__ bool better(uint64_t v, int32_t s, uint64_t bv, int32
 }
 
 __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve r) {
+  grid_start();
   __shared__ uint64_t red_v[kResolveThreads / kWarp];
   __shared__ int32_t red_s[kResolveThreads / kWarp];
   __shared__ int32_t jobs;
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
 }
 
 __global__ void __launch_bounds__(kFillThreads) fill_kernel(ExpertResolve r, bool vec) {
+  grid_start();
   const int32_t nj = r.jobs[0];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -137,9 +139,9 @@ void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s) {
   for (int m = 0; m < 3; ++m)
     vec =
         vec && aligned16(r.src[m]) && r.src_stride[m] % 16 == 0 && r.bytes[m] % 16 == 0 && r.off[m] % 16 == 0;
-  resolve_kernel<<<1, kResolveThreads, 0, s>>>(r);
+  launch_kernel(resolve_kernel, 1, kResolveThreads, 0, s, r);
   STRATA_CUDA_LAUNCH_CHECK();
-  fill_kernel<<<kFillBlocks, kFillThreads, 0, s>>>(r, vec);
+  launch_kernel(fill_kernel, kFillBlocks, kFillThreads, 0, s, r, vec);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -235,6 +235,7 @@ __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int
 
 template <class F>
 __global__ void __launch_bounds__(kRowThreads) gemv_row_kernel(MatmulArgs a, bool x_vec) {
+  grid_start();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (r >= a.rows) return;
   const float s = row_dot<F>(a.W + r * a.rb, a.X, a.cols, x_vec, threadIdx.x % kWarp);
@@ -244,6 +245,7 @@ __global__ void __launch_bounds__(kRowThreads) gemv_row_kernel(MatmulArgs a, boo
 // Several matrices' rows against one activation row (matmul_n): row r of the stacked row space.
 template <class F>
 __global__ void __launch_bounds__(kRowThreads) gemv_multi_kernel(GemvMultiArgs g, bool x_vec) {
+  grid_start();
   int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (r >= g.total) return;
   int i = 0;
@@ -255,6 +257,7 @@ __global__ void __launch_bounds__(kRowThreads) gemv_multi_kernel(GemvMultiArgs g
 // matmul_experts, one token per row i: row r of row i's expert matrix against X row i.
 template <class F>
 __global__ void __launch_bounds__(kRowThreads) gemv_row_experts_kernel(ExpertsArgs g, bool x_vec) {
+  grid_start();
   const int64_t i = blockIdx.y, r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (r >= g.rows) return;
   const int lane = threadIdx.x % kWarp;
@@ -269,6 +272,7 @@ __global__ void __launch_bounds__(kRowThreads) gemv_row_experts_kernel(ExpertsAr
 
 template <class F, int Tn>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec) {
+  grid_start();
   gemv_block<F, Tn>(a, x_vec, static_cast<int64_t>(blockIdx.x) * kRows);
 }
 
@@ -285,13 +289,13 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
     if (g.T == 1)
-      gemv_row_kernel<F><<<grid_x(ceil_div(a.rows, kRowWarps)), kRowThreads, 0, s>>>(g, x_vec);
+      launch_kernel(gemv_row_kernel<F>, grid_x(ceil_div(a.rows, kRowWarps)), kRowThreads, 0, s, g, x_vec);
     else if (g.T == 2)
-      gemv_kernel<F, 2><<<grid, kThreads, 0, s>>>(g, x_vec);
+      launch_kernel(gemv_kernel<F, 2>, grid, kThreads, 0, s, g, x_vec);
     else if (g.T <= 4)
-      gemv_kernel<F, 4><<<grid, kThreads, 0, s>>>(g, x_vec);
+      launch_kernel(gemv_kernel<F, 4>, grid, kThreads, 0, s, g, x_vec);
     else
-      gemv_kernel<F, 8><<<grid, kThreads, 0, s>>>(g, x_vec);
+      launch_kernel(gemv_kernel<F, 8>, grid, kThreads, 0, s, g, x_vec);
     STRATA_CUDA_LAUNCH_CHECK();
   }
 }
@@ -299,8 +303,8 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
 template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   using namespace gemv;
-  gemv_multi_kernel<F>
-      <<<grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s>>>(g, x_rows_aligned(g.X, 4));
+  launch_kernel(gemv_multi_kernel<F>, grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s, g,
+                x_rows_aligned(g.X, 4));
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -308,7 +312,7 @@ template <class F>
 void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace gemv;
   const dim3 grid(grid_x(ceil_div(g.rows, kRowWarps)), static_cast<unsigned>(g.n));
-  gemv_row_experts_kernel<F><<<grid, kRowThreads, 0, s>>>(g, x_rows_aligned(g.X, g.ldx));
+  launch_kernel(gemv_row_experts_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx));
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

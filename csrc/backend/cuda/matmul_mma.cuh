@@ -131,6 +131,7 @@ __device__ __forceinline__ void mma_step(const __half* sa, const __half* sb, flo
 
 template <class F>
 __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatmulArgs a, bool x_vec) {
+  grid_start();
   using C = Cfg<F>;
   __shared__ __align__(16) uint8_t raw[kBM * C::kRawStride];
   __shared__ __align__(16) __half sa[kBM * kTileStride];
@@ -195,7 +196,7 @@ void launch_mma(const MatmulArgs& a, cudaStream_t s) {
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(per_launch, a.T - t0);
     const dim3 grid(grid_x(ceil_div(a.rows, kBM)), static_cast<unsigned>(ceil_div(g.T, kBN)));
-    mma_kernel<F><<<grid, kThreads, 0, s>>>(g, x_vec);
+    launch_kernel(mma_kernel<F>, grid, kThreads, 0, s, g, x_vec);
     STRATA_CUDA_LAUNCH_CHECK();
   }
 }

@@ -142,6 +142,7 @@ __device__ __forceinline__ void mmq_block(const MatmulQ8Args& a, int64_t r0, int
 
 template <class F, class Tl>
 __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
+  grid_start();
   mmq_block<F, Tl>(a, static_cast<int64_t>(blockIdx.x) * Tl::kRB, static_cast<int64_t>(blockIdx.y) * Tl::kTB);
 }
 
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
 // formats of many bytes a block) and walks their columns 64 blocks (2048 columns) at a time: the
 // chunk's weight bytes of its rows and the activation's q8_0 bytes go to shared memory by 16-byte
 // cp.async (coalesced, all in flight at once); phase 1: thread (b, g) decodes the activation's block b
-// once and forms its integer sums against block b of kRowsPer rows, from shared memory; phase 2:
+// once and forms its integer sums against block b of its share of the rows, from shared memory; phase 2:
 // thread r applies row r's float steps in column order.
 namespace vec {
 constexpr int kThreads = 128, kNB = 64;
@@ -166,9 +167,7 @@ struct Cfg {
   static constexpr int kXPieces = stage_pieces(kNB * kXBlock), kXStride = 16 * kXPieces;
   static constexpr int kIvRow = kNB * F::kPairs + 1;  // odd strides: phase 2's threads on distinct banks
   static constexpr int kWdRow = kNB + 1;
-  static constexpr int kGroups = kThreads / kNB, kRowsPer = kRows / kGroups;  // phase 1: rows a thread
-  static_assert(kThreads % kNB == 0 && kRows % kGroups == 0 && kRows <= kThreads,
-                "phase 1's and 2's threads");
+  static_assert(kThreads % kNB == 0 && kRows <= kThreads, "phase 1's and 2's threads");
 };
 template <class F>
 __host__ __device__ constexpr int64_t rows_per_block() {
@@ -203,15 +202,18 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
     cp_async_wait<0>();
     __syncthreads();
 
-    // Thread (b, g): block b of the activation, decoded once, against rows g * kRowsPer .. of it.
-    const int b = tid % kNB, g = tid / kNB;
-    if (b < nb) {
+    // Thread (b, g): block b of the activation, decoded once, against rows g * per .. of it. A chunk of
+    // fewer than kNB blocks (a short row) spreads its rows over more groups, so no thread idles while
+    // another decodes many rows.
+    const int groups = min(kThreads / nb, nrows), per = (nrows + groups - 1) / groups;
+    const int b = tid % nb, g = tid / nb;
+    if (g < groups) {
       unit::Q8Act xa;
       const float dx = unit::q8_act<F>(xraw + stage_head(xq + xoff) + b * kXBlock, xa);
       if (g == 0) dxs[b] = dx;
-#pragma unroll
-      for (int j = 0; j < C::kRowsPer; ++j) {
-        const int row = g * C::kRowsPer + j;
+#pragma unroll 2
+      for (int j = 0; j < per; ++j) {
+        const int row = g * per + j;
         if (row >= nrows) break;
         const uint8_t* wr = wraw + row * C::kWStride + stage_head(wrows + row * rb + woff);
         unit::Q8Weights w;
@@ -226,6 +228,7 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
     }
     __syncthreads();
     if (tid < nrows) {
+#pragma unroll 4  // the shared-memory loads of several blocks ahead of the one accumulator's chain
       for (int b = 0; b < nb; ++b) {
         unit::Q8Weights w;
         w.d = wd[tid * C::kWdRow + b];
@@ -243,6 +246,7 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
 
 template <class F>
 __global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
+  grid_start();
   const int64_t nblk = a.cols / kQK;
   mmvq_block<F>(a.W, a.rb, a.rows, a.cols, a.Xq, a.Xq, a.Xq + nblk * kXBlock, a.Y,
                 static_cast<int64_t>(blockIdx.x) * rows_per_block<F>());
@@ -251,6 +255,7 @@ __global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
 // matmul_q8_experts: block (x, i) is mmvq_kernel's block x on row i's expert matrix against q8_0 row i.
 template <class F>
 __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
+  grid_start();
   const bool second = blockIdx.y >= g.n;  // grid rows n .. 2 n - 1: matrix m2 (a pair launch)
   const int64_t i = second ? blockIdx.y - g.n : blockIdx.y;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block<F>();
@@ -276,7 +281,7 @@ void launch_tile(const MatmulQ8Args& a, cudaStream_t s) {
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(per_launch, a.T - t0);
     const dim3 grid(grid_x(ceil_div(a.rows, Tl::kRB)), static_cast<unsigned>(ceil_div(g.T, Tl::kTB)));
-    mmq_kernel<F, Tl><<<grid, kThreads, 0, s>>>(g);
+    launch_kernel(mmq_kernel<F, Tl>, grid, kThreads, 0, s, g);
     STRATA_CUDA_LAUNCH_CHECK();
   }
 }
@@ -287,7 +292,8 @@ template <class F>
 void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
   using namespace mmq;
   if (a.T == 1) {
-    vec::mmvq_kernel<F><<<grid_x(ceil_div(a.rows, vec::rows_per_block<F>())), vec::kThreads, 0, s>>>(a);
+    launch_kernel(vec::mmvq_kernel<F>, grid_x(ceil_div(a.rows, vec::rows_per_block<F>())), vec::kThreads, 0,
+                  s, a);
     STRATA_CUDA_LAUNCH_CHECK();
   } else if (a.T == 2)
     launch_tile<F, SmallTile<2>>(a, s);
@@ -304,7 +310,7 @@ void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace mmq;
   const dim3 grid(grid_x(ceil_div(g.rows, vec::rows_per_block<F>())),
                   static_cast<unsigned>(g.m2 >= 0 ? 2 * g.n : g.n));
-  vec::mmvq_experts_kernel<F><<<grid, vec::kThreads, 0, s>>>(g);
+  launch_kernel(vec::mmvq_experts_kernel<F>, grid, vec::kThreads, 0, s, g);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -17,6 +17,7 @@ constexpr int64_t kMaxRopeHalf = 256;  // rotated pairs per head: head dims up t
 // One block per token: a block sum of squares in a fixed tree.
 __global__ void __launch_bounds__(kThreads)
     rms_scale_kernel(const float* x, int64_t D, float eps, float* grs) {
+  grid_start();
   __shared__ float red[kWarp];
   const float* r = x + (int64_t)blockIdx.x * D;
   float ss = 0.0f;
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     apply_norm_kernel(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
                       int64_t div, float* out) {
+  grid_start();
   const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i;
   const float* r = x + s * D;
   const float g = grs[s];
@@ -41,6 +43,7 @@ __global__ void __launch_bounds__(kThreads)
 // roundings, x read once more from cache instead of a second launch.
 __global__ void __launch_bounds__(kThreads)
     rms_norm_read_kernel(const float* x, int64_t D, float eps, const float* w, float* grs, float* out) {
+  grid_start();
   __shared__ float red[kWarp];
   const float* r = x + (int64_t)blockIdx.x * D;
   float* o = out + (int64_t)blockIdx.x * D;
@@ -82,6 +85,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     add_rms_norm_read_kernel(float* x, const float* y, int64_t D, float eps, const float* w, float* grs,
                              float* out) {
+  grid_start();
   __shared__ float red[kWarp];
   float* r = x + (int64_t)blockIdx.x * D;
   const float* yr = y + (int64_t)blockIdx.x * D;
@@ -127,6 +131,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     gather_kernel(const float* x, int64_t D, const int32_t* rows, int64_t div, float* out) {
+  grid_start();
   const int64_t i = blockIdx.x;
   const float* r = x + (int64_t)(rows[i] / div) * D;
   float* o = out + i * D;
@@ -187,6 +192,7 @@ __global__ void __launch_bounds__(kRopeThreads)
                          const float* q_norm, const float* k_norm, float eps, int64_t pos0,
                          const int32_t* pos_dev, int64_t half, InvFreq inv_freq, void* kc, void* vc,
                          bool f16) {
+  grid_start();
   extern __shared__ float sh[];  // hd floats
   __shared__ float red[kWarp];
   const int64_t per_token = n_head + 2 * n_kv, t = blockIdx.x / per_token, j = blockIdx.x % per_token;
@@ -210,6 +216,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 __global__ void __launch_bounds__(kRopeThreads)
     head_norm_rope_kernel(float* x, int64_t n_heads, int64_t hd, const float* w, float eps, int64_t pos0,
                           const int32_t* pos_dev, int64_t half, InvFreq inv_freq) {
+  grid_start();
   extern __shared__ float sh[];  // hd floats
   __shared__ float red[kWarp];
   const int64_t th = blockIdx.x;
@@ -236,35 +243,35 @@ InvFreq rope_inv_freq(const RopeParams& rope, int64_t hd, const char* op) {
 
 void launch_rms_scale(const float* x, int64_t T, int64_t D, float eps, float* grs, cudaStream_t s) {
   if (T <= 0) return;
-  rms_scale_kernel<<<grid_x(T), kThreads, 0, s>>>(x, D, eps, grs);
+  launch_kernel(rms_scale_kernel, grid_x(T), kThreads, 0, s, x, D, eps, grs);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_apply_norm(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
                        int64_t div, int64_t n, float* out, cudaStream_t s) {
   if (n <= 0) return;
-  apply_norm_kernel<<<grid_x(n), kThreads, 0, s>>>(x, grs, w, D, rows, div, out);
+  launch_kernel(apply_norm_kernel, grid_x(n), kThreads, 0, s, x, grs, w, D, rows, div, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_rms_norm_read(const float* x, int64_t T, int64_t D, float eps, const float* w, float* grs,
                           float* out, cudaStream_t s) {
   if (T <= 0) return;
-  rms_norm_read_kernel<<<grid_x(T), kThreads, 0, s>>>(x, D, eps, w, grs, out);
+  launch_kernel(rms_norm_read_kernel, grid_x(T), kThreads, 0, s, x, D, eps, w, grs, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_add_rms_norm_read(float* x, const float* y, int64_t T, int64_t D, float eps, const float* w,
                               float* grs, float* out, cudaStream_t s) {
   if (T <= 0) return;
-  add_rms_norm_read_kernel<<<grid_x(T), kThreads, 0, s>>>(x, y, D, eps, w, grs, out);
+  launch_kernel(add_rms_norm_read_kernel, grid_x(T), kThreads, 0, s, x, y, D, eps, w, grs, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_gather(const float* x, int64_t D, const int32_t* rows, int64_t div, int64_t n, float* out,
                    cudaStream_t s) {
   if (n <= 0) return;
-  gather_kernel<<<grid_x(n), kThreads, 0, s>>>(x, D, rows, div, out);
+  launch_kernel(gather_kernel, grid_x(n), kThreads, 0, s, x, D, rows, div, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -272,8 +279,8 @@ void launch_head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t hd, con
                            int64_t pos0, const int32_t* pos_dev, const RopeParams& rope, cudaStream_t s) {
   const InvFreq inv = rope_inv_freq(rope, hd, "head_norm_rope");
   if (T <= 0 || n_heads <= 0) return;
-  head_norm_rope_kernel<<<grid_x(T * n_heads), kRopeThreads, (size_t)hd * sizeof(float), s>>>(
-      x, n_heads, hd, w, eps, pos0, pos_dev, rope.n_dims / 2, inv);
+  launch_kernel(head_norm_rope_kernel, grid_x(T * n_heads), kRopeThreads, (size_t)hd * sizeof(float), s, x,
+                n_heads, hd, w, eps, pos0, pos_dev, rope.n_dims / 2, inv);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -284,9 +291,9 @@ void launch_qk_rope_store(float* q, float* k, const float* v, int64_t T, int64_t
   const InvFreq inv = rope_inv_freq(rope, hd, "qk_rope_store");
   STRATA_CHECK(n_head >= 0 && n_kv >= 0, ConfigError, "qk_rope_store: negative head counts");
   if (T <= 0 || n_head + n_kv == 0) return;
-  qk_rope_store_kernel<<<grid_x(T * (n_head + 2 * n_kv)), kRopeThreads, (size_t)hd * sizeof(float), s>>>(
-      q, k, v, n_head, n_kv, hd, q_norm, k_norm, eps, pos0, pos_dev, rope.n_dims / 2, inv, kc, vc,
-      t == KvType::F16);
+  launch_kernel(qk_rope_store_kernel, grid_x(T * (n_head + 2 * n_kv)), kRopeThreads,
+                (size_t)hd * sizeof(float), s, q, k, v, n_head, n_kv, hd, q_norm, k_norm, eps, pos0, pos_dev,
+                rope.n_dims / 2, inv, kc, vc, t == KvType::F16);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

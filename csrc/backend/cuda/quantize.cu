@@ -18,6 +18,7 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads)
     quantize_q8_0_kernel(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
                          int64_t div, uint8_t* out, size_t out_row_bytes) {
+  grid_start();
   const int lane = threadIdx.x % kWarp;
   const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i;
   const float* r = x + s * D;
@@ -44,8 +45,8 @@ void launch_quantize_q8_0(const float* x, const float* grs, const float* w, int6
                "quantize_q8_0: out_row_bytes=", out_row_bytes, " is smaller than ", D / 32, " blocks");
   if (n <= 0 || D == 0) return;
   const unsigned per_row = (unsigned)std::min<int64_t>(ceil_div(D / 32, kThreads / kWarp), 65535);
-  quantize_q8_0_kernel<<<dim3(grid_x(n), per_row), kThreads, 0, s>>>(x, grs, w, D, rows, div, out,
-                                                                     out_row_bytes);
+  launch_kernel(quantize_q8_0_kernel, dim3(grid_x(n), per_row), kThreads, 0, s, x, grs, w, D, rows, div, out,
+                out_row_bytes);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -70,39 +70,104 @@ __device__ __forceinline__ void topk_warp(const float* lg, int64_t E, int64_t K,
 // One warp per token, the probabilities in shared memory.
 __global__ void __launch_bounds__(kWarp)
     router_topk_kernel(const float* logits, int64_t E, int64_t K, bool norm, int32_t* ids, float* weights) {
+  grid_start();
   extern __shared__ float sm[];  // topk_smem(E, K)
   const int64_t t = blockIdx.x;
   topk_warp(logits + t * E, E, K, norm, ids + t * K, weights + t * K, sm, threadIdx.x);
 }
 
+// topk_warp's picks by the whole block (blockDim.x threads, whole warps): the same float operations
+// (the max, p = exp(l - max) summed in id order by one thread, then divided; the renormalizing sum in
+// pick order), but the picks are ranks: p_e takes slot #{j : p_j > p_e or (p_j == p_e and j < e)}, the
+// order K argmax rounds with ties to the lower id produce, in one pass over E instead of K serial
+// rounds. A NaN probability ranks below every number (the rounds never pick one while a number is
+// left), so every slot gets a distinct id in [0, E). lg: E logits in shared memory; sm: topk_smem(E, K);
+// red: 32 floats.
+__device__ __forceinline__ float rank_key(float p) { return p == p ? p : -1.0f; }
+__device__ __forceinline__ void topk_block(const float* lg, int64_t E, int64_t K, bool norm, int32_t* ids,
+                                           float* weights, float* sm, float* red) {
+  float* p = sm;
+  int32_t* pid = topk_picked(sm, E);
+  float* pw = sm + E + K;
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % kWarp, warp = tid / kWarp;
+  float mx = -INFINITY;
+  for (int e = tid; e < E; e += nt) mx = fmaxf(mx, lg[e]);
+  mx = warp_max(mx);
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  if (tid == 0) {
+    for (int w = 1; w < nt / kWarp; ++w) mx = fmaxf(mx, red[w]);
+    red[0] = mx;
+  }
+  __syncthreads();
+  mx = red[0];
+  for (int e = tid; e < E; e += nt) p[e] = expf(lg[e] - mx);
+  __syncthreads();
+  if (tid == 0) {
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int e = 0; e < E; ++e) sum += p[e];
+    red[1] = sum;
+  }
+  __syncthreads();
+  const float sum = red[1];
+  for (int e = tid; e < E; e += nt) p[e] /= sum;
+  __syncthreads();
+  for (int e = tid; e < E; e += nt) {
+    const float pe = rank_key(p[e]);
+    int rank = 0;
+#pragma unroll 8
+    for (int j = 0; j < E; ++j) {
+      const float pj = rank_key(p[j]);
+      rank += pj > pe || (pj == pe && j < e);
+    }
+    if (rank < K) {
+      pid[rank] = e;
+      pw[rank] = p[e];
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float ws = 0.0f;
+    for (int k = 0; k < K; ++k) ws += pw[k];
+    red[2] = ws;
+  }
+  __syncthreads();
+  const float ws = red[2];
+  for (int k = tid; k < K; k += nt) {
+    ids[k] = pid[k];
+    weights[k] = norm ? pw[k] / ws : pw[k];
+  }
+}
+
 // One token's K pairs grouped by expert as group_by_expert_kernel groups them (a stable sort of the
-// pairs by id; an id outside [0, E) left out): off[e] = the pairs of lower ids, rows in (id, k) order.
-__device__ __forceinline__ void group_one_warp(const int32_t* ids, int64_t K, int64_t E, int32_t* off,
-                                               int32_t* rows, int lane) {
-  auto valid = [&](int32_t id) { return (unsigned)id < (unsigned)E; };
-  for (int64_t e = lane; e <= E; e += kWarp) {
+// pairs by id: off[e] = the pairs of lower ids, rows in id order), for K distinct ids in [0, E)
+// (topk_block's), by the whole block.
+__device__ __forceinline__ void group_distinct_block(const int32_t* ids, int64_t K, int64_t E, int32_t* off,
+                                                     int32_t* rows) {
+  for (int e = threadIdx.x; e <= E; e += blockDim.x) {
     int c = 0;
-    for (int64_t q = 0; q < K; ++q) c += valid(ids[q]) && ids[q] < e;
+    for (int q = 0; q < K; ++q) c += ids[q] < e;
     off[e] = c;
   }
-  for (int64_t k = lane; k < K; k += kWarp) {
-    const int32_t id = ids[k];
-    if (!valid(id)) continue;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
     int pos = 0;
-    for (int64_t q = 0; q < K; ++q) pos += valid(ids[q]) && (ids[q] < id || (ids[q] == id && q < k));
-    rows[pos] = (int32_t)k;
+    for (int q = 0; q < K; ++q) pos += ids[q] < ids[k];
+    rows[pos] = k;
   }
 }
 
 // route for one token: warp w of block b computes logit 4 b + w as gemv_row_kernel does (row_dot, the
 // same bits as matmul); the last block to finish (a ticket, reset for the next call) picks the top-K
-// from those logits and groups the pairs.
+// from those logits and groups the pairs, all its threads at once.
 template <class F>
 __global__ void __launch_bounds__(gemv::kRowThreads)
     route_kernel(const uint8_t* W, size_t rb, int64_t E, int64_t D, const float* x, bool x_vec, int64_t K,
                  bool norm, float* logits, int32_t* ids, float* weights, int32_t* off, int32_t* rows,
                  unsigned* ticket) {
-  extern __shared__ float sm[];  // the logits (E), then topk_warp's scratch (topk_smem(E, K))
+  grid_start();
+  extern __shared__ float sm[];  // the logits (E), then topk_block's scratch (topk_smem(E, K))
+  __shared__ float red[kWarp];
   __shared__ bool last;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * gemv::kRowWarps + warp;
@@ -114,13 +179,13 @@ __global__ void __launch_bounds__(gemv::kRowThreads)
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
   __syncthreads();
-  if (!last || warp != 0) return;
+  if (!last) return;
   __threadfence();
-  for (int64_t e = lane; e < E; e += kWarp) sm[e] = __ldcg(logits + e);  // past this SM's L1
-  __syncwarp();
-  topk_warp(sm, E, K, norm, ids, weights, sm + E, lane);
-  group_one_warp(topk_picked(sm + E, E), K, E, off, rows, lane);
-  if (lane == 0) *ticket = 0;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) sm[e] = __ldcg(logits + e);  // past this SM's L1
+  __syncthreads();
+  topk_block(sm, E, K, norm, ids, weights, sm + E, red);
+  group_distinct_block(topk_picked(sm + E, E), K, E, off, rows);
+  if (threadIdx.x == 0) *ticket = 0;
 }
 
 // The expert of pair p; an id outside [0, E) is left out rather than let it write outside the counts.
@@ -135,6 +200,7 @@ struct PairIndex {
 
 __global__ void __launch_bounds__(kSortThreads)
     group_by_expert_kernel(const int32_t* ids, int64_t n, int E, int32_t* off, int32_t* rows) {
+  grid_start();
   extern __shared__ int smem[];
   block_counting_sort(n, E, ExpertOf{ids, E}, PairIndex{}, rows, off, smem);
 }
@@ -147,7 +213,7 @@ void launch_router_topk(const float* logits, int64_t T, int64_t E, int64_t K, bo
   STRATA_CHECK(topk_smem(E, K) <= 48 * 1024, UnsupportedError, "router_topk: E=", E, " experts and K=", K,
                " exceed the CUDA kernel's shared memory (E + 2 K <= 12288)");
   if (T <= 0) return;
-  router_topk_kernel<<<grid_x(T), kWarp, topk_smem(E, K), s>>>(logits, E, K, norm, ids, weights);
+  launch_kernel(router_topk_kernel, grid_x(T), kWarp, topk_smem(E, K), s, logits, E, K, norm, ids, weights);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -164,9 +230,9 @@ bool launch_route(uint32_t type, const void* W, int64_t E, int64_t D, const floa
                  " bytes");
     STRATA_CHECK(reinterpret_cast<uintptr_t>(x) % 4 == 0, ConfigError, "route: activations at ", x,
                  " are not 4-byte aligned");
-    route_kernel<F><<<grid_x(ceil_div(E, gemv::kRowWarps)), gemv::kRowThreads, E * 4 + topk_smem(E, K), s>>>(
-        static_cast<const uint8_t*>(W), rb, E, D, x, x_rows_aligned(x, D), K, norm, logits, ids, weights, off,
-        rows, ticket);
+    launch_kernel(route_kernel<F>, grid_x(ceil_div(E, gemv::kRowWarps)), gemv::kRowThreads,
+                  E * 4 + topk_smem(E, K), s, static_cast<const uint8_t*>(W), rb, E, D, x,
+                  x_rows_aligned(x, D), K, norm, logits, ids, weights, off, rows, ticket);
     STRATA_CUDA_LAUNCH_CHECK();
   };
   switch (static_cast<QType>(type)) {
@@ -189,7 +255,8 @@ void launch_group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E,
   STRATA_CHECK(E >= 1 && counting_sort_smem(E) <= 48 * 1024, UnsupportedError, "group_by_expert: E=", E,
                " experts exceed the CUDA kernel's shared memory");
   STRATA_CHECK(T * K < 0x7fffffff, ConfigError, "group_by_expert: ", T * K, " rows exceed int32");
-  group_by_expert_kernel<<<1, kSortThreads, counting_sort_smem(E), s>>>(ids, T * K, (int)E, off, rows);
+  launch_kernel(group_by_expert_kernel, 1, kSortThreads, counting_sort_smem(E), s, ids, T * K, (int)E, off,
+                rows);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
