@@ -2,7 +2,7 @@
 // and its forward pass: pre-norm GQA with q/k/v/o biases, NEOX RoPE with YaRN, attention with a
 // per-head sink on alternating sliding-window (even layers) and full layers; a biased router, softmax
 // over the top-K logits, experts with gate/up/down biases and the clamped SwiGLU (`(up + 1) * glu`).
-// Its own ops are GptOssOps (backend/gptoss_ops.h), which only the CPU backend implements.
+// Its own ops are GptOssOps (backend/gptoss_ops.h), which the CPU and CUDA backends implement.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -298,7 +298,7 @@ class GptOssForward final : public ForwardPass {
 };
 
 std::string no_oss_ops(Backend& be) {
-  return str("gpt-oss runs on the CPU backend only for now; the ", be.name(),
+  return str("gpt-oss runs on the CPU and CUDA backends; the ", be.name(),
              " backend has no gpt-oss ops (attention sinks, YaRN, the biased experts). Use --device cpu.");
 }
 

@@ -16,10 +16,12 @@
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embed.cuh"
 #include "backend/cuda/expert_resolve.cuh"
+#include "backend/cuda/gptoss.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/quantize.cuh"
 #include "backend/cuda/router.cuh"
+#include "backend/gptoss_ops.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
@@ -79,7 +81,7 @@ std::string describe_current(const cudaDeviceProp& p) {
   return str(p.name, ", ", gib(free_b), " free of ", gib(total_b), ", sm_", p.major, p.minor);
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public GptOssOps {
  public:
   explicit CudaBackend(int device) : device_(device) {
     require_device(device);
@@ -435,6 +437,34 @@ class CudaBackend final : public Backend {
   void add(float* x, const float* y, int64_t n) override {
     use();
     cuda::launch_add(x, y, n, compute_);
+  }
+
+  // GptOssOps (backend/gptoss_ops.h), in gptoss.cu.
+  void add_bias(float* y, const float* bias, int64_t T, int64_t n) override {
+    use();
+    cuda::launch_add_bias(y, bias, T, n, compute_);
+  }
+  void rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, float mscale,
+                 int64_t pos0) override {
+    use();
+    cuda::launch_rope_neox(x, T, n_heads, hd, inv_freq, mscale, pos0, pos_.dev, compute_);
+  }
+  void attention_sinks(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
+                       int64_t H, int64_t KV, int64_t hd, float scale, const float* sinks, int64_t window,
+                       float* out) override {
+    use();
+    cuda::launch_attention_sinks(q, kc, vc, t, T, pos0, pos_.dev, H, KV, hd, scale, sinks, window, out,
+                                 compute_);
+  }
+  void swiglu_oai(float* g, const float* u, const int32_t* ids, const int32_t* rows, int64_t n, int64_t F,
+                  const float* gate_b, const float* up_b, float alpha, float limit) override {
+    use();
+    cuda::launch_swiglu_oai(g, u, ids, rows, n, F, gate_b, up_b, alpha, limit, compute_);
+  }
+  void expert_bias(float* y, const int32_t* ids, const float* w, const float* bias, int64_t T, int64_t K,
+                   int64_t D) override {
+    use();
+    cuda::launch_expert_bias(y, ids, w, bias, T, K, D, compute_);
   }
   void router_topk(const float* logits, int64_t T, int64_t E, int64_t K, bool norm, int32_t* ids,
                    float* weights) override {
