@@ -28,6 +28,7 @@ if not _has_gpu():
 
 F32_KV_VS_CPU = 6e-3  # test_gpu.py's bounds (measured there 4e-4 .. 7e-4)
 F16_KV_VS_CPU = 7e-3
+MMQ_VS_CPU = 5e-2
 MIXES = {
     "f32": None,
     "mxfp4": {"embed": "Q8_0", "attn": "Q8_0", "experts": "MXFP4", "output": "Q8_0"},
@@ -61,12 +62,25 @@ def gpu(path: str, **kw) -> strata.Model:
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_gpu_gpt_oss_logits_match_cpu(oss, mix, kv):
+    """The fused layout (a 64 MiB cache: the experts read float activations)."""
     path = oss(mix)
-    cpu = strata.Model(path, device="cpu", ctx=128, progress=False).logits(PROMPT)
-    out = gpu(path, kv_type=kv).logits(PROMPT)
-    e = rel(out, cpu)
+    cpu = strata.Model(path, device="cpu", ctx=128, expert_cache=64, progress=False).logits(PROMPT)
+    m = gpu(path, kv_type=kv, expert_cache=64)
+    assert m.layout(16)["kind"] == "fused"
+    e = rel(m.logits(PROMPT), cpu)
     print(f"gpt-oss {mix} kv={kv}: vs cpu {e:.2e}")
     assert e <= (F32_KV_VS_CPU if kv == "f32" else F16_KV_VS_CPU)
+
+
+def test_gpu_gpt_oss_mmq_layout_matches_cpu_mmq(oss):
+    """Every expert resident: the MMQ layout, the experts' activations quantized to q8_0 by the same rule
+    on both backends; what reaches them carries the fp16 tiles' O(5e-4), and an activation moved across a
+    q8_0 rounding boundary moves by a quantum (test_gpu.py's MMQ_VS_CPU and its reasons)."""
+    path = oss("mxfp4")
+    cpu = strata.Model(path, device="cpu", ctx=128, expert_cache="all", progress=False).logits(PROMPT)
+    e = rel(gpu(path, kv_type="f32", expert_cache="all").logits(PROMPT), cpu)
+    print(f"gpt-oss mxfp4 MMQ: vs cpu {e:.2e}")
+    assert e <= MMQ_VS_CPU
 
 
 def test_gpu_gpt_oss_greedy_tokens_match_cpu(oss):
