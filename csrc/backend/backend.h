@@ -135,13 +135,6 @@ class Backend {
   // A weight the device reads for the model's life: the CPU borrows the host bytes in place (they
   // must outlive the buffer), a GPU copies them into memory the returned buffer owns.
   virtual DeviceBuffer resident(const void* host, size_t bytes, const char* what) = 0;
-  // A dense matrix from resident() (rows x cols of ggml type `type`, that only matmul and matmul_n
-  // read) rearranged in place into the layout this backend's matmuls read fastest, with the same
-  // values; returns the type to pass them from now on. The default leaves it as it is (the CPU's
-  // resident bytes may be the read-only file itself).
-  virtual uint32_t prepare_dense(uint32_t type, void* /*W*/, int64_t /*rows*/, int64_t /*cols*/) {
-    return type;
-  }
 
   // ---- streams and events ----
   virtual EventId event_create() = 0;

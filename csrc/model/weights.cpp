@@ -49,9 +49,7 @@ void TensorReader::common(ModelSpec& s, bool tied_ok) const {
 
 DenseMatrix ResidentWeights::dense(const WeightRef& w, const char* what) {
   owned_.push_back(be_.resident(w.data(), w.t->nbytes, what));
-  DenseMatrix m{w.type(), owned_.back().get(), w.t->ne.size() > 1 ? w.t->ne[1] : 1, w.t->ne[0]};
-  m.type = be_.prepare_dense(m.type, owned_.back().get(), m.rows, m.cols);  // matmul reads it, nothing else
-  return m;
+  return DenseMatrix{w.type(), owned_.back().get(), w.t->ne.size() > 1 ? w.t->ne[1] : 1, w.t->ne[0]};
 }
 
 const float* ResidentWeights::vec(const WeightRef& w, const char* what) {

@@ -34,10 +34,7 @@ enum class QType : uint32_t {
   IQ4_XS = 23,
   IQ1_M = 29,
   BF16 = 30,
-  MXFP4 = 39,
-  // Not a ggml type and never read from a file (find_quant does not know it): Q8_0 rearranged on a
-  // device for its matmuls (unit::Q8_0R, Backend::prepare_dense).
-  Q8_0R = 0x10008
+  MXFP4 = 39
 };
 
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);

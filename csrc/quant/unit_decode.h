@@ -274,37 +274,6 @@ struct Q8_0 {
   }
 };
 
-// Q8_0 rearranged (QType::Q8_0R): each run of 8 blocks (256 columns, 272 bytes) keeps its 8 fp16
-// scales first, then its 8 x 32 codes, so a unit's 16 codes sit at a 16-byte boundary of the run and
-// a warp's units are contiguous. The values, and so every product, are Q8_0's.
-struct Q8_0R {
-  static constexpr QType kType = QType::Q8_0R;
-  static constexpr int kBlock = 8 * kQK8_0, kBytes = 8 * static_cast<int>(sizeof(BlockQ8_0));
-  static constexpr int kQs = 8 * 2;
-  // The byte of a Q8_0 run that byte i of the rearranged run holds.
-  STRATA_HD static constexpr int source_byte(int i) {
-    constexpr int kB = static_cast<int>(sizeof(BlockQ8_0));
-    return i < kQs ? kB * (i / 2) + i % 2 : kB * ((i - kQs) / kQK8_0) + 2 + (i - kQs) % kQK8_0;
-  }
-  static constexpr int kAlign = 16;  // runs start 16-byte aligned (kBytes is 17 x 16)
-  STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
-    const float d = half_float(ld16(b + 2 * (u / 2)));
-    uint32_t w[4];
-#if defined(__CUDA_ARCH__)
-    const uint4 q = *reinterpret_cast<const uint4*>(b + kQs + kUnit * u);  // one 16-byte load
-    w[0] = q.x;
-    w[1] = q.y;
-    w[2] = q.z;
-    w[3] = q.w;
-#else
-    ld_words<4>(b + kQs + kUnit * u, w);
-#endif
-    STRATA_UNROLL
-    for (int i = 0; i < 4; ++i) STRATA_UNROLL
-    for (int k = 0; k < 4; ++k) v[4 * i + k] = mul(s8_float(w[i] ^ 0x80808080u, k), d);
-  }
-};
-
 // gguf: d*sc and dmin*m rounded to float32 first, then (d*sc)*q - dmin*m.
 struct Q4_K {
   static constexpr QType kType = QType::Q4_K;
@@ -595,8 +564,6 @@ template <class F>
 constexpr int block_align() {
   if constexpr (F::kBlock == 1)
     return F::kBytes;
-  else if constexpr (requires { F::kAlign; })
-    return F::kAlign;
   else if constexpr (requires { F::kAnyAddress; })
     return F::kAnyAddress ? 1 : 2;
   else

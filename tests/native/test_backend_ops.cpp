@@ -3,7 +3,6 @@
 // backend's own memory; outputs are poisoned first and followed by a guard tail that must survive.
 #include "backend_ops_harness.h"
 #include "core/thread_pool.h"
-#include "quant/unit_decode.h"
 
 namespace {
 
@@ -233,52 +232,6 @@ TEST_P(Op, QuantizeQ8_0) {
         }
         expect_err(excess, kQ8RoundSlack, what + ", past the half");
       }
-}
-
-// prepare_dense may rearrange a resident Q8_0 matrix (CUDA: unit::Q8_0R, byte i of each 272-byte run
-// from source_byte(i)); matmul and matmul_n on what it returns give the bits of the same backend's
-// matmuls on the plain Q8_0 bytes, on the decode and prompt paths and at every token count.
-TEST_P(Op, PreparedDenseMatmulIsItsQ8_0) {
-  std::mt19937 rng(71);
-  for (int64_t cols : {256, 2304})
-    for (int64_t rows : {1, 37, 129}) {
-      const auto W = random_weights(QType::Q8_0, rows, cols, rng);
-      Dev<uint8_t> plain(be(), W, "W"), prepared(be(), W, "W prepared");
-      const uint32_t t = be().prepare_dense((uint32_t)QType::Q8_0, prepared.p(), rows, cols);
-      const auto bytes = prepared.get();
-      if (t == (uint32_t)QType::Q8_0R) {
-        constexpr int kRun = unit::Q8_0R::kBytes;
-        for (size_t r = 0; r < W.size() / kRun; ++r)
-          for (int i = 0; i < kRun; ++i)
-            ASSERT_EQ(bytes[r * kRun + i], W[r * kRun + unit::Q8_0R::source_byte(i)])
-                << "run " << r << " byte " << i;
-      } else {
-        ASSERT_EQ(t, (uint32_t)QType::Q8_0);
-        ASSERT_EQ(bytes, W) << "a matrix left as it is must keep its bytes";
-      }
-      for (Phase ph : {Phase::Decode, Phase::Prompt})
-        for (int64_t T : {1, 2, 8, 9, 40}) {
-          const auto x = randf(rng, T * cols, -2.f, 2.f);
-          Dev<float> dx(be(), x, "x"), y1(be(), T * rows, "y"), y2(be(), T * rows, "y");
-          be().set_phase(ph);
-          be().matmul(t, prepared.p(), rows, cols, dx.p(), cols, T, y1.p(), rows);
-          be().matmul((uint32_t)QType::Q8_0, plain.p(), rows, cols, dx.p(), cols, T, y2.p(), rows);
-          be().set_phase(Phase::Any);
-          const std::string what = str("prepared Q8_0 rows=", rows, " cols=", cols, " T=", T,
-                                       ph == Phase::Decode ? " decode" : " prompt");
-          expect_same(y1.get(), y2.get(), what);
-          if (T == 1) {  // matmul_n: the matrix twice in one launch
-            Dev<float> a(be(), rows, "y"), b(be(), rows, "y");
-            const Backend::MatmulOut outs[2] = {{prepared.p(), rows, a.p(), rows},
-                                                {prepared.p(), rows, b.p(), rows}};
-            be().set_phase(ph);
-            be().matmul_n(t, cols, dx.p(), cols, 1, outs, 2);
-            be().set_phase(Phase::Any);
-            expect_same(a.get(), y2.get(), what + " matmul_n 0");
-            expect_same(b.get(), y2.get(), what + " matmul_n 1");
-          }
-        }
-    }
 }
 
 TEST_P(Op, MatmulQ8) {

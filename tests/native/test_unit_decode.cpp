@@ -120,38 +120,6 @@ TEST(UnitDecode, UnitsEqualDequantRow) {
   check_units<unit::IQ1_M>(3 * 256, rng);
 }
 
-// Q8_0R (Q8_0 rearranged in 272-byte runs by source_byte) decodes every unit to Q8_0's values; the
-// mapping is a permutation of each run's bytes.
-TEST(UnitDecode, Q8_0RearrangedEqualsQ8_0) {
-  std::mt19937 rng(13);
-  constexpr int kRun = unit::Q8_0R::kBytes;
-  std::vector<bool> seen(kRun, false);
-  for (int i = 0; i < kRun; ++i) {
-    const int s = unit::Q8_0R::source_byte(i);
-    ASSERT_TRUE(s >= 0 && s < kRun && !seen[s]) << "byte " << i;
-    seen[s] = true;
-  }
-  const int64_t rows = 3, cols = 3 * 256;
-  const auto w = random_weights(QType::Q8_0, rows, cols, rng);
-  std::vector<uint8_t> r(w.size());
-  for (size_t run = 0; run < w.size() / kRun; ++run)
-    for (int i = 0; i < kRun; ++i) r[run * kRun + i] = w[run * kRun + unit::Q8_0R::source_byte(i)];
-  std::vector<float> want(rows * cols);
-  dequantize(QType::Q8_0, w.data(), want.data(), rows * cols);
-  const Shifted s(r, 0);
-  const size_t rb = row_bytes(QType::Q8_0, cols);
-  for (int64_t row = 0; row < rows; ++row)
-    for (int64_t c0 = 0; c0 < cols; c0 += unit::kUnit) {
-      float v[unit::kUnit];
-      unit::Q8_0R::decode(s.p + row * rb + c0 / unit::Q8_0R::kBlock * kRun,
-                          static_cast<int>(c0 % unit::Q8_0R::kBlock / unit::kUnit), v);
-      for (int i = 0; i < unit::kUnit; ++i)
-        ASSERT_EQ(bits_from_f32(v[i]), bits_from_f32(want[row * cols + c0 + i]))
-            << "row " << row << " element " << c0 + i;
-    }
-  EXPECT_EQ(find_quant(static_cast<uint32_t>(QType::Q8_0R)), nullptr) << "never a type a file may carry";
-}
-
 // Every byte pattern of the Q4_K and Q6_K fields at once: the quants decoded from random bytes above
 // cover the nibbles and 2-bit groups; this covers the extremes of the float conversion.
 TEST(UnitDecode, ByteFloatsAreExact) {

@@ -25,7 +25,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
-#include "quant/unit_decode.h"
 
 namespace strata {
 namespace cuda {
@@ -215,15 +214,6 @@ class CudaBackend final : public Backend, public GptOssOps {
     DeviceBuffer b(*this, bytes, what);
     upload(b.get(), host, bytes);
     return b;
-  }
-  // Q8_0 rows of whole 256-column runs become unit::Q8_0R: a warp's GEMV loads are then 16-byte
-  // aligned and contiguous (Q8_0's 34-byte blocks put every other unit at a 2-byte boundary).
-  uint32_t prepare_dense(uint32_t type, void* W, int64_t rows, int64_t cols) override {
-    if (static_cast<QType>(type) != QType::Q8_0 || cols % unit::Q8_0R::kBlock != 0 || rows <= 0) return type;
-    use();
-    cuda::launch_rearrange_q8_0(W, rows, cols, compute_);
-    if (!capturing_) STRATA_CUDA_CHECK(cudaStreamSynchronize(compute_));
-    return static_cast<uint32_t>(QType::Q8_0R);
   }
 
   // ---- streams and events: an EventId is 1 + its index in events_ (0 is "no event") ----

@@ -59,19 +59,4 @@ void dispatch_format(uint32_t type, const char* what, Fn&& fn) {
   throw UnsupportedError(str(what, ": the CUDA backend has no kernel for ggml type ", q.name));
 }
 
-// dispatch_format for a dense matrix's matmuls: the formats, and Q8_0 as prepare_dense rearranges it.
-template <class Fn>
-void dispatch_dense_format(uint32_t type, const char* what, Fn&& fn) {
-  if (static_cast<QType>(type) == QType::Q8_0R) return fn(unit::Q8_0R{});
-  dispatch_format(type, what, static_cast<Fn&&>(fn));
-}
-
-// Bytes of a row of cols elements of F; ConfigError unless cols is a whole number of F's blocks.
-template <class F>
-size_t format_row_bytes(int64_t cols, const char* what) {
-  STRATA_CHECK(cols >= 0 && cols % F::kBlock == 0, ConfigError, what, ": a row of ", cols,
-               " elements is not a whole number of ", F::kBlock, "-element blocks");
-  return static_cast<size_t>(cols / F::kBlock) * F::kBytes;
-}
-
 }  // namespace strata::cuda

@@ -25,42 +25,13 @@ void check_weights(const void* W, size_t rb, const char* op) {
 
 }  // namespace
 
-namespace {
-// Run r of the matrix (272 bytes) by one warp: the bytes into shared memory, then each byte of the
-// rearranged run from its source.
-constexpr int kRunWarps = 8;
-__global__ void __launch_bounds__(kRunWarps* kWarp) rearrange_q8_0_kernel(uint8_t* W, int64_t runs) {
-  grid_start();
-  constexpr int kRun = unit::Q8_0R::kBytes;
-  __shared__ uint8_t buf[kRunWarps][kRun];
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRunWarps + warp;
-  if (r >= runs) return;
-  uint8_t* run = W + r * kRun;
-  for (int i = lane; i < kRun; i += kWarp) buf[warp][i] = run[i];
-  __syncwarp();
-  for (int i = lane; i < kRun; i += kWarp) run[i] = buf[warp][unit::Q8_0R::source_byte(i)];
-}
-}  // namespace
-
-void launch_rearrange_q8_0(void* W, int64_t rows, int64_t cols, cudaStream_t s) {
-  STRATA_CHECK(rows >= 0 && cols >= 0 && cols % unit::Q8_0R::kBlock == 0, ConfigError,
-               "rearrange_q8_0: rows=", rows, " cols=", cols, " (cols must be a multiple of ",
-               unit::Q8_0R::kBlock, ")");
-  const int64_t runs = rows * (cols / unit::Q8_0R::kBlock);
-  if (runs == 0) return;
-  launch_kernel(rearrange_q8_0_kernel, grid_x(ceil_div(runs, kRunWarps)), kRunWarps * kWarp, 0, s,
-                static_cast<uint8_t*>(W), runs);
-  STRATA_CUDA_LAUNCH_CHECK();
-}
-
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
                         const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
-  dispatch_dense_format(type, "matmul weight", [&](auto fmt) {
+  dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
-    const size_t rb = format_row_bytes<F>(cols, "matmul");
+    const size_t rb = row_bytes(F::kType, cols);
     check_shape("matmul", rows, cols, T, ldy);
     STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
     check_weights<F>(W, rb, "matmul");
@@ -84,14 +55,14 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
       launch_matmul_path(path, type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy, s);
     return;
   }
-  dispatch_dense_format(type, "matmul weight", [&](auto fmt) {
+  dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
     STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
     STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
                  " are not 4-byte aligned");
     GemvMultiArgs g{};
     g.n = n;
-    g.rb = format_row_bytes<F>(cols, "matmul");
+    g.rb = row_bytes(F::kType, cols);
     g.cols = cols;
     g.X = X;
     g.total = total;

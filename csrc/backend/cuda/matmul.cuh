@@ -40,9 +40,6 @@ void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_
 enum class MatmulPath { Gemv, TensorCore };
 // launch_matmul's choice: GEMV up to 8 tokens (decode, small batches), tensor cores beyond.
 bool matmul_should_use_gemv(uint32_t type, int64_t rows, int64_t cols, int64_t T);
-// Rearranges the rows x cols Q8_0 matrix W (device memory, rows row_bytes(Q8_0, cols) apart, cols a
-// multiple of 256) in place into unit::Q8_0R's layout: the same bytes per row, 272-byte runs.
-void launch_rearrange_q8_0(void* W, int64_t rows, int64_t cols, cudaStream_t s);
 // matmul_n: n matmuls of one activation, as launch_matmul_path of each, in one launch where the path is
 // GEMV and T is 1 (decode: the attention's q, k and v).
 void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T,
