@@ -53,6 +53,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="decoded tokens per run")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=3, help="models (weight seeds) per row")
+    ap.add_argument("--route-skew", type=float, default=0.0,
+                    help="make_qwen3moe's route_skew (expert popularity; bench/routing.py measures it)")
+    ap.add_argument("--route-locality", type=float, default=0.0,
+                    help="make_qwen3moe's route_locality (consecutive tokens routing alike)")
     ap.add_argument("--json", default="bench/out/cache_policy.json")
     a = ap.parse_args()
     prefill = 16
@@ -60,7 +64,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for seed in range(a.seeds):
             path = os.path.join(d, f"m{seed}.gguf")
-            make_qwen3moe(path, **SHAPE, quant={"experts": "Q4_K"}, seed=seed)
+            make_qwen3moe(path, **SHAPE, quant={"experts": "Q4_K"}, seed=seed, route_skew=a.route_skew,
+                          route_locality=a.route_locality)
             info = strata.ModelInfo(path)
             plan = info.layout(prefill, True)
             n_experts = info.spec["layers"] * info.spec["experts"]
@@ -70,6 +75,7 @@ def main() -> None:
                 for policy in ("lru", "lfu"):
                     r = run(path, cache, policy, a.prompt, a.tokens, prefill)
                     rows.append({"seed": seed, "cache_frac": frac, "policy": policy, **r})
+    print(f"routing: route_skew {a.route_skew}, route_locality {a.route_locality}")
     print(f"{'cache':>6} {'policy':>6} {'hit rate (mean of seeds)':>26} {'min':>6} {'max':>6} {'GB/token':>9}")
     summary = []
     for frac in (0.10, 0.25, 0.50):
@@ -82,8 +88,8 @@ def main() -> None:
             print(f"{frac:>6.0%} {policy:>6} {np.mean(hr):>26.3f} {min(hr):>6.3f} {max(hr):>6.3f} {gb:>9.5f}")
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as f:
-        json.dump({"shape": SHAPE, "tokens": a.tokens, "prompt": a.prompt, "rows": rows, "summary": summary}, f,
-                  indent=1)
+        json.dump({"shape": SHAPE, "tokens": a.tokens, "prompt": a.prompt, "route_skew": a.route_skew,
+                   "route_locality": a.route_locality, "rows": rows, "summary": summary}, f, indent=1)
     print(f"wrote {a.json}")
 
 

@@ -73,12 +73,16 @@ class Row:
         return None
 
 
-def write_model(directory: str, preset: str, layers: int | None, workers: int) -> str:
+def write_model(directory: str, preset: str, layers: int | None, workers: int, skew: float = 0.0,
+                locality: float = 0.0) -> str:
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{preset}-L{layers or 'all'}.gguf")
+    routing = f"-s{skew:g}-l{locality:g}" if skew or locality else ""
+    path = os.path.join(directory, f"{preset}-L{layers or 'all'}{routing}.gguf")
     if not os.path.exists(path):
         t0 = time.monotonic()
-        kw = {"layers": layers} if layers else {}
+        kw: dict[str, float] = {"layers": layers} if layers else {}
+        if routing:
+            kw.update(route_skew=skew, route_locality=locality)
         make_preset(preset, path + ".tmp", seed=0, workers=workers, **kw)
         os.replace(path + ".tmp", path)
         dt = time.monotonic() - t0
@@ -246,6 +250,10 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/strata-bench", help="where the 30B file is written (once)")
     ap.add_argument("--shm-dir", default="/dev/shm/strata-bench", help="where the 235B file is written (once)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the presets (smaller files)")
+    ap.add_argument("--route-skew", type=float, default=0.0,
+                    help="the files' expert popularity (make_qwen3moe's route_skew; 0: random weights' routing)")
+    ap.add_argument("--route-locality", type=float, default=0.0,
+                    help="the files' token-to-token routing locality (make_qwen3moe's route_locality)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes writing a model file")
     ap.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench binary (none: strata alone)")
     ap.add_argument("--llama-wait", type=float, default=600, help="seconds to wait for --llama-bench to appear")
@@ -267,7 +275,8 @@ def main() -> None:
     for s in scenarios:
         preset = "qwen3-235b-a22b" if s == "235b" else "qwen3-30b-a3b"
         if preset not in files:
-            files[preset] = write_model(a.shm_dir if s == "235b" else a.dir, preset, a.layers, a.workers)
+            files[preset] = write_model(a.shm_dir if s == "235b" else a.dir, preset, a.layers, a.workers,
+                                        a.route_skew, a.route_locality)
     llama_state: dict[str, str | None] = {}
 
     def llama_binary() -> str | None:

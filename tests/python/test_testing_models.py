@@ -145,3 +145,39 @@ def test_norm_spread_and_chat_template(tmp_path):
     assert norm.std() == pytest.approx(0.3, rel=0.3) and norm.mean() == pytest.approx(1.0, abs=0.15)
     with pytest.raises(ValueError, match="norm_std"):
         make_qwen3moe(tmp_path / "c.gguf", norm_std=1.5)
+
+
+def _tensors(path) -> dict[str, np.ndarray]:
+    return {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
+
+
+def test_routing_knobs_touch_only_their_tensors(tmp_path):
+    """route_skew scales each router row by its own factor (rows of one layer differ in norm, every
+    other tensor is the uniform file's); route_locality scales only the token embeddings, by
+    1 - route_locality; both off write the uniform file's bytes."""
+    kw = dict(layers=2, hidden=64, experts=16, top_k=4, expert_ffn=32, seed=3)
+    base = _tensors(make_qwen3moe(tmp_path / "u.gguf", **kw))
+    off = _tensors(make_qwen3moe(tmp_path / "o.gguf", **kw, route_skew=0.0, route_locality=0.0))
+    assert all(np.array_equal(off[k], base[k]) for k in base)
+    skew = _tensors(make_qwen3moe(tmp_path / "s.gguf", **kw, route_skew=0.8))
+    loc = _tensors(make_qwen3moe(tmp_path / "l.gguf", **kw, route_locality=0.75))
+    for name, a in base.items():
+        if "ffn_gate_inp" in name:
+            norms = np.linalg.norm(skew[name], axis=1)
+            assert norms.max() / norms.min() > 2, name  # exp(0.8 z) over 16 rows: spread ~e^2
+            assert not np.array_equal(skew[name], a)
+        else:
+            assert np.array_equal(skew[name], a), name
+        if name == "token_embd.weight":
+            np.testing.assert_allclose(loc[name], a * 0.25, rtol=1e-6)
+        else:
+            assert np.array_equal(loc[name], a), name
+
+
+@pytest.mark.parametrize(("kw", "match"), [(dict(route_skew=-0.1), "route_skew"),
+                                           (dict(route_skew=float("nan")), "route_skew"),
+                                           (dict(route_locality=1.0), "route_locality"),
+                                           (dict(route_locality=-0.5), "route_locality")])
+def test_routing_knobs_validated(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        make_qwen3moe(tmp_path / "x.gguf", **kw)

@@ -103,6 +103,7 @@ class _Tensor:
     role: str
     qtype: str
     std: float  # of the weights; norms are 1 + N(0, std)
+    row_skew: float = 0.0  # rows scaled by exp(row_skew * N(0, 1)), one draw per row (route_skew)
 
     @property
     def nbytes(self) -> int:
@@ -130,6 +131,8 @@ def make_qwen3moe(
     seed: int = 0,
     progress: Progress | None = None,
     workers: int = 1,
+    route_skew: float = 0.0,
+    route_locality: float = 0.0,
 ) -> Path:
     """Write a `qwen3moe` GGUF with llama.cpp's tensor names, random weights and a real BPE tokenizer.
 
@@ -141,7 +144,21 @@ def make_qwen3moe(
     `progress(done, total)` is called with tensor-data bytes. `workers` > 1 writes the tensors from
     that many processes into their places in the file (the same bytes as one process: a 17 GB preset
     in seconds on a many-core machine). Returns the path.
+
+    Routing like real models (0 and 0, the defaults: the near-uniform routing of random weights):
+    - `route_skew` s >= 0: expert popularity. Router row e of every layer is scaled by
+      exp(s * z_e), z_e ~ N(0, 1) per (layer, expert): a row of larger norm gives logits of larger spread,
+      so its expert lands in the top-k more often. bench/NOTES.md measures what s gives (s = 0.5: about
+      published Qwen3-30B-A3B's 90% of the routing mass on about half the experts).
+    - `route_locality` in [0, 1): consecutive tokens routing alike. The token embeddings' scale becomes
+      1 - route_locality, so after the first attention the residual stream is mostly attention's
+      output, a mix over the context that moves little from one token to the next (RMSNorm removes the
+      scale from every layer's input, so only the residual's mix changes).
     """
+    if not (route_skew >= 0 and np.isfinite(route_skew)):
+        raise ValueError(f"route_skew ({route_skew}) must be a finite number >= 0")
+    if not 0 <= route_locality < 1:
+        raise ValueError(f"route_locality ({route_locality}) must be in [0, 1)")
     dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
             "experts": experts, "top_k": top_k, "expert_ffn": expert_ffn, "vocab": vocab, "ctx": ctx}
     if any(v <= 0 for v in dims.values()):
@@ -154,7 +171,8 @@ def make_qwen3moe(
         raise ValueError(f"norm_std ({norm_std}) must be in [0, 1): norm weights are 1 + N(0, norm_std)")
     types = _resolve_quant(quant)
     voc = tok.vocab(vocab)
-    tensors = _plan(types, layers, hidden, heads, kv_heads, head_dim, experts, expert_ffn, vocab, norm_std)
+    tensors = _plan(types, layers, hidden, heads, kv_heads, head_dim, experts, expert_ffn, vocab, norm_std,
+                    route_skew, 1.0 - route_locality)
 
     w = gguf.GGUFWriter(path, "qwen3moe")
     w.add_name(f"strata synthetic qwen3moe L{layers} D{hidden} E{experts}")
@@ -206,7 +224,7 @@ def make_preset(
     seed: int = 0,
     progress: Progress | None = None,
     workers: int = 1,
-    **overrides: int,
+    **overrides: float,
 ) -> Path:
     """`make_qwen3moe` with the shapes of PRESETS[name] (any of them overridden, e.g. layers=2) and the
     preset's mix (PRESET_QUANTS, else PRESET_QUANT) unless `quant` is given. The 30B preset is ~17 GB,
@@ -235,19 +253,19 @@ def _resolve_quant(quant: dict[str, str] | None) -> dict[str, str]:
 
 
 def _plan(types: dict[str, str], layers: int, D: int, H: int, KV: int, hd: int, E: int, F: int,
-          V: int, norm: float) -> list[_Tensor]:
+          V: int, norm: float, skew: float = 0.0, embed_std: float = 1.0) -> list[_Tensor]:
     """Every tensor of the file in writing order, checked against its type's block size."""
 
-    def t(name: str, shape: tuple[int, ...], role: str, std: float) -> _Tensor:
+    def t(name: str, shape: tuple[int, ...], role: str, std: float, row_skew: float = 0.0) -> _Tensor:
         qtype = types[role]
         bs = block_size(qtype)
         if shape[-1] % bs:
             raise ValueError(
                 f"quant {role}={qtype} needs {name}'s row length {shape[-1]} to be a multiple of {bs}; "
                 f"choose another type or a dimension that is a multiple of {bs}")
-        return _Tensor(name, shape, role, qtype, std)
+        return _Tensor(name, shape, role, qtype, std, row_skew)
 
-    out = [t("token_embd.weight", (V, D), "embed", 1.0)]
+    out = [t("token_embd.weight", (V, D), "embed", embed_std)]
     for i in range(layers):
         b = f"blk.{i}."
         out += [
@@ -259,7 +277,7 @@ def _plan(types: dict[str, str], layers: int, D: int, H: int, KV: int, hd: int, 
             t(b + "attn_q_norm.weight", (hd,), "norm", norm),
             t(b + "attn_k_norm.weight", (hd,), "norm", norm),
             t(b + "ffn_norm.weight", (D,), "norm", norm),
-            t(b + "ffn_gate_inp.weight", (E, D), "router", D**-0.5),
+            t(b + "ffn_gate_inp.weight", (E, D), "router", D**-0.5, skew),
             t(b + "ffn_gate_exps.weight", (E, F, D), "experts", D**-0.5),
             t(b + "ffn_up_exps.weight", (E, F, D), "experts", D**-0.5),
             t(b + "ffn_down_exps.weight", (E, D, F), "expert_down", F**-0.5),
@@ -316,6 +334,11 @@ def _generate(t: _Tensor, seed: int) -> Iterator[np.ndarray]:
         yield (1.0 + t.std * rng.standard_normal(n, dtype=np.float32)).view(np.uint8)
         return
     rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+    if t.row_skew:  # a row at a time, each at its own scale (the router: rows of E experts)
+        gains = np.exp(t.row_skew * np.random.default_rng([seed, zlib.crc32(t.name.encode()), 1]).standard_normal(rows))
+        for r in range(rows):
+            yield random_blocks(t.qtype, (1, n), float(t.std * gains[r]), rng).reshape(-1)
+        return
     step = max(1, _CHUNK_ELEMS // n)
     for r in range(0, rows, step):
         yield random_blocks(t.qtype, (min(step, rows - r), n), t.std, rng).reshape(-1)
