@@ -141,6 +141,9 @@ class Model:
     where the source allows it). cache_policy: the expert cache's eviction policy, 'lru' (least
     recently used) or 'lfu' (least frequently used, counts halving as they age; a decode step then
     resolves its experts on the host). The logits are the same under either; the hit rate is not.
+    seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
+    decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
+    the sequence alone.
 
     Ctrl-C (on the main thread) stops a load, a prompt or a token between two layers and raises
     KeyboardInterrupt; the Model stays usable.
@@ -162,6 +165,7 @@ class Model:
         decode_graph: bool = _L["decode_graph"],
         decode_resolve: str = _L["decode_resolve"],
         cache_policy: str = _L["cache_policy"],
+        seqs: int = _L["seqs"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -170,7 +174,8 @@ class Model:
             raise _core.ConfigError(f"backend must be a strata.Backend, got {backend!r}")
         cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
                           threads=threads, kv_type=kv_type, decode_graph=decode_graph,
-                          decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused)
+                          decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused,
+                          seqs=seqs)
         if log_level_error():
             warn(f"{log_level_error()}; using warn")
         file = _open(self.path)  # mapped and validated once; the native model shares it
@@ -199,6 +204,8 @@ class Model:
         self.chat_template: str | None = md.get("tokenizer.chat_template")
         self.device = self.backend.name  # "cpu" or "cuda", as resolved from "auto"
         self.ctx = loaded.ctx
+        self.seqs: int = self._m.seqs  # KV sequence regions
+        self.seq_ctx: int = self._m.seq_ctx  # positions of each (ctx // seqs)
         self._last_stats: dict[str, Any] = {}
         self._last_gen: _core.Generator | None = None  # the last generation that ran its prompt
 
@@ -213,9 +220,25 @@ class Model:
         return self.tokenizer.decode(ids, skip_special=skip_special)
 
     # ---- raw model ----
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """Logits at every position of one prompt: float32 [len(ids), V]."""
-        return self._m.logits(self._ids(ids, "logits()"), catch_sigint=_catch_sigint())
+    def logits(self, ids: Sequence[int], seq: int = 0) -> np.ndarray:
+        """Logits at every position of one prompt, run from position 0 in KV region `seq`:
+        float32 [len(ids), V]."""
+        seq = as_int(seq, "seq", 0, self.seqs - 1, "a KV region of the model (seqs)")
+        return self._m.logits(self._ids(ids, "logits()"), catch_sigint=_catch_sigint(), seq=seq)
+
+    @property
+    def batch_supported(self) -> bool:
+        """Whether the architecture decodes several sequences in one pass (decode_batch)."""
+        return bool(self._m.batch_supported)
+
+    def decode_batch(self, ids: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> np.ndarray:
+        """One decode step of several sequences in one pass: token ids[i] at positions[i] of KV region
+        seqs[i] (distinct regions, each holding its sequence's earlier positions, e.g. from logits(...,
+        seq=)); float32 logits [len(ids), V], each row those of its sequence decoded alone."""
+        tok = self._ids(ids, "decode_batch()").tolist()
+        pos = [as_int(p, "decode_batch() position", 0, self.seq_ctx - 1, "a position in the region") for p in positions]
+        regions = [as_int(r, "decode_batch() seq", 0, self.seqs - 1, "a KV region of the model") for r in seqs]
+        return self._m.decode_batch(tok, pos, regions)
 
     def _ids(self, ids: object, what: str) -> np.ndarray:
         """Token ids as int32, each in [0, V), else ConfigError."""
