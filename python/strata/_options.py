@@ -151,7 +151,8 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
     c.device = _as_str(device, "device (--device)", "a name such as 'cpu' or 'cuda'")
     c.threads = threads_from_env(threads)
     c.ctx = as_int(ctx, "ctx (-c/--ctx)", None, 2**62, "KV cache length in tokens")
-    c.seqs = as_int(seqs, "seqs (--parallel)", 1, 2**31 - 1, "sequences decoding together, each in ctx / seqs positions")
+    c.seqs = as_int(seqs, "seqs (--parallel)", 1, 2**31 - 1,
+                    "sequences decoding together, each in ctx / seqs positions")
     c.expert_cache = parse_expert_cache(expert_cache)  # type: ignore[arg-type]
     c.prefill_mode, c.prefill = parse_prefill(prefill)  # type: ignore[arg-type]
     c.source = _as_str(source, "source (--source)", "host, mmap or auto")

@@ -71,7 +71,7 @@ def test_rows_are_byte_identical_alone_and_in_any_batch(make_mix, mix, cache):
     prompts = [m.tokenize(p) for p in PROMPTS]
     rng = np.random.default_rng(3)
     conts = [rng.integers(0, m.spec["vocab"], STEPS).tolist() for _ in prompts]
-    alone = [_teacher_forced(m, [p], [c], lambda j: [0], lambda i: 0)[0] for p, c in zip(prompts, conts)]
+    alone = [_teacher_forced(m, [p], [c], lambda j: [0], lambda i: 0)[0] for p, c in zip(prompts, conts, strict=True)]
     # All four at once in rotating orders, regions reversed; then a ragged mix of 1, 2 and 3 rows.
     orders = [[0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0], [1, 3, 0, 2]]
     together = _teacher_forced(m, prompts, conts, lambda j: orders[j % 4], lambda i: 3 - i)
@@ -135,7 +135,7 @@ def test_gpt_oss_batches_too(tmp_path):
     assert m.batch_supported
     prompts = [[1, 5, 9, 200, 3, 7, 11, 13, 2, 8], [4, 4], [300, 12, 44, 9, 81]]  # past the sliding window
     conts = [[int(x) for x in np.random.default_rng(i).integers(0, 512, STEPS)] for i in range(3)]
-    alone = [_teacher_forced(m, [p], [c], lambda j: [0], lambda i: 0)[0] for p, c in zip(prompts, conts)]
+    alone = [_teacher_forced(m, [p], [c], lambda j: [0], lambda i: 0)[0] for p, c in zip(prompts, conts, strict=True)]
     together = _teacher_forced(m, prompts, conts, lambda j: [2, 0, 1] if j % 2 else [0, 1, 2], lambda i: i)
     for i in range(3):
         assert np.array_equal(_bits(together[i]), _bits(alone[i])), i
