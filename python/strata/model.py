@@ -195,8 +195,11 @@ class Model:
                  "--expert-cache keeps the default, --prefill N or auto sets the chunk")
         self.info = ModelInfo._of(file, self._m.plan)
         self.spec: dict[str, Any] = self.info.spec
-        if cfg.ctx > self.spec["ctx_train"] > 0:
-            warn(f"ctx (-c/--ctx) {cfg.ctx} is more than the {self.spec['ctx_train']} tokens "
+        # A sequence reaches ctx // seqs positions (its KV region).
+        if cfg.ctx // cfg.seqs > self.spec["ctx_train"] > 0:
+            what = f"ctx (-c/--ctx) {cfg.ctx}" if cfg.seqs == 1 else \
+                f"a sequence's context, ctx (-c/--ctx) {cfg.ctx} over {cfg.seqs} sequences,"
+            warn(f"{what} is more than the {self.spec['ctx_train']} tokens "
                  f"{os.path.basename(self.path)} was trained for: text past that length may degrade")
         # After the native load, so an unknown architecture is reported before the tokenizer.
         md = self.info.metadata

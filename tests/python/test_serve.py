@@ -304,6 +304,32 @@ def test_concurrent_greedy_answers_equal_sequential(server, client):
           f"{statistics.median(lat):.3f} s, p99 {lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]:.3f} s")
 
 
+def test_batched_server_answers_equal_alone(path, ref):
+    """`strata serve --parallel 4` as the CLI loads it (4 KV regions): 8 clients at once decode in
+    batches of up to 4, each greedy answer the one it gets alone, none re-run."""
+    s = Server(strata.Model(path, progress=False, ctx=4 * CTX, seqs=4), port=0, parallel=4, queue=8).start()
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        prompts = [f"Batch {i}: which experts does layer {i % 3} route to?" for i in range(8)]
+
+        def ask(i: int) -> str:
+            kw = dict(model="x", messages=[{"role": "user", "content": prompts[i]}], max_tokens=10, temperature=0)
+            if i % 2:
+                return client.chat.completions.create(**kw).choices[0].message.content
+            return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                           if c.choices)
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(ask, range(len(prompts))))
+        alone = [ref.chat([{"role": "user", "content": p}], max_tokens=10, temperature=0).text for p in prompts]
+        assert together == alone
+        m = _metrics(s)
+        assert m["strata_recomputed_tokens_total"] == 0
+        assert m["strata_batched_decode_rows_total"] >= 2 * m["strata_batched_decode_passes_total"] > 0
+    finally:
+        s.stop()
+
+
 def _busy(server) -> int:
     return httpx.get(server.url + "/health", timeout=5).json()["slots_busy"]
 
