@@ -98,6 +98,17 @@ class Completion:
         return self.text
 
 
+def _stop_strings(stop: object) -> list[str]:
+    """generate()'s `stop` as a list of non-empty strings, else ConfigError."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        stops = []
+    if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
+        raise _core.ConfigError(
+            f"stop strings (stop, --stop) must be non-empty: a string or a list of them, got {stop!r}")
+    return list(stops)
+
+
 def _tap(pieces: Iterator[str], callback: Callable[[str], None]) -> Iterator[str]:
     for p in pieces:
         callback(p)
@@ -338,13 +349,7 @@ class Model:
         """
         p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
-        stops = [stop] if isinstance(stop, str) else stop
-        if stops is None:
-            stops = []
-        if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
-            raise _core.ConfigError(
-                f"stop strings (stop, --stop) must be non-empty: a string or a list of them, got {stop!r}")
-        stops = list(stops)
+        stops = _stop_strings(stop)
         if callback is not None and not callable(callback):
             raise _core.ConfigError(f"callback must be callable, got {callback!r}")
         if isinstance(prompt, str):
@@ -373,6 +378,82 @@ class Model:
             return pieces
         text = "".join(pieces)
         return Completion(text=text, tokens=tokens, stats=stats)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_tokens: int = _D["max_tokens"],
+        temperature: float = _D["temperature"],
+        top_k: int = _D["top_k"],
+        top_p: float = _D["top_p"],
+        min_p: float = _D["min_p"],
+        repetition_penalty: float = _D["repetition_penalty"],
+        repeat_last_n: int = _D["repeat_last_n"],
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        add_special: bool = True,
+        ignore_eos: bool = False,
+    ) -> list[Completion]:
+        """Completes every prompt (texts or token id lists), up to `seqs` of them decoding together:
+        each step advances every sequence in flight by one token in one pass (decode_batch: a layer's
+        experts are fetched once for all of them), and a sequence that ends gives its KV region to the
+        next prompt. Each has its own sampler (seeded alike when `seed` is given), so every result is
+        generate()'s on that prompt alone: the same tokens, text and stop. Bad values raise
+        strata.ConfigError before any work; Ctrl-C raises KeyboardInterrupt."""
+        p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        p.stop_ids = [] if ignore_eos else sorted(self.tokenizer.stop_ids)
+        stops = _stop_strings(stop)
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise _core.ConfigError(
+                f"generate_batch() takes a list of prompts (texts or token id lists), got {prompts!r}")
+        ids = [self.tokenize(x, add_special=add_special) if isinstance(x, str) else
+               self._ids(x, f"generate_batch() prompt {i}").tolist() for i, x in enumerate(prompts)]
+        for i, x in enumerate(ids):  # before any work: a sequence's context is its region's
+            if not x or len(x) >= self.seq_ctx:
+                raise _core.ConfigError(
+                    f"generate_batch() prompt {i} has {len(x)} tokens; a sequence's context is {self.seq_ctx} "
+                    f"(ctx {self.ctx} over {self.seqs} sequences), so a prompt needs 1 to {self.seq_ctx - 1}: "
+                    "shorten it, or load the model with a larger ctx or fewer seqs")
+        hold = max((len(s) for s in stops), default=1) - 1
+        results: list[Completion | None] = [None] * len(ids)
+        waiting = list(range(len(ids)))[::-1]
+        free = list(range(self.seqs))[::-1]
+        active: list[dict[str, Any]] = []  # per sequence in flight: index, gen, decoder, tokens, text
+
+        def end(a: dict[str, Any]) -> None:
+            active.remove(a)
+            free.append(a["gen"].seq)
+            results[a["i"]] = Completion(text=a["text"], tokens=a["tokens"], stats=a["gen"].stats())
+
+        try:
+            while waiting or active:
+                while waiting and free:
+                    i = waiting.pop()
+                    gen = _core.Generator(self._m, free.pop())
+                    gen.begin(ids[i], p, catch_sigint=_catch_sigint())
+                    active.append({"i": i, "gen": gen, "dec": StreamDecoder(self.tokenizer, skip_special=True),
+                                   "tokens": [], "text": ""})
+                toks = _core.next_tokens(self._m, [a["gen"] for a in active], catch_sigint=_catch_sigint())
+                for a, tok in zip(list(active), toks, strict=True):
+                    before = len(a["text"])
+                    if tok < 0:
+                        a["text"] += a["dec"].flush()
+                    else:
+                        a["tokens"].append(tok)
+                        a["text"] += a["dec"].feed(tok)
+                    hit = min((k for k in (a["text"].find(s, max(0, before - hold)) for s in stops) if k >= 0),
+                              default=-1)
+                    if hit >= 0:
+                        a["text"] = a["text"][:hit]
+                        a["gen"].finish("stop_string")
+                    if hit >= 0 or tok < 0:
+                        end(a)
+        except KeyboardInterrupt:
+            for a in active:
+                a["gen"].finish("interrupted")
+            raise
+        return [r for r in results if r is not None]
 
     def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion | Iterator[str]:
         """Renders `messages` with the model's chat template, then generate()s the reply."""

@@ -191,3 +191,22 @@ def test_regions_divide_ctx_and_bad_steps_are_clear_errors(make_mix):
     assert one.seqs == 1 and one.seq_ctx == 101
     with pytest.raises(strata.ConfigError, match="ctx is 101"):
         _core.Generator(one._m).begin(list(range(1, 103)), sampling_params(max_tokens=1))
+
+
+def test_generate_batch_equals_generate_alone(make_mix):
+    """Model.generate_batch: six prompts on 4 regions (two wait for a region to free up), greedy and
+    seeded sampling, a stop string: each result is generate()'s on its prompt alone."""
+    path = make_mix("q4_k")
+    m = strata.Model(path, progress=False, ctx=1024, seqs=4)
+    prompts = [*PROMPTS, "Two more", m.tokenize("and token ids")]
+    for kw in (dict(temperature=0), dict(temperature=0.9, seed=11, top_k=20)):
+        full = m.generate(prompts[1], max_tokens=9, **kw).text
+        stop = full[3:6]
+        alone = [m.generate(p, max_tokens=9, stop=stop, **kw) for p in prompts]
+        got = m.generate_batch(prompts, max_tokens=9, stop=stop, **kw)
+        assert [g.tokens for g in got] == [a.tokens for a in alone]
+        assert [g.text for g in got] == [a.text for a in alone]
+        assert got[1].text == full[: full.find(stop)] and got[1].stats["stop_reason"] == "stop_string"
+        assert [g.stats["stop_reason"] for g in got] == [a.stats["stop_reason"] for a in alone]
+    with pytest.raises(strata.ConfigError, match="prompt 1 has 300 tokens"):
+        m.generate_batch(["short", [5] * 300])
