@@ -402,7 +402,7 @@ void Model::record_decode(const PrefillBuffers& b) {
   be_->capture_begin();
   try {
     be_->upload(step_pos_.get(), io + 1, sizeof(int32_t));
-    be_->set_position_source(step_pos_.as<int32_t>(), cfg_.ctx);
+    be_->set_position_source(step_pos_.as<int32_t>(), seq_ctx());
     forward_->run_chunk(b, io, 1, 0, reinterpret_cast<float*>(step_logits_.get()), false);
     be_->set_position_source(nullptr, 0);
     graphs_[(size_t)kv_->selected()] = Graph(*be_, be_->capture_end());
