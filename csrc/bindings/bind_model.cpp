@@ -244,6 +244,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("decode_resolve", &ModelConfig::decode_resolve)
       .def_readwrite("cache_policy", &ModelConfig::cache_policy);
   m.attr("PREFILL_AUTO_MAX") = kPrefillAutoMax;
+  m.attr("MAX_SEQS") = kMaxSeqs;
 
   py::class_<Model>(m, "Model")
       .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend, ModelConfig cfg,

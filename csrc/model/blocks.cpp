@@ -164,8 +164,9 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K, n = T * K;
   if (path == ExpertPath::Resident) {
-    // Hits count distinct experts a layer, as prepare does: one token's K, or a batch's union.
-    cache.count_hits(T == 1 ? (uint64_t)n : (uint64_t)routed_experts(be, b, s.E).ids.size());
+    // Nothing is looked up: the rows' experts count as hits (one token's K distinct ones; a batch's
+    // rows are not reduced to their union, which would cost a download, a host sync, a layer).
+    cache.count_hits((uint64_t)n);
   } else if (path == ExpertPath::Device) {
     // Design (b): the device resolves hits and misses and fills the misses' slots itself.
     be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n));

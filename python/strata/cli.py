@@ -375,7 +375,8 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
               help="Address to listen on; anything but loopback without --api-key warns.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="TCP port; 0 picks a free one (the startup line names it).")
-@click.option("-np", "--parallel", type=click.IntRange(1, 1024), default=1, show_default=True,
+@click.option("-np", "--parallel", type=click.IntRange(1, strata._core.MAX_SEQS), default=LOAD["seqs"],
+              show_default=True,
               help="Slots: requests in flight at once, each in its own KV region of -c/--ctx divided by "
                    "--parallel (llama.cpp's -np), all decoding together in one pass per token (a batch's experts "
                    "are fetched once per layer for all of them).")
