@@ -264,3 +264,26 @@ def test_a_slot_keeps_its_conversation_for_the_next_turn(make_mix):
         assert j.slot.seq == first.slot.seq
         assert s.end.stats["prompt_reused"] >= len(first.ids) and s.end.stats["recomputed"] == 0
         assert "".join(s.pieces) == m.generate(text, max_tokens=12, temperature=0).text
+
+
+def test_an_architecture_that_does_not_batch_still_gets_a_region_a_slot(tmp_path):
+    """DeepSeek V4 decodes one sequence a pass: with 2 regions the engine advances its sequences one
+    pass each within a step, in their own regions, and nothing is re-run; answers equal alone."""
+    from strata.testing import make_deepseek4
+
+    m = strata.Model(str(make_deepseek4(tmp_path / "tiny.gguf", seed=5)), progress=False, ctx=512, seqs=2)
+    assert not m.batch_supported
+    alone = [m.generate(p, max_tokens=8, temperature=0, ignore_eos=True).text for p in PROMPTS[:2]]
+    eng = Engine(m, parallel=2)
+    assert not eng.batched
+    jobs = [_job(m, p, max_tokens=8, ignore_eos=True) for p in PROMPTS[:2]]
+    for j, _ in jobs:
+        eng.submit(j)
+    eng.start()
+    try:
+        for _, s in jobs:
+            assert s.ended.wait(30)
+    finally:
+        eng.shutdown()
+    assert ["".join(s.pieces) for _, s in jobs] == alone
+    assert eng.counters.recomputed == 0 and eng.counters.batched_steps == 0
