@@ -1,8 +1,8 @@
-"""Batched decode: several sequences, each in its own KV region, advance one token each in one pass
-(Model.decode_batch, _core.next_tokens). A row's logits and a request's greedy tokens are
-byte-identical alone and in a batch, whatever the batch's size, order and company, and whichever way
-the step finds its experts (resident, resolved on the host, resolved in the step, expert by expert);
-the regions divide ctx; bad steps are clear errors."""
+"""Batched decode on the CPU backend (test_gpu.py holds the same on a GPU): several sequences, each in
+its own KV region, advance one token each in one pass (Model.decode_batch, _core.next_tokens). A
+row's logits and a request's greedy tokens are byte-identical alone and in a batch, whatever the
+batch's size, order and company, and whichever way the step finds its experts (resident, resolved on
+the host, resolved in the step, expert by expert); the regions divide ctx; bad steps are clear errors."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _teacher_forced(m: strata.Model, prompts: list[list[int]], conts: list[list[
 @pytest.mark.parametrize("cache", list(CACHES))
 def test_rows_are_byte_identical_alone_and_in_any_batch(make_mix, mix, cache):
     path = make_mix(mix)
-    m = strata.Model(path, progress=False, ctx=1024, seqs=4, **CACHES[cache](path))
+    m = strata.Model(path, device="cpu", progress=False, ctx=1024, seqs=4, **CACHES[cache](path))
     assert m.seqs == 4 and m.seq_ctx == 256 and m.batch_supported
     prompts = [m.tokenize(p) for p in PROMPTS]
     rng = np.random.default_rng(3)
@@ -88,7 +88,7 @@ def test_batched_steps_fetch_each_expert_once_a_layer(make_mix):
     """A bounded cache that holds nothing between steps (5 slots, a layer's 8 experts): a batch of 4
     streams each routed expert once a layer, 4 sequences alone stream each of theirs."""
     path = make_mix("q4_k")
-    m = strata.Model(path, progress=False, ctx=1024, seqs=4, **_bounded(path, 5, "host"))
+    m = strata.Model(path, device="cpu", progress=False, ctx=1024, seqs=4, **_bounded(path, 5, "host"))
     prompts = [m.tokenize(p) for p in PROMPTS]
     for i, p in enumerate(prompts):
         m.logits(p, seq=i)
@@ -110,7 +110,7 @@ def test_batched_steps_fetch_each_expert_once_a_layer(make_mix):
 
 def test_greedy_tokens_alone_equal_next_tokens_in_a_batch(make_mix):
     path = make_mix("q4_k")
-    m = strata.Model(path, progress=False, ctx=1024, seqs=4, **_bounded(path, 12, "host"))
+    m = strata.Model(path, device="cpu", progress=False, ctx=1024, seqs=4, **_bounded(path, 12, "host"))
     alone = [m.generate(p, max_tokens=10, temperature=0, ignore_eos=True).tokens for p in PROMPTS]
     gens = []
     for i, p in enumerate(PROMPTS):
@@ -131,7 +131,7 @@ def test_greedy_tokens_alone_equal_next_tokens_in_a_batch(make_mix):
 
 def test_gpt_oss_batches_too(tmp_path):
     path = str(make_gpt_oss(tmp_path / "oss.gguf", seed=5))
-    m = strata.Model(path, progress=False, ctx=512, seqs=3)
+    m = strata.Model(path, device="cpu", progress=False, ctx=512, seqs=3)
     assert m.batch_supported
     prompts = [[1, 5, 9, 200, 3, 7, 11, 13, 2, 8], [4, 4], [300, 12, 44, 9, 81]]  # past the sliding window
     conts = [[int(x) for x in np.random.default_rng(i).integers(0, 512, STEPS)] for i in range(3)]
@@ -144,7 +144,7 @@ def test_gpt_oss_batches_too(tmp_path):
 def test_deepseek4_regions_hold_their_own_state_and_refuse_a_batch(tmp_path):
     """An architecture's own KV layout (V4's rings) gets one copy a region; a V4 step is one sequence."""
     path = str(make_deepseek4(os.path.join(tmp_path, "tiny.gguf"), seed=5))
-    m = strata.Model(path, progress=False, ctx=512, seqs=2)
+    m = strata.Model(path, device="cpu", progress=False, ctx=512, seqs=2)
     assert not m.batch_supported
     a = [int(x) for x in np.random.default_rng(0).integers(1, 500, 40)]
     b = [int(x) for x in np.random.default_rng(1).integers(1, 500, 30)]
@@ -161,10 +161,10 @@ def test_deepseek4_regions_hold_their_own_state_and_refuse_a_batch(tmp_path):
 def test_regions_divide_ctx_and_bad_steps_are_clear_errors(make_mix):
     path = make_mix("f32")
     with pytest.raises(strata.ConfigError, match="--parallel"):
-        strata.Model(path, progress=False, ctx=3, seqs=4)
+        strata.Model(path, device="cpu", progress=False, ctx=3, seqs=4)
     with pytest.raises(strata.ConfigError, match=r"seqs \(--parallel\)"):
-        strata.Model(path, progress=False, seqs=0)
-    m = strata.Model(path, progress=False, ctx=101, seqs=4)
+        strata.Model(path, device="cpu", progress=False, seqs=0)
+    m = strata.Model(path, device="cpu", progress=False, ctx=101, seqs=4)
     assert m.seq_ctx == 25
     with pytest.raises(strata.ConfigError, match="25 positions"):
         m.logits(list(range(1, 27)), seq=2)
@@ -187,7 +187,7 @@ def test_regions_divide_ctx_and_bad_steps_are_clear_errors(make_mix):
     with pytest.raises(strata.ConfigError, match="share KV region 1"):
         _core.next_tokens(m._m, [g0, g1])
     # A single region keeps the old message and the whole ctx.
-    one = strata.Model(path, progress=False, ctx=101)
+    one = strata.Model(path, device="cpu", progress=False, ctx=101)
     assert one.seqs == 1 and one.seq_ctx == 101
     with pytest.raises(strata.ConfigError, match="ctx is 101"):
         _core.Generator(one._m).begin(list(range(1, 103)), sampling_params(max_tokens=1))
@@ -197,7 +197,7 @@ def test_generate_batch_equals_generate_alone(make_mix):
     """Model.generate_batch: six prompts on 4 regions (two wait for a region to free up), greedy and
     seeded sampling, a stop string: each result is generate()'s on its prompt alone."""
     path = make_mix("q4_k")
-    m = strata.Model(path, progress=False, ctx=1024, seqs=4)
+    m = strata.Model(path, device="cpu", progress=False, ctx=1024, seqs=4)
     prompts = [*PROMPTS, "Two more", m.tokenize("and token ids")]
     for kw in (dict(temperature=0), dict(temperature=0.9, seed=11, top_k=20)):
         full = m.generate(prompts[1], max_tokens=9, **kw).text
