@@ -44,6 +44,7 @@ def ref(path) -> strata.Model:
 
 @pytest.fixture(scope="module")
 def server(path):
+    # One KV region for 4 slots (strata serve would load 4: test_batched_server_answers_equal_alone) and
     # turn=2: sequences in flight switch every two tokens, the hardest case for equal answers.
     s = Server(strata.Model(path, progress=False, ctx=CTX), port=0, parallel=4, queue=32, turn=2).start()
     yield s

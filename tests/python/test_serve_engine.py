@@ -1,6 +1,7 @@
-"""The serving engine without HTTP: sequences taking turns on the one KV cache give each the tokens
-it gets alone (every cache size), cancelled and queued jobs free their slots, shutdown ends every
-job with an error."""
+"""The serving engine without HTTP: sequences batched in their own KV regions, or taking turns on a
+shared one (a Model of fewer regions than slots), give each the tokens it gets alone (every cache
+size); a follow-up turn finds its conversation's slot; cancelled and queued jobs free their slots,
+shutdown ends every job with an error."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def _job(m: strata.Model, prompt: str, max_tokens: int = 12, stops: list[str] | 
 
 @pytest.mark.parametrize("cache", ["all", "bounded"])
 def test_interleaved_greedy_equals_alone(make_mix, cache):
+    """A Model of one KV region and 4 slots: the sequences share it, switching after every token."""
     path = make_mix("q4_k")
     kw = dict(progress=False, ctx=512)
     if cache == "bounded":  # a cache that streams: every switch re-runs tokens through it
