@@ -402,8 +402,9 @@ def test_api_key(path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_stops_within_a_second(path, sig):
     """`strata serve` on a free port; a stream in flight; the signal stops it within a second, and
-    the stream ends with an error, not silence. A non-loopback host without --api-key warns."""
-    args = ["--host", "0.0.0.0"] if sig == signal.SIGTERM else ["--api-key", "k"]
+    the stream ends with an error, not silence. A non-loopback host without --api-key warns; the
+    startup line names a slot's context."""
+    args = ["--host", "0.0.0.0"] if sig == signal.SIGTERM else ["--api-key", "k", "--parallel", "2"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     p = subprocess.Popen([sys.executable, "-m", "strata.cli", "serve", path, "--port", "0", "-c", str(CTX), *args],
                          stderr=subprocess.PIPE, text=True, env=env)
@@ -414,6 +415,8 @@ def test_cli_stops_within_a_second(path, sig):
             assert line, head
             head += line
         assert ("without --api-key" in head) == (sig == signal.SIGTERM)
+        # --parallel 2 loads 2 KV regions: -c divided between them.
+        assert (f"ctx {CTX} ({CTX // 2} a slot)" in head) == (sig == signal.SIGINT), head
         url = re.search(r"http://(\S+):(\d+)/v1", head).group(2)
         url = f"http://127.0.0.1:{url}"
         got: list[str] = []
