@@ -207,8 +207,9 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
   chunk_ = lp.chunk.chunk;
   if (cache_->all_resident())
     own_region_ = DeviceBuffer(*be_, pf.bytes_needed(chunk_, false), "the prompt scratch (lower --prefill)");
-  // Op scratch for the largest chunk and context, now: no op allocates later (nor inside a graph).
-  be_->reserve_scratch(cfg_.ctx, chunk_ * s.K, s.n_head, s.head_dim);
+  // Op scratch for the largest chunk (or decode step of seqs rows) and context, now: no op allocates
+  // later (nor inside a graph).
+  be_->reserve_scratch(cfg_.ctx, std::max(chunk_, cfg_.seqs) * s.K, s.n_head, s.head_dim);
   forward_ = arch.make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_, &step_});
 
   log(LogLevel::Info, plan_.file->path(), ": ", s.arch, " L=", s.L, " D=", s.D, " E=", s.E, " K=", s.K,
