@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata import _core
+from strata._options import warn
 from strata.tokenizer import StreamDecoder
 
 log = logging.getLogger("strata.serve")
@@ -167,6 +168,10 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._slots = [Slot(i) for i in range(min(parallel, model.seqs))]
+        if model.seqs < parallel:  # no quiet switch to the slower way: said once
+            warn(f"the model has {model.seqs} KV region{'s' if model.seqs > 1 else ''} for {parallel} slots: "
+                 f"requests share regions and take turns, re-running their tokens; load it with seqs={parallel} "
+                 "(as strata serve --parallel does) to decode them together")
         # One pass for every decoding sequence, where the architecture can (else one pass each).
         self.batched = bool(model.batch_supported) and len(self._slots) > 1
         self._service_ema = 0.0  # seconds a request holds a slot, smoothed (for Retry-After)
