@@ -1,7 +1,10 @@
 """strata serve under load: N concurrent clients (1, 4, 16 by default) against one server with
---parallel N and a bounded expert cache; per N: requests, aggregate tok/s, latency p50/p99, expert-
-cache hit rate, tokens re-run by switching sequences; and 8 concurrent requests against the same 8
-in a row. Prints a table and writes bench/out/serve_load.json.
+--parallel N and a bounded expert cache; per N and mode: requests, aggregate tok/s, latency p50/p99,
+expert-cache hit rate, sequences a decode pass advanced, tokens re-run by switching sequences; and 8
+concurrent requests against the same 8 in a row. Modes: batched (the model loaded with N KV regions,
+as `strata serve --parallel N` does: every decoding sequence advances in one pass a step) and turns
+(one KV region: the sequences take turns of --turn tokens, the engine before batching). Prints a
+table and writes bench/out/serve_load.json.
 
     PYTHONPATH=python python3 bench/serve_load.py [--clients 1,4,16] [--requests 2] [--tokens 32]
 """
@@ -31,10 +34,13 @@ def _model(d: str) -> str:
     return path
 
 
-def _run(path: str, cache: str, clients: int, requests: int, tokens: int, turn: int) -> dict:
+def _run(path: str, cache: str, clients: int, requests: int, tokens: int, turn: int, mode: str,
+         policy: str = "lru") -> dict:
     if cache == "half":  # half the experts' bytes: a cache that streams
         cache = f"{strata.ModelInfo(path).spec['expert_bytes'] // 2}b"
-    m = strata.Model(path, progress=False, ctx=2048, expert_cache=cache, prefill="auto:256", source="host")
+    seqs = clients if mode == "batched" else 1
+    m = strata.Model(path, progress=False, ctx=256 * clients, seqs=seqs, expert_cache=cache, prefill="auto:256",
+                     source="host", cache_policy=policy)
     s = Server(m, port=0, parallel=clients, queue=clients * requests, turn=turn).start()
     c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=600)
 
@@ -55,11 +61,18 @@ def _run(path: str, cache: str, clients: int, requests: int, tokens: int, turn: 
     finally:
         s.stop()
     hits, misses = m1["hits"] - m0["hits"], m1["misses"] - m0["misses"]
-    return {"clients": clients, "requests": len(lat), "wall_s": wall, "tok_s": len(lat) * tokens / wall,
+    streamed = m1["bytes_streamed"] - m0["bytes_streamed"]
+    return {"mode": mode, "clients": clients, "requests": len(lat), "wall_s": wall,
+            "tok_s": len(lat) * tokens / wall,
             "p50_s": statistics.median(lat), "p99_s": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
             "hit_rate": hits / max(1, hits + misses), "recomputed": counters.recomputed,
+            "rows_per_pass": counters.batched_rows / counters.batched_steps if counters.batched_steps else 1.0,
             "generated": counters.generated,
-            # the engine's own time in prompts and decode passes: the work, less the HTTP side's
+            # a hit or miss is one expert of one layer of one pass: a batched pass looks each expert up once
+            # for all its rows, so the bytes streamed per token say more than the rate
+            "lookups": hits + misses, "streamed_bytes": streamed,
+            "mib_per_token": streamed / 2**20 / (len(lat) * tokens),
+            # the requests' own time in prompts and decode passes, summed (a batched pass counts for every row)
             "engine_s": counters.prompt_seconds + counters.decode_seconds}
 
 
@@ -70,29 +83,41 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="tokens per request")
     ap.add_argument("--turn", type=int, default=16)
     ap.add_argument("--cache", default="half", help="--expert-cache; half: half the experts' bytes, so they stream")
+    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"])
+    ap.add_argument("--modes", default="batched,turns", help="batched (N KV regions) and/or turns (one)")
     ap.add_argument("--out", default="bench/out/serve_load.json")
     a = ap.parse_args()
+    modes = a.modes.split(",")
+    if not set(modes) <= {"batched", "turns"}:
+        ap.error(f"--modes takes batched and/or turns, got {a.modes!r}")
     rows = []
+    t_cpu = time.process_time()
     with tempfile.TemporaryDirectory() as d:
         path = _model(d)
         for n in (int(x) for x in a.clients.split(",")):
-            rows.append(_run(path, a.cache, n, a.requests, a.tokens, a.turn))
-        one = _run(path, a.cache, 1, 8, a.tokens, a.turn)  # 8 in a row
-        eight = _run(path, a.cache, 8, 1, a.tokens, a.turn)  # 8 at once
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall-clock numbers need an idle machine)")
-    print(f"{'clients':>7} {'requests':>8} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'hit rate':>8} {'re-run tok':>10} "
-          f"{'engine s':>8}")
+            for mode in modes:
+                if n == 1 and mode != modes[0]:
+                    continue  # one client: one region either way
+                rows.append(_run(path, a.cache, n, a.requests, a.tokens, a.turn, mode, a.cache_policy))
+        one = _run(path, a.cache, 1, 8, a.tokens, a.turn, "batched", a.cache_policy)  # 8 in a row
+        eight = _run(path, a.cache, 8, 1, a.tokens, a.turn, modes[0], a.cache_policy)  # 8 at once
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall-clock numbers need an idle machine); "
+          f"--cache-policy {a.cache_policy}")
+    print(f"{'mode':>7} {'clients':>7} {'requests':>8} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'hit rate':>8} "
+          f"{'lookups':>8} {'MiB/tok':>8} {'rows/pass':>9} {'re-run tok':>10}")
     for r in rows:
-        print(f"{r['clients']:>7} {r['requests']:>8} {r['tok_s']:>8.1f} {r['p50_s']:>7.2f} {r['p99_s']:>7.2f} "
-              f"{r['hit_rate']:>8.3f} {r['recomputed']:>10} {r['engine_s']:>8.2f}")
+        print(f"{r['mode']:>7} {r['clients']:>7} {r['requests']:>8} {r['tok_s']:>8.1f} {r['p50_s']:>7.2f} "
+              f"{r['p99_s']:>7.2f} {r['hit_rate']:>8.3f} {r['lookups']:>8} {r['mib_per_token']:>8.2f} "
+              f"{r['rows_per_pass']:>9.2f} {r['recomputed']:>10}")
+    print("hit rate: of expert lookups (an expert of a layer of a pass; a batched pass looks each up once for all its "
+          "rows); MiB/tok: expert bytes streamed per generated token")
     speedup = one["wall_s"] / eight["wall_s"]
-    print(f"8 requests in a row {one['wall_s']:.2f} s (engine {one['engine_s']:.2f} s), 8 at once "
-          f"{eight['wall_s']:.2f} s (engine {eight['engine_s']:.2f} s): {speedup:.2f}x "
-          "(nothing is batched yet: sequences take turns on one KV cache)")
+    print(f"8 requests in a row {one['wall_s']:.2f} s (engine {one['engine_s']:.2f} s), 8 at once ({modes[0]}) "
+          f"{eight['wall_s']:.2f} s (engine {eight['engine_s']:.2f} s): {speedup:.2f}x")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"rows": rows, "in_a_row": one, "at_once": eight, "speedup_8": speedup,
-                   "loadavg": os.getloadavg(), "args": vars(a)}, f, indent=2)
+                   "loadavg": os.getloadavg(), "cpu_s": time.process_time() - t_cpu, "args": vars(a)}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -214,6 +214,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("device", &ModelConfig::device)
       .def_readwrite("threads", &ModelConfig::threads)
       .def_readwrite("ctx", &ModelConfig::ctx)
+      .def_readwrite("seqs", &ModelConfig::seqs)
       .def_property(
           "expert_cache",
           [](const ModelConfig& c) -> py::object {
@@ -243,6 +244,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("decode_resolve", &ModelConfig::decode_resolve)
       .def_readwrite("cache_policy", &ModelConfig::cache_policy);
   m.attr("PREFILL_AUTO_MAX") = kPrefillAutoMax;
+  m.attr("MAX_SEQS") = kMaxSeqs;
 
   py::class_<Model>(m, "Model")
       .def(py::init([](std::shared_ptr<gguf::File> file, std::shared_ptr<Backend> backend, ModelConfig cfg,
@@ -275,6 +277,9 @@ void bind_model(py::module_& m) {
       .def("reset_stats", &Model::reset_stats)
       .def("pin", [](Model& mo, int64_t layer, int64_t e) { mo.cache().pin(layer, e); })
       .def_property_readonly("chunk", &Model::chunk)
+      .def_property_readonly("seqs", &Model::seqs)
+      .def_property_readonly("seq_ctx", &Model::seq_ctx)
+      .def_property_readonly("batch_supported", &Model::batch_supported)
       .def("set_trace", [](Model& mo, bool on) { mo.cache().set_trace(on); })
       .def("slot_index", [](Model& mo) { return mo.cache().slot_index(); })
       .def("trace",
@@ -288,7 +293,7 @@ void bind_model(py::module_& m) {
       .def(
           "logits",
           [](Model& mo, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
-             bool catch_sigint) {
+             bool catch_sigint, int64_t seq) {
             const int64_t n = ids.size();
             py::array_t<float> out({n, mo.spec().V});
             const int32_t* p = ids.data();
@@ -296,11 +301,28 @@ void bind_model(py::module_& m) {
             interruptible(catch_sigint, [&](const std::atomic<bool>* stop) {
               RunControl rc;
               rc.interrupt = stop;
-              prompt_logits(mo, p, n, o, rc);
+              prompt_logits(mo, p, n, o, rc, seq);
             });
             return out;
           },
-          py::arg("ids"), py::arg("catch_sigint") = false);
+          py::arg("ids"), py::arg("catch_sigint") = false, py::arg("seq") = 0)
+      .def(
+          "decode_batch",
+          [](Model& mo, const std::vector<int32_t>& ids, const std::vector<int64_t>& pos,
+             const std::vector<int32_t>& seqs) {
+            STRATA_CHECK(ids.size() == pos.size() && ids.size() == seqs.size(), ConfigError,
+                         "decode_batch: ids, positions and seqs must be as long as each other, got ",
+                         ids.size(), ", ", pos.size(), " and ", seqs.size());
+            const int64_t B = (int64_t)ids.size();
+            py::array_t<float> out({B, mo.spec().V});
+            float* o = out.mutable_data();
+            py::gil_scoped_release nogil;
+            step_logits(mo, ids.data(), pos.data(), seqs.data(), B, o);
+            return out;
+          },
+          py::arg("ids"), py::arg("positions"), py::arg("seqs"),
+          "One decode step: token ids[i] at positions[i] of KV region seqs[i], every row in one pass; "
+          "logits [B, V]. The regions then belong to no generation.");
 
   py::class_<SamplerParams>(m, "SamplerParams")
       .def(py::init<>())
@@ -320,7 +342,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("stop_ids", &GenParams::stop_ids);
 
   py::class_<Generator>(m, "Generator")
-      .def(py::init<Model&>(), py::keep_alive<1, 2>())
+      .def(py::init<Model&, int64_t>(), py::keep_alive<1, 2>(), py::arg("model"), py::arg("seq") = 0)
+      .def_property_readonly("seq", &Generator::seq)
       .def(
           "begin",
           [](Generator& g, const std::vector<int32_t>& prompt, const GenParams& p, bool catch_sigint,
@@ -354,6 +377,18 @@ void bind_model(py::module_& m) {
           py::arg("catch_sigint") = false)
       .def("finish", &Generator::finish, py::arg("reason"))
       .def("stats", [](const Generator& g) { return stats_dict(g.stats()); });
+  m.def(
+      "next_tokens",
+      [](Model& mo, const std::vector<Generator*>& gens, bool catch_sigint) {
+        return interruptible(catch_sigint, [&](const std::atomic<bool>* stop) {
+          RunControl rc;
+          rc.interrupt = stop;
+          return next_tokens(mo, gens, rc);
+        });
+      },
+      py::arg("model"), py::arg("generators"), py::arg("catch_sigint") = false,
+      "The next token of each generator (-1: ended), those that need a pass decoded together in one "
+      "step; the generators are in distinct KV regions.");
 }
 
 }  // namespace strata

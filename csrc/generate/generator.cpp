@@ -40,11 +40,21 @@ class Watch {
 };
 }  // namespace
 
+Generator::Generator(Model& m, int64_t seq) : m_(m), seq_(seq) {
+  STRATA_CHECK(seq >= 0 && seq < m.seqs(), ConfigError, "sequence ", seq, " is not one of the model's ",
+               m.seqs(), " KV regions; load it with seqs (--parallel) > ", seq);
+}
+
 void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc,
                       const Generator* reuse) {
   STRATA_CHECK(!prompt.empty(), ConfigError, "the prompt is empty: it must hold at least one token");
-  STRATA_CHECK((int64_t)prompt.size() < m_.config().ctx, ConfigError, "the prompt has ", prompt.size(),
-               " tokens but ctx is ", m_.config().ctx, "; raise ctx (-c/--ctx) or shorten the prompt");
+  if (m_.seqs() == 1)
+    STRATA_CHECK((int64_t)prompt.size() < m_.seq_ctx(), ConfigError, "the prompt has ", prompt.size(),
+                 " tokens but ctx is ", m_.seq_ctx(), "; raise ctx (-c/--ctx) or shorten the prompt");
+  else
+    STRATA_CHECK((int64_t)prompt.size() < m_.seq_ctx(), ConfigError, "the prompt has ", prompt.size(),
+                 " tokens but a sequence's context is ", m_.seq_ctx(), " (ctx ", m_.config().ctx, " over ",
+                 m_.seqs(), " sequences); raise ctx (-c/--ctx), lower --parallel or shorten the prompt");
   STRATA_CHECK(p.max_tokens >= 0, ConfigError, "max_tokens must be >= 0");
   p_ = p;
   sampler_ = std::make_unique<Sampler>(p.sampler);
@@ -55,7 +65,7 @@ void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, co
   stats_.prompt_total = n;
   // The last token always runs: its pass gives the logits.
   int64_t from = 0;
-  if (reuse && reuse != this && m_.kv_owner() == reuse) {
+  if (reuse && reuse != this && reuse->seq_ == seq_ && m_.kv_owner(seq_) == reuse) {
     const int64_t valid = std::min<int64_t>(reuse->kv_valid(), n - 1);
     while (from < valid && reuse->tokens_[from] == prompt[from]) ++from;
     // An architecture's own cache layout (DeepSeek V4's window and compressor rings) holds the state
@@ -68,11 +78,11 @@ void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, co
   stats_.prompt_chunk = run == 1 ? 1 : std::min(m_.chunk(), run);
   stats_.prompt_chunks = (run + stats_.prompt_chunk - 1) / stats_.prompt_chunk;
   const auto t0 = std::chrono::steady_clock::now();
-  m_.set_kv_owner(nullptr);  // until the prompt is all in: a throwing pass leaves the cache to no one
+  m_.set_kv_owner(nullptr, seq_);  // until the prompt is all in: a throwing pass leaves the cache to no one
   int64_t complete = from;
   try {
     Watch w(m_, rc, n, &complete, run > 1);
-    m_.forward(prompt.data() + from, run, from, logits_.data(), false);
+    m_.forward(prompt.data() + from, run, from, logits_.data(), false, seq_);
   } catch (const Interrupted&) {
     stats_.prompt_ms = ms_since(t0);
     stats_.prompt_tokens = complete;
@@ -86,12 +96,12 @@ void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, co
   pos_ = n;
   have_logits_ = true;
   done_ = false;
-  m_.set_kv_owner(this);
+  m_.set_kv_owner(this, seq_);
 }
 
 Generator::~Generator() {
   // A later object at this address must not take the cache for its own.
-  if (m_.kv_owner() == this) m_.set_kv_owner(nullptr);
+  if (m_.kv_owner(seq_) == this) m_.set_kv_owner(nullptr, seq_);
 }
 
 void Generator::finish(const std::string& reason) {
@@ -100,27 +110,34 @@ void Generator::finish(const std::string& reason) {
 }
 
 void Generator::reclaim_kv() {
-  if (m_.kv_owner() == this) return;
+  if (m_.kv_owner(seq_) == this) return;
   // Every token but the last, which the coming pass feeds itself. Logits do not depend on how the
   // tokens are chunked (DESIGN.md, invariant 4), so this is the cache an uninterrupted run has.
   const int64_t n = pos_ - 1;
-  m_.set_kv_owner(nullptr);
-  m_.forward(tokens_.data(), n, 0, nullptr, false);
-  m_.set_kv_owner(this);
+  m_.set_kv_owner(nullptr, seq_);
+  m_.forward(tokens_.data(), n, 0, nullptr, false, seq_);
+  m_.set_kv_owner(this, seq_);
   stats_.recomputed += n;
 }
 
-int32_t Generator::next(const RunControl& rc) {
-  if (done_) return -1;
+Generator::Need Generator::need() {
+  if (done_) return Need::Ended;
   if (stats_.generated >= p_.max_tokens) {
     finish("max_tokens");
-    return -1;
+    return Need::Ended;
   }
-  const bool pass = !have_logits_;
-  if (pass && pos_ >= m_.config().ctx) {
+  if (have_logits_) return Need::Sample;
+  if (pos_ >= m_.seq_ctx()) {
     finish("ctx_full");
-    return -1;
+    return Need::Ended;
   }
+  return Need::Pass;
+}
+
+int32_t Generator::next(const RunControl& rc) {
+  const Need need = this->need();
+  if (need == Need::Ended) return -1;
+  const bool pass = need == Need::Pass;
   // Decode time covers the passes (forward + sample) after the first token, whose logits came
   // with the prompt; decode tok/s is passes per second, as llama.cpp's eval rate.
   auto t0 = std::chrono::steady_clock::now();
@@ -133,19 +150,76 @@ int32_t Generator::next(const RunControl& rc) {
       }
       Watch w(m_, stop_only, 0, nullptr, false);
       t0 = std::chrono::steady_clock::now();
-      m_.forward(&tokens_.back(), 1, pos_ - 1, logits_.data(), false);
+      m_.forward(&tokens_.back(), 1, pos_ - 1, logits_.data(), false, seq_);
     } catch (const Interrupted&) {
       finish("interrupted");
       throw;
     }
   }
+  return sample(pass, ms_since(t0));
+}
+
+std::vector<int32_t> next_tokens(Model& m, const std::vector<Generator*>& gens, const RunControl& rc) {
+  std::vector<int32_t> out(gens.size(), -1);
+  std::vector<size_t> pass;  // the generators the step feeds, by index
+  std::vector<uint8_t> taken((size_t)m.seqs(), 0);
+  for (size_t i = 0; i < gens.size(); ++i) {
+    Generator* g = gens[i];
+    STRATA_CHECK(g && &g->m_ == &m, ConfigError, "next_tokens: generator ", i, " is not one of this model's");
+    STRATA_CHECK(!taken[(size_t)g->seq_], ConfigError, "next_tokens: generators ", i,
+                 " and an earlier one share KV region ", g->seq_, "; a step advances one sequence a region");
+    taken[(size_t)g->seq_] = 1;
+  }
+  std::vector<Generator::Need> needs(gens.size());
+  for (size_t i = 0; i < gens.size(); ++i) {
+    needs[i] = gens[i]->need();
+    if (needs[i] == Generator::Need::Pass) pass.push_back(i);
+  }
+  double ms = 0;
+  if (!pass.empty()) {
+    const RunControl stop_only{rc.interrupt, {}};
+    const int64_t B = (int64_t)pass.size();
+    std::vector<int32_t> ids(B), seqs(B);
+    std::vector<int64_t> pos(B);
+    std::vector<float> logits((size_t)B * m.spec().V);
+    try {
+      for (int64_t r = 0; r < B; ++r) {
+        Generator* g = gens[pass[r]];
+        Watch w(m, stop_only, 0, nullptr, g->pos_ - 1 > 1);
+        g->reclaim_kv();
+        ids[r] = g->tokens_.back();
+        pos[r] = g->pos_ - 1;
+        seqs[r] = (int32_t)g->seq_;
+      }
+      Watch w(m, stop_only, 0, nullptr, false);
+      const auto t0 = std::chrono::steady_clock::now();
+      m.decode_batch(ids.data(), pos.data(), seqs.data(), B, logits.data());
+      ms = ms_since(t0);
+    } catch (const Interrupted&) {
+      for (size_t i : pass) gens[i]->finish("interrupted");
+      throw;
+    }
+    const size_t V = (size_t)m.spec().V;
+    for (int64_t r = 0; r < B; ++r)
+      std::copy(logits.begin() + r * V, logits.begin() + (r + 1) * V, gens[pass[r]]->logits_.begin());
+  }
+  for (size_t i = 0; i < gens.size(); ++i) {
+    if (needs[i] == Generator::Need::Ended) continue;
+    const bool fed = needs[i] == Generator::Need::Pass;
+    out[i] = gens[i]->sample(fed, fed ? ms : 0.0);
+  }
+  return out;
+}
+
+int32_t Generator::sample(bool pass, double ms) {
+  const auto t0 = std::chrono::steady_clock::now();
   const int32_t tok = sampler_->sample(logits_.data(), m_.spec().V, tokens_);
   have_logits_ = false;
   if (pass) {
-    stats_.decode_ms += ms_since(t0);
+    stats_.decode_ms += ms + ms_since(t0);
     ++stats_.decode_passes;
   } else {
-    stats_.prompt_ms += ms_since(t0);
+    stats_.prompt_ms += ms + ms_since(t0);
   }
   if (std::find(p_.stop_ids.begin(), p_.stop_ids.end(), tok) != p_.stop_ids.end()) {
     finish("stop_token");
@@ -157,10 +231,19 @@ int32_t Generator::next(const RunControl& rc) {
   return tok;
 }
 
-void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out, const RunControl& rc) {
-  m.set_kv_owner(nullptr);
+void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out, const RunControl& rc, int64_t seq) {
+  STRATA_CHECK(seq >= 0 && seq < m.seqs(), ConfigError, "sequence ", seq, " is not one of the model's ",
+               m.seqs(), " KV regions");
+  m.set_kv_owner(nullptr, seq);
   Watch w(m, rc, n, nullptr, n > 1);
-  m.forward(ids, n, 0, out, true);
+  m.forward(ids, n, 0, out, true, seq);
+}
+
+void step_logits(Model& m, const int32_t* ids, const int64_t* pos, const int32_t* seqs, int64_t B,
+                 float* out) {
+  for (int64_t i = 0; i < B; ++i)
+    if (seqs[i] >= 0 && seqs[i] < m.seqs()) m.set_kv_owner(nullptr, seqs[i]);
+  m.decode_batch(ids, pos, seqs, B, out);
 }
 
 }  // namespace strata

@@ -1,7 +1,8 @@
 // Generator: chunked prefill of the prompt, then a decode loop one token at a time, with the
 // sampler, stop tokens, max tokens and timings. Stop strings are matched by the caller on text.
-// Each Generator owns its tokens; several may run interleaved on one Model, taking turns with the
-// KV cache (the one whose tokens it does not hold recomputes them before its next pass).
+// Each Generator owns its tokens and runs in one KV region (seq) of the Model; several may share a
+// region, taking turns (the one whose tokens it does not hold recomputes them before its next pass),
+// and generators of distinct regions decode together in one pass (next_tokens).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -47,9 +48,18 @@ struct GenStats {
   double decode_tps() const { return decode_ms > 0 ? decode_passes * 1000.0 / decode_ms : 0; }
 };
 
+class Generator;
+// The next token of each generator (as next(), -1 when it has ended): every one that needs a pass
+// runs in one batched decode step (Model::decode_batch), so their experts are fetched once a layer
+// for all. The generators are in distinct KV regions (ConfigError otherwise); a generator whose
+// region another one took recomputes its tokens first.
+std::vector<int32_t> next_tokens(Model& m, const std::vector<Generator*>& gens, const RunControl& rc = {});
+
 class Generator {
  public:
-  explicit Generator(Model& m) : m_(m) {}
+  // A generation in KV region `seq` of `m` (0 .. m.seqs() - 1).
+  explicit Generator(Model& m, int64_t seq = 0);
+  int64_t seq() const { return seq_; }
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
@@ -69,6 +79,14 @@ class Generator {
   const GenStats& stats() const { return stats_; }
 
  private:
+  friend std::vector<int32_t> next_tokens(Model& m, const std::vector<Generator*>& gens,
+                                          const RunControl& rc);
+  // What the next token needs: none (the generation has ended: -1), a sample of the logits it
+  // has (the prompt's), or a pass of its last token first.
+  enum class Need { Ended, Sample, Pass };
+  Need need();
+  // Samples the next token from logits_ (after a pass of `pass_ms`, or the prompt's logits).
+  int32_t sample(bool pass, double ms);
   // Leading tokens_ whose keys and values are in the KV cache while this generation owns it (the
   // last sampled token is fed by the next pass; a stopped pass leaves those before it).
   int64_t kv_valid() const { return have_logits_ ? pos_ : pos_ - 1; }
@@ -77,6 +95,7 @@ class Generator {
   void reclaim_kv();
 
   Model& m_;
+  int64_t seq_ = 0;
   GenParams p_;
   std::unique_ptr<Sampler> sampler_;
   std::vector<int32_t> tokens_;
@@ -86,8 +105,13 @@ class Generator {
   GenStats stats_;
 };
 
-// Logits at every position of ids[0..n) (n x V floats into `out`), from position 0. The KV cache
-// then holds these tokens, which belong to no generation.
-void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out, const RunControl& rc = {});
+// Logits at every position of ids[0..n) (n x V floats into `out`), from position 0, in KV region
+// `seq`. The region then holds these tokens, which belong to no generation.
+void prompt_logits(Model& m, const int32_t* ids, int64_t n, float* out, const RunControl& rc = {},
+                   int64_t seq = 0);
+// One decode step of B rows (Model::decode_batch): logits B x V into `out`. The rows' regions then
+// belong to no generation.
+void step_logits(Model& m, const int32_t* ids, const int64_t* pos, const int32_t* seqs, int64_t B,
+                 float* out);
 
 }  // namespace strata

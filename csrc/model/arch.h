@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "expert_cache/expert_cache.h"
 #include "model/spec.h"
 #include "prefill/prefill.h"
@@ -26,12 +27,12 @@ using LayerHook = std::function<void(int64_t layer, int64_t T, int64_t pos0)>;
 // backend's phase.
 enum class ExpertPath : uint8_t {
   PerExpert,  // a prompt chunk, or a decode step with too few free slots: expert by expert (for_routed)
-  Resident,   // one token, every expert resident: the gathered decode finds them by id
-  Device,     // one token, a bounded cache resolved on the device (resolve_experts): gathered
-  Host,       // one token, a bounded cache resolved on the host for the whole layer (prepare K): gathered
+  Resident,   // a decode step, every expert resident: the gathered decode finds them by id
+  Device,     // a decode step, a bounded cache resolved on the device (resolve_experts): gathered
+  Host,       // a decode step, a bounded cache resolved on the host for the whole layer (prepare): gathered
 };
 struct StepPlan {
-  bool decode = false;  // one token of a generation (the backend's phase: its kernels per shape)
+  bool decode = false;  // a token of each of 1..seqs generations (the backend's phase: its kernels per shape)
   ExpertPath experts = ExpertPath::PerExpert;
 };
 
@@ -45,14 +46,29 @@ struct ForwardContext {
   const StepPlan* step = nullptr;         // the Model's plan of the call running; null: a prompt's
 };
 
+// The rows of a batched decode step: row i is at position pos[i] of KV region seq[i] (host memory).
+struct SeqRows {
+  const int64_t* pos = nullptr;
+  const int32_t* seq = nullptr;
+};
+
 class ForwardPass {
  public:
   virtual ~ForwardPass() = default;
   // Runs T tokens `ids` (host memory) at positions pos0.. through every layer on the scratch `b`,
-  // appending to the KV cache. With `logits` (host memory) set, writes the logits of every
-  // position (all_logits) or of the last one.
+  // appending to the KV cache's selected region. With `logits` (host memory) set, writes the logits
+  // of every position (all_logits) or of the last one.
   virtual void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
                          bool all_logits) = 0;
+  // Whether run_rows is implemented: several sequences decode in one pass.
+  virtual bool batches() const { return false; }
+  // One token of each of B sequences (rows: their positions and KV regions, distinct) through every
+  // layer on the scratch `b` (carved for T = B); the logits of every row into `logits` (B x V, host
+  // memory). Every row's logits are those of run_chunk on its token alone (each op is per row).
+  virtual void run_rows(const PrefillBuffers& /*b*/, const int32_t* /*ids*/, const SeqRows& /*rows*/,
+                        int64_t /*B*/, float* /*logits*/) {
+    throw UnsupportedError("internal error: this architecture decodes one sequence a pass");
+  }
 };
 
 struct Architecture {

@@ -43,7 +43,7 @@ AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a) {
 
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
                      const AttentionShape& a, const AttentionScratch& sc, const float* x, int64_t T,
-                     int64_t pos0) {
+                     int64_t pos0, const SeqRows* rows) {
   Backend& be = ctx.be;
   float *q = b[sc.q], *k = b[sc.k], *v = b[sc.v], *out = b[sc.out];
   if (w.q.type == w.k.type && w.q.type == w.v.type && w.q.cols == w.k.cols && w.q.cols == w.v.cols) {
@@ -57,10 +57,23 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
     matmul(be, w.v, x, T, v);
   }
   const KvType kt = ctx.kv.type();
-  be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
-                   ctx.kv.k(l), ctx.kv.v(l), kt);
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
-  be.attention(q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, out);
+  if (rows) {
+    // Each row its own sequence: the per-head ops of one token at its position in its region.
+    const int64_t qw = a.n_head * a.head_dim, kw = a.n_kv_head * a.head_dim;
+    for (int64_t t = 0; t < T; ++t) {
+      void* kc = ctx.kv.k(l, rows->seq[t]);
+      void* vc = ctx.kv.v(l, rows->seq[t]);
+      be.qk_rope_store(q + t * qw, k + t * kw, v + t * kw, 1, a.n_head, a.n_kv_head, a.head_dim, w.q_norm,
+                       w.k_norm, a.eps, rows->pos[t], a.rope, kc, vc, kt);
+      be.attention(q + t * qw, kc, vc, kt, 1, rows->pos[t], a.n_head, a.n_kv_head, a.head_dim, scale,
+                   out + t * qw);
+    }
+  } else {
+    be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
+                     ctx.kv.k(l), ctx.kv.v(l), kt);
+    be.attention(q, ctx.kv.k(l), ctx.kv.v(l), kt, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, out);
+  }
   matmul(be, w.o, out, T, b.proj);
 }
 
@@ -151,7 +164,9 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K, n = T * K;
   if (path == ExpertPath::Resident) {
-    cache.count_hits((uint64_t)n);  // T == 1: K distinct experts
+    // Nothing is looked up: the rows' experts count as hits (one token's K distinct ones; a batch's
+    // rows are not reduced to their union, which would cost a download, a host sync, a layer).
+    cache.count_hits((uint64_t)n);
   } else if (path == ExpertPath::Device) {
     // Design (b): the device resolves hits and misses and fills the misses' slots itself.
     be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n));
@@ -215,7 +230,8 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   // The step's plan (Model::decode) says whether this token's experts go gathered, and how they are found.
   const ExpertPath path = ctx.step ? ctx.step->experts : ExpertPath::PerExpert;
   if (path != ExpertPath::PerExpert) {
-    STRATA_CHECK(T == 1, Error, "internal error: a gathered MoE step of ", T, " tokens");
+    STRATA_CHECK(ctx.step && ctx.step->decode, Error, "internal error: a gathered MoE step of ", T,
+                 " tokens outside a decode step");
     moe_gathered(ctx, b, l, T, ffn_norm, var, path);
     return;
   }

@@ -54,10 +54,12 @@ inline AttentionScratch declare_gqa_scratch(const ModelSpec& s, ScratchList& lis
 }
 
 // Pre-norm GQA attention of layer `l`: q/k/v projections of x, per-head norm and RoPE, the KV cache
-// appended at pos0, causal attention; the output projection lands in b.proj.
+// appended at pos0, causal attention; the output projection lands in b.proj. With `rows` (a batched
+// decode step), row t is one token at rows->pos[t] of KV region rows->seq[t] instead: its norm, RoPE,
+// store and attention are the ops of that token alone (pos0 is unused).
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
                      const AttentionShape& a, const AttentionScratch& sc, const float* x, int64_t T,
-                     int64_t pos0);
+                     int64_t pos0, const SeqRows* rows = nullptr);
 
 // Router: logits of x against the router matrix, softmax, top-K (ties to the lower id), weights
 // renormalized when norm; then the (token, k) rows grouped by expert (b.expert_off, b.expert_rows).

@@ -223,6 +223,18 @@ class GptOssForward final : public ForwardPass {
 
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
                  bool all_logits) override {
+    run(b, ids, T, pos0, nullptr, logits, all_logits);
+  }
+  bool batches() const override { return true; }
+  void run_rows(const PrefillBuffers& b, const int32_t* ids, const SeqRows& rows, int64_t B,
+                float* logits) override {
+    run(b, ids, B, 0, &rows, logits, true);
+  }
+
+ private:
+  // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
+  void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
+           float* logits, bool all_logits) {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D;
@@ -233,7 +245,7 @@ class GptOssForward final : public ForwardPass {
       const Layer& ly = layers_[l];
       const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
                               : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
-      attention(b, l, ly, x, T, pos0);
+      attention(b, l, ly, x, T, pos0, rows);
       x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
       // Softmax over all E, top-K, renormalized: the softmax of the top-K logits.
       be.matmul(ly.router.type, ly.router.data, s.E, D, x, D, T, b.router, s.E);
@@ -248,7 +260,6 @@ class GptOssForward final : public ForwardPass {
     final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
   }
 
- private:
   struct Layer {
     DenseMatrix q, k, v, o, router;
     const float *attn_norm = nullptr, *ffn_norm = nullptr;
@@ -261,9 +272,10 @@ class GptOssForward final : public ForwardPass {
   }
 
   // Biased q/k/v, RoPE, the KV cache at pos0, attention with sinks (windowed on sliding layers), the
-  // biased output projection into b.proj.
-  void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T,
-                 int64_t pos0) {
+  // biased output projection into b.proj. With `rows`, row t is one token of its own sequence (its
+  // position and KV region): its RoPE, store and attention are that token's alone.
+  void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, int64_t pos0,
+                 const SeqRows* rows) {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t H = s.n_head, KV = s.n_kv_head, hd = s.head_dim;
@@ -275,14 +287,29 @@ class GptOssForward final : public ForwardPass {
     ops_.add_bias(k, w.k_b, T, KV * hd);
     ops_.add_bias(v, w.v_b, T, KV * hd);
     const GptOssSpec& d = oss_spec(s);
-    ops_.rope_neox(q, T, H, hd, inv_freq_, d.mscale, pos0);
-    ops_.rope_neox(k, T, KV, hd, inv_freq_, d.mscale, pos0);
     const KvType kt = ctx_.kv.type();
-    be.kv_store(ctx_.kv.k(l), kt, pos0, T, KV * hd, k);
-    be.kv_store(ctx_.kv.v(l), kt, pos0, T, KV * hd, v);
     const float scale = 1.0f / std::sqrt((float)hd);
-    ops_.attention_sinks(q, ctx_.kv.k(l), ctx_.kv.v(l), kt, T, pos0, H, KV, hd, scale, w.sinks,
-                         sliding(l) ? d.window : 0, out);
+    const int64_t window = sliding(l) ? d.window : 0;
+    if (rows) {
+      for (int64_t t = 0; t < T; ++t) {
+        float *qt = q + t * H * hd, *kt_ = k + t * KV * hd, *vt = v + t * KV * hd;
+        const int64_t p = rows->pos[t];
+        void* kc = ctx_.kv.k(l, rows->seq[t]);
+        void* vc = ctx_.kv.v(l, rows->seq[t]);
+        ops_.rope_neox(qt, 1, H, hd, inv_freq_, d.mscale, p);
+        ops_.rope_neox(kt_, 1, KV, hd, inv_freq_, d.mscale, p);
+        be.kv_store(kc, kt, p, 1, KV * hd, kt_);
+        be.kv_store(vc, kt, p, 1, KV * hd, vt);
+        ops_.attention_sinks(qt, kc, vc, kt, 1, p, H, KV, hd, scale, w.sinks, window, out + t * H * hd);
+      }
+    } else {
+      ops_.rope_neox(q, T, H, hd, inv_freq_, d.mscale, pos0);
+      ops_.rope_neox(k, T, KV, hd, inv_freq_, d.mscale, pos0);
+      be.kv_store(ctx_.kv.k(l), kt, pos0, T, KV * hd, k);
+      be.kv_store(ctx_.kv.v(l), kt, pos0, T, KV * hd, v);
+      ops_.attention_sinks(q, ctx_.kv.k(l), ctx_.kv.v(l), kt, T, pos0, H, KV, hd, scale, w.sinks, window,
+                           out);
+    }
     matmul(w.o, out, T, b.proj);
     ops_.add_bias(b.proj, w.o_b, T, s.D);
   }

@@ -64,6 +64,11 @@ void check_config(const ModelConfig& c) {
   check_device(c.device, c.threads);
   STRATA_CHECK(c.ctx >= 1, ConfigError, "ctx (-c/--ctx) must be at least 1 token (KV cache length), got ",
                c.ctx);
+  STRATA_CHECK(c.seqs >= 1 && c.seqs <= kMaxSeqs, ConfigError, "seqs (--parallel) must be in [1, ", kMaxSeqs,
+               "] (sequences decoding together, each in its own KV region), got ", c.seqs);
+  STRATA_CHECK(
+      c.ctx >= c.seqs, ConfigError, "ctx (-c/--ctx) ", c.ctx, " is divided among ", c.seqs,
+      " sequences (--parallel) and leaves less than one position each; raise ctx or lower --parallel");
   STRATA_CHECK(c.cache != CacheKind::Size || c.cache_bytes > 0, ConfigError,
                "--expert-cache must be positive: a size, all or auto");
   STRATA_CHECK(c.prefill >= 1, ConfigError, "--prefill must be at least 1 token, got ", c.prefill);
@@ -99,7 +104,8 @@ AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, s
   AutoCache a;
   a.reserve = std::max<size_t>(size_t(512) << 20, total_bytes / 32);
   const int64_t chunk = std::min(cfg.prefill, cfg.ctx);
-  a.others = s.dense_bytes + KVCache::bytes(kv, s, cfg.ctx) + plan.prefill.bytes_needed(1, true) +
+  a.others = s.dense_bytes + KVCache::bytes(kv, s, cfg.seq_ctx(), cfg.seqs) +
+             plan.prefill.bytes_needed(decode_scratch_tokens(plan.prefill, s.K, cfg.seqs, true), true) +
              (size_t)kHeadRows * s.V * sizeof(float);
   const size_t avail = free_bytes > a.others + a.reserve ? free_bytes - a.others - a.reserve : 0;
   // Every expert resident, plus the prompt scratch that then has no slots to borrow.
@@ -191,21 +197,27 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
                UnsupportedError, "decode_resolve 'device': the ", be_->name(),
                " backend cannot read this expert source (", src_ ? src_->describe() : "none",
                ") from its kernels; use decode_resolve 'host' or 'auto', or --source host");
-  kv_ = std::make_unique<KVCache>(*be_, lp.kv, s, cfg_.ctx);
-  decode_region_ = DeviceBuffer(*be_, pf.bytes_needed(1, has_source()), "the decode scratch");
+  kv_ = std::make_unique<KVCache>(*be_, lp.kv, s, cfg_.seq_ctx(), cfg_.seqs);
+  kv_owner_.assign((size_t)cfg_.seqs, nullptr);
+  graphs_.resize((size_t)cfg_.seqs);
+  decode_region_ = DeviceBuffer(
+      *be_, pf.bytes_needed(decode_scratch_tokens(pf, s.K, cfg_.seqs, has_source()), has_source()),
+      "the decode scratch (lower --parallel)");
 
   chunk_ = lp.chunk.chunk;
   if (cache_->all_resident())
     own_region_ = DeviceBuffer(*be_, pf.bytes_needed(chunk_, false), "the prompt scratch (lower --prefill)");
-  // Op scratch for the largest chunk and context, now: no op allocates later (nor inside a graph).
-  be_->reserve_scratch(cfg_.ctx, chunk_ * s.K, s.n_head, s.head_dim);
+  // Op scratch for the largest chunk (or decode step of seqs rows) and context, now: no op allocates
+  // later (nor inside a graph).
+  be_->reserve_scratch(cfg_.ctx, std::max(chunk_, cfg_.seqs) * s.K, s.n_head, s.head_dim);
   forward_ = arch.make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_, &step_});
 
   log(LogLevel::Info, plan_.file->path(), ": ", s.arch, " L=", s.L, " D=", s.D, " E=", s.E, " K=", s.K,
       " F=", s.F, " V=", s.V, "; dense ", mib_str(s.dense_bytes), ", experts ", mib_str(s.expert_bytes),
       " (slot ", xl.slot_bytes, " bytes)");
-  log(LogLevel::Info, "backend ", be_->describe(), ", ctx=", cfg_.ctx, " KV ", mib_str(kv_->total_bytes()),
-      "; expert cache ",
+  log(LogLevel::Info, "backend ", be_->describe(), ", ctx=", cfg_.ctx,
+      cfg_.seqs > 1 ? str(" (", cfg_.seqs, " sequences of ", cfg_.seq_ctx(), ")") : std::string(), " KV ",
+      mib_str(kv_->total_bytes()), "; expert cache ",
       cache_->all_resident() ? std::string("all resident")
                              : str(cache_->n_slots(), " slots (", cfg_.cache_policy, ")"),
       ", source ", source_kind(), "; prompt chunk ", chunk_, " tokens (",
@@ -223,15 +235,33 @@ void Model::reset_stats() {
   chunk_stats_ = ChunkStats{};
 }
 
-void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits) {
+namespace {
+std::string ctx_limit(const ModelConfig& c) {
+  return c.seqs == 1 ? str("ctx=", c.ctx, "; load the model with a larger ctx")
+                     : str("a sequence's ", c.seq_ctx(), " positions (ctx=", c.ctx, " over ", c.seqs,
+                           " sequences); load the model with a larger ctx or fewer sequences (--parallel)");
+}
+}  // namespace
+
+int64_t decode_scratch_tokens(const Prefill& pf, int64_t K, int64_t B, bool src) {
+  // The fused layout holds max(T, K) expert rows, a gathered decode step needs every row's K: B * K.
+  if (B == 1) return 1;
+  return pf.fused_layout(B, src) == MoeLayout::Fused ? B * K : B;
+}
+
+void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits,
+                    int64_t seq) {
   const ModelSpec& s = plan_.spec;
   const Prefill& pf = plan_.prefill;
   STRATA_CHECK(n >= 1, ConfigError, "forward needs at least one token");
-  STRATA_CHECK(pos0 >= 0 && pos0 + n <= cfg_.ctx, ConfigError, "context full: ", pos0 + n,
-               " tokens exceed ctx=", cfg_.ctx, "; load the model with a larger ctx");
+  STRATA_CHECK(seq >= 0 && seq < cfg_.seqs, ConfigError, "sequence ", seq, " is not one of the model's ",
+               cfg_.seqs, " KV regions (seqs / --parallel)");
+  STRATA_CHECK(pos0 >= 0 && pos0 + n <= seq_ctx(), ConfigError, "context full: ", pos0 + n, " tokens exceed ",
+               ctx_limit(cfg_));
   for (int64_t i = 0; i < n; ++i)
     STRATA_CHECK(ids[i] >= 0 && ids[i] < s.V, ConfigError, "token id ", ids[i], " out of range [0, ", s.V,
                  ")");
+  kv_->select(seq);
   if (n == 1) {
     decode(ids[0], pos0, logits, all_logits);
     return;
@@ -253,9 +283,21 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
   }
 }
 
-bool Model::resolve_on_device() const {
+namespace {
+// The distinct experts a decode step of `rows` tokens may name in one layer.
+int64_t step_experts(const ModelSpec& s, int64_t rows) { return std::min(rows * s.K, s.E); }
+}  // namespace
+
+bool Model::resolve_on_device(int64_t rows) const {
   return !cache_->all_resident() && cfg_.decode_resolve != "host" && cache_->can_resolve_on_device() &&
-         cache_->free_slots() >= plan_.spec.K;
+         cache_->free_slots() >= step_experts(plan_.spec, rows);
+}
+
+ExpertPath Model::decode_path(int64_t rows) const {
+  return cache_->all_resident()                                   ? ExpertPath::Resident
+         : resolve_on_device(rows)                                ? ExpertPath::Device
+         : cache_->free_slots() >= step_experts(plan_.spec, rows) ? ExpertPath::Host
+                                                                  : ExpertPath::PerExpert;
 }
 
 const char* Model::decode_resolution() const {
@@ -267,11 +309,8 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), 1, has_source());
   // The step's one decision: how its tokens find their experts (moe_block reads it, the backend
   // gets its phase from it).
-  const bool on_device = resolve_on_device();
-  const ExpertPath path = cache_->all_resident()                 ? ExpertPath::Resident
-                          : on_device                            ? ExpertPath::Device
-                          : cache_->free_slots() >= plan_.spec.K ? ExpertPath::Host
-                                                                 : ExpertPath::PerExpert;
+  const ExpertPath path = decode_path(1);
+  const bool on_device = path == ExpertPath::Device;
   set_step(StepPlan{true, path});
   if (on_device)
     cache_->to_device();
@@ -284,7 +323,8 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
     forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
     return;
   }
-  if (!graph_ && !graph_failed_ && cfg_.decode_graph && be_->supports_graphs()) {
+  Graph& graph = graphs_[(size_t)kv_->selected()];
+  if (!graph && !graph_failed_ && cfg_.decode_graph && be_->supports_graphs()) {
     try {
       record_decode(b);
     } catch (const Interrupted&) {
@@ -296,7 +336,7 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
           "); decoding op by op, which is slower");
     }
   }
-  if (!graph_) {
+  if (!graph) {
     forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
     cache_->read_device_counters();
     return;
@@ -304,13 +344,50 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   auto* io = reinterpret_cast<int32_t*>(step_io_.get());
   io[0] = id;
   io[1] = (int32_t)pos;
-  graph_.launch();
+  graph.launch();
   be_->sync();
   if (cache_->all_resident())
     cache_->count_hits((uint64_t)plan_.spec.L * plan_.spec.K);
   else
     cache_->read_device_counters();
   if (logits) std::memcpy(logits, step_logits_.get(), (size_t)plan_.spec.V * sizeof(float));
+}
+
+void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* seqs, int64_t B,
+                         float* logits) {
+  const ModelSpec& s = plan_.spec;
+  STRATA_CHECK(B >= 1 && B <= cfg_.seqs, ConfigError, "a decode step of ", B, " sequences: the model has ",
+               cfg_.seqs, " KV regions (load it with seqs / --parallel >= ", std::max<int64_t>(B, 1), ")");
+  std::vector<uint8_t> seen((size_t)cfg_.seqs, 0);
+  for (int64_t i = 0; i < B; ++i) {
+    STRATA_CHECK(seqs[i] >= 0 && seqs[i] < cfg_.seqs, ConfigError, "decode step row ", i, ": sequence ",
+                 seqs[i], " is not one of the model's ", cfg_.seqs, " KV regions");
+    STRATA_CHECK(!seen[(size_t)seqs[i]], ConfigError, "decode step row ", i, ": sequence ", seqs[i],
+                 " appears twice; a step advances each sequence by one token");
+    seen[(size_t)seqs[i]] = 1;
+    STRATA_CHECK(pos[i] >= 0 && pos[i] < seq_ctx(), ConfigError, "context full: position ", pos[i],
+                 " of sequence ", seqs[i], " exceeds ", ctx_limit(cfg_));
+    STRATA_CHECK(ids[i] >= 0 && ids[i] < s.V, ConfigError, "token id ", ids[i], " out of range [0, ", s.V,
+                 ")");
+  }
+  if (B == 1) {
+    forward(ids, 1, pos[0], logits, false, seqs[0]);
+    return;
+  }
+  STRATA_CHECK(forward_->batches(), UnsupportedError, plan_.file->path(), ": the ", s.arch,
+               " architecture decodes one sequence a pass in strata; advance its sequences one at a time "
+               "(--parallel 1, or a model whose architecture batches)");
+  const Prefill& pf = plan_.prefill;
+  const int64_t T = decode_scratch_tokens(pf, s.K, B, has_source());
+  const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), T, has_source());
+  const ExpertPath path = decode_path(B);
+  set_step(StepPlan{true, path});
+  if (path == ExpertPath::Device)
+    cache_->to_device();
+  else
+    cache_->to_host();
+  forward_->run_rows(b, ids, SeqRows{pos, seqs}, B, logits);
+  if (path == ExpertPath::Device) cache_->read_device_counters();
 }
 
 void Model::record_decode(const PrefillBuffers& b) {
@@ -326,10 +403,10 @@ void Model::record_decode(const PrefillBuffers& b) {
   be_->capture_begin();
   try {
     be_->upload(step_pos_.get(), io + 1, sizeof(int32_t));
-    be_->set_position_source(step_pos_.as<int32_t>(), cfg_.ctx);
+    be_->set_position_source(step_pos_.as<int32_t>(), seq_ctx());
     forward_->run_chunk(b, io, 1, 0, reinterpret_cast<float*>(step_logits_.get()), false);
     be_->set_position_source(nullptr, 0);
-    graph_ = Graph(*be_, be_->capture_end());
+    graphs_[(size_t)kv_->selected()] = Graph(*be_, be_->capture_end());
   } catch (...) {
     be_->set_position_source(nullptr, 0);
     be_->capture_abort();

@@ -28,7 +28,9 @@ enum class CacheKind { Auto, All, Size };
 struct ModelConfig {
   std::string device = "auto";  // cpu | cuda | auto (CUDA when built with it and a GPU is present)
   int threads = 0;              // CPU threads; 0: every core
-  int64_t ctx = 4096;           // KV cache length in tokens
+  int64_t ctx = 4096;           // KV cache length in tokens, divided among the seqs regions
+  int64_t seqs = 1;  // KV sequence regions (llama.cpp's -np): sequences that decode together in one
+                     // step, each in ctx / seqs positions of its own
   CacheKind cache = CacheKind::Auto;
   size_t cache_bytes = 0;                           // the size when cache is Size
   std::string source = "auto";                      // host | mmap | auto
@@ -45,7 +47,12 @@ struct ModelConfig {
   Progress progress;                    // long loads report here
 
   bool all_resident() const { return cache == CacheKind::All; }
+  // Positions of one sequence region.
+  int64_t seq_ctx() const { return ctx / seqs; }
 };
+
+// The largest --parallel (KV sequence regions) a load takes.
+constexpr int64_t kMaxSeqs = 1024;
 
 // ConfigError naming the first option out of range, by the flag a user gives it.
 void check_config(const ModelConfig& cfg);
@@ -83,6 +90,10 @@ struct LoadPlan {
 };
 LoadPlan plan_load(const ModelPlan& plan, const ModelConfig& cfg, Backend& be);
 
+// The T a decode step of B rows carves its scratch for: B (1 alone), or B * K in the fused layout,
+// whose expert buffers hold max(T, K) rows where a gathered step needs all B * K.
+int64_t decode_scratch_tokens(const Prefill& pf, int64_t K, int64_t B, bool src);
+
 class Model {
  public:
   // Loads the model of an opened file on `be` (made from cfg.device when null). A load that throws
@@ -111,29 +122,46 @@ class Model {
   Backend& backend() { return *be_; }
   const ChunkStats& chunk_stats() const { return chunk_stats_; }
   void reset_stats();
-  // Which generation's tokens the KV cache holds (opaque; null: none). A generation that finds
+  // KV sequence regions, and the positions of each (ctx / seqs).
+  int64_t seqs() const { return cfg_.seqs; }
+  int64_t seq_ctx() const { return cfg_.seq_ctx(); }
+  // Which generation's tokens KV region `seq` holds (opaque; null: none). A generation that finds
   // another owner recomputes its own before going on.
-  const void* kv_owner() const { return kv_owner_; }
-  void set_kv_owner(const void* owner) { kv_owner_ = owner; }
+  const void* kv_owner(int64_t seq = 0) const { return kv_owner_.at((size_t)seq); }
+  void set_kv_owner(const void* owner, int64_t seq = 0) { kv_owner_.at((size_t)seq) = owner; }
   // Called between the layers of every pass (model/arch.h): a caller watching a long call (progress,
   // Ctrl-C) sets it for the call's duration. A hook that throws stops the pass and leaves the model
   // usable; the KV cache from that pass's pos0 on is then stale.
   void set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 
-  // Runs ids[0..n) at positions pos0.. through the model, in chunks of chunk() tokens, filling the KV
-  // cache. Writes V logits per position into `logits` (host memory) when all_logits, else only
+  // Runs ids[0..n) at positions pos0.. through the model, in chunks of chunk() tokens, filling KV
+  // region `seq`. Writes V logits per position into `logits` (host memory) when all_logits, else only
   // the last position's (none when logits is null).
-  void forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits);
+  void forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits, int64_t seq = 0);
+  // Whether the architecture decodes several sequences in one pass (decode_batch).
+  bool batch_supported() const { return forward_->batches(); }
+  // One decode step of B sequences in one pass: row i is token ids[i] at position pos[i] of KV
+  // region seqs[i] (B <= seqs(), the regions distinct); V logits per row into `logits` (host
+  // memory, B x V). Each row's logits are those of forward(&ids[i], 1, pos[i], ., ., seqs[i]) alone:
+  // every op is per row, the experts are gathered by expert for all rows (each resolved once a layer).
+  void decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* seqs, int64_t B, float* logits);
   // Whether decode steps replay one recorded graph (decode_graph on a backend with graphs and an
   // all-resident cache); true once the first step recorded it.
-  bool decode_graph_active() const { return bool(graph_); }
+  bool decode_graph_active() const {
+    for (const Graph& g : graphs_)
+      if (g) return true;
+    return false;
+  }
   // "resident", "device" or "host": how the next decode step finds its experts.
   const char* decode_resolution() const;
 
  private:
   void decode(int32_t id, int64_t pos, float* logits, bool all_logits);
-  // Whether this decode step resolves its experts on the device (design (b)).
-  bool resolve_on_device() const;
+  // Whether a decode step of `rows` tokens resolves its experts on the device (design (b)).
+  bool resolve_on_device(int64_t rows = 1) const;
+  // How a decode step of `rows` tokens finds its experts: every one it may name needs a free slot to be
+  // gathered (min(rows * K, E) distinct experts at most).
+  ExpertPath decode_path(int64_t rows) const;
   void record_decode(const PrefillBuffers& b);
   void run_borrowed(const int32_t* ids, int64_t T, int64_t pos0, float* logits, bool all_logits);
   void check_guards(const uint8_t* tail, size_t n, int64_t T);
@@ -145,12 +173,13 @@ class Model {
   std::unique_ptr<ExpertSource> src_;
   std::unique_ptr<ExpertCache> cache_;
   std::unique_ptr<KVCache> kv_;
-  DeviceBuffer decode_region_;  // layout(1, src), allocated once
+  DeviceBuffer decode_region_;  // layout(seqs, src): a decode step of up to seqs rows, allocated once
   DeviceBuffer own_region_;     // all-resident cache: the chunk region has no slots to borrow
   std::unique_ptr<ForwardPass> forward_;
-  // The recorded decode step: its token id and position are read from step_io_ (pinned: id, pos)
-  // and its logits land in step_logits_ (pinned), where the replays find them.
-  Graph graph_;
+  // The recorded decode step, one per KV region (the region's addresses are in it): its token id and
+  // position are read from step_io_ (pinned: id, pos) and its logits land in step_logits_ (pinned),
+  // where the replays find them.
+  std::vector<Graph> graphs_;
   PinnedBuffer step_io_, step_logits_;
   DeviceBuffer step_pos_;  // the position the graph's ops add (Backend::set_position_source)
   bool graph_failed_ = false;
@@ -164,7 +193,7 @@ class Model {
   }
   ChunkStats chunk_stats_;
   int64_t chunk_ = 0;
-  const void* kv_owner_ = nullptr;
+  std::vector<const void*> kv_owner_;  // per KV region
 };
 
 }  // namespace strata

@@ -80,6 +80,18 @@ class Qwen3MoeForward final : public ForwardPass {
 
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
                  bool all_logits) override {
+    run(b, ids, T, pos0, nullptr, logits, all_logits);
+  }
+  bool batches() const override { return true; }
+  void run_rows(const PrefillBuffers& b, const int32_t* ids, const SeqRows& rows, int64_t B,
+                float* logits) override {
+    run(b, ids, B, 0, &rows, logits, true);
+  }
+
+ private:
+  // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
+  void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
+           float* logits, bool all_logits) {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D;
@@ -93,7 +105,7 @@ class Qwen3MoeForward final : public ForwardPass {
       // Each sublayer's output (proj) joins the residual in the next GR read's op.
       const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
                               : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
-      attention_block(ctx_, b, l, ly, shape_, scratch_, x, T, pos0);
+      attention_block(ctx_, b, l, ly, shape_, scratch_, x, T, pos0, rows);
       x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
       softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
       moe_block(ctx_, b, l, T, ly.ffn_norm);
@@ -103,7 +115,6 @@ class Qwen3MoeForward final : public ForwardPass {
     final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
   }
 
- private:
   struct Layer : AttentionWeights {
     const float *attn_norm = nullptr, *ffn_norm = nullptr;
     DenseMatrix router;

@@ -95,7 +95,7 @@ def _load_defaults() -> Mapping[str, Any]:
     c = _core.ModelConfig()
     return MappingProxyType({
         "device": c.device, "expert_cache": c.expert_cache, "prefill": c.prefill, "source": c.source,
-        "ctx": c.ctx, "threads": c.threads, "kv_type": c.kv_type, "decode_graph": c.decode_graph,
+        "ctx": c.ctx, "seqs": c.seqs, "threads": c.threads, "kv_type": c.kv_type, "decode_graph": c.decode_graph,
         "decode_resolve": c.decode_resolve, "cache_policy": c.cache_policy,
     })
 
@@ -144,13 +144,15 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
                 decode_graph: object = LOAD_DEFAULTS["decode_graph"],
                 decode_resolve: object = LOAD_DEFAULTS["decode_resolve"],
                 cache_policy: object = LOAD_DEFAULTS["cache_policy"],
-                gr_unfused: bool | None = None) -> _core.ModelConfig:
+                gr_unfused: bool | None = None, seqs: object = LOAD_DEFAULTS["seqs"]) -> _core.ModelConfig:
     """The native ModelConfig of strata.Model's keywords: user text parsed and types checked here
     (strata.ConfigError naming the argument), ranges and names checked natively (ModelConfig.check)."""
     c = _core.ModelConfig()
     c.device = _as_str(device, "device (--device)", "a name such as 'cpu' or 'cuda'")
     c.threads = threads_from_env(threads)
     c.ctx = as_int(ctx, "ctx (-c/--ctx)", None, 2**62, "KV cache length in tokens")
+    c.seqs = as_int(seqs, "seqs (--parallel)", 1, 2**31 - 1,
+                    "sequences decoding together, each in ctx / seqs positions")
     c.expert_cache = parse_expert_cache(expert_cache)  # type: ignore[arg-type]
     c.prefill_mode, c.prefill = parse_prefill(prefill)  # type: ignore[arg-type]
     c.source = _as_str(source, "source (--source)", "host, mmap or auto")

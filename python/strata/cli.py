@@ -375,15 +375,16 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
               help="Address to listen on; anything but loopback without --api-key warns.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="TCP port; 0 picks a free one (the startup line names it).")
-@click.option("-np", "--parallel", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="Slots: requests in flight at once, taking turns on the one KV cache (each may use the "
-                   "whole -c/--ctx; a switch re-runs the next one's tokens, so more than 1 trades speed for "
-                   "fairness until batched decoding lands).")
+@click.option("-np", "--parallel", type=click.IntRange(1, strata._core.MAX_SEQS), default=LOAD["seqs"],
+              show_default=True,
+              help="Slots: requests in flight at once, each in its own KV region of -c/--ctx divided by "
+                   "--parallel (llama.cpp's -np), all decoding together in one pass per token (a batch's experts "
+                   "are fetched once per layer for all of them).")
 @click.option("--queue", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests that may wait for a slot; beyond them a request gets 429 with Retry-After.")
 @click.option("--turn", type=click.IntRange(min=1), default=16, show_default=True,
-              help="With --parallel > 1: tokens a request makes before the next one in flight takes its turn (a long "
-                   "prompt keeps the turn until it is in).")
+              help="When requests share a KV region (a model loaded with fewer regions than --parallel, from "
+                   "Python): tokens one makes before the next takes its turn (a long prompt keeps it until it is in).")
 @click.option("--api-key", envvar="STRATA_API_KEY", default=None, metavar="KEY",
               help="Require 'Authorization: Bearer KEY' on every route but /health (also from STRATA_API_KEY).")
 @click.option("--name", "model_id", default=None, metavar="ID",
@@ -396,8 +397,9 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
     template) and /v1/completions, streamed (SSE) or not; GET /v1/models, /health and /metrics
     (Prometheus).
 
-    Requests beyond --parallel wait in a queue of --queue, then get 429. A follow-up turn of a
-    conversation runs only its new tokens when the KV cache still holds the earlier ones. Ctrl-C or
+    Up to --parallel requests decode together, one token each per pass, in KV regions of
+    ctx / --parallel tokens; more wait in a queue of --queue, then get 429. A follow-up turn of a
+    conversation runs only its new tokens when its slot's region still holds the earlier ones. Ctrl-C or
     SIGTERM stops the server within a second; requests in flight get an error, not silence."""
     path = _model_path(model, model_opt)
     try:
@@ -415,7 +417,7 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
                    "can use the model; give --api-key KEY (or STRATA_API_KEY)", err=True)
     try:
         m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill,
-                  source=source, cache_policy=cache_policy, ctx=ctx, threads=threads)
+                  source=source, cache_policy=cache_policy, ctx=ctx, threads=threads, seqs=parallel)
     except BaseException:
         sock.close()
         raise
@@ -425,7 +427,8 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
     except strata.Error as e:
         _fail(e)
     click.echo(f"strata serve: {server.model_id} on {server.url}/v1 ({_n(parallel, 'slot')}, queue {queue}, "
-               f"ctx {m.ctx}, {'API key required' if api_key else 'no API key'}); Ctrl-C stops", err=True)
+               f"ctx {m.ctx}{f' ({m.seq_ctx} a slot)' if parallel > 1 else ''}, "
+               f"{'API key required' if api_key else 'no API key'}); Ctrl-C stops", err=True)
     sig = server.run()
     c = server.engine.counters
     click.echo(f"strata serve: stopped{f' ({signal.Signals(sig).name})' if sig else ''}: {c.finished} requests "

@@ -98,6 +98,17 @@ class Completion:
         return self.text
 
 
+def _stop_strings(stop: object) -> list[str]:
+    """generate()'s `stop` as a list of non-empty strings, else ConfigError."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        stops = []
+    if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
+        raise _core.ConfigError(
+            f"stop strings (stop, --stop) must be non-empty: a string or a list of them, got {stop!r}")
+    return list(stops)
+
+
 def _tap(pieces: Iterator[str], callback: Callable[[str], None]) -> Iterator[str]:
     for p in pieces:
         callback(p)
@@ -141,6 +152,9 @@ class Model:
     where the source allows it). cache_policy: the expert cache's eviction policy, 'lru' (least
     recently used) or 'lfu' (least frequently used, counts halving as they age; a decode step then
     resolves its experts on the host). The logits are the same under either; the hit rate is not.
+    seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
+    decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
+    the sequence alone.
 
     Ctrl-C (on the main thread) stops a load, a prompt or a token between two layers and raises
     KeyboardInterrupt; the Model stays usable.
@@ -162,6 +176,7 @@ class Model:
         decode_graph: bool = _L["decode_graph"],
         decode_resolve: str = _L["decode_resolve"],
         cache_policy: str = _L["cache_policy"],
+        seqs: int = _L["seqs"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -170,7 +185,8 @@ class Model:
             raise _core.ConfigError(f"backend must be a strata.Backend, got {backend!r}")
         cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
                           threads=threads, kv_type=kv_type, decode_graph=decode_graph,
-                          decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused)
+                          decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused,
+                          seqs=seqs)
         if log_level_error():
             warn(f"{log_level_error()}; using warn")
         file = _open(self.path)  # mapped and validated once; the native model shares it
@@ -190,8 +206,11 @@ class Model:
                  "--expert-cache keeps the default, --prefill N or auto sets the chunk")
         self.info = ModelInfo._of(file, self._m.plan)
         self.spec: dict[str, Any] = self.info.spec
-        if cfg.ctx > self.spec["ctx_train"] > 0:
-            warn(f"ctx (-c/--ctx) {cfg.ctx} is more than the {self.spec['ctx_train']} tokens "
+        # A sequence reaches ctx // seqs positions (its KV region).
+        if cfg.ctx // cfg.seqs > self.spec["ctx_train"] > 0:
+            what = f"ctx (-c/--ctx) {cfg.ctx}" if cfg.seqs == 1 else \
+                f"a sequence's context, ctx (-c/--ctx) {cfg.ctx} over {cfg.seqs} sequences,"
+            warn(f"{what} is more than the {self.spec['ctx_train']} tokens "
                  f"{os.path.basename(self.path)} was trained for: text past that length may degrade")
         # After the native load, so an unknown architecture is reported before the tokenizer.
         md = self.info.metadata
@@ -199,6 +218,8 @@ class Model:
         self.chat_template: str | None = md.get("tokenizer.chat_template")
         self.device = self.backend.name  # "cpu" or "cuda", as resolved from "auto"
         self.ctx = loaded.ctx
+        self.seqs: int = self._m.seqs  # KV sequence regions
+        self.seq_ctx: int = self._m.seq_ctx  # positions of each (ctx // seqs)
         self._last_stats: dict[str, Any] = {}
         self._last_gen: _core.Generator | None = None  # the last generation that ran its prompt
 
@@ -213,9 +234,25 @@ class Model:
         return self.tokenizer.decode(ids, skip_special=skip_special)
 
     # ---- raw model ----
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """Logits at every position of one prompt: float32 [len(ids), V]."""
-        return self._m.logits(self._ids(ids, "logits()"), catch_sigint=_catch_sigint())
+    def logits(self, ids: Sequence[int], seq: int = 0) -> np.ndarray:
+        """Logits at every position of one prompt, run from position 0 in KV region `seq`:
+        float32 [len(ids), V]."""
+        seq = as_int(seq, "seq", 0, self.seqs - 1, "a KV region of the model (seqs)")
+        return self._m.logits(self._ids(ids, "logits()"), catch_sigint=_catch_sigint(), seq=seq)
+
+    @property
+    def batch_supported(self) -> bool:
+        """Whether the architecture decodes several sequences in one pass (decode_batch)."""
+        return bool(self._m.batch_supported)
+
+    def decode_batch(self, ids: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> np.ndarray:
+        """One decode step of several sequences in one pass: token ids[i] at positions[i] of KV region
+        seqs[i] (distinct regions, each holding its sequence's earlier positions, e.g. from logits(...,
+        seq=)); float32 logits [len(ids), V], each row those of its sequence decoded alone."""
+        tok = self._ids(ids, "decode_batch()").tolist()
+        pos = [as_int(p, "decode_batch() position", 0, self.seq_ctx - 1, "a position in the region") for p in positions]
+        regions = [as_int(r, "decode_batch() seq", 0, self.seqs - 1, "a KV region of the model") for r in seqs]
+        return self._m.decode_batch(tok, pos, regions)
 
     def _ids(self, ids: object, what: str) -> np.ndarray:
         """Token ids as int32, each in [0, V), else ConfigError."""
@@ -312,13 +349,7 @@ class Model:
         """
         p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
-        stops = [stop] if isinstance(stop, str) else stop
-        if stops is None:
-            stops = []
-        if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
-            raise _core.ConfigError(
-                f"stop strings (stop, --stop) must be non-empty: a string or a list of them, got {stop!r}")
-        stops = list(stops)
+        stops = _stop_strings(stop)
         if callback is not None and not callable(callback):
             raise _core.ConfigError(f"callback must be callable, got {callback!r}")
         if isinstance(prompt, str):
@@ -347,6 +378,82 @@ class Model:
             return pieces
         text = "".join(pieces)
         return Completion(text=text, tokens=tokens, stats=stats)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_tokens: int = _D["max_tokens"],
+        temperature: float = _D["temperature"],
+        top_k: int = _D["top_k"],
+        top_p: float = _D["top_p"],
+        min_p: float = _D["min_p"],
+        repetition_penalty: float = _D["repetition_penalty"],
+        repeat_last_n: int = _D["repeat_last_n"],
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        add_special: bool = True,
+        ignore_eos: bool = False,
+    ) -> list[Completion]:
+        """Completes every prompt (texts or token id lists), up to `seqs` of them decoding together:
+        each step advances every sequence in flight by one token in one pass (decode_batch: a layer's
+        experts are fetched once for all of them), and a sequence that ends gives its KV region to the
+        next prompt. Each has its own sampler (seeded alike when `seed` is given), so every result is
+        generate()'s on that prompt alone: the same tokens, text and stop. Bad values raise
+        strata.ConfigError before any work; Ctrl-C raises KeyboardInterrupt."""
+        p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        p.stop_ids = [] if ignore_eos else sorted(self.tokenizer.stop_ids)
+        stops = _stop_strings(stop)
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise _core.ConfigError(
+                f"generate_batch() takes a list of prompts (texts or token id lists), got {prompts!r}")
+        ids = [self.tokenize(x, add_special=add_special) if isinstance(x, str) else
+               self._ids(x, f"generate_batch() prompt {i}").tolist() for i, x in enumerate(prompts)]
+        for i, x in enumerate(ids):  # before any work: a sequence's context is its region's
+            if not x or len(x) >= self.seq_ctx:
+                raise _core.ConfigError(
+                    f"generate_batch() prompt {i} has {len(x)} tokens; a sequence's context is {self.seq_ctx} "
+                    f"(ctx {self.ctx} over {self.seqs} sequences), so a prompt needs 1 to {self.seq_ctx - 1}: "
+                    "shorten it, or load the model with a larger ctx or fewer seqs")
+        hold = max((len(s) for s in stops), default=1) - 1
+        results: list[Completion | None] = [None] * len(ids)
+        waiting = list(range(len(ids)))[::-1]
+        free = list(range(self.seqs))[::-1]
+        active: list[dict[str, Any]] = []  # per sequence in flight: index, gen, decoder, tokens, text
+
+        def end(a: dict[str, Any]) -> None:
+            active.remove(a)
+            free.append(a["gen"].seq)
+            results[a["i"]] = Completion(text=a["text"], tokens=a["tokens"], stats=a["gen"].stats())
+
+        try:
+            while waiting or active:
+                while waiting and free:
+                    i = waiting.pop()
+                    gen = _core.Generator(self._m, free.pop())
+                    gen.begin(ids[i], p, catch_sigint=_catch_sigint())
+                    active.append({"i": i, "gen": gen, "dec": StreamDecoder(self.tokenizer, skip_special=True),
+                                   "tokens": [], "text": ""})
+                toks = _core.next_tokens(self._m, [a["gen"] for a in active], catch_sigint=_catch_sigint())
+                for a, tok in zip(list(active), toks, strict=True):
+                    before = len(a["text"])
+                    if tok < 0:
+                        a["text"] += a["dec"].flush()
+                    else:
+                        a["tokens"].append(tok)
+                        a["text"] += a["dec"].feed(tok)
+                    hit = min((k for k in (a["text"].find(s, max(0, before - hold)) for s in stops) if k >= 0),
+                              default=-1)
+                    if hit >= 0:
+                        a["text"] = a["text"][:hit]
+                        a["gen"].finish("stop_string")
+                    if hit >= 0 or tok < 0:
+                        end(a)
+        except KeyboardInterrupt:
+            for a in active:
+                a["gen"].finish("interrupted")
+            raise
+        return [r for r in results if r is not None]
 
     def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> Completion | Iterator[str]:
         """Renders `messages` with the model's chat template, then generate()s the reply."""

@@ -393,7 +393,7 @@ def test_load_defaults_are_the_native_ones(f16):
         "device": native.device, "expert_cache": native.expert_cache, "prefill": native.prefill,
         "source": native.source, "ctx": native.ctx, "threads": native.threads, "kv_type": native.kv_type,
         "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve,
-        "cache_policy": native.cache_policy}
+        "cache_policy": native.cache_policy, "seqs": native.seqs}
     assert native.prefill_mode == "default"
     sig = inspect.signature(strata.Model).parameters
     for k, v in strata.LOAD_DEFAULTS.items():
@@ -407,6 +407,8 @@ def test_load_defaults_are_the_native_ones(f16):
                 assert params[p].default == strata.LOAD_DEFAULTS[k], (name, k)
         assert params["prefill"].default is None  # the default chunk, stepping down
     assert {p.name: p.default for p in main.commands["info"].params}["ctx"] == strata.LOAD_DEFAULTS["ctx"]
+    # strata serve loads --parallel KV regions (seqs).
+    assert {p.name: p.default for p in main.commands["serve"].params}["parallel"] == strata.LOAD_DEFAULTS["seqs"]
     m = strata.Model(f16, progress=False, ctx=64)
     c = m._m.config
     assert (c.ctx, c.source, c.kv_type, c.prefill, c.prefill_mode) == (64, "auto", "auto", 8192, "default")

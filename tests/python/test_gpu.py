@@ -195,3 +195,36 @@ def test_gpu_bounded_cache_decode_device_and_host_resolution_match(mix_path, sou
         assert out.tokens == big.tokens
         assert c["misses"] > 0
     assert runs["device"] == runs["host"]
+
+
+@pytest.mark.parametrize("cache", ["all", "host", "device", "per-expert"])
+def test_gpu_batched_decode_rows_equal_alone(mix_path, cache):
+    """A batched decode step on the GPU (Phase::Decode keeps every matmul on GEMV, whose rows do not
+    depend on the token count; each row's attention runs alone) gives each row the bits of its
+    sequence decoded alone (whose step replays the region's recorded graph where it can), with the
+    f16 KV cache, every expert resident or a bounded cache resolved on the device, on the host or
+    expert by expert."""
+    path = mix_path("q4_k")
+    probe = gpu(path, expert_cache="all")
+    slot, E = probe.spec["slot_bytes"], probe.spec["experts"]
+    region = probe.info.layout(16, True)["slots"]
+    kw = dict(expert_cache="all") if cache == "all" else dict(
+        expert_cache=f"{(region + (E if cache != 'per-expert' else 2) + 1) * slot}b", prefill=16, source="host",
+        decode_resolve="host" if cache == "host" else "auto")
+    m = gpu(path, ctx=4 * 64, seqs=4, **kw)
+    prompts = [PROMPT[: 5 + 3 * i] for i in range(4)]
+    conts = [[int(x) for x in np.random.default_rng(i).integers(0, m.spec["vocab"], 6)] for i in range(4)]
+    alone = []
+    for i, (p, c) in enumerate(zip(prompts, conts, strict=True)):
+        m.logits(p, seq=i)
+        alone.append(np.concatenate([m.decode_batch([t], [len(p) + j], [i]) for j, t in enumerate(c)]))
+    for i, p in enumerate(prompts):
+        m.logits(p, seq=3 - i)
+    together: list[list[np.ndarray]] = [[] for _ in prompts]
+    for j in range(6):
+        order = [2, 0, 3, 1] if j % 2 else [0, 1, 2, 3]
+        lg = m.decode_batch([conts[i][j] for i in order], [len(prompts[i]) + j for i in order], [3 - i for i in order])
+        for r, i in enumerate(order):
+            together[i].append(lg[r])
+    for i in range(4):
+        assert np.array_equal(np.array(together[i]).view(np.uint32), alone[i].view(np.uint32)), i

@@ -242,3 +242,29 @@ def test_cli_sigint_to_bench_without_a_terminal(slow_model):
     assert p.returncode == 130, err
     assert "strata: interrupted" in err and "Traceback" not in err
     assert not PROGRESS.search(err)
+
+
+def test_ctrl_c_stops_a_batch_and_the_model_stays_usable(slow_model):
+    """Ctrl-C while four sequences decode together (Model.generate_batch): KeyboardInterrupt within a
+    second, and the model then gives a fresh model's tokens."""
+    kw = dict(temperature=0, ignore_eos=True)
+    m = strata.Model(slow_model, progress=False, ctx=4 * 1024, seqs=4)
+    prompts = [long_ids(40 + 10 * i) for i in range(4)]
+    sent: list[float] = []
+
+    def send() -> None:
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(0.5, send)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            m.generate_batch(prompts, max_tokens=900, **kw)
+        stopped = time.monotonic()
+    finally:
+        timer.cancel()
+    assert sent and stopped - sent[0] < 1.0
+    fresh = strata.Model(slow_model, progress=False, ctx=4 * 1024, seqs=4)
+    again = [c.tokens for c in m.generate_batch(prompts, max_tokens=6, **kw)]
+    assert again == [c.tokens for c in fresh.generate_batch(prompts, max_tokens=6, **kw)]

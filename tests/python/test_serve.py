@@ -44,6 +44,7 @@ def ref(path) -> strata.Model:
 
 @pytest.fixture(scope="module")
 def server(path):
+    # One KV region for 4 slots (strata serve would load 4: test_batched_server_answers_equal_alone) and
     # turn=2: sequences in flight switch every two tokens, the hardest case for equal answers.
     s = Server(strata.Model(path, progress=False, ctx=CTX), port=0, parallel=4, queue=32, turn=2).start()
     yield s
@@ -304,6 +305,32 @@ def test_concurrent_greedy_answers_equal_sequential(server, client):
           f"{statistics.median(lat):.3f} s, p99 {lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]:.3f} s")
 
 
+def test_batched_server_answers_equal_alone(path, ref):
+    """`strata serve --parallel 4` as the CLI loads it (4 KV regions): 8 clients at once decode in
+    batches of up to 4, each greedy answer the one it gets alone, none re-run."""
+    s = Server(strata.Model(path, progress=False, ctx=4 * CTX, seqs=4), port=0, parallel=4, queue=8).start()
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        prompts = [f"Batch {i}: which experts does layer {i % 3} route to?" for i in range(8)]
+
+        def ask(i: int) -> str:
+            kw = dict(model="x", messages=[{"role": "user", "content": prompts[i]}], max_tokens=10, temperature=0)
+            if i % 2:
+                return client.chat.completions.create(**kw).choices[0].message.content
+            return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                           if c.choices)
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(ask, range(len(prompts))))
+        alone = [ref.chat([{"role": "user", "content": p}], max_tokens=10, temperature=0).text for p in prompts]
+        assert together == alone
+        m = _metrics(s)
+        assert m["strata_recomputed_tokens_total"] == 0
+        assert m["strata_batched_decode_rows_total"] >= 2 * m["strata_batched_decode_passes_total"] > 0
+    finally:
+        s.stop()
+
+
 def _busy(server) -> int:
     return httpx.get(server.url + "/health", timeout=5).json()["slots_busy"]
 
@@ -375,8 +402,9 @@ def test_api_key(path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_stops_within_a_second(path, sig):
     """`strata serve` on a free port; a stream in flight; the signal stops it within a second, and
-    the stream ends with an error, not silence. A non-loopback host without --api-key warns."""
-    args = ["--host", "0.0.0.0"] if sig == signal.SIGTERM else ["--api-key", "k"]
+    the stream ends with an error, not silence. A non-loopback host without --api-key warns; the
+    startup line names a slot's context."""
+    args = ["--host", "0.0.0.0"] if sig == signal.SIGTERM else ["--api-key", "k", "--parallel", "2"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     p = subprocess.Popen([sys.executable, "-m", "strata.cli", "serve", path, "--port", "0", "-c", str(CTX), *args],
                          stderr=subprocess.PIPE, text=True, env=env)
@@ -387,6 +415,8 @@ def test_cli_stops_within_a_second(path, sig):
             assert line, head
             head += line
         assert ("without --api-key" in head) == (sig == signal.SIGTERM)
+        # --parallel 2 loads 2 KV regions: -c divided between them.
+        assert (f"ctx {CTX} ({CTX // 2} a slot)" in head) == (sig == signal.SIGINT), head
         url = re.search(r"http://(\S+):(\d+)/v1", head).group(2)
         url = f"http://127.0.0.1:{url}"
         got: list[str] = []

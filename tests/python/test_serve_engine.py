@@ -1,6 +1,7 @@
-"""The serving engine without HTTP: sequences taking turns on the one KV cache give each the tokens
-it gets alone (every cache size), cancelled and queued jobs free their slots, shutdown ends every
-job with an error."""
+"""The serving engine without HTTP: sequences batched in their own KV regions, or taking turns on a
+shared one (a Model of fewer regions than slots), give each the tokens it gets alone (every cache
+size); a follow-up turn finds its conversation's slot; cancelled and queued jobs free their slots,
+shutdown ends every job with an error."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def _job(m: strata.Model, prompt: str, max_tokens: int = 12, stops: list[str] | 
 
 @pytest.mark.parametrize("cache", ["all", "bounded"])
 def test_interleaved_greedy_equals_alone(make_mix, cache):
+    """A Model of one KV region and 4 slots: the sequences share it, switching after every token."""
     path = make_mix("q4_k")
     kw = dict(progress=False, ctx=512)
     if cache == "bounded":  # a cache that streams: every switch re-runs tokens through it
@@ -48,7 +50,8 @@ def test_interleaved_greedy_equals_alone(make_mix, cache):
         kw.update(expert_cache=f"{probe.slot_bytes * 12}b", prefill=16, source="host")
     m = strata.Model(path, **kw)
     alone = [m.generate(p, max_tokens=12, temperature=0).text for p in PROMPTS]
-    eng = Engine(m, parallel=len(PROMPTS), turn=1)
+    with pytest.warns(strata.StrataWarning, match="seqs=4"):  # the slower way is said
+        eng = Engine(m, parallel=len(PROMPTS), turn=1)
     jobs = [_job(m, p) for p in PROMPTS]
     for j, _ in jobs:
         eng.submit(j)
@@ -194,3 +197,96 @@ def test_a_follow_up_with_a_long_new_part_keeps_the_history(chunked):
     ids1 = m.tokenize(first)
     assert s2.end.stats["prompt_reused"] >= len(ids1) - 1
     assert "".join(s2.pieces) == m.generate(follow, max_tokens=6, temperature=0).text
+
+
+@pytest.mark.parametrize("cache", ["all", "bounded"])
+def test_batched_greedy_equals_alone(make_mix, cache):
+    """A model of 4 KV regions: 4 requests decode together, one pass a token for all (two join while
+    the first two decode), and each greedy answer is the one it gets alone; nothing is re-run."""
+    path = make_mix("q4_k")
+    kw = dict(progress=False, ctx=2048, seqs=4)
+    if cache == "bounded":  # a cache that streams: the batch's experts are fetched once a layer for all
+        kw.update(expert_cache=f"{strata.ModelInfo(path).slot_bytes * 12}b", prefill=16, source="host")
+    m = strata.Model(path, **kw)
+    alone = [m.generate(p, max_tokens=12, temperature=0, ignore_eos=True).text for p in PROMPTS]
+    eng = Engine(m, parallel=4)
+    assert eng.batched
+    jobs = [_job(m, p, ignore_eos=True) for p in PROMPTS]
+    first_piece = threading.Event()
+    sink0 = jobs[0][1]
+
+    def watch(ev, inner=sink0) -> None:
+        inner(ev)
+        first_piece.set()
+
+    jobs[0][0].emit = watch
+    eng.submit(jobs[0][0])
+    eng.submit(jobs[1][0])
+    eng.start()
+    try:
+        assert first_piece.wait(30)
+        for j, _ in jobs[2:]:  # they join between two steps
+            eng.submit(j)
+        for _, s in jobs:
+            assert s.ended.wait(30)
+    finally:
+        eng.shutdown()
+    assert ["".join(s.pieces) for _, s in jobs] == alone
+    assert all(isinstance(s.end, Done) for _, s in jobs)
+    c = eng.counters
+    assert c.recomputed == 0 and c.finished == len(PROMPTS)
+    # 4 x 11 decode passes went in batches: most steps carried several sequences.
+    assert c.batched_rows >= 2 * c.batched_steps and c.batched_rows > 4 * 11 // 2
+    assert {j.slot.seq for j, _ in jobs} == {0, 1, 2, 3}
+
+
+def test_a_slot_keeps_its_conversation_for_the_next_turn(make_mix):
+    """Two conversations on two slots, then each one's follow-up: it lands in the slot its history
+    is in and runs only its new tokens; the answers are a fresh run's."""
+    m = strata.Model(make_mix("q4_k"), progress=False, ctx=1024, seqs=2)
+    eng = Engine(m, parallel=2)
+    eng.start()
+    try:
+        firsts = [_job(m, PROMPTS[1]), _job(m, PROMPTS[3])]
+        for j, _ in firsts:
+            eng.submit(j)
+        for _, s in firsts:
+            assert s.ended.wait(30)
+        regions = [j.slot.seq for j, _ in firsts]
+        assert sorted(regions) == [0, 1]
+        # The follow-ups arrive in the other order, each re-sending its whole history.
+        texts = [PROMPTS[i] + "".join(s.pieces) + " and then?" for i, (_, s) in zip((1, 3), firsts, strict=True)]
+        follow = [_job(m, texts[1]), _job(m, texts[0])]
+        for j, _ in follow:
+            eng.submit(j)
+        for _, s in follow:
+            assert s.ended.wait(30)
+    finally:
+        eng.shutdown()
+    for (j, s), (first, _), text in zip(follow, reversed(firsts), reversed(texts), strict=True):
+        assert j.slot.seq == first.slot.seq
+        assert s.end.stats["prompt_reused"] >= len(first.ids) and s.end.stats["recomputed"] == 0
+        assert "".join(s.pieces) == m.generate(text, max_tokens=12, temperature=0).text
+
+
+def test_an_architecture_that_does_not_batch_still_gets_a_region_a_slot(tmp_path):
+    """DeepSeek V4 decodes one sequence a pass: with 2 regions the engine advances its sequences one
+    pass each within a step, in their own regions, and nothing is re-run; answers equal alone."""
+    from strata.testing import make_deepseek4
+
+    m = strata.Model(str(make_deepseek4(tmp_path / "tiny.gguf", seed=5)), progress=False, ctx=512, seqs=2)
+    assert not m.batch_supported
+    alone = [m.generate(p, max_tokens=8, temperature=0, ignore_eos=True).text for p in PROMPTS[:2]]
+    eng = Engine(m, parallel=2)
+    assert not eng.batched
+    jobs = [_job(m, p, max_tokens=8, ignore_eos=True) for p in PROMPTS[:2]]
+    for j, _ in jobs:
+        eng.submit(j)
+    eng.start()
+    try:
+        for _, s in jobs:
+            assert s.ended.wait(30)
+    finally:
+        eng.shutdown()
+    assert ["".join(s.pieces) for _, s in jobs] == alone
+    assert eng.counters.recomputed == 0 and eng.counters.batched_steps == 0

@@ -185,13 +185,18 @@ def _stream_options(body: dict[str, Any], stream: bool) -> bool:
     return _bool(so, "include_usage")
 
 
-def _check_length(ids: list[int], ctx: int, param: str) -> None:
+def _check_length(ids: list[int], model: Any, param: str) -> None:
+    """A prompt fits a slot: the model's KV region (ctx divided among its seqs) less one token."""
     if not ids:
         raise bad("the prompt is empty: it must hold at least one token", param)
+    ctx, seqs = model.seq_ctx, model.seqs
     if len(ids) >= ctx:
-        raise bad(f"the prompt has {len(ids)} tokens but the context is {ctx} tokens (strata serve -c/--ctx): "
+        where = (" (strata serve -c/--ctx)" if seqs == 1 else
+                 f" a slot (strata serve -c/--ctx {model.ctx} divided among --parallel {seqs})")
+        fix = "" if seqs == 1 else " or a smaller --parallel"
+        raise bad(f"the prompt has {len(ids)} tokens but the context is {ctx} tokens{where}: "
                   f"a prompt may have at most {ctx - 1}, leaving room for the reply; shorten it or restart the "
-                  "server with a larger -c", param, "context_length_exceeded")
+                  f"server with a larger -c{fix}", param, "context_length_exceeded")
 
 
 def _content(m: dict[str, Any], i: int) -> str:
@@ -247,8 +252,8 @@ def parse_chat(body: dict[str, Any], model: Any) -> Parsed:
     except _core.Error as e:  # the template's own refusal (e.g. roles that must alternate)
         raise bad(str(e), "messages") from None
     ids = model.tokenize(prompt, add_special=False)
-    _check_length(ids, model.ctx, "messages")
-    params, seed = _sampling(body, _max_tokens(body, model.ctx))
+    _check_length(ids, model, "messages")
+    params, seed = _sampling(body, _max_tokens(body, model.seq_ctx))
     params.stop_ids = [] if _bool(body, "ignore_eos") else sorted(model.tokenizer.stop_ids)
     return Parsed(ids, params, stops, stream, include_usage, seed)
 
@@ -276,7 +281,7 @@ def parse_completion(body: dict[str, Any], model: Any) -> Parsed:
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
     stops = _stops(body)
-    _check_length(ids, model.ctx, "prompt")
+    _check_length(ids, model, "prompt")
     params, seed = _sampling(body, _max_tokens(body, 16))  # OpenAI's default for completions
     params.stop_ids = [] if _bool(body, "ignore_eos") else sorted(model.tokenizer.stop_ids)
     return Parsed(ids, params, stops, stream, include_usage, seed)

@@ -217,10 +217,15 @@ class Service:
                "Prompt tokens whose KV an earlier request left in the cache (not run again).", [("", c.prompt_reused)])
         metric("generated_tokens_total", "counter", "Tokens generated (tokens out).", [("", c.generated)])
         metric("recomputed_tokens_total", "counter",
-               "Tokens run again because another sequence had taken the one KV cache.", [("", c.recomputed)])
+               "Tokens run again because another sequence had taken their KV region.", [("", c.recomputed)])
         metric("prompt_seconds_total", "counter", "Seconds spent on prompts.", [("", c.prompt_seconds)])
         metric("decode_seconds_total", "counter", "Seconds spent on decode passes.", [("", c.decode_seconds)])
         metric("steps_total", "counter", "Engine steps run.", [("", c.steps)])
+        metric("batched_decode_passes_total", "counter",
+               "Decode passes that advanced several sequences at once (continuous batching).",
+               [("", c.batched_steps)])
+        metric("batched_decode_rows_total", "counter", "Sequences those passes advanced, all together.",
+               [("", c.batched_rows)])
         metric("queue_depth", "gauge", "Requests waiting for a slot.", [("", st["queue"])])
         metric("queue_capacity", "gauge", "Requests that may wait before 429.", [("", st["queue_max"])])
         metric("slots_busy", "gauge", "Slots holding a request.", [("", st["slots_busy"])])

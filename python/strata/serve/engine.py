@@ -1,11 +1,14 @@
 """The serving engine: one thread owns the Model and runs steps; each request is a Job (a sequence
-with its own tokens, sampler and stop strings) that takes slots, queues and can be cancelled.
+with its own tokens, sampler and stop strings) that takes a slot, queues and can be cancelled.
 
-What a step is today: the native Model has one KV cache, so one step advances one sequence (one
-chunk of its prompt, or one token). Sequences in flight take turns of `turn` steps; a sequence
-whose tokens are not in the KV cache re-runs them (Generator::reclaim_kv) before its next token. A batched
-native step (several sequences, each with its own KV region) replaces `_run_step`'s loop over the
-batch and `_schedule`'s width of 1; nothing else here changes."""
+Slots are the Model's KV sequence regions (strata.Model(seqs=N); `strata serve --parallel N` loads
+N). A step advances every sequence in flight: the pieces of new prompts (one prompt chunk of tokens
+in all, each into its own region), then one token of every sequence that is decoding, all of them in
+one native pass (_core.next_tokens: each expert a layer is fetched once for the whole batch). A new
+request joins between two steps, in the free slot whose region holds the longest beginning of its
+prompt (a conversation's next turn runs only its new tokens). With more requests in flight than
+regions (a Model of fewer seqs than `parallel`), the sequences of a region take turns of `turn`
+steps, and one whose tokens are not in the region re-runs them (Generator::reclaim_kv)."""
 
 from __future__ import annotations
 
@@ -20,12 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata import _core
+from strata._options import warn
 from strata.tokenizer import StreamDecoder
 
 log = logging.getLogger("strata.serve")
-
-# Sequences advanced by one native step: 1 until the native side has one KV region per sequence.
-NATIVE_BATCH = 1
 
 # finish_reason of the OpenAI schema for each native stop_reason.
 FINISH_REASON = {"stop_token": "stop", "stop_string": "stop", "max_tokens": "length", "ctx_full": "length"}
@@ -84,6 +85,7 @@ class Job:
     # Set from any thread; the engine drops the job before its next step.
     cancelled: bool = False
     # The engine's own, touched on its thread only.
+    slot: Slot | None = None  # the KV region it runs in
     gen: _core.Generator | None = None
     prefilled: int = 0  # prompt tokens whose KV is in (the prompt runs a chunk a step)
     reused: int = 0  # of them, those an earlier sequence had left in the KV cache
@@ -94,6 +96,31 @@ class Job:
     emitted: int = 0
     decoder: StreamDecoder | None = None
     ended: bool = False
+
+
+@dataclass(eq=False)
+class Slot:
+    """One KV region of the Model: the jobs in flight on it (more than one only when the Model has
+    fewer regions than the engine's slots: they take turns) and the generation that ran in it last,
+    whose tokens its KV holds (for the next job's prompt)."""
+
+    seq: int
+    jobs: list[Job] = field(default_factory=list)
+    gen: _core.Generator | None = None  # the generator that last ran in the region
+    job: Job | None = None  # its job
+    current: Job | None = None  # whose turn it is
+    turn_left: int = 0
+    used: int = 0  # the step it last ran (least recently used first)
+
+    def kv_tokens(self) -> list[int]:
+        """The tokens whose KV the last sequence that ran here left (as Generator::kv_valid counts
+        them: not its last sampled token, which no pass has fed yet)."""
+        j = self.job
+        if j is None:
+            return []
+        if _mid_prompt(j) or not j.out:
+            return j.ids[:j.prefilled]
+        return j.ids + j.out[:-1]
 
 
 @dataclass
@@ -109,6 +136,8 @@ class Counters:
     generated: int = 0
     recomputed: int = 0
     steps: int = 0
+    batched_steps: int = 0  # native decode passes of more than one sequence
+    batched_rows: int = 0  # the sequences those passes advanced
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     cache: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +145,9 @@ class Counters:
 
 class Engine:
     """Runs Jobs on `model` from one thread: up to `parallel` in flight, `max_queue` more waiting.
+    Each job in flight has a KV region of its own when the model has `parallel` of them (seqs), and
+    every decoding job advances a token in each step's one native pass; else they share regions and
+    take turns of `turn` steps.
 
     submit() never blocks; the thread starts with start() and ends with shutdown(), which fails
     every job still in flight or waiting with 503 (nothing ends silently)."""
@@ -135,11 +167,13 @@ class Engine:
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._current: Job | None = None  # whose turn it is
-        self._turn_left = 0
-        self._rr = 0  # the current job's place in _active
-        self._kv_gen: _core.Generator | None = None  # the generator that last ran: it holds the KV cache
-        self._kv_job: Job | None = None  # its job
+        self._slots = [Slot(i) for i in range(min(parallel, model.seqs))]
+        if model.seqs < parallel:  # no quiet switch to the slower way: said once
+            warn(f"the model has {model.seqs} KV region{'s' if model.seqs > 1 else ''} for {parallel} slots: "
+                 f"requests share regions and take turns, re-running their tokens; load it with seqs={parallel} "
+                 "(as strata serve --parallel does) to decode them together")
+        # One pass for every decoding sequence, where the architecture can (else one pass each).
+        self.batched = bool(model.batch_supported) and len(self._slots) > 1
         self._service_ema = 0.0  # seconds a request holds a slot, smoothed (for Retry-After)
         self.counters.cache = dict(model.cache)
 
@@ -272,45 +306,92 @@ class Engine:
         while self._waiting and len(self._active) < self.parallel:
             j = self._waiting.popleft()
             j.started = time.monotonic()
+            j.slot = self._slot_for(j)
+            j.slot.jobs.append(j)
             self._active.append(j)
 
+    def _slot_for(self, j: Job) -> Slot:
+        """The region `j` runs in: the least busy; among those, the one holding the longest beginning
+        of its prompt (a follow-up turn of the conversation that ran there), then the least recently used."""
+        return min(self._slots, key=lambda sl: (len(sl.jobs), -_common_prefix(sl.kv_tokens(), j.ids), sl.used))
+
     def _schedule(self) -> list[Job]:
-        """The jobs the next step advances: the one whose turn it is (round robin in admission
-        order, `turn` steps each, so that switching, which re-runs a sequence's tokens, is seldom)."""
-        if not self._active:
-            self._current = None
-            return []
-        cur = self._current
-        if cur in self._active:
-            # Its turn is over (but a prompt in progress keeps it: its pieces build on the KV cache).
-            if self._turn_left <= 0 and not _mid_prompt(cur):
-                self._rr = (self._active.index(cur) + 1) % len(self._active)
-                self._current = self._active[self._rr]
-                self._turn_left = self.turn
-        else:  # it ended: the one that followed it has moved into its place
-            self._rr %= len(self._active)
-            self._current = self._active[self._rr]
-            self._turn_left = self.turn
-        self._turn_left -= 1
-        return [self._current][:NATIVE_BATCH]
+        """The jobs the next step advances: on each slot, the one whose turn it is (round robin in
+        admission order, `turn` steps each, so that switching, which re-runs a sequence's tokens, is
+        seldom; a prompt in progress keeps its turn: its pieces build on the region)."""
+        batch = []
+        for sl in self._slots:
+            if not sl.jobs:
+                sl.current = None
+                continue
+            cur = sl.current
+            if cur in sl.jobs:
+                if sl.turn_left <= 0 and not _mid_prompt(cur) and len(sl.jobs) > 1:
+                    sl.current = sl.jobs[(sl.jobs.index(cur) + 1) % len(sl.jobs)]
+                    sl.turn_left = self.turn
+            else:  # it ended (or none ran yet): the oldest job of the slot
+                sl.current = sl.jobs[0]
+                sl.turn_left = self.turn
+            batch.append(sl.current)
+        return sorted(batch, key=lambda j: j.started)
 
     def _run_step(self, batch: list[Job]) -> None:
+        """One step: prompt pieces of the batch's new sequences (one chunk of tokens in all, at least
+        one piece), then one token of each of its decoding sequences, in one native pass."""
+        decoding = [j for j in batch if j.gen is not None and not _mid_prompt(j)]
+        budget = max(1, self.model.chunk)
         for j in batch:
+            if j in decoding:
+                continue
+            if budget <= 0:
+                break
+            before = j.prefilled
+            if self._guarded(j, lambda j=j: self._prompt_piece(j)):
+                budget -= j.prefilled - max(before, j.reused)  # the tokens the piece ran
+                self._ran(j)
+                if not _mid_prompt(j):  # its first token, from the prompt's logits (no pass)
+                    self._guarded(j, lambda j=j: self._take(j, j.gen.next()))  # type: ignore[union-attr]
+        if not decoding:
+            return
+        if self.batched and len(decoding) > 1:
             try:
-                self._advance(j)
-            except _core.ConfigError as e:  # a request the native checks refuse (e.g. too long)
-                self._fail(j, Failed(400, "invalid_request_error", None, str(e)))
-            except Exception as e:  # strata.Error or worse: the server answers, logs and goes on
-                self._fail(j, Failed(500, "server_error", None, f"{type(e).__name__}: {e}"))
-
-    def _advance(self, j: Job) -> None:
-        """One step of `j`: a chunk of its prompt (the last with the first token), or its next token."""
-        if j.gen is None or _mid_prompt(j):
-            self._prompt_piece(j)
-            if _mid_prompt(j):
+                toks = _core.next_tokens(self.model._m, [j.gen for j in decoding])
+            except Exception as e:
+                for j in decoding:
+                    self._fail(j, _failure(e))
                 return
-        tok = j.gen.next()  # type: ignore[union-attr]
-        self._kv_gen, self._kv_job = j.gen, j
+            with self._cv:
+                self.counters.batched_steps += 1
+                self.counters.batched_rows += len(decoding)
+            for j, tok in zip(decoding, toks, strict=True):
+                self._ran(j)
+                self._guarded(j, lambda j=j, tok=tok: self._take(j, tok))
+        else:
+            for j in decoding:
+                self._ran(j)
+                self._guarded(j, lambda j=j: self._take(j, j.gen.next()))  # type: ignore[union-attr]
+
+    def _guarded(self, j: Job, fn: Callable[[], None]) -> bool:
+        """Runs fn for `j`; an error fails `j` alone (400 for a request the native checks refuse,
+        e.g. too long; 500 for worse) and the engine goes on. False when it failed."""
+        try:
+            fn()
+            return True
+        except Exception as e:
+            self._fail(j, _failure(e))
+            return False
+
+    def _ran(self, j: Job) -> None:
+        sl = j.slot
+        assert sl is not None
+        sl.turn_left -= 1
+        sl.used = self.counters.steps + 1
+        sl.gen, sl.job = j.gen, j
+
+    def _take(self, j: Job, tok: int) -> None:
+        """`j`'s next token (-1: it ended): its text, stop strings, the piece to emit, its end."""
+        if j.ended:
+            return
         hold = max((len(s) for s in j.stops), default=1) - 1
         if tok >= 0:
             j.out.append(tok)
@@ -331,37 +412,28 @@ class Engine:
             self._end(j, Done(FINISH_REASON.get(st["stop_reason"], "stop"), self._stats(j, st)))
 
     def _prompt_piece(self, j: Job) -> None:
-        """Runs the next piece of `j`'s prompt: at most one prompt chunk (the model's) past what the
-        KV cache holds, so that a cancel or a stop waits for one chunk, not a whole long prompt. The
-        pieces begin where the native chunks would, so the logits are those of one call."""
+        """Runs the next piece of `j`'s prompt into its region: at most one prompt chunk (the model's)
+        past what the region holds, so that a cancel or a stop waits for one chunk, not a whole long
+        prompt. The pieces begin where the native chunks would, so the logits are those of one call."""
+        sl = j.slot
+        assert sl is not None
         n, chunk = len(j.ids), max(1, self.model.chunk)
         if j.gen is None:
             j.decoder = StreamDecoder(self.model.tokenizer, skip_special=True)
-            # What Generator.begin will keep (it runs the last prompt token whatever the cache holds).
-            kept = min(_common_prefix(self._kv_tokens(), j.ids), n - 1) if self._kv_gen is not None else 0
+            # What Generator.begin will keep (it runs the last prompt token whatever the region holds).
+            kept = min(_common_prefix(sl.kv_tokens(), j.ids), n - 1) if sl.gen is not None else 0
             end = n if n - kept <= chunk else kept + chunk
-            reuse = self._kv_gen
+            reuse = sl.gen
         else:
             end = min(n, j.prefilled + chunk)
             reuse = j.gen
             j.prompt_ms_done += j.gen.stats()["prompt_ms"]
-        gen = _core.Generator(self.model._m)
+        gen = _core.Generator(self.model._m, sl.seq)
         j.gen = gen
         gen.begin(j.ids if end == n else j.ids[:end], j.params, reuse=reuse)
         if j.prefilled == 0:
             j.reused = gen.stats()["prompt_reused"]
         j.prefilled = end
-        self._kv_gen, self._kv_job = gen, j
-
-    def _kv_tokens(self) -> list[int]:
-        """The tokens whose KV the last sequence that ran left in the cache (as Generator::kv_valid
-        counts them: not its last sampled token, which no pass has fed yet)."""
-        j = self._kv_job
-        if j is None:
-            return []
-        if _mid_prompt(j) or not j.out:
-            return j.ids[:j.prefilled]
-        return j.ids + j.out[:-1]
 
     def _stats(self, j: Job, st: dict[str, Any]) -> dict[str, Any]:
         now = time.monotonic()
@@ -384,6 +456,8 @@ class Engine:
         with self._cv:
             if j in self._active:
                 self._active.remove(j)
+            if j.slot is not None and j in j.slot.jobs:
+                j.slot.jobs.remove(j)
             c = self.counters
             if j.gen is not None:
                 st = j.gen.stats()
@@ -408,6 +482,14 @@ class Engine:
             j.emit(ev)
         # The expert cache's counters change only in steps: read here, on this thread, for /metrics.
         self.counters.cache = dict(self.model.cache)
+
+
+def _failure(e: Exception) -> Failed:
+    """A step's error as the request's answer: a request the native checks refuse (e.g. too long) is
+    a 400; strata.Error or worse a 500 (the server answers, logs and goes on)."""
+    if isinstance(e, _core.ConfigError):
+        return Failed(400, "invalid_request_error", None, str(e))
+    return Failed(500, "server_error", None, f"{type(e).__name__}: {e}")
 
 
 def _mid_prompt(j: Job) -> bool:
