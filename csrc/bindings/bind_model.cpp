@@ -112,6 +112,9 @@ py::dict stats_dict(const GenStats& s) {
   d["prompt_ms"] = s.prompt_ms;
   d["decode_ms"] = s.decode_ms;
   d["decode_passes"] = s.decode_passes;
+  d["decode_hits"] = s.decode_hits;
+  d["decode_misses"] = s.decode_misses;
+  d["decode_bytes"] = s.decode_bytes;
   d["recomputed"] = s.recomputed;
   d["prompt_chunk"] = s.prompt_chunk;
   d["prompt_chunks"] = s.prompt_chunks;

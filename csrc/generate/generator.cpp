@@ -104,6 +104,12 @@ Generator::~Generator() {
   if (m_.kv_owner(seq_) == this) m_.set_kv_owner(nullptr, seq_);
 }
 
+void Generator::add_decode_traffic(const CacheStats& before, const CacheStats& after) {
+  stats_.decode_hits += after.hits - before.hits;
+  stats_.decode_misses += after.misses - before.misses;
+  stats_.decode_bytes += after.bytes_streamed - before.bytes_streamed;
+}
+
 void Generator::finish(const std::string& reason) {
   if (!done_) stats_.stop_reason = reason;
   done_ = true;
@@ -150,7 +156,9 @@ int32_t Generator::next(const RunControl& rc) {
       }
       Watch w(m_, stop_only, 0, nullptr, false);
       t0 = std::chrono::steady_clock::now();
+      const CacheStats c0 = m_.cache().stats();
       m_.forward(&tokens_.back(), 1, pos_ - 1, logits_.data(), false, seq_);
+      add_decode_traffic(c0, m_.cache().stats());
     } catch (const Interrupted&) {
       finish("interrupted");
       throw;
@@ -193,7 +201,9 @@ std::vector<int32_t> next_tokens(Model& m, const std::vector<Generator*>& gens, 
       }
       Watch w(m, stop_only, 0, nullptr, false);
       const auto t0 = std::chrono::steady_clock::now();
+      const CacheStats c0 = m.cache().stats();
       m.decode_batch(ids.data(), pos.data(), seqs.data(), B, logits.data());
+      for (size_t i : pass) gens[i]->add_decode_traffic(c0, m.cache().stats());
       ms = ms_since(t0);
     } catch (const Interrupted&) {
       for (size_t i : pass) gens[i]->finish("interrupted");

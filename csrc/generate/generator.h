@@ -38,6 +38,9 @@ struct GenStats {
   int64_t prompt_reused = 0;            // leading prompt tokens whose KV another generation left in the cache
   int64_t recomputed = 0;               // tokens run again: another generation had the KV cache
   double prompt_ms = 0, decode_ms = 0;  // prompt_ms: the prompt and the first token's sampling
+  // The expert cache's counters over this generation's decode passes (a batched pass: the whole step's,
+  // which the sequences in it share): lookups that hit, that missed, and the bytes the misses streamed.
+  uint64_t decode_hits = 0, decode_misses = 0, decode_bytes = 0;
   int64_t prompt_chunk = 0,
           prompt_chunks = 0;  // the prompt ran as prompt_chunks chunks of up to prompt_chunk
   // "stop_token", "max_tokens", "ctx_full", "stop_string", "interrupted", "caller"
@@ -93,6 +96,8 @@ class Generator {
 
   // Puts this generation's tokens back into the KV cache when another one has taken it.
   void reclaim_kv();
+  // The cache counters' change over one decode pass, into decode_hits / decode_misses / decode_bytes.
+  void add_decode_traffic(const CacheStats& before, const CacheStats& after);
 
   Model& m_;
   int64_t seq_ = 0;

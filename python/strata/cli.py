@@ -228,6 +228,21 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2f} ms"
 
 
+def _decode_stream(stats: dict[str, Any]) -> str:
+    """The expert traffic of the decode passes: per token misses and bytes, the hit rate, and the link
+    rate the streamed bytes average over the decode's wall time (a lower bound of what the link did)."""
+    passes = stats.get("decode_passes", 0)
+    looked = stats.get("decode_hits", 0) + stats.get("decode_misses", 0)
+    if not passes or not looked:
+        return "no expert lookups in decode passes"
+    if not stats["decode_misses"]:
+        return f"no misses in {_n(passes, 'pass', 'passes')} (hit rate 1.000)"
+    secs = stats["decode_ms"] / 1000
+    return (f"{stats['decode_misses'] / passes:.1f} misses and {_fmt_bytes(stats['decode_bytes'] / passes)} a token "
+            f"(hit rate {stats['decode_hits'] / looked:.3f}), "
+            f"{stats['decode_bytes'] / 1e9 / secs if secs > 0 else 0:.2f} GB/s over the decode's time")
+
+
 def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
     c = {k[len("cache_"):]: v for k, v in stats.items() if k.startswith("cache_")}
     done, total = stats["prompt_tokens"], stats.get("prompt_total", stats["prompt_tokens"])
@@ -248,6 +263,7 @@ def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
            f"{c.get('slots')} slots x {_fmt_bytes(c.get('slot_bytes', 0))}"),
         f"cache    hits {c.get('hits')}, misses {c.get('misses')}, streamed {_fmt_bytes(c.get('bytes_streamed', 0))}, "
         f"evictions {c.get('evictions')}, refills {c.get('refills')}",
+        f"stream   decode: {_decode_stream(stats)}",
         f"prompt   slots borrowed {c.get('slots_borrowed')} ({_fmt_bytes(c.get('region_bytes', 0))})",
     ]
     for line in lines:
@@ -610,6 +626,8 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
         "model": path, "device": m.device, "device_describe": st["device"], "threads": m.threads, "load_s": load_s,
         "prompt_tokens": st["prompt_tokens"], "prompt_tps": st["prompt_tps"], "generated": st["generated"],
         "decode_tps": st["decode_tps"], "stop_reason": st["stop_reason"], "decode_path": st["decode_path"],
+        "decode_hits": st["decode_hits"], "decode_misses": st["decode_misses"], "decode_bytes": st["decode_bytes"],
+        "decode_link_gbps": st["decode_bytes"] / 1e6 / st["decode_ms"] if st["decode_ms"] > 0 else 0.0,
         **{k: v for k, v in st.items() if k.startswith("cache_")},
     }
     rows = [
@@ -623,6 +641,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
                    f"{st['decode_path']})"),
         ("experts", f"source {st['cache_source']}, hits {st['cache_hits']}, misses {st['cache_misses']}, "
                     f"streamed {_fmt_bytes(st['cache_bytes_streamed'])}"),
+        ("stream", f"decode: {_decode_stream(st)}"),
     ]
     w = max(len(r[0]) for r in rows)
     for k, v in rows:
