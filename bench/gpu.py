@@ -10,6 +10,8 @@ Scenarios (each a cache configuration of one file):
            14900 against -ncmoe 76; a 2048-token prompt and 32 decoded tokens
   designs  the 30B file with half the experts cached, strata's decode designs side by side (device or
            host resolution, graph or op by op)
+  oss120b  the gpt-oss-120b preset (MXFP4 experts, Q8_0 dense; ~65 GB, written to --shm-dir): a quarter of
+           the experts cached against -ncmoe 27; a 2048-token prompt and decode after 512 tokens
 
 How the caches are matched: llama.cpp's `-ncmoe N` keeps the experts of layers N..L-1 on the GPU, i.e.
 (L - N) x E experts; strata gets an `--expert-cache` of exactly those bytes ((L - N) x E x the expert's
@@ -41,7 +43,7 @@ import numpy as np
 import strata
 from strata import _core
 from strata.model import sampling_params
-from strata.testing import make_preset
+from strata.testing import GPT_OSS_PRESETS, make_gpt_oss_preset, make_preset
 
 MiB = 1 << 20
 
@@ -81,9 +83,14 @@ def write_model(directory: str, preset: str, layers: int | None, workers: int, s
     if not os.path.exists(path):
         t0 = time.monotonic()
         kw: dict[str, float] = {"layers": layers} if layers else {}
-        if routing:
-            kw.update(route_skew=skew, route_locality=locality)
-        make_preset(preset, path + ".tmp", seed=0, workers=workers, **kw)
+        if preset in GPT_OSS_PRESETS:
+            if routing:
+                raise SystemExit("--route-skew / --route-locality shape qwen3moe files only")
+            make_gpt_oss_preset(preset, path + ".tmp", seed=0, workers=workers, **kw)
+        else:
+            if routing:
+                kw.update(route_skew=skew, route_locality=locality)
+            make_preset(preset, path + ".tmp", seed=0, workers=workers, **kw)
         os.replace(path + ".tmp", path)
         dt = time.monotonic() - t0
         gb = os.path.getsize(path) / 1e9
@@ -208,6 +215,9 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
     if scenario == "235b":
         return [Config("14900 MiB cache (-ncmoe 76)", 76, {"expert_cache": "14900", "prefill": "auto:32768"},
                        (2048,), (512,))]
+    if scenario == "oss120b":
+        return [Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,),
+                       (512,))]
     if scenario == "designs":
         half = layers_cached(L // 2)
         return [Config(f"half, {name}", None, {**half, **kw}, (), (512,)) for name, kw in (
@@ -215,7 +225,12 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
             ("resolve device, op by op", {"decode_resolve": "device", "decode_graph": False}),
             ("resolve host", {"decode_resolve": "host"}),
         )]
-    raise SystemExit(f"unknown scenario {scenario!r}: 30b, 235b or designs")
+    raise SystemExit(f"unknown scenario {scenario!r}: {', '.join(SCENARIO_PRESETS)}")
+
+
+# The file each scenario runs on, and whether it is written to --shm-dir (too large for the disk's page cache).
+SCENARIO_PRESETS = {"30b": ("qwen3-30b-a3b", False), "designs": ("qwen3-30b-a3b", False),
+                    "235b": ("qwen3-235b-a22b", True), "oss120b": ("gpt-oss-120b", True)}
 
 
 def wait_for(binary: str, seconds: float) -> bool:
@@ -246,9 +261,10 @@ def print_table(rows: list[Row], hbm: float, link: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default="30b", help="comma-separated: 30b, 235b, designs (default: 30b)")
+    ap.add_argument("--scenarios", default="30b", help="comma-separated: 30b, 235b, designs, oss120b (default: 30b)")
     ap.add_argument("--dir", default="/tmp/strata-bench", help="where the 30B file is written (once)")
-    ap.add_argument("--shm-dir", default="/dev/shm/strata-bench", help="where the 235B file is written (once)")
+    ap.add_argument("--shm-dir", default="/dev/shm/strata-bench",
+                    help="where the 235B and gpt-oss-120b files are written (once)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the presets (smaller files)")
     ap.add_argument("--route-skew", type=float, default=0.0,
                     help="the files' expert popularity (make_qwen3moe's route_skew; 0: random weights' routing)")
@@ -273,10 +289,12 @@ def main() -> None:
     scenarios = [s for s in a.scenarios.split(",") if s]
     files = {}
     for s in scenarios:
-        preset = "qwen3-235b-a22b" if s == "235b" else "qwen3-30b-a3b"
+        if s not in SCENARIO_PRESETS:
+            raise SystemExit(f"unknown scenario {s!r}: {', '.join(SCENARIO_PRESETS)}")
+        preset, shm = SCENARIO_PRESETS[s]
         if preset not in files:
-            files[preset] = write_model(a.shm_dir if s == "235b" else a.dir, preset, a.layers, a.workers,
-                                        a.route_skew, a.route_locality)
+            files[preset] = write_model(a.shm_dir if shm else a.dir, preset, a.layers, a.workers, a.route_skew,
+                                        a.route_locality)
     llama_state: dict[str, str | None] = {}
 
     def llama_binary() -> str | None:
@@ -291,7 +309,7 @@ def main() -> None:
     rows: list[Row] = []
     log: list[str] = []
     for s in scenarios:
-        path = files["qwen3-235b-a22b" if s == "235b" else "qwen3-30b-a3b"]
+        path = files[SCENARIO_PRESETS[s][0]]
         info = strata.ModelInfo(path)
         gen = max(8, a.gen_tokens // 4) if s == "235b" else a.gen_tokens
         for cfg in configs(s, info, a.quick):

@@ -181,3 +181,20 @@ def test_routing_knobs_touch_only_their_tensors(tmp_path):
 def test_routing_knobs_validated(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
         make_qwen3moe(tmp_path / "x.gguf", **kw)
+
+
+def test_gpt_oss_preset_parallel_writer_same_bytes(tmp_path):
+    """make_gpt_oss_preset: the preset's keys with any dimension overridden; workers > 1 writes the bytes one
+    process writes."""
+    from strata.testing import GPT_OSS_PRESETS, make_gpt_oss_preset
+
+    kw = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, experts=8, top_k=2, expert_ffn=64, vocab=512,
+              ctx=4096, sliding_window=8)
+    one = make_gpt_oss_preset("gpt-oss-120b", tmp_path / "a.gguf", **kw)
+    many = make_gpt_oss_preset("gpt-oss-120b", tmp_path / "b.gguf", workers=3, **kw)
+    assert one.read_bytes() == many.read_bytes()
+    r = gguf.GGUFReader(one)
+    assert r.get_field("gpt-oss.rope.freq_base").contents() == GPT_OSS_PRESETS["gpt-oss-120b"]["rope_theta"]
+    assert {t.tensor_type.name for t in r.tensors if "exps.weight" in t.name} == {"MXFP4"}
+    with pytest.raises(ValueError, match="unknown preset"):
+        make_gpt_oss_preset("gpt-oss-7b", tmp_path / "c.gguf")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,23 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
-from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor
+from strata.testing.models import _FILE_TYPES, _pad, _resolve_quant, _Tensor, _write_parallel
 from strata.testing.quant import block_size, random_blocks
 
 ARCH = "gpt-oss"
+
+GPT_OSS_PRESETS: dict[str, dict[str, Any]] = {
+    # openai/gpt-oss-20b and -120b's config.json: 24 / 36 layers, 32 / 128 experts, the rest alike
+    "gpt-oss-20b": {"layers": 24, "hidden": 2880, "heads": 64, "kv_heads": 8, "head_dim": 64, "experts": 32,
+                    "top_k": 4, "expert_ffn": 2880, "vocab": 201088, "ctx": 131072, "sliding_window": 128,
+                    "rope_theta": 150000.0, "yarn_factor": 32.0, "yarn_orig_ctx": 4096, "yarn_beta_fast": 32.0,
+                    "yarn_beta_slow": 1.0, "rms_eps": 1e-5},
+}
+GPT_OSS_PRESETS["gpt-oss-120b"] = {**GPT_OSS_PRESETS["gpt-oss-20b"], "layers": 36, "experts": 128}
+"""Model shapes for `make_gpt_oss_preset` (dims multiples of 32: MXFP4 and Q8_0 rows)."""
+
+GPT_OSS_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "F32", "experts": "MXFP4", "output": "Q8_0"}
+"""`make_gpt_oss_preset`'s mix: the MXFP4 experts the released weights carry, Q8_0 dense weights."""
 
 
 def make_gpt_oss(
@@ -44,13 +58,15 @@ def make_gpt_oss(
     expert_gain: float = 3.0,
     quant: dict[str, str] | None = None,
     seed: int = 0,
+    workers: int = 1,
 ) -> Path:
     """Write a `gpt-oss` GGUF with llama.cpp's names and random weights; every hyperparameter differs from
     strata's fallbacks (head_dim is not hidden / heads; the window is small enough that prompts of a
     few dozen tokens slide it; YaRN with its own factor, context and betas). `yarn_factor` 0 writes no
     rope scaling. The experts' gate/up weights are `expert_gain` times the usual 1/sqrt(D) scale, so the
     SwiGLU's clamp at 7 is reached. Biases and sinks are N(0, bias_std / sink_std) in F32. `quant` maps
-    roles (strata.testing.models.ROLES) to types; unnamed roles are F32. Returns the path."""
+    roles (strata.testing.models.ROLES) to types; unnamed roles are F32. `workers` > 1 writes the tensors
+    from that many processes (the same bytes). Returns the path."""
     dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
             "experts": experts, "top_k": top_k, "expert_ffn": expert_ffn, "vocab": vocab, "ctx": ctx,
             "sliding_window": sliding_window}
@@ -94,6 +110,12 @@ def make_gpt_oss(
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     fout = w.fout[0]
+    if workers > 1:
+        start = _pad(fout.tell(), w.data_alignment)
+        w.close()
+        total = sum(t.nbytes for t in tensors)
+        _write_parallel(path, tensors, start, w.data_alignment, seed, workers, None, total, _chunks)
+        return Path(path)
     for t in tensors:
         w.write_padding(fout, fout.tell())
         data = np.ascontiguousarray(_generate(t, seed)).view(np.uint8)
@@ -139,6 +161,27 @@ def _plan(types: dict[str, str], L: int, D: int, H: int, KV: int, hd: int, E: in
         ]
     out += [t("output_norm.weight", (D,), "norm", norm), t("output.weight", (V, D), "output", D**-0.5)]
     return out
+
+
+def make_gpt_oss_preset(
+    name: str,
+    path: str | os.PathLike[str],
+    quant: dict[str, str] | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    **overrides: Any,
+) -> Path:
+    """`make_gpt_oss` with the shapes of GPT_OSS_PRESETS[name] (any overridden, e.g. layers=2) and the
+    GPT_OSS_QUANT mix unless `quant` is given. gpt-oss-120b is ~65 GB; `workers` processes write it."""
+    if name not in GPT_OSS_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(GPT_OSS_PRESETS)}")
+    dims = {**GPT_OSS_PRESETS[name], **overrides}
+    return make_gpt_oss(path, **dims, quant=GPT_OSS_QUANT if quant is None else quant, seed=seed, workers=workers)
+
+
+def _chunks(t: _Tensor, seed: int) -> Iterator[np.ndarray]:
+    """The tensor's bytes as the parallel writer takes them (one chunk)."""
+    yield np.ascontiguousarray(_generate(t, seed)).view(np.uint8)
 
 
 def _generate(t: _Tensor, seed: int) -> np.ndarray:

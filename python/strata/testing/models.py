@@ -291,7 +291,8 @@ def _pad(n: int, align: int) -> int:
 
 
 def _write_parallel(path: str | os.PathLike[str], tensors: list[_Tensor], start: int, align: int, seed: int,
-                    workers: int, progress: Progress | None, total: int) -> None:
+                    workers: int, progress: Progress | None, total: int,
+                    gen: Callable[[_Tensor, int], Iterator[np.ndarray]] | None = None) -> None:
     """Each tensor written by one of `workers` processes at its offset (the gaps stay zero, as the
     serial writer's padding); the file is sized first, so the writers never extend it."""
     offsets, off = [], start
@@ -305,17 +306,18 @@ def _write_parallel(path: str | os.PathLike[str], tensors: list[_Tensor], start:
     # fork: works from any caller (a script read from stdin, a notebook), where spawn must re-import
     # __main__; the children only generate numpy arrays and pwrite them.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(_write_at, os.fspath(path), t, o, seed) for t, o in jobs]
+        futures = [pool.submit(_write_at, os.fspath(path), t, o, seed, gen or _generate) for t, o in jobs]
         for f in as_completed(futures):
             done += f.result()
             if progress is not None:
                 progress(done, total)
 
 
-def _write_at(path: str, t: _Tensor, offset: int, seed: int) -> int:
+def _write_at(path: str, t: _Tensor, offset: int, seed: int,
+              gen: Callable[[_Tensor, int], Iterator[np.ndarray]]) -> int:
     fd = os.open(path, os.O_WRONLY)
     try:
-        for chunk in _generate(t, seed):
+        for chunk in gen(t, seed):
             view = memoryview(chunk)
             while view:
                 n = os.pwrite(fd, view, offset)
