@@ -1,10 +1,10 @@
 // GptOssOps: gpt-oss's ops beyond the shared Backend surface (bias rows, NEOX RoPE with YaRN
 // frequencies, attention with per-head sinks over a sliding window, the experts' biased clamped
 // SwiGLU and their down biases). A backend that runs gpt-oss implements this beside Backend (the
-// CPU's in backend/cpu/gptoss_ops.cpp, CUDA's in backend/cuda/gptoss.cu); gpt-oss's forward pass finds it with gptoss_ops(), and a
-// gpt-oss load on a backend without it is refused before anything is allocated (kGptOss's
-// check_backend). As Backend's ops: every pointer is device memory of that backend, every op runs on
-// its compute stream.
+// CPU's in backend/cpu/gptoss_ops.cpp, CUDA's in backend/cuda/gptoss.cu); gpt-oss's forward pass finds it
+// with gptoss_ops(), and a gpt-oss load on a backend without it is refused before anything is allocated
+// (kGptOss's check_backend). As Backend's ops: every pointer is device memory of that backend, every op runs
+// on its compute stream.
 #pragma once
 #include <cstdint>
 
