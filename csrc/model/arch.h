@@ -71,6 +71,25 @@ class ForwardPass {
   }
 };
 
+// A forward pass whose chunks and batched rows are one loop: run() takes a chunk of one sequence at
+// pos0 (rows null) or one token of each of T sequences (rows), every op per row either way.
+class RowsForwardPass : public ForwardPass {
+ public:
+  void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
+                 bool all_logits) final {
+    run(b, ids, T, pos0, nullptr, logits, all_logits);
+  }
+  bool batches() const final { return true; }
+  void run_rows(const PrefillBuffers& b, const int32_t* ids, const SeqRows& rows, int64_t B,
+                float* logits) final {
+    run(b, ids, B, 0, &rows, logits, true);
+  }
+
+ protected:
+  virtual void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
+                   float* logits, bool all_logits) = 0;
+};
+
 struct Architecture {
   const char* name;  // general.architecture
   ModelSpec (*read_spec)(const gguf::File& f);

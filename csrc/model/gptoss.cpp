@@ -181,7 +181,7 @@ class OssMoe final : public MoeVariant {
   float alpha_, limit_;
 };
 
-class GptOssForward final : public ForwardPass {
+class GptOssForward final : public RowsForwardPass {
  public:
   GptOssForward(const ForwardContext& ctx, GptOssOps& ops) : ctx_(ctx), ops_(ops), w_(ctx.be) {
     const ModelSpec& s = ctx.spec;
@@ -221,20 +221,10 @@ class GptOssForward final : public ForwardPass {
                  "internal error: the gpt-oss scratch is not the spec's");
   }
 
-  void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
-                 bool all_logits) override {
-    run(b, ids, T, pos0, nullptr, logits, all_logits);
-  }
-  bool batches() const override { return true; }
-  void run_rows(const PrefillBuffers& b, const int32_t* ids, const SeqRows& rows, int64_t B,
-                float* logits) override {
-    run(b, ids, B, 0, &rows, logits, true);
-  }
-
  private:
   // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
-           float* logits, bool all_logits) {
+           float* logits, bool all_logits) override {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D;

@@ -50,7 +50,7 @@ ModelSpec read_qwen3moe(const gguf::File& f) {
 
 namespace {
 
-class Qwen3MoeForward final : public ForwardPass {
+class Qwen3MoeForward final : public RowsForwardPass {
  public:
   explicit Qwen3MoeForward(const ForwardContext& ctx) : ctx_(ctx), w_(ctx.be) {
     const ModelSpec& s = ctx.spec;
@@ -78,20 +78,10 @@ class Qwen3MoeForward final : public ForwardPass {
                  "internal error: the qwen3moe scratch is not the spec's");
   }
 
-  void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
-                 bool all_logits) override {
-    run(b, ids, T, pos0, nullptr, logits, all_logits);
-  }
-  bool batches() const override { return true; }
-  void run_rows(const PrefillBuffers& b, const int32_t* ids, const SeqRows& rows, int64_t B,
-                float* logits) override {
-    run(b, ids, B, 0, &rows, logits, true);
-  }
-
  private:
   // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
-           float* logits, bool all_logits) {
+           float* logits, bool all_logits) override {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D;

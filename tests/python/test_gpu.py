@@ -1,13 +1,6 @@
 """The CUDA backend end to end (pytest -m gpu; skipped without a GPU): logits against the CPU backend
 and against transformers on every test mix, greedy tokens, and invariant 4 on the GPU.
-
-Tolerances follow from what the GPU path rounds differently from the CPU:
-- f32 KV cache: only the summation order of the float32 reductions differs (warp trees instead of
-  the CPU's eight-lane order), so GPU and CPU logits agree to float32 rounding of O(1e-6) relative.
-- f16 KV cache (the default on a GPU): keys and values are rounded to fp16 (relative 2^-11 each),
-  which moves attention outputs by ~1e-3 relative at most, and the logits by about that.
-The MMQ layout quantizes activations to q8_0 on both backends (by the same rule), so it is compared
-with the CPU's MMQ layout, not with transformers.
+Bounds: gpu_common's, which say why.
 """
 
 from __future__ import annotations
@@ -19,37 +12,18 @@ import pytest
 
 import reference_logits as ref
 import strata
+from gpu_common import F16_KV_VS_CPU, F32_KV_VS_CPU, MMQ_VS_CPU, has_gpu, rel
 from hf_reference import OUT as HF_OUT
 from hf_reference import file_sha
 from strata.testing import make_qwen3moe
 
 pytestmark = pytest.mark.gpu
 
-
-def _has_gpu() -> bool:
-    try:
-        strata.Backend("cuda", 0)
-        return True
-    except strata.Error:
-        return False
-
-
-if not _has_gpu():
+if not has_gpu():
     pytest.skip("no CUDA backend or no GPU here", allow_module_level=True)
 
 HF = np.load(HF_OUT)
 PROMPT = [int(x) for x in HF["prompt"]]
-
-# A prompt's float matmuls run on tensor cores with fp16 tiles (weights and activations rounded to
-# 2^-11 relative, fp32 sums), decode's on GEMV in fp32. Measured on the H200 (every mix, 40-token
-# prompt, 2026-12-03): fused layout with an f32 KV cache 4.3e-4 .. 6.2e-4 from the CPU and from
-# transformers alike; with the f16 KV cache 4.4e-4 .. 6.9e-4. Bounds ~10x.
-F32_KV_VS_CPU = 6e-3
-F16_KV_VS_CPU = 7e-3
-# The MMQ layout: the same q8_0 rule on both backends, but its inputs carry the fp16 tiles' error
-# from attention, and an activation moved across a q8_0 rounding boundary moves by one quantum:
-# measured 4.4e-3 .. 5.9e-3 on the integer mixes, 4.3e-4 .. 5.0e-4 on the float ones. Bound ~10x.
-MMQ_VS_CPU = 5e-2
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +41,6 @@ def mix_path(tmp_path_factory):
         return made[mix]
 
     return get
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def gpu(path: str, **kw) -> strata.Model:

@@ -1,8 +1,7 @@
 """gpt-oss on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU backend,
 greedy tokens, the decode graph against op-by-op decode, and invariant 4 (chunking and cache size leave
-the logits' bytes) on the GPU. Bounds as test_gpu.py's and for the same reasons: a prompt's float
-matmuls run on fp16 tensor-core tiles (and the f16 KV cache rounds keys and values to 2^-11), so the
-GPU's logits sit O(1e-3) from the CPU's, which test_gpt_oss.py checks against transformers."""
+the logits' bytes) on the GPU. Bounds: gpu_common's, which say why; the CPU's logits are checked
+against transformers in test_gpt_oss.py."""
 
 from __future__ import annotations
 
@@ -10,25 +9,14 @@ import numpy as np
 import pytest
 
 import strata
+from gpu_common import F16_KV_VS_CPU, F32_KV_VS_CPU, MMQ_VS_CPU, has_gpu, rel
 from strata.testing import make_gpt_oss
 
 pytestmark = pytest.mark.gpu
 
-
-def _has_gpu() -> bool:
-    try:
-        strata.Backend("cuda", 0)
-        return True
-    except strata.Error:
-        return False
-
-
-if not _has_gpu():
+if not has_gpu():
     pytest.skip("no CUDA backend or no GPU here", allow_module_level=True)
 
-F32_KV_VS_CPU = 6e-3  # test_gpu.py's bounds (measured there 4e-4 .. 7e-4)
-F16_KV_VS_CPU = 7e-3
-MMQ_VS_CPU = 5e-2
 MIXES = {
     "f32": None,
     "mxfp4": {"embed": "Q8_0", "attn": "Q8_0", "experts": "MXFP4", "output": "Q8_0"},
@@ -48,10 +36,6 @@ def oss(tmp_path_factory):
         return made[mix]
 
     return get
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def gpu(path: str, **kw) -> strata.Model:
