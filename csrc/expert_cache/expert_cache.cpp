@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "expert_cache/stage_copy.h"
 
 namespace strata {
 
@@ -51,6 +52,7 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
     for (int i = 0; i < kStages; ++i)
       stages_.push_back(Stage{
           PinnedBuffer(be, layout.slot_bytes, "the expert staging buffers (--source mmap)"), Event(be)});
+    stage_pool_ = std::make_unique<ThreadPool>(stage_threads());
   }
   setup_device_resolution();
 }
@@ -253,7 +255,7 @@ void ExpertCache::fill(int32_t slot, int64_t layer, int64_t e, bool refill) {
   } else {
     Stage& st = stages_[next_stage_++ % stages_.size()];
     st.done.sync();  // the copy that last read this buffer
-    for (int i = 0; i < n; ++i) std::memcpy(st.buf.get() + c[i].dst_off, c[i].src, c[i].bytes);
+    stage_copy(*stage_pool_, st.buf.get(), c, n);
     be_.upload_async(slot_ptr(slot), st.buf.get(), layout_.layers[layer].bytes, Stream::Copy);
     st.done.record(Stream::Copy);
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/thread_pool.h"
 #include "expert_cache/expert_source.h"
 #include "expert_cache/policy.h"
 
@@ -153,6 +154,7 @@ class ExpertCache {
   };
   std::vector<Stage> stages_;
   size_t next_stage_ = 0;
+  std::unique_ptr<ThreadPool> stage_pool_;  // the staging copies' threads (stage_copy), with stages_
   std::unique_ptr<EvictionPolicy> policy_;
   int32_t lent_begin_ = -1, lent_n_ = 0;
   std::vector<std::pair<uint64_t, int64_t>> evicted_by_lend_;  // (value, key)

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "expert_cache/expert_cache.h"
+#include "expert_cache/stage_copy.h"
 #include "forwarding_backend.h"
 
 using namespace strata;
@@ -361,3 +362,32 @@ TEST(ExpertCache, LendTakesTheLeastRecentRunAndNeverAPinnedSlot) {
   EXPECT_THROW(cache.lend(4), MemoryError);
   EXPECT_EQ(cache.stats().slots_lent, 0u);
 }
+
+namespace {
+
+// stage_copy puts every byte of 1 to 3 segments at its offset, whatever the thread count and however the
+// segments' sizes fall on the pieces' boundaries, and touches nothing between or after them.
+TEST(StageCopy, EverySegmentLandsWhole) {
+  std::mt19937 rng(5);
+  std::vector<uint8_t> src(3 * kStagePiece + 12345);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  for (int threads : {1, 2, 5})
+    for (const std::vector<size_t>& sizes : std::vector<std::vector<size_t>>{
+             {1}, {kStagePiece}, {kStagePiece + 1, 7}, {100, 2 * kStagePiece + 3, kStagePiece - 1}}) {
+      ThreadPool pool(threads);
+      std::vector<ExpertCopy> c;
+      size_t from = 0, to = 16;
+      for (size_t s : sizes) {
+        c.push_back(ExpertCopy{to, src.data() + from, s});
+        from += s + 5;
+        to += s + 256;  // gaps the copy must leave
+      }
+      std::vector<uint8_t> dst(to + 64, 0xA5);
+      stage_copy(pool, dst.data(), c.data(), static_cast<int>(c.size()));
+      std::vector<uint8_t> want(to + 64, 0xA5);
+      for (const ExpertCopy& x : c) std::memcpy(want.data() + x.dst_off, x.src, x.bytes);
+      EXPECT_EQ(dst, want) << threads << " threads, " << sizes.size() << " segments";
+    }
+}
+
+}  // namespace
