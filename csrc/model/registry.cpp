@@ -7,9 +7,10 @@ namespace strata {
 extern const Architecture kQwen3Moe;
 extern const Architecture kDeepseek4;
 extern const Architecture kGptOss;
+extern const Architecture kQwen35Moe;
 
 namespace {
-const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4, &kGptOss};
+const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4, &kGptOss, &kQwen35Moe};
 }  // namespace
 
 const Architecture& find_architecture(const std::string& name, const std::string& path) {

@@ -13,8 +13,10 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ds4_ops.h"
 #include "backend/cpu/gptoss_ops.h"
+#include "backend/cpu/qwen35_ops.h"
 #include "backend/ds4_ops.h"
 #include "backend/gptoss_ops.h"
+#include "backend/qwen35_ops.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
@@ -42,7 +44,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   if (n) std::memcpy(dst, src, n);
 }
 
-class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps {
+class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps, public Qwen35Ops {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
@@ -390,6 +392,27 @@ class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps {
   void expert_bias(float* y, const int32_t* ids, const float* w, const float* bias, int64_t T, int64_t K,
                    int64_t D) override {
     cpu_expert_bias(y, ids, w, bias, T, K, D, pool_);
+  }
+
+  // Qwen35Ops (backend/qwen35_ops.h), implemented in qwen35_ops.cpp.
+  void conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w, const float* state_in,
+                   float* state_out, float* y) override {
+    cpu_conv1d_silu(x, T, C, Kc, w, state_in, state_out, y, pool_);
+  }
+  void gated_delta_rule(const float* qkv, const float* a, const float* b, int64_t T, int64_t Hk, int64_t Hv,
+                        int64_t dk, int64_t dv, const float* A, const float* dt_bias, const float* state_in,
+                        float* state_out, float* out) override {
+    cpu_gated_delta_rule(qkv, a, b, T, Hk, Hv, dk, dv, A, dt_bias, state_in, state_out, out, pool_);
+  }
+  void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override {
+    cpu_gated_rms_norm(x, z, w, rows, n, eps, pool_);
+  }
+  void split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate) override {
+    cpu_split_q_gate(qg, T, H, hd, q, gate, pool_);
+  }
+  void sigmoid_mul(float* x, const float* g, int64_t n) override { cpu_sigmoid_mul(x, g, n, pool_); }
+  void add_sigmoid_scaled(float* y, const float* x, const float* s, int64_t T, int64_t D) override {
+    cpu_add_sigmoid_scaled(y, x, s, T, D, pool_);
   }
 
  private:

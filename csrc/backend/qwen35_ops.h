@@ -1,0 +1,50 @@
+// Qwen35Ops: qwen35moe's ops beyond the shared Backend surface (the gated DeltaNet's short causal
+// conv1d, its gated delta rule and gated RMSNorm; the full-attention layers' output gate; the shared
+// expert's sigmoid gate). A backend that runs qwen35moe implements this beside Backend (the CPU's
+// does, in backend/cpu/qwen35_ops.cpp); the forward pass finds it with qwen35_ops(), and a qwen35moe
+// load on a backend without it is refused before anything is allocated (kQwen35Moe's check_backend).
+// As Backend's ops: every pointer is device memory of that backend, every op runs on its compute
+// stream, and each output element is computed the same way whatever T is.
+#pragma once
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace strata {
+
+class Qwen35Ops {
+ public:
+  virtual ~Qwen35Ops() = default;
+
+  // The depthwise causal conv1d of Kc taps over T rows x (T x C), then SiLU: with xx the Kc - 1 rows
+  // of state_in (oldest first; null: zeros) followed by x, y[t, c] = silu(sum over j < Kc of
+  // w[c * Kc + j] * xx[t + j, c]), summed in j order. state_out (Kc - 1 rows of C) = the last Kc - 1
+  // rows of xx. state_out overlaps neither x nor state_in.
+  virtual void conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w,
+                           const float* state_in, float* state_out, float* y) = 0;
+  // The gated delta rule of T tokens, token by token (the recurrent form). qkv: T rows of
+  // 2 Hk dk + Hv dv (q of Hk heads, k of Hk heads, v of Hv heads); a, b: T x Hv. Value head h reads
+  // key head h % Hk (llama.cpp's tiled order). Per token and value head: q and k L2-normalized
+  // (x / sqrt(sum x^2 + 1e-6)), q times 1 / sqrt(dk); g = A[h] * softplus(a + dt_bias[h]) (softplus
+  // linear above 20), beta = sigmoid(b); S = S exp(g); d = (v - S^T k) beta; S += k d^T;
+  // out = S^T q. The state S is [Hv, dk, dv] (S[h][i][j] at (h dk + i) dv + j): read from state_in
+  // (null: zeros), the state after the last token written to state_out (distinct from state_in).
+  // out: T x Hv x dv.
+  virtual void gated_delta_rule(const float* qkv, const float* a, const float* b, int64_t T, int64_t Hk,
+                                int64_t Hv, int64_t dk, int64_t dv, const float* A, const float* dt_bias,
+                                const float* state_in, float* state_out, float* out) = 0;
+  // In place over `rows` rows of n: x = x / sqrt(mean(x^2) + eps) * w * silu(z) (z: rows x n).
+  virtual void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) = 0;
+  // The full-attention q projection's heads of [query (hd) | gate (hd)] (T x H x 2 hd) split into
+  // q (T x H x hd) and gate (T x H x hd).
+  virtual void split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate) = 0;
+  // x[i] *= sigmoid(g[i]) for i < n.
+  virtual void sigmoid_mul(float* x, const float* g, int64_t n) = 0;
+  // y[t, :] += sigmoid(s[t]) * x[t, :] for t < T (rows of D): the shared expert joining the routed ones.
+  virtual void add_sigmoid_scaled(float* y, const float* x, const float* s, int64_t T, int64_t D) = 0;
+};
+
+// The qwen35moe ops of `be`, or null when the backend has none.
+inline Qwen35Ops* qwen35_ops(Backend& be) { return dynamic_cast<Qwen35Ops*>(&be); }
+
+}  // namespace strata
