@@ -34,7 +34,8 @@ class Qwen35Ops {
                                 int64_t Hv, int64_t dk, int64_t dv, const float* A, const float* dt_bias,
                                 const float* state_in, float* state_out, float* out) = 0;
   // In place over `rows` rows of n: x = x / sqrt(mean(x^2) + eps) * w * silu(z) (z: rows x n).
-  virtual void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) = 0;
+  virtual void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n,
+                              float eps) = 0;
   // The full-attention q projection's heads of [query (hd) | gate (hd)] (T x H x 2 hd) split into
   // q (T x H x hd) and gate (T x H x hd).
   virtual void split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate) = 0;

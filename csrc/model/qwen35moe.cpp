@@ -45,13 +45,13 @@ struct Q35Layer {
 };
 
 struct Q35Spec final : ArchSpec {
-  int64_t n_rot = 0;                 // rotated dims per head
-  int64_t Kc = 0;                    // conv taps
-  int64_t Hk = 0, Hv = 0;            // linear attention's key and value heads
-  int64_t dk = 0, dv = 0;            // their dims
-  int64_t conv_dim = 0;              // 2 Hk dk + Hv dv
-  int64_t Fs = 0;                    // the shared expert's FFN width
-  int64_t interval = 0, mtp = 0;     // full_attention_interval (0: per-layer list), MTP blocks skipped
+  int64_t n_rot = 0;              // rotated dims per head
+  int64_t Kc = 0;                 // conv taps
+  int64_t Hk = 0, Hv = 0;         // linear attention's key and value heads
+  int64_t dk = 0, dv = 0;         // their dims
+  int64_t conv_dim = 0;           // 2 Hk dk + Hv dv
+  int64_t Fs = 0;                 // the shared expert's FFN width
+  int64_t interval = 0, mtp = 0;  // full_attention_interval (0: per-layer list), MTP blocks skipped
   std::vector<Q35Layer> layers;
 };
 
@@ -63,8 +63,8 @@ const Q35Spec& q35_spec(const ModelSpec& s) {
 
 struct Q35Scratch {
   AttentionScratch attn;
-  Scratch<float> qg, gate;                 // full attention: q projection, its gate half
-  Scratch<float> qkv, conv, z, a, b, dn;   // linear attention
+  Scratch<float> qg, gate;                  // full attention: q projection, its gate half
+  Scratch<float> qkv, conv, z, a, b, dn;    // linear attention
   Scratch<float> sh_g, sh_u, sh_out, sh_s;  // shared expert
 };
 
@@ -255,10 +255,12 @@ class Qwen35MoeForward final : public ForwardPass {
       layers_.push_back(ly);
     }
     head_ = w_.head(s);
-    shape_ = AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps, RopeParams{d.n_rot, s.rope_base, true}};
+    shape_ =
+        AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps, RopeParams{d.n_rot, s.rope_base, true}};
     ScratchList scratch;
     scratch_ = declare_q35_scratch(s, d, scratch);
-    STRATA_CHECK(scratch.specs() == s.scratch, Error, "internal error: the qwen35moe scratch is not the spec's");
+    STRATA_CHECK(scratch.specs() == s.scratch, Error,
+                 "internal error: the qwen35moe scratch is not the spec's");
   }
 
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
@@ -314,10 +316,12 @@ class Qwen35MoeForward final : public ForwardPass {
   // Gated full attention: q (with its gate half), k, v; per-head q/k RMSNorm and partial RoPE, the KV
   // cache at pos0, causal GQA attention, the output times sigmoid(gate), the output projection into
   // b.proj.
-  void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, int64_t pos0) {
+  void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T,
+                 int64_t pos0) {
     const AttentionShape& a = shape_;
     Backend& be = ctx_.be;
-    float *q = b[scratch_.attn.q], *k = b[scratch_.attn.k], *v = b[scratch_.attn.v], *out = b[scratch_.attn.out];
+    float *q = b[scratch_.attn.q], *k = b[scratch_.attn.k], *v = b[scratch_.attn.v],
+          *out = b[scratch_.attn.out];
     float *qg = b[scratch_.qg], *gate = b[scratch_.gate];
     matmul(w.q, x, T, qg);
     matmul(w.k, x, T, k);
@@ -325,8 +329,8 @@ class Qwen35MoeForward final : public ForwardPass {
     ops_.split_q_gate(qg, T, a.n_head, a.head_dim, q, gate);
     float* kc = ctx_.kv.tensor(l, "k");
     float* vc = ctx_.kv.tensor(l, "v");
-    be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope, kc,
-                     vc, KvType::F32);
+    be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
+                     kc, vc, KvType::F32);
     const float scale = 1.0f / std::sqrt((float)a.head_dim);
     be.attention(q, kc, vc, KvType::F32, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, out);
     ops_.sigmoid_mul(out, gate, T * a.n_head * a.head_dim);
@@ -379,8 +383,9 @@ class Qwen35MoeForward final : public ForwardPass {
 };
 
 std::string no_q35_ops(Backend& be) {
-  return str("qwen35moe runs on the CPU backend only for now; the ", be.name(),
-             " backend has no qwen35moe ops (the gated DeltaNet, the attention's output gate). Use --device cpu.");
+  return str(
+      "qwen35moe runs on the CPU backend only for now; the ", be.name(),
+      " backend has no qwen35moe ops (the gated DeltaNet, the attention's output gate). Use --device cpu.");
 }
 
 void check_qwen35_backend(Backend& be, const std::string& path) {

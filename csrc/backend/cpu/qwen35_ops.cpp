@@ -123,7 +123,8 @@ void cpu_sigmoid_mul(float* x, const float* g, int64_t n, ThreadPool& pool) {
   });
 }
 
-void cpu_add_sigmoid_scaled(float* y, const float* x, const float* s, int64_t T, int64_t D, ThreadPool& pool) {
+void cpu_add_sigmoid_scaled(float* y, const float* x, const float* s, int64_t T, int64_t D,
+                            ThreadPool& pool) {
   pool.parallel_for(T, 1, [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t) {
       const float g = sigmoid(s[t]);

@@ -14,7 +14,8 @@ void cpu_gated_delta_rule(const float* qkv, const float* a, const float* b, int6
                           float* state_out, float* out, ThreadPool& pool);
 void cpu_gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
                         ThreadPool& pool);
-void cpu_split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate, ThreadPool& pool);
+void cpu_split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate,
+                      ThreadPool& pool);
 void cpu_sigmoid_mul(float* x, const float* g, int64_t n, ThreadPool& pool);
 void cpu_add_sigmoid_scaled(float* y, const float* x, const float* s, int64_t T, int64_t D, ThreadPool& pool);
 

@@ -241,7 +241,7 @@ def hf_state_dict(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     gate and up joined into gate_up_proj (gate first)."""
     from gguf.quants import dequantize
 
-    r, md = _meta(path)
+    r, _ = _meta(path)
     cfg = hf_config(path)
     Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     qk = 2 * Hk * cfg["linear_key_head_dim"]
