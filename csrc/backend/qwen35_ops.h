@@ -22,17 +22,27 @@ class Qwen35Ops {
   // rows of xx. state_out overlaps neither x nor state_in.
   virtual void conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w,
                            const float* state_in, float* state_out, float* y) = 0;
-  // The gated delta rule of T tokens, token by token (the recurrent form). qkv: T rows of
-  // 2 Hk dk + Hv dv (q of Hk heads, k of Hk heads, v of Hv heads); a, b: T x Hv. Value head h reads
-  // key head h % Hk (llama.cpp's tiled order). Per token and value head: q and k L2-normalized
-  // (x / sqrt(sum x^2 + 1e-6)), q times 1 / sqrt(dk); g = A[h] * softplus(a + dt_bias[h]) (softplus
-  // linear above 20), beta = sigmoid(b); S = S exp(g); d = (v - S^T k) beta; S += k d^T;
-  // out = S^T q. The state S is [Hv, dk, dv] (S[h][i][j] at (h dk + i) dv + j): read from state_in
-  // (null: zeros), the state after the last token written to state_out (distinct from state_in).
-  // out: T x Hv x dv.
-  virtual void gated_delta_rule(const float* qkv, const float* a, const float* b, int64_t T, int64_t Hk,
-                                int64_t Hv, int64_t dk, int64_t dv, const float* A, const float* dt_bias,
-                                const float* state_in, float* state_out, float* out) = 0;
+  // The gated delta rule of T tokens at positions pos0.. in its chunked form. Per token p and value
+  // head h (reading key head h % Hk): q and k of qkv (T rows of 2 Hk dk + Hv dv: q of Hk heads, k of
+  // Hk heads, v of Hv heads) L2-normalized (x / sqrt(sum x^2 + 1e-6)), q times 1 / sqrt(dk);
+  // g_p = A[h] * softplus(a[p, h] + dt_bias[h]) (softplus linear above 20), beta_p = sigmoid(b[p, h])
+  // (a, b: T x Hv). Positions fall in chunks of C anchored at multiples of C; with a the start of p's
+  // chunk, S_a its starting state ([dk, dv] per head), gam_p = gam_{p-1} + g_p (0 before a):
+  //   d_p   = beta_p (v_p - exp(gam_p) S_a^T k_p - sum over a <= m < p of exp(gam_p - gam_m) (k_p.k_m) d_m)
+  //   out_p = exp(gam_p) S_a^T q_p + sum over a <= m <= p of exp(gam_p - gam_m) (q_p.k_m) d_m
+  //   at p = a + C - 1: S_{a+C} = exp(gam_p) S_a + sum over a <= m <= p of exp(gam_p - gam_m) k_m d_m^T
+  // which is the recurrent form (S = exp(g) S; d = (v - S^T k) beta; S += k d^T; out = S^T q) in
+  // exact arithmetic. Every sum runs in ascending m, so a position's output and the states do not
+  // depend on how the positions are split into passes. out: T x Hv x dv.
+  // rows_k (C x Hv x dk, the normalized keys), rows_d (C x Hv x dv) and rows_g (C x Hv): slot p % C
+  // holds position p's; the slots of [a of pos0, pos0) are read, those of the pass's positions written.
+  // s_cur holds S_a of pos0's chunk ([Hv, dk, dv]; `fresh`: set to zeros first); each chunk end the
+  // pass reaches writes the next state into the other of (s_cur, s_other) and the two swap roles: after
+  // n chunk ends the current state is in s_other when n is odd, else in s_cur.
+  virtual void gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
+                                   int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
+                                   const float* dt_bias, bool fresh, float* s_cur, float* s_other,
+                                   float* rows_k, float* rows_d, float* rows_g, float* out) = 0;
   // In place over `rows` rows of n: x = x / sqrt(mean(x^2) + eps) * w * silu(z) (z: rows x n).
   virtual void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n,
                               float eps) = 0;

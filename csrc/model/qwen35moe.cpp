@@ -7,12 +7,16 @@
 // (nextn_predict_layers) are not loaded. Its own ops are Qwen35Ops (backend/qwen35_ops.h), which only
 // the CPU backend implements.
 //
-// The recurrent state (the conv rows and the delta rule's state) lives in the KV cache
-// (ModelSpec::kv_layers) twice: a pass reads the committed copy and writes the other, and commits
-// when it completes, so a pass stopped between layers leaves the state of its pos0. A pass continues
-// the state (pos0 = the tokens it holds) or starts over (pos0 = 0); a state cannot be cut back to an
-// earlier position, so a prompt that shares only part of the cached tokens runs from position 0
-// (Generator::begin) and any other pos0 is an error, never a silently wrong result.
+// The delta rule runs in its chunked form (Qwen35Ops::gated_delta_chunked) for prompts and decode alike,
+// in chunks of 64 positions anchored at multiples of 64: a position's output reads the state at its
+// chunk's start and the chunk's earlier rows, so it is the same float operations however the prompt is
+// split into passes (and a decode step's equal a prompt's). The recurrent state lives in the KV cache
+// (ModelSpec::kv_layers): the conv rows and the chunk-start state twice (the committed copy and the one
+// a pass writes, committed when the pass completes, so a one-token pass stopped between layers leaves
+// the state of its pos0), and the current chunk's rows. A pass continues the state (pos0 = the tokens
+// it holds) or starts over (pos0 = 0); a state cannot be cut back to an earlier position, so a prompt
+// that shares only part of the cached tokens runs from position 0 (Generator::begin), and any other
+// pos0 is an error, never a silently wrong result.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -36,6 +40,8 @@ namespace {
 constexpr int64_t kMaxConvKernel = 64;
 constexpr int64_t kMaxSsmHeads = 1 << 12;
 constexpr int64_t kMaxSsmHeadDim = 1 << 12;
+// The DeltaNet's chunk: positions [64 c, 64 c + 64) share a starting state (transformers' and FLA's size).
+constexpr int64_t kDeltaChunk = 64;
 
 // qwen35moe's tensors beyond LayerSpec: the linear layers' and the shared expert's.
 struct Q35Layer {
@@ -186,8 +192,10 @@ ModelSpec read_qwen35moe(const gguf::File& f) {
     }
     s.layers.push_back(ls);
   }
-  // The KV cache per layer: keys and values of the full layers; the linear layers' conv rows and
-  // delta-rule state, twice (the committed copy and the one a pass writes).
+  // The KV cache per layer: keys and values of the full layers; the linear layers' conv rows (twice: the
+  // committed copy and the one a pass writes), the delta rule's state at the start of the current chunk
+  // (twice: the committed one and the next), and the chunk's rows so far (normalized keys, deltas,
+  // cumulative log decays; Qwen35Ops::gated_delta_chunked).
   for (int64_t l = 0; l < s.L; ++l) {
     if (!d->layers[l].linear) {
       s.kv_layers.push_back({KvTensorSpec{"k", 0, 1, KVd}, KvTensorSpec{"v", 0, 1, KVd}});
@@ -198,6 +206,9 @@ ModelSpec read_qwen35moe(const gguf::File& f) {
       kv.push_back(KvTensorSpec{str("conv.", c), d->Kc - 1, 0, d->conv_dim});
       kv.push_back(KvTensorSpec{str("state.", c), d->Hv * d->dk, 0, d->dv});
     }
+    kv.push_back(KvTensorSpec{"chunk.k", kDeltaChunk, 0, d->Hv * d->dk});
+    kv.push_back(KvTensorSpec{"chunk.d", kDeltaChunk, 0, d->Hv * d->dv});
+    kv.push_back(KvTensorSpec{"chunk.g", kDeltaChunk, 0, d->Hv});
     s.kv_layers.push_back(std::move(kv));
   }
   s.details.push_back({"layers", str(n_linear, " gated DeltaNet, ", s.L - n_linear, " gated full attention",
@@ -274,6 +285,11 @@ class Qwen35MoeForward final : public ForwardPass {
                  " tokens; a recurrent state cannot be cut back to an earlier position: run the tokens from "
                  "position 0");
     const bool fresh = pos0 == 0;
+    // A pass of one token leaves the committed state as it was until it completes (it writes only the
+    // other copies and its own position's rows); a longer one may overwrite the chunk rows the
+    // committed state needs, so until it completes there is none.
+    if (fresh || T > 1) state_pos_ = -1;
+    const int64_t chunk_ends = (pos0 + T) / kDeltaChunk - pos0 / kDeltaChunk;
     be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
     be.embed(s.token_embd.type(), head_.token_embd.get(), D, b.topk_ids, T, b.R);
     for (int64_t l = 0; l < s.L; ++l) {
@@ -282,7 +298,7 @@ class Qwen35MoeForward final : public ForwardPass {
       const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
                               : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
       if (ly.linear)
-        delta_net(b, l, ly, x, T, fresh);
+        delta_net(b, l, ly, x, T, pos0);
       else
         attention(b, l, ly, x, T, pos0);
       x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
@@ -293,6 +309,7 @@ class Qwen35MoeForward final : public ForwardPass {
     }
     // Every layer ran: the written copy of the state becomes the committed one.
     parity_ ^= 1;
+    if (chunk_ends % 2) state_sel_ ^= 1;
     state_pos_ = pos0 + T;
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
@@ -338,9 +355,10 @@ class Qwen35MoeForward final : public ForwardPass {
   }
 
   // Gated DeltaNet: the q/k/v, z, alpha and beta projections, the causal conv1d and the delta rule
-  // over the layer's recurrent state (from zeros when `fresh`), the gated RMSNorm, the output
+  // over the layer's recurrent state (from zeros at position 0), the gated RMSNorm, the output
   // projection into b.proj.
-  void delta_net(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, bool fresh) {
+  void delta_net(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T,
+                 int64_t pos0) {
     const ModelSpec& s = ctx_.spec;
     const Q35Spec& d = q35_spec(s);
     float *qkv = b[scratch_.qkv], *conv = b[scratch_.conv], *z = b[scratch_.z], *al = b[scratch_.a],
@@ -349,13 +367,16 @@ class Qwen35MoeForward final : public ForwardPass {
     matmul(w.z, x, T, z);
     matmul(w.alpha, x, T, al);
     matmul(w.beta, x, T, bt);
+    const bool fresh = pos0 == 0;
+    const KVCache& kv = ctx_.kv;
     const char* in = parity_ ? "1" : "0";
     const char* out = parity_ ? "0" : "1";
-    const float* conv_in = fresh ? nullptr : ctx_.kv.tensor(l, str("conv.", in));
-    const float* state_in = fresh ? nullptr : ctx_.kv.tensor(l, str("state.", in));
-    ops_.conv1d_silu(qkv, T, d.conv_dim, d.Kc, w.conv, conv_in, ctx_.kv.tensor(l, str("conv.", out)), conv);
-    ops_.gated_delta_rule(conv, al, bt, T, d.Hk, d.Hv, d.dk, d.dv, w.a_decay, w.dt_b, state_in,
-                          ctx_.kv.tensor(l, str("state.", out)), dn);
+    const float* conv_in = fresh ? nullptr : kv.tensor(l, str("conv.", in));
+    ops_.conv1d_silu(qkv, T, d.conv_dim, d.Kc, w.conv, conv_in, kv.tensor(l, str("conv.", out)), conv);
+    ops_.gated_delta_chunked(conv, al, bt, T, pos0, kDeltaChunk, d.Hk, d.Hv, d.dk, d.dv, w.a_decay, w.dt_b,
+                             fresh, kv.tensor(l, str("state.", state_sel_)),
+                             kv.tensor(l, str("state.", 1 - state_sel_)), kv.tensor(l, "chunk.k"),
+                             kv.tensor(l, "chunk.d"), kv.tensor(l, "chunk.g"), dn);
     ops_.gated_rms_norm(dn, z, w.ssm_norm, T * d.Hv, d.dv, s.rms_eps);
     matmul(w.ssm_out, dn, T, b.proj);
   }
@@ -378,8 +399,9 @@ class Qwen35MoeForward final : public ForwardPass {
   HeadWeights head_;
   AttentionShape shape_;
   Q35Scratch scratch_;
-  int parity_ = 0;          // which copy of the recurrent state is committed
-  int64_t state_pos_ = -1;  // tokens the committed state holds (-1: none yet)
+  int parity_ = 0;          // which copy of the conv rows is committed
+  int state_sel_ = 0;       // which copy of the delta rule's chunk state is committed
+  int64_t state_pos_ = -1;  // tokens the committed state holds (-1: none)
 };
 
 std::string no_q35_ops(Backend& be) {

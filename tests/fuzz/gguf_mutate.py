@@ -20,13 +20,22 @@ KEYS = [
     "gpt-oss.rope.scaling.type", "gpt-oss.rope.scaling.factor", "gpt-oss.rope.scaling.original_context_length",
     "gpt-oss.rope.scaling.yarn_beta_fast", "gpt-oss.rope.scaling.yarn_beta_slow",
     "gpt-oss.attention.layer_norm_rms_epsilon", "gpt-oss.expert_count", "gpt-oss.expert_used_count",
+    "qwen35moe.block_count", "qwen35moe.context_length", "qwen35moe.embedding_length",
+    "qwen35moe.expert_feed_forward_length", "qwen35moe.expert_shared_feed_forward_length",
+    "qwen35moe.attention.head_count", "qwen35moe.attention.head_count_kv", "qwen35moe.attention.key_length",
+    "qwen35moe.attention.value_length", "qwen35moe.rope.freq_base", "qwen35moe.rope.dimension_count",
+    "qwen35moe.attention.layer_norm_rms_epsilon", "qwen35moe.expert_count", "qwen35moe.expert_used_count",
+    "qwen35moe.ssm.conv_kernel", "qwen35moe.ssm.state_size", "qwen35moe.ssm.group_count",
+    "qwen35moe.ssm.time_step_rank", "qwen35moe.ssm.inner_size", "qwen35moe.full_attention_interval",
+    "qwen35moe.attention.recurrent_layers", "qwen35moe.nextn_predict_layers",
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
     "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
     "tokenizer.ggml.padding_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.add_bos_token",
     "tokenizer.ggml.add_eos_token", "tokenizer.chat_template",
 ]
 STRINGS = [
-    b"qwen3moe", b"llama", b"gpt-oss", b"yarn", b"gpt2", b"qwen2", b"llama-bpe", b"default", b"", b"\xff\xfe", b"a\xc3",
+    b"qwen3moe", b"llama", b"gpt-oss", b"yarn", b"qwen35moe", b"qwen35",
+    b"gpt2", b"qwen2", b"llama-bpe", b"default", b"", b"\xff\xfe", b"a\xc3",
     b"\xed\xa0\x80", b"\xc0\xaf", b"x\n\x1b[2J", b"<|im_end|>", b"a b", b" ", b"\xc4\xa0 \xc4\xa0",
     b"{{ raise_exception('x') }}", b"{% for m in messages %}{{ m['content'] }}{% endfor %}", b"{{",
 ]

@@ -1,6 +1,7 @@
 """Writes the seed corpus of the fuzz targets: small valid qwen3moe files of every quant family
-strata computes with, a tied head, the smallest declared alignment, and a gpt-oss file (biases, sinks,
-YaRN keys). Deterministic.
+strata computes with, a tied head, the smallest declared alignment, a gpt-oss file (biases, sinks,
+YaRN keys) and a qwen35moe file (DeltaNet and full-attention layers, the shared expert, an MTP block).
+Deterministic.
 
     python3 tests/fuzz/make_seeds.py OUT_DIR
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from strata.testing import make_gpt_oss, make_qwen3moe
+from strata.testing import make_gpt_oss, make_qwen3moe, make_qwen35moe
 from strata.testing.gguf_edit import U32, Gguf
 
 TINY = dict(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, experts=4, top_k=2, expert_ffn=32, vocab=280)
@@ -31,6 +32,10 @@ def main(out: str) -> None:
         make_qwen3moe(os.path.join(out, f"{name}.gguf"), **shape, quant=quant, seed=1)
     make_gpt_oss(os.path.join(out, "gpt_oss.gguf"), layers=2, hidden=32, heads=2, kv_heads=1, head_dim=16, experts=4,
                  top_k=2, expert_ffn=32, vocab=280, ctx=4096, yarn_orig_ctx=512, quant={"experts": "MXFP4"}, seed=1)
+    make_qwen35moe(os.path.join(out, "qwen35moe.gguf"), layers=2, hidden=32, heads=2, kv_heads=1, head_dim=16,
+                   rope_dims=8, interval=2, conv_kernel=3, k_heads=1, v_heads=2, k_head_dim=8, v_head_dim=16,
+                   experts=4, top_k=2, expert_ffn=32, shared_ffn=32, vocab=280, ctx=4096,
+                   quant={"experts": "Q8_0"}, seed=1)
     raw = open(os.path.join(out, "q8_0.gguf"), "rb").read()
     g = Gguf.parse(raw)
     g.tensors = [t for t in g.tensors if t.name != b"output.weight"]  # the head reads the embedding

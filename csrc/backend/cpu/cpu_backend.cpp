@@ -399,10 +399,12 @@ class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps, public
                    float* state_out, float* y) override {
     cpu_conv1d_silu(x, T, C, Kc, w, state_in, state_out, y, pool_);
   }
-  void gated_delta_rule(const float* qkv, const float* a, const float* b, int64_t T, int64_t Hk, int64_t Hv,
-                        int64_t dk, int64_t dv, const float* A, const float* dt_bias, const float* state_in,
-                        float* state_out, float* out) override {
-    cpu_gated_delta_rule(qkv, a, b, T, Hk, Hv, dk, dv, A, dt_bias, state_in, state_out, out, pool_);
+  void gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
+                           int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
+                           const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
+                           float* rows_d, float* rows_g, float* out) override {
+    cpu_gated_delta_chunked(qkv, a, b, T, pos0, C, Hk, Hv, dk, dv, A, dt_bias, fresh, s_cur, s_other, rows_k,
+                            rows_d, rows_g, out, pool_);
   }
   void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override {
     cpu_gated_rms_norm(x, z, w, rows, n, eps, pool_);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -38,21 +39,25 @@ void cpu_conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const flo
   });
 }
 
-void cpu_gated_delta_rule(const float* qkv, const float* a, const float* b, int64_t T, int64_t Hk, int64_t Hv,
-                          int64_t dk, int64_t dv, const float* A, const float* dt_bias, const float* state_in,
-                          float* state_out, float* out, ThreadPool& pool) {
+void cpu_gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
+                             int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
+                             const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
+                             float* rows_d, float* rows_g, float* out, ThreadPool& pool) {
   const int64_t W = 2 * Hk * dk + Hv * dv;  // a row of qkv
   const float scale = 1.0f / std::sqrt((float)dk);
   pool.parallel_for(Hv, 1, [&](int64_t h0, int64_t h1, int) {
-    std::vector<float> qn(dk), kn(dk), d(dv), o(dv);
+    std::vector<float> qn(dk), kS(dv), qS(dv), d(dv), o(dv), wk(C), wq(C);
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t kh = h % Hk;
-      float* S = state_out + h * dk * dv;
-      if (state_in)
-        std::memcpy(S, state_in + h * dk * dv, (size_t)(dk * dv) * sizeof(float));
-      else
-        std::memset(S, 0, (size_t)(dk * dv) * sizeof(float));
+      float* S = s_cur + h * dk * dv;  // S_a of the current chunk; the other buffer takes the next one
+      float* S_next = s_other + h * dk * dv;
+      if (fresh) std::memset(S, 0, (size_t)(dk * dv) * sizeof(float));
+      // Slot s's rows of this head.
+      const auto key = [&](int64_t s) { return rows_k + (s * Hv + h) * dk; };
+      const auto delta = [&](int64_t s) { return rows_d + (s * Hv + h) * dv; };
+      const auto gam = [&](int64_t s) -> float& { return rows_g[s * Hv + h]; };
       for (int64_t t = 0; t < T; ++t) {
+        const int64_t p = pos0 + t, slot = p % C, n = slot;  // n: the chunk's positions before p
         const float* q = qkv + t * W + kh * dk;
         const float* k = qkv + t * W + Hk * dk + kh * dk;
         const float* v = qkv + t * W + 2 * Hk * dk + h * dv;
@@ -62,32 +67,67 @@ void cpu_gated_delta_rule(const float* qkv, const float* a, const float* b, int6
           sk += k[i] * k[i];
         }
         const float rq = 1.0f / std::sqrt(sq + 1e-6f), rk = 1.0f / std::sqrt(sk + 1e-6f);
+        float* kn = key(slot);
         for (int64_t i = 0; i < dk; ++i) {
           qn[i] = q[i] * rq * scale;
           kn[i] = k[i] * rk;
         }
-        const float decay = std::exp(A[h] * softplus(a[t * Hv + h] + dt_bias[h]));
+        const float g = A[h] * softplus(a[t * Hv + h] + dt_bias[h]);
         const float beta = sigmoid(b[t * Hv + h]);
-        for (int64_t j = 0; j < dv; ++j) d[j] = 0.0f;
+        const float gp = (n == 0 ? 0.0f : gam(slot - 1)) + g;
+        gam(slot) = gp;
+        const float Gp = std::exp(gp);
+        // S_a^T k and S_a^T q, summed over the key dim in order.
+        for (int64_t j = 0; j < dv; ++j) kS[j] = qS[j] = 0.0f;
         for (int64_t i = 0; i < dk; ++i) {
-          float* Si = S + i * dv;
+          const float* Si = S + i * dv;
           for (int64_t j = 0; j < dv; ++j) {
-            Si[j] *= decay;
-            d[j] += Si[j] * kn[i];
+            kS[j] += Si[j] * kn[i];
+            qS[j] += Si[j] * qn[i];
           }
         }
-        for (int64_t j = 0; j < dv; ++j) {
-          d[j] = (v[j] - d[j]) * beta;
-          o[j] = 0.0f;
-        }
-        for (int64_t i = 0; i < dk; ++i) {
-          float* Si = S + i * dv;
-          for (int64_t j = 0; j < dv; ++j) {
-            Si[j] += kn[i] * d[j];
-            o[j] += Si[j] * qn[i];
+        // The chunk's earlier positions, each weighted by its decay to p and its key's overlap.
+        for (int64_t m = 0; m < n; ++m) {
+          const float* km = key(m);
+          float dkk = 0.0f, dqk = 0.0f;
+          for (int64_t i = 0; i < dk; ++i) {
+            dkk += kn[i] * km[i];
+            dqk += qn[i] * km[i];
           }
+          const float e = std::exp(gp - gam(m));
+          wk[m] = e * dkk;
+          wq[m] = e * dqk;
         }
+        for (int64_t j = 0; j < dv; ++j) d[j] = v[j] - Gp * kS[j];
+        for (int64_t m = 0; m < n; ++m) {
+          const float* dm = delta(m);
+          for (int64_t j = 0; j < dv; ++j) d[j] -= wk[m] * dm[j];
+        }
+        float* dp = delta(slot);
+        for (int64_t j = 0; j < dv; ++j) dp[j] = d[j] * beta;
+        float qk = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) qk += qn[i] * kn[i];
+        for (int64_t j = 0; j < dv; ++j) o[j] = Gp * qS[j];
+        for (int64_t m = 0; m < n; ++m) {
+          const float* dm = delta(m);
+          for (int64_t j = 0; j < dv; ++j) o[j] += wq[m] * dm[j];
+        }
+        for (int64_t j = 0; j < dv; ++j) o[j] += qk * dp[j];
         std::memcpy(out + (t * Hv + h) * dv, o.data(), (size_t)dv * sizeof(float));
+        if (slot != C - 1) continue;
+        // The chunk's last position: the next chunk's state, then the buffers swap roles.
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) S_next[i * dv + j] = Gp * S[i * dv + j];
+        for (int64_t m = 0; m <= slot; ++m) {
+          const float e = std::exp(gp - gam(m));
+          const float *km = key(m), *dm = delta(m);
+          for (int64_t i = 0; i < dk; ++i) {
+            const float w = e * km[i];
+            float* Ni = S_next + i * dv;
+            for (int64_t j = 0; j < dv; ++j) Ni[j] += w * dm[j];
+          }
+        }
+        std::swap(S, S_next);
       }
     }
   });

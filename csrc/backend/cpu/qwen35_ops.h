@@ -9,9 +9,10 @@ class ThreadPool;
 
 void cpu_conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w, const float* state_in,
                      float* state_out, float* y, ThreadPool& pool);
-void cpu_gated_delta_rule(const float* qkv, const float* a, const float* b, int64_t T, int64_t Hk, int64_t Hv,
-                          int64_t dk, int64_t dv, const float* A, const float* dt_bias, const float* state_in,
-                          float* state_out, float* out, ThreadPool& pool);
+void cpu_gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
+                             int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
+                             const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
+                             float* rows_d, float* rows_g, float* out, ThreadPool& pool);
 void cpu_gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
                         ThreadPool& pool);
 void cpu_split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate,
