@@ -22,6 +22,7 @@ import pytest
 import strata
 from strata.testing import make_qwen35moe
 from strata.testing.gguf_edit import U32, Gguf
+from test_prefill_layout import attention_scratch, check_plan, prefill_layout
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -227,6 +228,39 @@ def test_chat_turns_keep_the_recurrent_state_only_when_extended(q35_model):
     cut = m.generate(c, max_tokens=8, temperature=0, reuse_kv=True, ignore_eos=True)
     assert cut.stats["prompt_reused"] == 0
     assert cut.tokens == fresh.generate(c, max_tokens=8, temperature=0, ignore_eos=True).tokens
+
+
+def q35_scratch(md: dict, spec: dict) -> list[tuple[str, str, list[int]]]:
+    """qwen35moe's scratch list as model/qwen35moe.cpp's declare_q35_scratch declares it, from the metadata."""
+    H, KV, hd, D = spec["heads"], spec["kv_heads"], spec["head_dim"], spec["hidden"]
+    Hk, Hv, dk = md["qwen35moe.ssm.group_count"], md["qwen35moe.ssm.time_step_rank"], md["qwen35moe.ssm.state_size"]
+    dv = md["qwen35moe.ssm.inner_size"] // Hv
+    C, Fs = 2 * Hk * dk + Hv * dv, md["qwen35moe.expert_shared_feed_forward_length"]
+    return [*attention_scratch(H, KV, hd), ("attn.qg", "f32", [H, 2 * hd]), ("attn.gate", "f32", [H * hd]),
+            ("gdn.qkv", "f32", [C]), ("gdn.conv", "f32", [C]), ("gdn.z", "f32", [Hv * dv]), ("gdn.a", "f32", [Hv]),
+            ("gdn.b", "f32", [Hv]), ("gdn.out", "f32", [Hv * dv]), ("shexp.gate", "f32", [Fs]),
+            ("shexp.up", "f32", [Fs]), ("shexp.out", "f32", [D]), ("shexp.scale", "f32", [])]
+
+
+@pytest.mark.parametrize("mix", ["f32", "mxfp4"])
+def test_model_layout_matches_shape_plan(q35_model, mix):
+    """Invariants 1 and 2: the model's chunk plan is the shape plan of its scratch list (both layers' kinds
+    and the shared expert's buffers), exact and 256-aligned, for every T and both layouts."""
+    path = q35_model(mix)
+    m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False)
+    s = m.spec
+    info = strata.inspect(path)
+    by_name = {t["name"]: t["type"] for t in info["tensors"]}
+    types = [by_name[f"blk.{i}.ffn_{w}_exps.weight"] for i in range(s["layers"]) for w in ("gate", "up", "down")]
+    shape = dict(D=s["hidden"], HC=1, E=s["experts"], K=s["top_k"], F=s["expert_ffn"], heads=s["heads"],
+                 kv_heads=s["kv_heads"], head_dim=s["head_dim"], expert_types=types, unfused=False,
+                 scratch=q35_scratch(info["metadata"], s))
+    for T in (1, 2, 17, 64, 257, 4096):
+        for src in (True, False):
+            got = m.layout(T, src)
+            check_plan(shape, T, src, got)
+            want = prefill_layout(shape, T, src)
+            assert got["buffers"] == want["buffers"] and got["bytes_needed"] == want["bytes_needed"]
 
 
 def _edited(src: str, dst, edit) -> str:
