@@ -15,11 +15,14 @@ the worst measured. Measured max |a - b| / max |b| over a 150-token prompt (past
 from __future__ import annotations
 
 import functools
+import os
+import signal
 
 import numpy as np
 import pytest
 
 import strata
+import strata.model
 from strata.testing import make_qwen35moe
 from strata.testing.gguf_edit import U32, Gguf
 from test_prefill_layout import attention_scratch, check_plan, prefill_layout
@@ -228,6 +231,47 @@ def test_chat_turns_keep_the_recurrent_state_only_when_extended(q35_model):
     cut = m.generate(c, max_tokens=8, temperature=0, reuse_kv=True, ignore_eos=True)
     assert cut.stats["prompt_reused"] == 0
     assert cut.tokens == fresh.generate(c, max_tokens=8, temperature=0, ignore_eos=True).tokens
+
+
+class _SigintAt:
+    """Stands in for the prompt's progress line: sends SIGINT (synchronously, to this process) once the
+    prompt's progress passes `at` tokens, so the pass stops at the next layer, its state half advanced."""
+
+    def __init__(self, at: float) -> None:
+        self.at, self.sent = at, False
+
+    def __call__(self, done: float, total: int) -> None:
+        if not self.sent and done >= self.at:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_interrupted_turn_leaves_a_fresh_models_tokens(q35_model, monkeypatch):
+    """Ctrl-C inside a chat turn's prompt that continues the cached state (the pass stopped between two
+    DeltaNet layers, inside the second 64-position chunk): the state is no one's, so the next turn runs
+    from position 0, and its tokens and logits are a fresh model's."""
+    path = q35_model("f32")
+    m = strata.Model(path, prefill=16, progress=False)
+    fresh = strata.Model(path, prefill=16, progress=False)
+    rng = np.random.default_rng(12)
+    a = [int(x) for x in rng.integers(1, 500, 30)]
+    first = m.generate(a, max_tokens=4, temperature=0, reuse_kv=True, ignore_eos=True)
+    b = a + first.tokens + [int(x) for x in rng.integers(1, 500, 90)]
+    bar = _SigintAt(len(a) + 50.5)
+    monkeypatch.setattr(strata.model, "PromptProgress", lambda: bar)
+    monkeypatch.setattr(strata.Model, "_shows_progress", lambda self: True)
+    with pytest.raises(KeyboardInterrupt):
+        m.generate(b, max_tokens=4, temperature=0, reuse_kv=True, ignore_eos=True)
+    assert bar.sent and m.last_stats["stop_reason"] == "interrupted"
+    assert m.last_stats["prompt_reused"] == len(a) + len(first.tokens) - 1
+    monkeypatch.undo()
+    again = m.generate(b, max_tokens=8, temperature=0, reuse_kv=True, ignore_eos=True)
+    assert again.stats["prompt_reused"] == 0
+    assert again.tokens == fresh.generate(b, max_tokens=8, temperature=0, ignore_eos=True).tokens
+    assert np.array_equal(m.logits(b), fresh.logits(b))
 
 
 def q35_scratch(md: dict, spec: dict) -> list[tuple[str, str, list[int]]]:
