@@ -24,7 +24,7 @@ import pytest
 import strata
 import strata.model
 from strata.testing import make_qwen35moe
-from strata.testing.gguf_edit import U32, Gguf
+from strata.testing.gguf_edit import ARRAY, U32, Gguf
 from test_prefill_layout import attention_scratch, check_plan, prefill_layout
 
 torch = pytest.importorskip("torch")
@@ -140,6 +140,21 @@ def test_mtp_blocks_are_skipped(q35_model):
     with_mtp = strata.Model(q35_model("f32"), progress=False).logits(ids)
     without = strata.Model(q35_model("f32", mtp=0), progress=False).logits(ids)
     assert np.array_equal(with_mtp, without)
+
+
+def test_per_layer_kinds_from_recurrent_layers(q35_model):
+    """llama.cpp's attention.recurrent_layers in place of full_attention_interval: the interval's pattern
+    written as a list gives the same logits bit for bit; another pattern moves them, and transformers
+    agrees on the new ones."""
+    ids = [int(x) for x in np.random.default_rng(5).integers(1, 500, 80)]
+    base = strata.Model(q35_model("f32"), progress=False).logits(ids)
+    as_list = q35_model("f32", recurrent=(True, True, False, True, True, False))
+    assert dict(strata.ModelInfo(as_list).spec["details"])["layers"] == "4 gated DeltaNet, 2 gated full attention"
+    assert np.array_equal(strata.Model(as_list, progress=False).logits(ids), base)
+    other = q35_model("f32", recurrent=(False, True, True, False, False, True))
+    ours = strata.Model(other, progress=False).logits(ids)
+    assert _rel_err(ours, base) > 10 * TOLERANCE
+    assert _rel_err(ours, _hf_logits(other, tuple(ids))) <= TOLERANCE
 
 
 # One hyperparameter changed, same tensors where the shapes allow (they depend only on the seed and
@@ -328,6 +343,10 @@ def _edited(src: str, dst, edit) -> str:
     (lambda g: g.set("qwen35moe.rope.dimension_count", U32, 34), r"'qwen35moe.rope.dimension_count' = 34 is out"),
     (lambda g: g.set("qwen35moe.full_attention_interval", U32, 0),
      r"'qwen35moe.full_attention_interval' = 0 is out of range"),
+    (lambda g: g.set("qwen35moe.attention.recurrent_layers", ARRAY, [1, 2, 1, 1, 1, 1], U32),
+     r"qwen35moe.attention.recurrent_layers\[1\] = 2 is not a flag"),
+    (lambda g: g.set("qwen35moe.attention.recurrent_layers", ARRAY, [1, 1], U32),
+     r"qwen35moe.attention.recurrent_layers must be an array of at least 6 flags"),
     (lambda g: setattr(g.tensor("blk.1.ssm_a"), "name", b"blk.1.ssm_a.weight"),
      r"qwen35moe tensor 'blk.1.ssm_a' is missing"),
     (lambda g: setattr(g.tensor("blk.0.ssm_conv1d.weight"), "ne", [2, 256]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ def make_qwen35moe(
     rope_theta: float = 3e4,
     rms_eps: float = 3e-5,
     mtp: int = 1,
+    recurrent: Sequence[bool] | None = None,
     norm_std: float = 0.1,
     decay_max: float = 1.0,
     quant: dict[str, str] | None = None,
@@ -59,7 +61,8 @@ def make_qwen35moe(
     wider than the routed ones), with `mtp` MTP blocks after the trunk that a reader must skip. As
     llama.cpp's converter writes them: norms as 1 + w (transformers' zero-centred RMSNorm; not the gated
     norm), ssm_a = -exp(A_log), the value heads in tiled order (value head j reads key head j % k_heads).
-    A = exp(A_log) is uniform in [0.02, decay_max]. `quant` maps roles (strata.testing.models.ROLES) to
+    A = exp(A_log) is uniform in [0.02, decay_max]. `recurrent` (one flag a layer) writes llama.cpp's
+    attention.recurrent_layers instead of full_attention_interval. `quant` maps roles (strata.testing.models.ROLES) to
     types; unnamed roles are F32. Returns the path."""
     dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
             "rope_dims": rope_dims, "interval": interval, "conv_kernel": conv_kernel, "k_heads": k_heads,
@@ -70,9 +73,12 @@ def make_qwen35moe(
     if heads % kv_heads or rope_dims % 2 or rope_dims > head_dim or v_heads % k_heads or top_k > experts:
         raise ValueError(f"need heads % kv_heads == 0, an even rope_dims <= head_dim, v_heads % k_heads == 0 and "
                          f"top_k <= experts: {dims}")
+    if recurrent is not None and len(recurrent) != layers:
+        raise ValueError(f"recurrent needs one flag a layer ({layers}), got {len(recurrent)}")
+    linear = list(recurrent) if recurrent is not None else [layer_is_linear(i, interval) for i in range(layers)]
     types = _resolve_quant(quant)
     voc = tok.vocab(vocab)
-    tensors = _plan(types, dims, mtp, norm_std)
+    tensors = _plan(types, dims, linear, mtp, norm_std)
 
     w = gguf.GGUFWriter(path, ARCH)
     w.add_name(f"strata synthetic qwen35moe L{layers} D{hidden} E{experts}")
@@ -97,7 +103,10 @@ def make_qwen35moe(
     w.add_uint32(f"{ARCH}.ssm.group_count", k_heads)
     w.add_uint32(f"{ARCH}.ssm.time_step_rank", v_heads)
     w.add_uint32(f"{ARCH}.ssm.inner_size", v_heads * v_head_dim)
-    w.add_uint32(f"{ARCH}.full_attention_interval", interval)
+    if recurrent is None:
+        w.add_uint32(f"{ARCH}.full_attention_interval", interval)
+    else:
+        w.add_array(f"{ARCH}.attention.recurrent_layers", [bool(x) for x in recurrent] + [False] * mtp)
     if mtp:
         w.add_uint32(f"{ARCH}.nextn_predict_layers", mtp)
     w.add_file_type(_FILE_TYPES[types["experts"]])
@@ -119,7 +128,7 @@ def make_qwen35moe(
     return Path(path)
 
 
-def _plan(types: dict[str, str], d: dict[str, int], mtp: int, norm: float) -> list[_Tensor]:
+def _plan(types: dict[str, str], d: dict[str, int], linear: list[bool], mtp: int, norm: float) -> list[_Tensor]:
     def t(name: str, shape: tuple[int, ...], role: str, std: float) -> _Tensor:
         qtype = "F32" if role in ("norm", "vec", "conv", "decay") else types[role]
         if shape[-1] % block_size(qtype):
@@ -135,7 +144,7 @@ def _plan(types: dict[str, str], d: dict[str, int], mtp: int, norm: float) -> li
     for i in range(L + mtp):
         b = f"blk.{i}."
         out += [t(b + "attn_norm.weight", (D,), "norm", norm)]
-        if i < L and layer_is_linear(i, d["interval"]):
+        if i < L and linear[i]:
             out += [
                 t(b + "attn_qkv.weight", (C, D), "attn", D**-0.5),
                 t(b + "attn_gate.weight", (Hv * dv, D), "attn", D**-0.5),
@@ -207,6 +216,8 @@ def hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     hd = int(md.get("attention.key_length", D // H))
     L = int(md["block_count"]) - int(md.get("nextn_predict_layers", 0))
     interval = int(md.get("full_attention_interval", 4))
+    flags = md.get("attention.recurrent_layers")
+    linear = [bool(flags[i]) if flags is not None else layer_is_linear(i, interval) for i in range(L)]
     Hv = int(md["ssm.time_step_rank"])
     rope = {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base", 10000.0)),
             "partial_rotary_factor": int(md.get("rope.dimension_count", hd)) / hd, "mrope_interleaved": True}
@@ -221,7 +232,7 @@ def hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         "shared_expert_intermediate_size": int(md.get("expert_shared_feed_forward_length",
                                                       md.get("feed_forward_length", 0))),
         "num_experts": int(md["expert_count"]), "num_experts_per_tok": int(md["expert_used_count"]),
-        "layer_types": ["linear_attention" if layer_is_linear(i, interval) else "full_attention" for i in range(L)],
+        "layer_types": ["linear_attention" if x else "full_attention" for x in linear],
         "tie_word_embeddings": False,
     }
 
