@@ -67,26 +67,26 @@ const Q35Spec& q35_spec(const ModelSpec& s) {
   return *d;
 }
 
+// A layer is either kind, so the two kinds' token mixers share their buffers (mix.*), each as wide as
+// the wider use; the ops read them as packed rows of their own width.
 struct Q35Scratch {
-  AttentionScratch attn;
-  Scratch<float> qg, gate;                  // full attention: q projection, its gate half
-  Scratch<float> qkv, conv, z, a, b, dn;    // linear attention
+  Scratch<float> in, mid, gate, out;        // full: q projection, queries, gate, output; DeltaNet: qkv
+                                            // projection, the conv's output, z, the delta rule's output
+  Scratch<float> k, v, a, b;                // full: keys, values; DeltaNet: alpha, beta
   Scratch<float> sh_g, sh_u, sh_out, sh_s;  // shared expert
 };
 
-// The chunk scratch beyond the common buffers: both layer kinds' and the shared expert's.
 Q35Scratch declare_q35_scratch(const ModelSpec& s, const Q35Spec& d, ScratchList& list) {
+  const int64_t Hd = s.n_head * s.head_dim, Vd = d.Hv * d.dv;
   Q35Scratch sc;
-  sc.attn = declare_attention(list, AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps,
-                                                   RopeParams{d.n_rot, s.rope_base, true}});
-  sc.qg = list.f32("attn.qg", {s.n_head, 2 * s.head_dim});
-  sc.gate = list.f32("attn.gate", {s.n_head * s.head_dim});
-  sc.qkv = list.f32("gdn.qkv", {d.conv_dim});
-  sc.conv = list.f32("gdn.conv", {d.conv_dim});
-  sc.z = list.f32("gdn.z", {d.Hv * d.dv});
+  sc.in = list.f32("mix.in", {std::max(2 * Hd, d.conv_dim)});
+  sc.mid = list.f32("mix.mid", {std::max(Hd, d.conv_dim)});
+  sc.gate = list.f32("mix.gate", {std::max(Hd, Vd)});
+  sc.out = list.f32("mix.out", {std::max(Hd, Vd)});
+  sc.k = list.f32("attn.k", {s.n_kv_head, s.head_dim});
+  sc.v = list.f32("attn.v", {s.n_kv_head, s.head_dim});
   sc.a = list.f32("gdn.a", {d.Hv});
   sc.b = list.f32("gdn.b", {d.Hv});
-  sc.dn = list.f32("gdn.out", {d.Hv * d.dv});
   sc.sh_g = list.f32("shexp.gate", {d.Fs});
   sc.sh_u = list.f32("shexp.up", {d.Fs});
   sc.sh_out = list.f32("shexp.out", {s.D});
@@ -337,9 +337,8 @@ class Qwen35MoeForward final : public ForwardPass {
                  int64_t pos0) {
     const AttentionShape& a = shape_;
     Backend& be = ctx_.be;
-    float *q = b[scratch_.attn.q], *k = b[scratch_.attn.k], *v = b[scratch_.attn.v],
-          *out = b[scratch_.attn.out];
-    float *qg = b[scratch_.qg], *gate = b[scratch_.gate];
+    float *qg = b[scratch_.in], *q = b[scratch_.mid], *gate = b[scratch_.gate], *out = b[scratch_.out];
+    float *k = b[scratch_.k], *v = b[scratch_.v];
     matmul(w.q, x, T, qg);
     matmul(w.k, x, T, k);
     matmul(w.v, x, T, v);
@@ -361,8 +360,8 @@ class Qwen35MoeForward final : public ForwardPass {
                  int64_t pos0) {
     const ModelSpec& s = ctx_.spec;
     const Q35Spec& d = q35_spec(s);
-    float *qkv = b[scratch_.qkv], *conv = b[scratch_.conv], *z = b[scratch_.z], *al = b[scratch_.a],
-          *bt = b[scratch_.b], *dn = b[scratch_.dn];
+    float *qkv = b[scratch_.in], *conv = b[scratch_.mid], *z = b[scratch_.gate], *dn = b[scratch_.out];
+    float *al = b[scratch_.a], *bt = b[scratch_.b];
     matmul(w.qkv, x, T, qkv);
     matmul(w.z, x, T, z);
     matmul(w.alpha, x, T, al);

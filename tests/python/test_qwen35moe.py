@@ -25,7 +25,7 @@ import strata
 import strata.model
 from strata.testing import make_qwen35moe
 from strata.testing.gguf_edit import ARRAY, U32, Gguf
-from test_prefill_layout import attention_scratch, check_plan, prefill_layout
+from test_prefill_layout import check_plan, prefill_layout
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -295,16 +295,18 @@ def q35_scratch(md: dict, spec: dict) -> list[tuple[str, str, list[int]]]:
     Hk, Hv, dk = md["qwen35moe.ssm.group_count"], md["qwen35moe.ssm.time_step_rank"], md["qwen35moe.ssm.state_size"]
     dv = md["qwen35moe.ssm.inner_size"] // Hv
     C, Fs = 2 * Hk * dk + Hv * dv, md["qwen35moe.expert_shared_feed_forward_length"]
-    return [*attention_scratch(H, KV, hd), ("attn.qg", "f32", [H, 2 * hd]), ("attn.gate", "f32", [H * hd]),
-            ("gdn.qkv", "f32", [C]), ("gdn.conv", "f32", [C]), ("gdn.z", "f32", [Hv * dv]), ("gdn.a", "f32", [Hv]),
-            ("gdn.b", "f32", [Hv]), ("gdn.out", "f32", [Hv * dv]), ("shexp.gate", "f32", [Fs]),
-            ("shexp.up", "f32", [Fs]), ("shexp.out", "f32", [D]), ("shexp.scale", "f32", [])]
+    Hd, Vd = H * hd, Hv * dv
+    return [("mix.in", "f32", [max(2 * Hd, C)]), ("mix.mid", "f32", [max(Hd, C)]), ("mix.gate", "f32", [max(Hd, Vd)]),
+            ("mix.out", "f32", [max(Hd, Vd)]), ("attn.k", "f32", [KV, hd]), ("attn.v", "f32", [KV, hd]),
+            ("gdn.a", "f32", [Hv]), ("gdn.b", "f32", [Hv]), ("shexp.gate", "f32", [Fs]), ("shexp.up", "f32", [Fs]),
+            ("shexp.out", "f32", [D]), ("shexp.scale", "f32", [])]
 
 
 @pytest.mark.parametrize("mix", ["f32", "mxfp4"])
 def test_model_layout_matches_shape_plan(q35_model, mix):
-    """Invariants 1 and 2: the model's chunk plan is the shape plan of its scratch list (both layers' kinds
-    and the shared expert's buffers), exact and 256-aligned, for every T and both layouts."""
+    """Invariants 1 and 2: the model's chunk plan is the shape plan of its scratch list (the two layer kinds'
+    shared mixer buffers, each as wide as its wider use, and the shared expert's), exact and 256-aligned, for
+    every T and both layouts."""
     path = q35_model(mix)
     m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False)
     s = m.spec

@@ -20,6 +20,30 @@ from strata.testing.quant import block_size, random_blocks
 ARCH = "qwen35moe"
 
 
+QWEN35MOE_PRESETS: dict[str, dict] = {
+    # Qwen3.6-35B-A3B's shapes (40 layers, 256 experts of 512, 16 key and 32 value heads of 128 in the
+    # DeltaNet, 16 query heads of 256 with 64 rotated dims, one MTP block); override layers= or experts= for
+    # a smaller file.
+    "qwen3.6-35b-a3b": dict(layers=40, hidden=2048, heads=16, kv_heads=2, head_dim=256, rope_dims=64, interval=4,
+                            conv_kernel=4, k_heads=16, v_heads=32, k_head_dim=128, v_head_dim=128, experts=256,
+                            top_k=8, expert_ffn=512, shared_ffn=512, vocab=248320, ctx=262144, rope_theta=1e7,
+                            rms_eps=1e-6, mtp=1),
+}
+# The experts as the common Q4_K_M files carry them, the rest Q8_0.
+PRESET_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "Q8_0", "experts": "Q4_K", "expert_down": "Q6_K",
+                "output": "Q8_0"}
+
+
+def make_qwen35moe_preset(name: str, path: str | os.PathLike[str], quant: dict[str, str] | None = None, seed: int = 0,
+                          **overrides) -> Path:
+    """`make_qwen35moe` with the shapes of QWEN35MOE_PRESETS[name] (any overridden) and PRESET_QUANT unless
+    `quant` is given."""
+    if name not in QWEN35MOE_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(QWEN35MOE_PRESETS)}")
+    dims = {**QWEN35MOE_PRESETS[name], **overrides}
+    return make_qwen35moe(path, **dims, quant=PRESET_QUANT if quant is None else quant, seed=seed)
+
+
 def layer_is_linear(layer: int, interval: int) -> bool:
     """transformers' and llama.cpp's layer kinds: every `interval`-th layer is full attention."""
     return (layer + 1) % interval != 0
