@@ -211,8 +211,10 @@ ModelSpec read_qwen35moe(const gguf::File& f) {
     kv.push_back(KvTensorSpec{"chunk.g", kDeltaChunk, 0, d->Hv});
     s.kv_layers.push_back(std::move(kv));
   }
-  s.details.push_back({"layers", str(n_linear, " gated DeltaNet, ", s.L - n_linear, " gated full attention",
-                                     d->interval ? str(" (every ", d->interval, "th)") : std::string())});
+  s.details.push_back(
+      {"layer kinds",
+       str(n_linear, " gated DeltaNet, ", s.L - n_linear, " gated full attention",
+           d->interval ? str(" (full_attention_interval ", d->interval, ")") : std::string())});
   s.details.push_back({"linear attention", str("conv ", d->Kc, ", ", d->Hk, " key heads of ", d->dk, ", ",
                                                d->Hv, " value heads of ", d->dv)});
   s.details.push_back({"rope", str("NEOX over ", d->n_rot, " of ", s.head_dim, " dims")});

@@ -127,7 +127,7 @@ def test_spec_and_info_hold_the_files_hyperparameters(q35_model):
                    "experts": 8, "top_k": 3, "expert_ffn": 32, "vocab": 512, "ctx_train": 8192}
     assert s["rope_base"] == pytest.approx(3e4) and s["rms_eps"] == pytest.approx(3e-5)
     details = dict(s["details"])
-    assert details["layers"] == "4 gated DeltaNet, 2 gated full attention (every 3th)"
+    assert details["layer kinds"] == "4 gated DeltaNet, 2 gated full attention (full_attention_interval 3)"
     assert details["linear attention"] == "conv 3, 2 key heads of 16, 6 value heads of 32"
     assert details["rope"] == "NEOX over 16 of 32 dims"
     assert details["shared expert"] == "FFN 64, sigmoid gate"
@@ -149,7 +149,7 @@ def test_per_layer_kinds_from_recurrent_layers(q35_model):
     ids = [int(x) for x in np.random.default_rng(5).integers(1, 500, 80)]
     base = strata.Model(q35_model("f32"), progress=False).logits(ids)
     as_list = q35_model("f32", recurrent=(True, True, False, True, True, False))
-    assert dict(strata.ModelInfo(as_list).spec["details"])["layers"] == "4 gated DeltaNet, 2 gated full attention"
+    assert dict(strata.ModelInfo(as_list).spec["details"])["layer kinds"] == "4 gated DeltaNet, 2 gated full attention"
     assert np.array_equal(strata.Model(as_list, progress=False).logits(ids), base)
     other = q35_model("f32", recurrent=(False, True, True, False, False, True))
     ours = strata.Model(other, progress=False).logits(ids)
