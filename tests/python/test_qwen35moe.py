@@ -159,7 +159,8 @@ def test_per_layer_kinds_from_recurrent_layers(q35_model):
 
 # One hyperparameter changed, same tensors where the shapes allow (they depend only on the seed and
 # their names); the head counts and dims change the shapes of the layers' tensors too.
-VARIANTS = {"rope_theta": 4e5, "rms_eps": 3e-4, "top_k": 2, "kv_heads": 4, "rope_dims": 32, "interval": 2,
+VARIANTS = {"rope_theta": 4e5, "rms_eps": 3e-4, "top_k": 2, "kv_heads": 4, "heads": 8, "head_dim": 48,
+            "experts": 12, "expert_ffn": 48, "rope_dims": 32, "interval": 2,
             "conv_kernel": 5, "k_heads": 3, "v_heads": 2, "k_head_dim": 24, "v_head_dim": 16, "shared_ffn": 32,
             "decay_max": 6.0}
 
