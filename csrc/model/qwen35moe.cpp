@@ -149,6 +149,11 @@ ModelSpec read_qwen35moe(const gguf::File& f) {
   for (int64_t l = 0; l < s.L; ++l) {
     LayerSpec ls;
     Q35Layer& ql = d->layers[l];
+    // llama.cpp also reads gate and up fused in one tensor; its converter writes them apart.
+    const std::string fused = str("blk.", l, ".ffn_gate_up_exps.weight");
+    STRATA_CHECK(!f.find_tensor(fused), UnsupportedError, f.path(), ": tensor '", fused,
+                 "' holds the experts' gate and up fused, which strata does not read yet; it reads them as "
+                 "ffn_gate_exps and ffn_up_exps, as llama.cpp's converter writes them");
     r.layer<LayerSpec>(l, ls,
                        {
                            {"attn_norm.weight", &LayerSpec::attn_norm, {s.D}},

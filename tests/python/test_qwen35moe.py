@@ -362,3 +362,11 @@ def test_bad_metadata_and_tensors_give_clear_errors(q35_model, tmp_path, edit, m
     with pytest.raises(strata.FormatError, match=message) as e:
         strata.ModelInfo(path)
     assert "bad.gguf" in str(e.value)
+
+
+def test_fused_gate_up_experts_are_refused_by_name(q35_model, tmp_path):
+    path = _edited(q35_model("f32"), tmp_path / "fused.gguf",
+                   lambda g: setattr(g.tensor("blk.0.ffn_gate_exps.weight"), "name", b"blk.0.ffn_gate_up_exps.weight"))
+    with pytest.raises(strata.UnsupportedError, match=r"fused.gguf: tensor 'blk.0.ffn_gate_up_exps.weight' holds the "
+                       r"experts' gate and up fused, which strata does not read yet"):
+        strata.ModelInfo(path)
