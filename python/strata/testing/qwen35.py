@@ -118,7 +118,11 @@ def make_qwen35moe(
     w.add_value_length(head_dim)
     w.add_rope_freq_base(rope_theta)
     w.add_rope_dimension_count(rope_dims)
-    w.add_rope_dimension_sections([rope_dims // 6, rope_dims // 6, rope_dims // 2 - 2 * (rope_dims // 6), 0])
+    # M-RoPE's sections as the converter writes Qwen3.6's [11, 11, 10] (+ 0): llama.cpp's interleaved M-RoPE
+    # gives pair i the section i % 3 while i < 3 x that section's count, so these cover every rotated pair
+    # (text positions are equal in all sections: one plain rotation, as transformers computes it).
+    half = rope_dims // 2
+    w.add_rope_dimension_sections([(half + 2) // 3, (half + 1) // 3, half // 3, 0])
     w.add_layer_norm_rms_eps(rms_eps)
     w.add_expert_count(experts)
     w.add_expert_used_count(top_k)
