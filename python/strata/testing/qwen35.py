@@ -199,7 +199,7 @@ def _plan(types: dict[str, str], d: dict[str, int], linear: list[bool], mtp: int
             t(b + "ffn_gate_exps.weight", (E, F, D), "experts", D**-0.5),
             t(b + "ffn_up_exps.weight", (E, F, D), "experts", D**-0.5),
             t(b + "ffn_down_exps.weight", (E, D, F), "expert_down", F**-0.5),
-            t(b + "ffn_gate_inp_shexp.weight", (D,), "router", D**-0.5),
+            t(b + "ffn_gate_inp_shexp.weight", (D,), "vec", D**-0.5),  # 1-D: F32, as llama.cpp quantizes none
             t(b + "ffn_gate_shexp.weight", (Fs, D), "attn", D**-0.5),
             t(b + "ffn_up_shexp.weight", (Fs, D), "attn", D**-0.5),
             t(b + "ffn_down_shexp.weight", (D, Fs), "attn", Fs**-0.5),
