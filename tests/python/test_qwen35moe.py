@@ -118,6 +118,30 @@ def test_greedy_tokens_match_transformers(q35_model, cache):
         assert nxt[i] == tok, f"token {i} differs: strata {tok}, transformers {nxt[i]}"
 
 
+def test_decode_paths_give_the_prompt_paths_tokens(q35_model):
+    """A decode step runs its experts gathered (resident, or a bounded cache resolved on the host or on the
+    device) and advances the DeltaNet state one position; a prompt runs them expert by expert over chunks.
+    Greedy decoding past a 64-position chunk end gives the same tokens in every configuration, each the
+    argmax of the prompt path's logits at its position."""
+    path = q35_model("f32")
+    info = strata.ModelInfo(path)
+    spec, region = info.spec, info.layout(16, True)["slots"]
+    bounded = f"{(region + spec['top_k'] + 1) * spec['slot_bytes']}b"
+    ids = [int(x) for x in np.random.default_rng(4).integers(1, 500, 50)]
+    runs = {}
+    for name, kw in {"resident": dict(expert_cache="all"),
+                     "bounded-host": dict(expert_cache=bounded, decode_resolve="host"),
+                     "bounded-device": dict(expert_cache=bounded, decode_resolve="device")}.items():
+        m = strata.Model(path, prefill=16, progress=False, **kw)
+        out = m.generate(ids, max_tokens=24, temperature=0.0, ignore_eos=True)
+        assert m._m.decode_resolution == name.split("-")[-1]
+        runs[name] = out.tokens
+    want = runs["resident"]
+    assert all(got == want for got in runs.values()), runs
+    logits = strata.Model(path, prefill=16, expert_cache=bounded, progress=False).logits(ids + want[:-1])
+    assert logits[len(ids) - 1:].argmax(axis=1).tolist() == want
+
+
 def test_spec_and_info_hold_the_files_hyperparameters(q35_model):
     s = strata.ModelInfo(q35_model("f32")).spec
     got = {k: s[k] for k in ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "experts", "top_k",
