@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -140,6 +141,46 @@ def test_decode_paths_give_the_prompt_paths_tokens(q35_model):
     assert all(got == want for got in runs.values()), runs
     logits = strata.Model(path, prefill=16, expert_cache=bounded, progress=False).logits(ids + want[:-1])
     assert logits[len(ids) - 1:].argmax(axis=1).tolist() == want
+
+
+def test_the_serving_engine_interleaves_sequences_as_alone(q35_model):
+    """`strata serve`'s engine: two sequences taking turns after every step on the one KV cache, one of them
+    a long prompt run a chunk a step (each piece continues the recurrent state), the other taking the
+    cache in between (the first re-runs its tokens from position 0): each gets the tokens it gets alone."""
+    from strata.model import sampling_params
+    from strata.serve.engine import Done, Engine, Job, Piece
+
+    path = q35_model("f32")
+    m = strata.Model(path, progress=False, ctx=512, prefill=16)
+    rng = np.random.default_rng(21)
+    prompts = [[int(x) for x in rng.integers(1, 500, n)] for n in (100, 7)]
+    alone = [m.generate(p, max_tokens=10, temperature=0, ignore_eos=True).text for p in prompts]
+    got: list[list[str]] = [[], []]
+    ended = [threading.Event(), threading.Event()]
+    ends: list = [None, None]
+
+    def sink(i: int):
+        def f(ev) -> None:
+            if isinstance(ev, Piece):
+                got[i].append(ev.text)
+            else:
+                ends[i] = ev
+                ended[i].set()
+        return f
+
+    eng = Engine(m, parallel=2, turn=1)
+    for i, p in enumerate(prompts):
+        sp = sampling_params(max_tokens=10, temperature=0)
+        sp.stop_ids = []
+        eng.submit(Job(p, sp, [], sink(i)))
+    eng.start()
+    try:
+        assert all(e.wait(60) for e in ended)
+    finally:
+        eng.shutdown()
+    assert all(isinstance(e, Done) for e in ends)
+    assert all(alone) and ["".join(g) for g in got] == alone
+    assert eng.counters.recomputed > 0
 
 
 def test_spec_and_info_hold_the_files_hyperparameters(q35_model):
