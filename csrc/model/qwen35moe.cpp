@@ -287,10 +287,11 @@ class Qwen35MoeForward final : public ForwardPass {
     Backend& be = ctx_.be;
     const int64_t D = s.D;
     // The recurrent state continues from the committed copy, or starts from zeros at position 0.
-    STRATA_CHECK(pos0 == 0 || pos0 == state_pos_, Error, "qwen35moe: a pass at position ", pos0,
-                 " but the recurrent state holds ", state_pos_ < 0 ? 0 : state_pos_,
-                 " tokens; a recurrent state cannot be cut back to an earlier position: run the tokens from "
-                 "position 0");
+    STRATA_CHECK(
+        pos0 == 0 || pos0 == state_pos_, Error, "qwen35moe: a pass at position ", pos0,
+        " but the recurrent state holds ",
+        state_pos_ < 0 ? std::string("none (a pass did not complete)") : str(state_pos_, " tokens"),
+        "; a recurrent state cannot be cut back to an earlier position: run the tokens from position 0");
     const bool fresh = pos0 == 0;
     // A pass of one token leaves the committed state as it was until it completes (it writes only the
     // other copies and its own position's rows); a longer one may overwrite the chunk rows the
