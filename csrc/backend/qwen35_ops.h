@@ -27,16 +27,17 @@ class Qwen35Ops {
   // Hk heads, v of Hv heads) L2-normalized (x / sqrt(sum x^2 + 1e-6)), q times 1 / sqrt(dk);
   // g_p = A[h] * softplus(a[p, h] + dt_bias[h]) (softplus linear above 20), beta_p = sigmoid(b[p, h])
   // (a, b: T x Hv). Positions fall in chunks of C anchored at multiples of C; with a the start of p's
-  // chunk, S_a its starting state ([dk, dv] per head), gam_p = gam_{p-1} + g_p (0 before a):
+  // chunk, S_a its starting state ([dk, dv] per head), and the log decays summed back from p,
+  // gam_p - gam_m = g_p + g_{p-1} + ... + g_{m+1} (in that order; gam_p: the same sum down to g_a):
   //   d_p   = beta_p (v_p - exp(gam_p) S_a^T k_p - sum over a <= m < p of exp(gam_p - gam_m) (k_p.k_m) d_m)
   //   out_p = exp(gam_p) S_a^T q_p + sum over a <= m <= p of exp(gam_p - gam_m) (q_p.k_m) d_m
   //   at p = a + C - 1: S_{a+C} = exp(gam_p) S_a + sum over a <= m <= p of exp(gam_p - gam_m) k_m d_m^T
   // which is the recurrent form (S = exp(g) S; d = (v - S^T k) beta; S += k d^T; out = S^T q) in
-  // exact arithmetic. Every sum runs in ascending m, so a position's output and the states do not
-  // depend on how the positions are split into passes. out: T x Hv x dv.
-  // rows_k (C x Hv x dk, the normalized keys), rows_d (C x Hv x dv) and rows_g (C x Hv): slot p % C
-  // holds position p's; the slots of [a of pos0, pos0) are read, those of the pass's positions written.
-  // s_cur holds S_a of pos0's chunk ([Hv, dk, dv]; `fresh`: set to zeros first); each chunk end the
+  // exact arithmetic. The sums over m run in ascending m, those of g as written: a position's output
+  // and the states do not depend on how the positions are split into passes. out: T x Hv x dv.
+  // rows_k (C x Hv x dk, the normalized keys), rows_d (C x Hv x dv) and rows_g (C x Hv, the log decays
+  // g): slot p % C holds position p's; the slots of [a of pos0, pos0) are read, those of the pass's positions
+  // written. s_cur holds S_a of pos0's chunk ([Hv, dk, dv]; `fresh`: set to zeros first); each chunk end the
   // pass reaches writes the next state into the other of (s_cur, s_other) and the two swap roles: after
   // n chunk ends the current state is in s_other when n is odd, else in s_cur.
   virtual void gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,

@@ -200,7 +200,7 @@ ModelSpec read_qwen35moe(const gguf::File& f) {
   // The KV cache per layer: keys and values of the full layers; the linear layers' conv rows (twice: the
   // committed copy and the one a pass writes), the delta rule's state at the start of the current chunk
   // (twice: the committed one and the next), and the chunk's rows so far (normalized keys, deltas,
-  // cumulative log decays; Qwen35Ops::gated_delta_chunked).
+  // log decays; Qwen35Ops::gated_delta_chunked).
   for (int64_t l = 0; l < s.L; ++l) {
     if (!d->layers[l].linear) {
       s.kv_layers.push_back({KvTensorSpec{"k", 0, 1, KVd}, KvTensorSpec{"v", 0, 1, KVd}});

@@ -46,7 +46,7 @@ void cpu_gated_delta_chunked(const float* qkv, const float* a, const float* b, i
   const int64_t W = 2 * Hk * dk + Hv * dv;  // a row of qkv
   const float scale = 1.0f / std::sqrt((float)dk);
   pool.parallel_for(Hv, 1, [&](int64_t h0, int64_t h1, int) {
-    std::vector<float> qn(dk), kS(dv), qS(dv), d(dv), o(dv), wk(C), wq(C);
+    std::vector<float> qn(dk), kS(dv), qS(dv), d(dv), o(dv), em(C), wk(C), wq(C);
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t kh = h % Hk;
       float* S = s_cur + h * dk * dv;  // S_a of the current chunk; the other buffer takes the next one
@@ -55,7 +55,7 @@ void cpu_gated_delta_chunked(const float* qkv, const float* a, const float* b, i
       // Slot s's rows of this head.
       const auto key = [&](int64_t s) { return rows_k + (s * Hv + h) * dk; };
       const auto delta = [&](int64_t s) { return rows_d + (s * Hv + h) * dv; };
-      const auto gam = [&](int64_t s) -> float& { return rows_g[s * Hv + h]; };
+      const auto logd = [&](int64_t s) -> float& { return rows_g[s * Hv + h]; };
       for (int64_t t = 0; t < T; ++t) {
         const int64_t p = pos0 + t, slot = p % C, n = slot;  // n: the chunk's positions before p
         const float* q = qkv + t * W + kh * dk;
@@ -74,9 +74,15 @@ void cpu_gated_delta_chunked(const float* qkv, const float* a, const float* b, i
         }
         const float g = A[h] * softplus(a[t * Hv + h] + dt_bias[h]);
         const float beta = sigmoid(b[t * Hv + h]);
-        const float gp = (n == 0 ? 0.0f : gam(slot - 1)) + g;
-        gam(slot) = gp;
-        const float Gp = std::exp(gp);
+        logd(slot) = g;
+        // The decay from each earlier position m to p, exp(g_{m+1} + ... + g_p), summed back from p: a
+        // difference of the two cumulative sums would lose its digits once they are large.
+        float acc = g;
+        for (int64_t m = n - 1; m >= 0; --m) {
+          em[m] = std::exp(acc);
+          acc += logd(m);
+        }
+        const float Gp = std::exp(acc);  // from the chunk's start
         // S_a^T k and S_a^T q, summed over the key dim in order.
         for (int64_t j = 0; j < dv; ++j) kS[j] = qS[j] = 0.0f;
         for (int64_t i = 0; i < dk; ++i) {
@@ -94,9 +100,8 @@ void cpu_gated_delta_chunked(const float* qkv, const float* a, const float* b, i
             dkk += kn[i] * km[i];
             dqk += qn[i] * km[i];
           }
-          const float e = std::exp(gp - gam(m));
-          wk[m] = e * dkk;
-          wq[m] = e * dqk;
+          wk[m] = em[m] * dkk;
+          wq[m] = em[m] * dqk;
         }
         for (int64_t j = 0; j < dv; ++j) d[j] = v[j] - Gp * kS[j];
         for (int64_t m = 0; m < n; ++m) {
@@ -119,7 +124,7 @@ void cpu_gated_delta_chunked(const float* qkv, const float* a, const float* b, i
         for (int64_t i = 0; i < dk; ++i)
           for (int64_t j = 0; j < dv; ++j) S_next[i * dv + j] = Gp * S[i * dv + j];
         for (int64_t m = 0; m <= slot; ++m) {
-          const float e = std::exp(gp - gam(m));
+          const float e = m < slot ? em[m] : 1.0f;
           const float *km = key(m), *dm = delta(m);
           for (int64_t i = 0; i < dk; ++i) {
             const float w = e * km[i];
