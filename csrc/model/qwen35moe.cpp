@@ -11,12 +11,12 @@
 // in chunks of 64 positions anchored at multiples of 64: a position's output reads the state at its
 // chunk's start and the chunk's earlier rows, so it is the same float operations however the prompt is
 // split into passes (and a decode step's equal a prompt's). The recurrent state lives in the KV cache
-// (ModelSpec::kv_layers): the conv rows and the chunk-start state twice (the committed copy and the one
-// a pass writes, committed when the pass completes, so a one-token pass stopped between layers leaves
-// the state of its pos0), and the current chunk's rows. A pass continues the state (pos0 = the tokens
-// it holds) or starts over (pos0 = 0); a state cannot be cut back to an earlier position, so a prompt
-// that shares only part of the cached tokens runs from position 0 (Generator::begin), and any other
-// pos0 is an error, never a silently wrong result.
+// (ModelSpec::kv_layers; one copy a KV sequence region, tracked per region): the conv rows and the
+// chunk-start state twice (the committed copy and the one a pass writes, committed when the pass completes,
+// so a one-token pass stopped between layers leaves the state of its pos0), and the current chunk's rows. A
+// pass continues the state (pos0 = the tokens it holds) or starts over (pos0 = 0); a state cannot be cut back
+// to an earlier position, so a prompt that shares only part of the cached tokens runs from position 0
+// (Generator::begin), and any other pos0 is an error, never a silently wrong result.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -275,6 +275,7 @@ class Qwen35MoeForward final : public ForwardPass {
     head_ = w_.head(s);
     shape_ =
         AttentionShape{s.n_head, s.n_kv_head, s.head_dim, s.rms_eps, RopeParams{d.n_rot, s.rope_base, true}};
+    regions_.resize((size_t)ctx.kv.seqs());
     ScratchList scratch;
     scratch_ = declare_q35_scratch(s, d, scratch);
     STRATA_CHECK(scratch.specs() == s.scratch, Error,
@@ -286,17 +287,19 @@ class Qwen35MoeForward final : public ForwardPass {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D;
-    // The recurrent state continues from the committed copy, or starts from zeros at position 0.
+    // The recurrent state of the selected KV region continues from its committed copy, or starts from
+    // zeros at position 0.
+    RegionState& st = regions_.at((size_t)ctx_.kv.selected());
     STRATA_CHECK(
-        pos0 == 0 || pos0 == state_pos_, Error, "qwen35moe: a pass at position ", pos0,
-        " but the recurrent state holds ",
-        state_pos_ < 0 ? std::string("none (a pass did not complete)") : str(state_pos_, " tokens"),
+        pos0 == 0 || pos0 == st.pos, Error, "qwen35moe: a pass at position ", pos0, " of KV region ",
+        ctx_.kv.selected(), " but its recurrent state holds ",
+        st.pos < 0 ? std::string("none (a pass did not complete)") : str(st.pos, " tokens"),
         "; a recurrent state cannot be cut back to an earlier position: run the tokens from position 0");
     const bool fresh = pos0 == 0;
     // A pass of one token leaves the committed state as it was until it completes (it writes only the
     // other copies and its own position's rows); a longer one may overwrite the chunk rows the
     // committed state needs, so until it completes there is none.
-    if (fresh || T > 1) state_pos_ = -1;
+    if (fresh || T > 1) st.pos = -1;
     const int64_t chunk_ends = (pos0 + T) / kDeltaChunk - pos0 / kDeltaChunk;
     be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
     be.embed(s.token_embd.type(), head_.token_embd.get(), D, b.topk_ids, T, b.R);
@@ -306,7 +309,7 @@ class Qwen35MoeForward final : public ForwardPass {
       const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
                               : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
       if (ly.linear)
-        delta_net(b, l, ly, x, T, pos0);
+        delta_net(b, l, ly, x, T, pos0, st);
       else
         attention(b, l, ly, x, T, pos0);
       x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
@@ -316,15 +319,21 @@ class Qwen35MoeForward final : public ForwardPass {
       ops_.add_sigmoid_scaled(b.proj, b[scratch_.sh_out], b[scratch_.sh_s], T, D);
     }
     // Every layer ran: the written copy of the state becomes the committed one.
-    parity_ ^= 1;
-    if (chunk_ends % 2) state_sel_ ^= 1;
-    state_pos_ = pos0 + T;
+    st.parity ^= 1;
+    if (chunk_ends % 2) st.sel ^= 1;
+    st.pos = pos0 + T;
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
   }
 
  private:
+  // The committed recurrent state of one KV region (each sequence region has its own copies).
+  struct RegionState {
+    int parity = 0;    // which copy of the conv rows is committed
+    int sel = 0;       // which copy of the delta rule's chunk state is committed
+    int64_t pos = -1;  // tokens the committed state holds (-1: none)
+  };
   struct Layer : AttentionWeights {
     bool linear = false;
     const float *attn_norm = nullptr, *ffn_norm = nullptr;
@@ -364,8 +373,8 @@ class Qwen35MoeForward final : public ForwardPass {
   // Gated DeltaNet: the q/k/v, z, alpha and beta projections, the causal conv1d and the delta rule
   // over the layer's recurrent state (from zeros at position 0), the gated RMSNorm, the output
   // projection into b.proj.
-  void delta_net(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T,
-                 int64_t pos0) {
+  void delta_net(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, int64_t pos0,
+                 const RegionState& st) {
     const ModelSpec& s = ctx_.spec;
     const Q35Spec& d = q35_spec(s);
     float *qkv = b[scratch_.in], *conv = b[scratch_.mid], *z = b[scratch_.gate], *dn = b[scratch_.out];
@@ -376,13 +385,13 @@ class Qwen35MoeForward final : public ForwardPass {
     matmul(w.beta, x, T, bt);
     const bool fresh = pos0 == 0;
     const KVCache& kv = ctx_.kv;
-    const char* in = parity_ ? "1" : "0";
-    const char* out = parity_ ? "0" : "1";
+    const char* in = st.parity ? "1" : "0";
+    const char* out = st.parity ? "0" : "1";
     const float* conv_in = fresh ? nullptr : kv.tensor(l, str("conv.", in));
     ops_.conv1d_silu(qkv, T, d.conv_dim, d.Kc, w.conv, conv_in, kv.tensor(l, str("conv.", out)), conv);
     ops_.gated_delta_chunked(conv, al, bt, T, pos0, kDeltaChunk, d.Hk, d.Hv, d.dk, d.dv, w.a_decay, w.dt_b,
-                             fresh, kv.tensor(l, str("state.", state_sel_)),
-                             kv.tensor(l, str("state.", 1 - state_sel_)), kv.tensor(l, "chunk.k"),
+                             fresh, kv.tensor(l, str("state.", st.sel)),
+                             kv.tensor(l, str("state.", 1 - st.sel)), kv.tensor(l, "chunk.k"),
                              kv.tensor(l, "chunk.d"), kv.tensor(l, "chunk.g"), dn);
     ops_.gated_rms_norm(dn, z, w.ssm_norm, T * d.Hv, d.dv, s.rms_eps);
     matmul(w.ssm_out, dn, T, b.proj);
@@ -406,9 +415,7 @@ class Qwen35MoeForward final : public ForwardPass {
   HeadWeights head_;
   AttentionShape shape_;
   Q35Scratch scratch_;
-  int parity_ = 0;          // which copy of the conv rows is committed
-  int state_sel_ = 0;       // which copy of the delta rule's chunk state is committed
-  int64_t state_pos_ = -1;  // tokens the committed state holds (-1: none)
+  std::vector<RegionState> regions_;  // one a KV sequence region
 };
 
 std::string no_q35_ops(Backend& be) {

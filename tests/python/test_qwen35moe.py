@@ -183,6 +183,36 @@ def test_the_serving_engine_interleaves_sequences_as_alone(q35_model):
     assert eng.counters.recomputed > 0
 
 
+def test_kv_regions_hold_their_own_recurrent_state(q35_model):
+    """With several KV sequence regions (seqs=, --parallel) each region has its own recurrent state (and its
+    own committed copy): decoding two sequences in turns gives each the logits it gets alone, bit for bit.
+    A step of several sequences in one pass is refused (the architecture decodes one a pass)."""
+    path = q35_model("f32")
+    rng = np.random.default_rng(31)
+    a = [int(x) for x in rng.integers(1, 500, 100)]
+    b = [int(x) for x in rng.integers(1, 500, 70)]
+    xs, ys = [int(x) for x in rng.integers(1, 500, 6)], [int(x) for x in rng.integers(1, 500, 6)]
+
+    def alone(prompt: list[int], steps: list[int]) -> list[np.ndarray]:
+        one = strata.Model(path, ctx=256, progress=False)
+        one.logits(prompt)
+        return [one.decode_batch([t], [len(prompt) + i], [0]) for i, t in enumerate(steps)]
+
+    m = strata.Model(path, ctx=512, seqs=2, progress=False)
+    assert not m.batch_supported
+    ref_a = m.logits(a, seq=0)
+    m.logits(b, seq=1)  # region 1's state does not touch region 0's
+    got_a, got_b = [], []
+    for i in range(len(xs)):  # in turns, one sequence a pass
+        got_a.append(m.decode_batch([xs[i]], [len(a) + i], [0]))
+        got_b.append(m.decode_batch([ys[i]], [len(b) + i], [1]))
+    for got, want in ((got_a, alone(a, xs)), (got_b, alone(b, ys))):
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert np.array_equal(m.logits(a, seq=1), ref_a)  # the same tokens in the other region
+    with pytest.raises(strata.UnsupportedError, match="one sequence a pass"):
+        m.decode_batch([7, 7], [len(a), len(a)], [0, 1])
+
+
 def test_spec_and_info_hold_the_files_hyperparameters(q35_model):
     s = strata.ModelInfo(q35_model("f32")).spec
     got = {k: s[k] for k in ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "experts", "top_k",
