@@ -143,15 +143,17 @@ def test_decode_paths_give_the_prompt_paths_tokens(q35_model):
     assert logits[len(ids) - 1:].argmax(axis=1).tolist() == want
 
 
-def test_the_serving_engine_interleaves_sequences_as_alone(q35_model):
-    """`strata serve`'s engine: two sequences taking turns after every step on the one KV cache, one of them
-    a long prompt run a chunk a step (each piece continues the recurrent state), the other taking the
-    cache in between (the first re-runs its tokens from position 0): each gets the tokens it gets alone."""
+@pytest.mark.parametrize("seqs", [1, 2])
+def test_the_serving_engine_interleaves_sequences_as_alone(q35_model, seqs):
+    """`strata serve`'s engine: two sequences in flight after every step, one of them a long prompt run a
+    chunk a step (each piece continues the recurrent state). With one KV region they take turns on it (a
+    sequence that lost it re-runs its tokens from position 0); with two each keeps its own region's state,
+    one sequence a pass. Each gets the tokens it gets alone."""
     from strata.model import sampling_params
     from strata.serve.engine import Done, Engine, Job, Piece
 
     path = q35_model("f32")
-    m = strata.Model(path, progress=False, ctx=512, prefill=16)
+    m = strata.Model(path, progress=False, ctx=512 * seqs, prefill=16, seqs=seqs)
     rng = np.random.default_rng(21)
     prompts = [[int(x) for x in rng.integers(1, 500, n)] for n in (100, 7)]
     alone = [m.generate(p, max_tokens=10, temperature=0, ignore_eos=True).text for p in prompts]
@@ -168,7 +170,12 @@ def test_the_serving_engine_interleaves_sequences_as_alone(q35_model):
                 ended[i].set()
         return f
 
-    eng = Engine(m, parallel=2, turn=1)
+    if seqs == 1:
+        with pytest.warns(strata.StrataWarning, match="1 KV region for 2 slots"):
+            eng = Engine(m, parallel=2, turn=1)
+    else:
+        eng = Engine(m, parallel=2, turn=1)
+    assert not eng.batched
     for i, p in enumerate(prompts):
         sp = sampling_params(max_tokens=10, temperature=0)
         sp.stop_ids = []
@@ -180,7 +187,7 @@ def test_the_serving_engine_interleaves_sequences_as_alone(q35_model):
         eng.shutdown()
     assert all(isinstance(e, Done) for e in ends)
     assert all(alone) and ["".join(g) for g in got] == alone
-    assert eng.counters.recomputed > 0
+    assert (eng.counters.recomputed > 0) == (seqs == 1)
 
 
 def test_kv_regions_hold_their_own_recurrent_state(q35_model):
