@@ -86,9 +86,12 @@ class KVCache {
     return v_.as<uint8_t>() + region_bytes() * (layer * seqs_ + seq);
   }
   // Tensor `name` of `layer` of the selected region in an architecture's own layout.
-  float* tensor(int64_t layer, const std::string& name) const {
+  float* tensor(int64_t layer, const std::string& name) const { return tensor(layer, name, seq_); }
+  // The same of region `seq` (a batched decode row's).
+  float* tensor(int64_t layer, const std::string& name, int64_t seq) const {
+    STRATA_CHECK(seq >= 0 && seq < seqs_, Error, "internal error: KV region ", seq, " of ", seqs_);
     for (const auto& [n, off] : offsets_.at(layer))
-      if (n == name) return reinterpret_cast<float*>(own_.as<uint8_t>() + own_region_ * seq_ + off);
+      if (n == name) return reinterpret_cast<float*>(own_.as<uint8_t>() + own_region_ * seq + off);
     throw Error(str("internal error: KV cache of layer ", layer, " has no tensor '", name, "'"));
   }
   size_t total_bytes() const { return k_.size() + v_.size() + own_.size(); }

@@ -284,47 +284,16 @@ class Qwen35MoeForward final : public ForwardPass {
 
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
                  bool all_logits) override {
-    const ModelSpec& s = ctx_.spec;
-    Backend& be = ctx_.be;
-    const int64_t D = s.D;
-    // The recurrent state of the selected KV region continues from its committed copy, or starts from
-    // zeros at position 0.
-    RegionState& st = regions_.at((size_t)ctx_.kv.selected());
-    STRATA_CHECK(
-        pos0 == 0 || pos0 == st.pos, Error, "qwen35moe: a pass at position ", pos0, " of KV region ",
-        ctx_.kv.selected(), " but its recurrent state holds ",
-        st.pos < 0 ? std::string("none (a pass did not complete)") : str(st.pos, " tokens"),
-        "; a recurrent state cannot be cut back to an earlier position: run the tokens from position 0");
-    const bool fresh = pos0 == 0;
-    // A pass of one token leaves the committed state as it was until it completes (it writes only the
-    // other copies and its own position's rows); a longer one may overwrite the chunk rows the
-    // committed state needs, so until it completes there is none.
-    if (fresh || T > 1) st.pos = -1;
-    const int64_t chunk_ends = (pos0 + T) / kDeltaChunk - pos0 / kDeltaChunk;
-    be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
-    be.embed(s.token_embd.type(), head_.token_embd.get(), D, b.topk_ids, T, b.R);
-    for (int64_t l = 0; l < s.L; ++l) {
-      between_layers(ctx_, l, T, pos0);
-      const Layer& ly = layers_[l];
-      const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
-                              : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
-      if (ly.linear)
-        delta_net(b, l, ly, x, T, pos0, st);
-      else
-        attention(b, l, ly, x, T, pos0);
-      x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
-      shared_expert(b, ly, x, T);
-      softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
-      moe_block(ctx_, b, l, T, ly.ffn_norm);
-      ops_.add_sigmoid_scaled(b.proj, b[scratch_.sh_out], b[scratch_.sh_s], T, D);
-    }
-    // Every layer ran: the written copy of the state becomes the committed one.
-    st.parity ^= 1;
-    if (chunk_ends % 2) st.sel ^= 1;
-    st.pos = pos0 + T;
-    between_layers(ctx_, s.L, T, pos0);
-    if (!logits) return;
-    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
+    const std::vector<Piece> pieces = {begin_piece(ctx_.kv.selected(), pos0, 0, T)};
+    run(b, ids, T, pos0, pieces, logits, all_logits);
+  }
+
+  bool batches() const override { return true; }
+  void run_rows(const PrefillBuffers& b, const int32_t* ids, const SeqRows& rows, int64_t B,
+                float* logits) override {
+    std::vector<Piece> pieces;
+    for (int64_t t = 0; t < B; ++t) pieces.push_back(begin_piece(rows.seq[t], rows.pos[t], t, 1));
+    run(b, ids, B, 0, pieces, logits, true);
   }
 
  private:
@@ -334,6 +303,63 @@ class Qwen35MoeForward final : public ForwardPass {
     int sel = 0;       // which copy of the delta rule's chunk state is committed
     int64_t pos = -1;  // tokens the committed state holds (-1: none)
   };
+  // The rows [row0, row0 + n) of a pass: positions pos0.. of KV region seq. A chunk is one piece; a
+  // batched decode step is a piece a row, each in its own region.
+  struct Piece {
+    int64_t seq, pos0, row0, n;
+    RegionState* st;
+  };
+
+  // The piece's recurrent state continues from its region's committed copy, or starts from zeros at
+  // position 0; any other position is an error.
+  Piece begin_piece(int64_t seq, int64_t pos0, int64_t row0, int64_t n) {
+    RegionState& st = regions_.at((size_t)seq);
+    STRATA_CHECK(
+        pos0 == 0 || pos0 == st.pos, Error, "qwen35moe: a pass at position ", pos0, " of KV region ", seq,
+        " but its recurrent state holds ",
+        st.pos < 0 ? std::string("none (a pass did not complete)") : str(st.pos, " tokens"),
+        "; a recurrent state cannot be cut back to an earlier position: run the tokens from position 0");
+    return Piece{seq, pos0, row0, n, &st};
+  }
+
+  void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0,
+           const std::vector<Piece>& pieces, float* logits, bool all_logits) {
+    const ModelSpec& s = ctx_.spec;
+    Backend& be = ctx_.be;
+    const int64_t D = s.D;
+    // A piece of one token leaves the committed state as it was until the pass completes (it writes only
+    // the other copies and its own position's rows); a longer one may overwrite the chunk rows the
+    // committed state needs, so until it completes there is none.
+    for (const Piece& p : pieces)
+      if (p.pos0 == 0 || p.n > 1) p.st->pos = -1;
+    be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
+    be.embed(s.token_embd.type(), head_.token_embd.get(), D, b.topk_ids, T, b.R);
+    for (int64_t l = 0; l < s.L; ++l) {
+      between_layers(ctx_, l, T, pos0);
+      const Layer& ly = layers_[l];
+      const float* x = l == 0 ? gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj)
+                              : add_gr_read(be, b, T, D, s.rms_eps, ly.attn_norm, b.proj);
+      if (ly.linear)
+        delta_net(b, l, ly, x, T, pieces);
+      else
+        attention(b, l, ly, x, T, pieces);
+      x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
+      shared_expert(b, ly, x, T);
+      softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
+      moe_block(ctx_, b, l, T, ly.ffn_norm);
+      ops_.add_sigmoid_scaled(b.proj, b[scratch_.sh_out], b[scratch_.sh_s], T, D);
+    }
+    // Every layer ran: the written copies of each region's state become the committed ones.
+    for (const Piece& p : pieces) {
+      p.st->parity ^= 1;
+      if (((p.pos0 + p.n) / kDeltaChunk - p.pos0 / kDeltaChunk) % 2) p.st->sel ^= 1;
+      p.st->pos = p.pos0 + p.n;
+    }
+    between_layers(ctx_, s.L, T, pos0);
+    if (!logits) return;
+    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
+  }
+
   struct Layer : AttentionWeights {
     bool linear = false;
     const float *attn_norm = nullptr, *ffn_norm = nullptr;
@@ -347,11 +373,11 @@ class Qwen35MoeForward final : public ForwardPass {
     ctx_.be.matmul(m.type, m.data, m.rows, m.cols, x, m.cols, T, y, m.rows);
   }
 
-  // Gated full attention: q (with its gate half), k, v; per-head q/k RMSNorm and partial RoPE, the KV
-  // cache at pos0, causal GQA attention, the output times sigmoid(gate), the output projection into
-  // b.proj.
+  // Gated full attention: q (with its gate half), k, v; per-head q/k RMSNorm and partial RoPE, each
+  // piece's rows into its region's KV cache at its positions and causal GQA attention there, the output
+  // times sigmoid(gate), the output projection into b.proj.
   void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T,
-                 int64_t pos0) {
+                 const std::vector<Piece>& pieces) {
     const AttentionShape& a = shape_;
     Backend& be = ctx_.be;
     float *qg = b[scratch_.in], *q = b[scratch_.mid], *gate = b[scratch_.gate], *out = b[scratch_.out];
@@ -360,21 +386,26 @@ class Qwen35MoeForward final : public ForwardPass {
     matmul(w.k, x, T, k);
     matmul(w.v, x, T, v);
     ops_.split_q_gate(qg, T, a.n_head, a.head_dim, q, gate);
-    float* kc = ctx_.kv.tensor(l, "k");
-    float* vc = ctx_.kv.tensor(l, "v");
-    be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
-                     kc, vc, KvType::F32);
+    const int64_t qw = a.n_head * a.head_dim, kw = a.n_kv_head * a.head_dim;
     const float scale = 1.0f / std::sqrt((float)a.head_dim);
-    be.attention(q, kc, vc, KvType::F32, T, pos0, a.n_head, a.n_kv_head, a.head_dim, scale, out);
-    ops_.sigmoid_mul(out, gate, T * a.n_head * a.head_dim);
+    for (const Piece& p : pieces) {
+      float* kc = ctx_.kv.tensor(l, "k", p.seq);
+      float* vc = ctx_.kv.tensor(l, "v", p.seq);
+      const int64_t r = p.row0;
+      be.qk_rope_store(q + r * qw, k + r * kw, v + r * kw, p.n, a.n_head, a.n_kv_head, a.head_dim, w.q_norm,
+                       w.k_norm, a.eps, p.pos0, a.rope, kc, vc, KvType::F32);
+      be.attention(q + r * qw, kc, vc, KvType::F32, p.n, p.pos0, a.n_head, a.n_kv_head, a.head_dim, scale,
+                   out + r * qw);
+    }
+    ops_.sigmoid_mul(out, gate, T * qw);
     matmul(w.o, out, T, b.proj);
   }
 
-  // Gated DeltaNet: the q/k/v, z, alpha and beta projections, the causal conv1d and the delta rule
-  // over the layer's recurrent state (from zeros at position 0), the gated RMSNorm, the output
-  // projection into b.proj.
-  void delta_net(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, int64_t pos0,
-                 const RegionState& st) {
+  // Gated DeltaNet: the q/k/v, z, alpha and beta projections; for each piece the causal conv1d and the
+  // delta rule over its region's recurrent state (from zeros at position 0); the gated RMSNorm, the
+  // output projection into b.proj.
+  void delta_net(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T,
+                 const std::vector<Piece>& pieces) {
     const ModelSpec& s = ctx_.spec;
     const Q35Spec& d = q35_spec(s);
     float *qkv = b[scratch_.in], *conv = b[scratch_.mid], *z = b[scratch_.gate], *dn = b[scratch_.out];
@@ -383,16 +414,23 @@ class Qwen35MoeForward final : public ForwardPass {
     matmul(w.z, x, T, z);
     matmul(w.alpha, x, T, al);
     matmul(w.beta, x, T, bt);
-    const bool fresh = pos0 == 0;
     const KVCache& kv = ctx_.kv;
-    const char* in = st.parity ? "1" : "0";
-    const char* out = st.parity ? "0" : "1";
-    const float* conv_in = fresh ? nullptr : kv.tensor(l, str("conv.", in));
-    ops_.conv1d_silu(qkv, T, d.conv_dim, d.Kc, w.conv, conv_in, kv.tensor(l, str("conv.", out)), conv);
-    ops_.gated_delta_chunked(conv, al, bt, T, pos0, kDeltaChunk, d.Hk, d.Hv, d.dk, d.dv, w.a_decay, w.dt_b,
-                             fresh, kv.tensor(l, str("state.", st.sel)),
-                             kv.tensor(l, str("state.", 1 - st.sel)), kv.tensor(l, "chunk.k"),
-                             kv.tensor(l, "chunk.d"), kv.tensor(l, "chunk.g"), dn);
+    const int64_t C = d.conv_dim, Vd = d.Hv * d.dv;
+    for (const Piece& p : pieces) {
+      const bool fresh = p.pos0 == 0;
+      const RegionState& st = *p.st;
+      const char* in = st.parity ? "1" : "0";
+      const char* out = st.parity ? "0" : "1";
+      const int64_t r = p.row0;
+      const float* conv_in = fresh ? nullptr : kv.tensor(l, str("conv.", in), p.seq);
+      ops_.conv1d_silu(qkv + r * C, p.n, C, d.Kc, w.conv, conv_in, kv.tensor(l, str("conv.", out), p.seq),
+                       conv + r * C);
+      ops_.gated_delta_chunked(conv + r * C, al + r * d.Hv, bt + r * d.Hv, p.n, p.pos0, kDeltaChunk, d.Hk,
+                               d.Hv, d.dk, d.dv, w.a_decay, w.dt_b, fresh,
+                               kv.tensor(l, str("state.", st.sel), p.seq),
+                               kv.tensor(l, str("state.", 1 - st.sel), p.seq), kv.tensor(l, "chunk.k", p.seq),
+                               kv.tensor(l, "chunk.d", p.seq), kv.tensor(l, "chunk.g", p.seq), dn + r * Vd);
+    }
     ops_.gated_rms_norm(dn, z, w.ssm_norm, T * d.Hv, d.dv, s.rms_eps);
     matmul(w.ssm_out, dn, T, b.proj);
   }

@@ -147,8 +147,8 @@ def test_decode_paths_give_the_prompt_paths_tokens(q35_model):
 def test_the_serving_engine_interleaves_sequences_as_alone(q35_model, seqs):
     """`strata serve`'s engine: two sequences in flight after every step, one of them a long prompt run a
     chunk a step (each piece continues the recurrent state). With one KV region they take turns on it (a
-    sequence that lost it re-runs its tokens from position 0); with two each keeps its own region's state,
-    one sequence a pass. Each gets the tokens it gets alone."""
+    sequence that lost it re-runs its tokens from position 0); with two each keeps its own region's state
+    and the decoding ones advance together in one pass. Each gets the tokens it gets alone."""
     from strata.model import sampling_params
     from strata.serve.engine import Done, Engine, Job, Piece
 
@@ -175,7 +175,7 @@ def test_the_serving_engine_interleaves_sequences_as_alone(q35_model, seqs):
             eng = Engine(m, parallel=2, turn=1)
     else:
         eng = Engine(m, parallel=2, turn=1)
-    assert not eng.batched
+    assert eng.batched == (seqs == 2)
     for i, p in enumerate(prompts):
         sp = sampling_params(max_tokens=10, temperature=0)
         sp.stop_ids = []
@@ -188,15 +188,17 @@ def test_the_serving_engine_interleaves_sequences_as_alone(q35_model, seqs):
     assert all(isinstance(e, Done) for e in ends)
     assert all(alone) and ["".join(g) for g in got] == alone
     assert (eng.counters.recomputed > 0) == (seqs == 1)
+    assert (eng.counters.batched_steps > 0) == (seqs == 2)
 
 
-def test_kv_regions_hold_their_own_recurrent_state(q35_model):
+def test_kv_regions_hold_their_own_recurrent_state_and_batch(q35_model):
     """With several KV sequence regions (seqs=, --parallel) each region has its own recurrent state (and its
-    own committed copy): decoding two sequences in turns gives each the logits it gets alone, bit for bit.
-    A step of several sequences in one pass is refused (the architecture decodes one a pass)."""
+    own committed copy): two sequences decoded in turns, or together in one pass (decode_batch: the dense
+    and expert matmuls over both rows, each row's conv, delta rule and attention in its own region), give
+    each the logits it gets alone, bit for bit, past a 64-position chunk end."""
     path = q35_model("f32")
     rng = np.random.default_rng(31)
-    a = [int(x) for x in rng.integers(1, 500, 100)]
+    a = [int(x) for x in rng.integers(1, 500, 124)]  # its steps cross the chunk end at 128
     b = [int(x) for x in rng.integers(1, 500, 70)]
     xs, ys = [int(x) for x in rng.integers(1, 500, 6)], [int(x) for x in rng.integers(1, 500, 6)]
 
@@ -206,7 +208,7 @@ def test_kv_regions_hold_their_own_recurrent_state(q35_model):
         return [one.decode_batch([t], [len(prompt) + i], [0]) for i, t in enumerate(steps)]
 
     m = strata.Model(path, ctx=512, seqs=2, progress=False)
-    assert not m.batch_supported
+    assert m.batch_supported
     ref_a = m.logits(a, seq=0)
     m.logits(b, seq=1)  # region 1's state does not touch region 0's
     got_a, got_b = [], []
@@ -216,8 +218,12 @@ def test_kv_regions_hold_their_own_recurrent_state(q35_model):
     for got, want in ((got_a, alone(a, xs)), (got_b, alone(b, ys))):
         assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
     assert np.array_equal(m.logits(a, seq=1), ref_a)  # the same tokens in the other region
-    with pytest.raises(strata.UnsupportedError, match="one sequence a pass"):
-        m.decode_batch([7, 7], [len(a), len(a)], [0, 1])
+    # Together: region 0 holds a, region 1 holds b again; each step advances both in one pass.
+    m.logits(a, seq=0)
+    m.logits(b, seq=1)
+    both = [m.decode_batch([xs[i], ys[i]], [len(a) + i, len(b) + i], [0, 1]) for i in range(len(xs))]
+    assert all(np.array_equal(r[0], g[0]) and np.array_equal(r[1], h[0])
+               for r, g, h in zip(both, got_a, got_b, strict=True))
 
 
 def test_spec_and_info_hold_the_files_hyperparameters(q35_model):
