@@ -234,7 +234,7 @@ ModelSpec read_qwen35moe(const gguf::File& f) {
 
 namespace {
 
-class Qwen35MoeForward final : public ForwardPass {
+class Qwen35MoeForward final : public RowsForwardPass {
  public:
   Qwen35MoeForward(const ForwardContext& ctx, Qwen35Ops& ops) : ctx_(ctx), ops_(ops), w_(ctx.be) {
     const ModelSpec& s = ctx.spec;
@@ -282,18 +282,17 @@ class Qwen35MoeForward final : public ForwardPass {
                  "internal error: the qwen35moe scratch is not the spec's");
   }
 
-  void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,
-                 bool all_logits) override {
-    const std::vector<Piece> pieces = {begin_piece(ctx_.kv.selected(), pos0, 0, T)};
-    run(b, ids, T, pos0, pieces, logits, all_logits);
-  }
-
-  bool batches() const override { return true; }
-  void run_rows(const PrefillBuffers& b, const int32_t* ids, const SeqRows& rows, int64_t B,
-                float* logits) override {
+ protected:
+  // A chunk of the selected region at pos0 (rows null: one piece), or one token of each of T sequences
+  // (rows: a piece a row, each in its own region).
+  void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
+           float* logits, bool all_logits) override {
     std::vector<Piece> pieces;
-    for (int64_t t = 0; t < B; ++t) pieces.push_back(begin_piece(rows.seq[t], rows.pos[t], t, 1));
-    run(b, ids, B, 0, pieces, logits, true);
+    if (!rows)
+      pieces.push_back(begin_piece(ctx_.kv.selected(), pos0, 0, T));
+    else
+      for (int64_t t = 0; t < T; ++t) pieces.push_back(begin_piece(rows->seq[t], rows->pos[t], t, 1));
+    run_pieces(b, ids, T, pos0, pieces, logits, all_logits);
   }
 
  private:
@@ -322,8 +321,8 @@ class Qwen35MoeForward final : public ForwardPass {
     return Piece{seq, pos0, row0, n, &st};
   }
 
-  void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0,
-           const std::vector<Piece>& pieces, float* logits, bool all_logits) {
+  void run_pieces(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0,
+                  const std::vector<Piece>& pieces, float* logits, bool all_logits) {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D;
