@@ -112,7 +112,7 @@ class Dev {
   size_t bytes() const { return n_ * sizeof(T); }
   void set(const std::vector<T>& v) {
     std::vector<uint8_t> h(bytes() + kGuard, kGuardByte);
-    std::memcpy(h.data(), v.data(), bytes());
+    if (bytes()) std::memcpy(h.data(), v.data(), bytes());  // an empty vector's data() may be null
     be_.upload(buf_.get(), h.data(), h.size());
   }
   void poison() {
