@@ -188,6 +188,8 @@ def spm_vocab(size: int) -> Vocab:
     if size <= head:
         raise ValueError(f"vocab size {size} is too small: the specials and byte tokens need {head + 1}")
     pieces, merges = _train_spm(size - head)
+    if not merges:
+        raise ValueError(f"vocab size {size} is too small: the corpus's characters leave no room for a merge")
     tokens = [t for t, _ in GEMMA4_SPECIALS] + [f"<0x{b:02X}>" for b in range(256)] + list(pieces)
     types = [ty for _, ty in GEMMA4_SPECIALS] + [BYTE] * 256 + [NORMAL] * len(pieces)
     tokens += [f"[PAD{i}]" for i in range(len(tokens), size)]
