@@ -62,8 +62,8 @@ std::vector<int64_t> per_layer_count(const gguf::File& f, const std::string& key
   STRATA_CHECK(v, FormatError, f.path(), ": metadata key '", key, "' is missing");
   std::vector<int64_t> out;
   if (v->is_array()) {
-    STRATA_CHECK(!v->ints.empty() || v->array_size() == 0, FormatError, f.path(), ": metadata '", key,
-                 "' must be an array of integers");
+    STRATA_CHECK(v->elem_type != gguf::ValueType::BOOL && v->floats.empty() && v->strings.empty(),
+                 FormatError, f.path(), ": metadata '", key, "' must be an integer or an array of integers");
     out = v->ints;
   } else {
     out.assign(L, read_count(f, key, lo, hi));
@@ -241,12 +241,19 @@ ModelSpec read_gemma4(const gguf::File& f) {
   d->inv_freq_full = rope_inv_freq(d->hd_full, s.rope_base, factors);
   d->inv_freq_swa = rope_inv_freq(d->hd_swa, base_swa, {});
 
-  int64_t n_sliding = 0;
-  for (const auto& sh : d->shapes) n_sliding += sh.sliding;
+  // Per kind: the layers, and their KV heads (a range when the file varies them).
+  int64_t n[2] = {0, 0}, kv_lo[2] = {s.n_head, s.n_head}, kv_hi[2] = {0, 0};
+  for (const auto& sh : d->shapes) {
+    const int k = sh.sliding ? 0 : 1;
+    ++n[k];
+    kv_lo[k] = std::min(kv_lo[k], sh.kv);
+    kv_hi[k] = std::max(kv_hi[k], sh.kv);
+  }
+  const auto kvs = [&](int k) { return kv_lo[k] == kv_hi[k] ? str(kv_lo[k]) : str(kv_lo[k], "-", kv_hi[k]); };
   s.details.push_back(
-      {"attention", str(n_sliding, " sliding layers (window ", d->window, ", head ", d->hd_swa,
-                        ", RoPE base ", base_swa, "), ", s.L - n_sliding, " global (head ", d->hd_full,
-                        ", proportional RoPE base ", s.rope_base, ")")});
+      {"attention", str(n[0], " sliding layers (window ", d->window, ", head ", d->hd_swa, " x ", kvs(0),
+                        " KV, RoPE base ", base_swa, "), ", n[1], " global (head ", d->hd_full, " x ", kvs(1),
+                        " KV, proportional RoPE base ", s.rope_base, ")")});
   s.details.push_back({"dense FFN", str("width ", d->ffn_max, " beside the routed experts in every layer")});
   s.details.push_back({"logit softcap", d->softcap > 0 ? str(d->softcap) : std::string("none")});
   s.arch_spec = d;

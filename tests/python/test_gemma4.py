@@ -117,8 +117,8 @@ def test_spec_and_info_hold_the_files_hyperparameters(gemma_model):
                    "top_k": 3, "expert_ffn": 32, "vocab": 700, "ctx_train": 8192}
     assert s["rope_base"] == pytest.approx(2e5) and s["rms_eps"] == pytest.approx(3e-5)
     details = dict(s["details"])
-    assert details["attention"] == ("2 sliding layers (window 5, head 16, RoPE base 30000), 2 global (head 32, "
-                                    "proportional RoPE base 200000)")
+    assert details["attention"] == ("2 sliding layers (window 5, head 16 x 2 KV, RoPE base 30000), 2 global "
+                                    "(head 32 x 1 KV, proportional RoPE base 200000)")
     assert details["dense FFN"] == "width 64 beside the routed experts in every layer"
     assert details["logit softcap"] == "12"
 
@@ -213,6 +213,37 @@ def test_batched_decode_rows_equal_alone(gemma_model):
         assert np.array_equal(_bits(rows[i]), _bits(alone[i])), i
 
 
+@pytest.mark.parametrize("kw", [{}, {"global_head_dim": 64, "kv_heads": 1, "ffn": 96}])
+def test_model_layout_matches_shape_plan(gemma_model, kw):
+    """A gemma4 file's chunk plan is the shape plan of its scratch list (attention buffers as wide as the
+    widest layer kind, the dense FFN's): bytes_needed equals what carve assigns, every buffer where the
+    plan puts it, for several T, both layouts and GR modes."""
+    from test_prefill_layout import check_plan, prefill_layout
+
+    path = gemma_model("q4_0", **kw)
+    s = strata.ModelInfo(path).spec
+    md = strata.inspect(path)["metadata"]
+    kv = md["gemma4.attention.head_count_kv"]
+    pattern = md["gemma4.attention.sliding_window_pattern"]
+    hd = {True: md["gemma4.attention.key_length_swa"], False: md["gemma4.attention.key_length"]}
+    hd_max, kv_width = max(hd.values()), max(k * hd[p] for k, p in zip(kv, pattern, strict=False))
+    by_name = {t["name"]: t["type"] for t in strata.inspect(path)["tensors"]}
+    types = [by_name[f"blk.{i}.ffn_{w}_exps.weight"] for i in range(s["layers"]) for w in ("gate", "up", "down")]
+    D, H, Fd = s["hidden"], s["heads"], md["gemma4.feed_forward_length"]
+    scratch = [("attn.q", "f32", [H, hd_max]), ("attn.k", "f32", [kv_width]), ("attn.v", "f32", [kv_width]),
+               ("attn.out", "f32", [H * hd_max]), ("ffn.x", "f32", [D]), ("ffn.gate", "f32", [Fd]),
+               ("ffn.up", "f32", [Fd]), ("ffn.out", "f32", [D]), ("ffn.grs", "f32", [1])]
+    for unfused in (False, True):
+        shape = dict(D=D, HC=1, E=s["experts"], K=s["top_k"], F=s["expert_ffn"], expert_types=types, unfused=unfused,
+                     scratch=scratch)
+        info = strata.ModelInfo(path, gr_unfused=unfused)
+        for T in (1, 2, 17, 64, 257):
+            for src in (True, False):
+                got, want = info.layout(T, src), prefill_layout(shape, T, src)
+                check_plan(shape, T, src, got)
+                assert got["buffers"] == want["buffers"] and got["bytes_needed"] == want["bytes_needed"]
+
+
 def _edited(src: str, dst, edit) -> str:
     with open(src, "rb") as f:
         g = Gguf.parse(f.read())
@@ -238,6 +269,8 @@ def _edited(src: str, dst, edit) -> str:
      r"'gemma4.final_logit_softcapping' = -1 is out of range"),
     (lambda g: g.set("gemma4.attention.sliding_window_pattern", U32, 1),
      r"'gemma4.attention.sliding_window_pattern' must be an array of booleans"),
+    (lambda g: g.set("gemma4.attention.head_count_kv", F32, 2.0),
+     r"'gemma4.attention.head_count_kv'"),
     (lambda g: setattr(g.tensor("rope_freqs.weight"), "name", b"rope_freq.weight"),
      r"gemma4 tensor 'rope_freqs.weight' is missing"),
     (lambda g: setattr(g.tensor("blk.1.pre_ffw_norm_2.weight"), "name", b"blk.1.pre_ffw_norm2.weight"),
