@@ -332,7 +332,9 @@ def _spm_backend(
     md: Mapping[str, Any], tokens: list[str], types: list[int], merges: list[str]
 ) -> tuple[_HFTokenizer, list[bytes], list[int]]:
     """gemma4's tokenizer as transformers' GemmaTokenizer builds it: BPE over raw UTF-8 with "<0xXX>" byte
-    fallback, spaces normalized to "▁" and no pre-splitting; the bytes of every token and the control ids."""
+    fallback, spaces normalized to "▁" and no pre-splitting; the bytes of every token and the control ids.
+    (llama.cpp also cuts the text at newlines first; the two agree wherever no merge joins a newline to
+    another character.)"""
     vocab: dict[str, int] = {}
     token_bytes: list[bytes] = []
     for i, (tok, kind) in enumerate(zip(tokens, types, strict=True)):

@@ -323,3 +323,32 @@ def test_tokenizer_byte_fallback_and_specials(gemma_model):
     assert tok.encode("<turn|>", add_special=False) == [6]
     assert {1, 6} <= tok.stop_ids  # <eos> and <turn|> end a turn
     assert tok.decode(tok.encode("a <bos>b", add_special=False), skip_special=True) == "a b"
+
+
+def _spm_metadata(**over):
+    from strata.testing.tokenizer import spm_vocab
+
+    voc = spm_vocab(700)
+    md = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.pre": "gemma4", "tokenizer.ggml.tokens": list(voc.tokens),
+          "tokenizer.ggml.token_type": list(voc.token_types), "tokenizer.ggml.merges": list(voc.merges),
+          "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.unknown_token_id": 3,
+          "tokenizer.ggml.add_bos_token": False}
+    md.update(over)
+    return md
+
+
+def test_tokenizer_metadata_is_checked():
+    """A gemma4 vocabulary from a file is checked like any other: a malformed byte token, merges of tokens
+    the vocabulary lacks or an unknown-token id outside it are FormatErrors naming the key; add_bos false
+    is overridden as llama.cpp does for gemma4."""
+    from strata.tokenizer import Tokenizer
+
+    assert Tokenizer.from_metadata(_spm_metadata()).add_bos
+    toks = list(_spm_metadata()["tokenizer.ggml.tokens"])
+    toks[7 + 0x41] = "<0xZ1>"
+    with pytest.raises(strata.FormatError, match=r"tokens\[72\] = '<0xZ1>' is a byte token but not <0xXX>"):
+        Tokenizer.from_metadata(_spm_metadata(**{"tokenizer.ggml.tokens": toks}))
+    with pytest.raises(strata.FormatError, match="do not form a BPE tokenizer"):
+        Tokenizer.from_metadata(_spm_metadata(**{"tokenizer.ggml.merges": ["qq zz"]}))
+    with pytest.raises(strata.FormatError, match=r"unknown_token_id = 700 is outside the vocabulary"):
+        Tokenizer.from_metadata(_spm_metadata(**{"tokenizer.ggml.unknown_token_id": 700}))
