@@ -78,6 +78,16 @@ std::vector<int64_t> per_layer_count(const gguf::File& f, const std::string& key
   return out;
 }
 
+// per_layer_count's value, the same in every layer: UnsupportedError naming the key otherwise.
+int64_t uniform_count(const gguf::File& f, const std::string& key, int64_t L, int64_t lo, int64_t hi) {
+  const std::vector<int64_t> v = per_layer_count(f, key, L, lo, hi);
+  for (int64_t l = 1; l < L; ++l)
+    STRATA_CHECK(v[l] == v[0], UnsupportedError, f.path(), ": metadata '", key, "' differs between layers (",
+                 v[0], " in layer 0, ", v[l], " in layer ", l,
+                 "); strata runs gemma4 with one value for all");
+  return v[0];
+}
+
 // transformers' default RoPE over a head of hd: inv_freq[i] = 1 / base^(2i / hd), in float as torch
 // computes it; `factors` (llama.cpp's rope_freqs, proportional RoPE) divide it.
 std::vector<float> rope_inv_freq(int64_t hd, double base, const std::vector<float>& factors) {
@@ -117,10 +127,11 @@ ModelSpec read_gemma4(const gguf::File& f) {
   s.name = printable(f.get_string("general.name", ""));
   s.L = read_count(f, a + "block_count", 1, limits::kLayers);
   s.D = read_count(f, a + "embedding_length", 1, limits::kHidden);
-  s.n_head = read_count(f, a + "attention.head_count", 1, limits::kHeads);
   s.E = read_count(f, a + "expert_count", 1, limits::kExperts);
   s.K = read_count(f, a + "expert_used_count", 1, std::min(s.E, limits::kExpertsUsed));
-  s.F = read_count(f, a + "expert_feed_forward_length", 1, limits::kFfn);
+  // llama.cpp reads these as one number or one a layer; strata runs them equal in every layer.
+  s.n_head = uniform_count(f, a + "attention.head_count", s.L, 1, limits::kHeads);
+  s.F = uniform_count(f, a + "expert_feed_forward_length", s.L, 1, limits::kFfn);
   s.ctx_train = read_count(f, a + "context_length", 1, limits::kContext, 131072);
   s.rms_eps = (float)read_real(f, a + "attention.layer_norm_rms_epsilon", 1e-30, 1.0, 1e-6);
   s.rope_base = (float)read_real(f, a + "rope.freq_base", 1.0, 1e30, 1e6);

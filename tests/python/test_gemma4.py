@@ -19,7 +19,7 @@ import pytest
 
 import strata
 from strata.testing import make_gemma4
-from strata.testing.gguf_edit import F32, U32, Gguf
+from strata.testing.gguf_edit import ARRAY, F32, U32, Gguf
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -269,6 +269,10 @@ def _edited(src: str, dst, edit) -> str:
      r"'gemma4.final_logit_softcapping' = -1 is out of range"),
     (lambda g: g.set("gemma4.attention.sliding_window_pattern", U32, 1),
      r"'gemma4.attention.sliding_window_pattern' must be an array of booleans"),
+    (lambda g: g.set("gemma4.attention.head_count", ARRAY, [4, 4, 2, 4], U32),
+     r"'gemma4.attention.head_count' differs between layers \(4 in layer 0, 2 in layer 2\)"),
+    (lambda g: g.set("gemma4.attention.head_count_kv", ARRAY, [2, 1, 2], U32),
+     r"'gemma4.attention.head_count_kv' has 3 entries, fewer than the 4 blocks"),
     (lambda g: g.set("gemma4.attention.head_count_kv", F32, 2.0),
      r"'gemma4.attention.head_count_kv'"),
     (lambda g: setattr(g.tensor("rope_freqs.weight"), "name", b"rope_freq.weight"),
@@ -285,6 +289,23 @@ def test_bad_metadata_and_tensors_give_clear_errors(gemma_model, tmp_path, edit,
     with pytest.raises((strata.FormatError, strata.UnsupportedError), match=message) as e:
         strata.ModelInfo(path)
     assert "bad.gguf" in str(e.value)
+
+
+def test_per_layer_arrays_of_one_value_read_as_the_scalar(gemma_model, tmp_path):
+    """llama.cpp reads head counts and FFN widths as one number or one a layer: the arrays load, and give
+    the same logits bit for bit."""
+    src = gemma_model("f32")
+
+    def arrays(g):
+        g.set("gemma4.attention.head_count", ARRAY, [4] * 4, U32)
+        g.set("gemma4.expert_feed_forward_length", ARRAY, [32] * 4, U32)
+        g.set("gemma4.feed_forward_length", ARRAY, [64] * 4, U32)
+
+    path = _edited(src, tmp_path / "arrays.gguf", arrays)
+    ids = [2, 5, 9, 200, 3, 7, 11, 13, 300, 8]
+    a = strata.Model(path, expert_cache="all", progress=False).logits(ids)
+    b = strata.Model(src, expert_cache="all", progress=False).logits(ids)
+    assert np.array_equal(a, b)
 
 
 # ---- the tokenizer ----
