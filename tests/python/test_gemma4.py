@@ -358,6 +358,22 @@ def _spm_metadata(**over):
     return md
 
 
+def test_chat_renders_the_files_template_and_matches_transformers(gemma_model):
+    """chat() renders the file's template (BOS from the template, not added again), and its greedy reply is
+    transformers' argmax continuation of those ids."""
+    path = gemma_model("f32")
+    m = strata.Model(path, expert_cache="all", progress=False)
+    msgs = [{"role": "user", "content": "Hello, who are you?"}]
+    out = m.chat(msgs, max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompt = m.tokenize("<bos><|turn>user\nHello, who are you?<turn|>\n<|turn>model\n", add_special=False)
+    assert prompt[:2] == [2, 5] and prompt.count(2) == 1
+    assert out.stats["prompt_tokens"] == len(prompt)
+    seq = prompt + out.tokens
+    with torch.no_grad():
+        nxt = hf_model(path)(torch.tensor([seq])).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+    assert nxt == out.tokens
+
+
 def test_tokenizer_metadata_is_checked():
     """A gemma4 vocabulary from a file is checked like any other: a malformed byte token, merges of tokens
     the vocabulary lacks or an unknown-token id outside it are FormatErrors naming the key; add_bos false
