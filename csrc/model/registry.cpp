@@ -8,9 +8,10 @@ extern const Architecture kQwen3Moe;
 extern const Architecture kDeepseek4;
 extern const Architecture kGptOss;
 extern const Architecture kQwen35Moe;
+extern const Architecture kGemma4;
 
 namespace {
-const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4, &kGptOss, &kQwen35Moe};
+const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4, &kGptOss, &kQwen35Moe, &kGemma4};
 }  // namespace
 
 const Architecture& find_architecture(const std::string& name, const std::string& path) {

@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizer built from GGUF metadata, splitting text the way llama.cpp does."""
+"""Byte-level BPE tokenizer (and gemma4's SentencePiece-style BPE) built from GGUF metadata, splitting text the
+way llama.cpp does."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 TOKEN_NORMAL = 1
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
+TOKEN_BYTE = 6
+_SPACE = "\u2581"  # SentencePiece's space
 
 # Split regexes per tokenizer.ggml.pre, from llama.cpp's llm_tokenizer_bpe (src/llama-vocab.cpp), written
 # in the original tokenizer.json form (`(?i:...)`), which llama.cpp only rewrites because std::regex lacks it.
@@ -76,6 +79,7 @@ _STOP_TEXTS = (
     "<|return|>",
     "<|call|>",
     "<end_of_turn>",
+    "<turn|>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>",
 )
 
@@ -144,13 +148,15 @@ class Tokenizer:
         any failure of the tokenizers library (a Rust panic included) becomes a FormatError.
         """
         model = md.get("tokenizer.ggml.model")
-        if model != "gpt2":
+        if model not in ("gpt2", "gemma4"):
             raise _unsupported(
                 f"tokenizer.ggml.model = {_show(model)} is not supported; strata reads byte-level BPE "
-                f"vocabularies only (tokenizer.ggml.model = 'gpt2')"
+                f"vocabularies (tokenizer.ggml.model = 'gpt2') and gemma4's SentencePiece-style BPE ('gemma4')"
             )
-        pre = md.get("tokenizer.ggml.pre", "default")
-        if not isinstance(pre, str) or pre not in PRE_TOKENIZER_SPLITS:
+        spm = model == "gemma4"
+        # llama.cpp takes gemma4's pre-tokenizer whatever tokenizer.ggml.pre says.
+        pre = "gemma4" if spm else md.get("tokenizer.ggml.pre", "default")
+        if not spm and (not isinstance(pre, str) or pre not in PRE_TOKENIZER_SPLITS):
             raise _unsupported(
                 f"tokenizer.ggml.pre = {_show(pre)} is not supported; supported: {', '.join(PRE_TOKENIZER_SPLITS)}"
             )
@@ -169,6 +175,7 @@ class Tokenizer:
         eos_id = _token_id(md, "tokenizer.ggml.eos_token_id", len(tokens))
         pad_id = _token_id(md, "tokenizer.ggml.padding_token_id", len(tokens))
         add_bos = _flag(md, "tokenizer.ggml.add_bos_token", pre in _LLAMA3_FAMILY)
+        add_bos |= spm  # llama.cpp adds BOS for gemma4 even where the file says not to
         add_eos = _flag(md, "tokenizer.ggml.add_eos_token", False)
         for flag, key, tid in ((add_bos, "bos", bos_id), (add_eos, "eos", eos_id)):
             if flag and tid is None:
@@ -184,6 +191,10 @@ class Tokenizer:
         if chat_template is not None and not (isinstance(chat_template, str) and _is_utf8(chat_template)):
             raise _format_error(f"tokenizer.chat_template must be UTF-8 text, got {_show(chat_template)}")
 
+        if spm:
+            backend, token_bytes, control = _spm_backend(md, tokens, types, merges)
+            return cls._finish(backend, tokens, token_bytes, control, bos_id, eos_id, pad_id, add_bos, add_eos, stop,
+                               chat_template)
         spelling = bytes_to_unicode()
         alphabet = set(spelling.values())
         decode_byte = {c: b for b, c in spelling.items()}
@@ -234,6 +245,13 @@ class Tokenizer:
                 f"the tokenizer.ggml.* vocabulary and merges do not form a BPE tokenizer: {type(e).__name__}: {e}"
             ) from e
 
+        return cls._finish(backend, tokens, token_bytes, control, bos_id, eos_id, pad_id, add_bos, add_eos, stop,
+                           chat_template)
+
+    @classmethod
+    def _finish(cls, backend: _HFTokenizer, tokens: list[str], token_bytes: list[bytes], control: list[int],
+                bos_id: int | None, eos_id: int | None, pad_id: int | None, add_bos: bool, add_eos: bool,
+                stop: set[int], chat_template: str | None) -> Tokenizer:
         by_text = {t: i for i, t in enumerate(tokens) if t in _STOP_TEXTS}
         stop.update(by_text.values())
         # o200k_harmony (gpt-oss): <|end|> closes a message inside a turn, which <|return|> or <|call|>
@@ -308,6 +326,60 @@ class Tokenizer:
                 "ConfigError", f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1})"
             )
         return token_id
+
+
+def _spm_backend(
+    md: Mapping[str, Any], tokens: list[str], types: list[int], merges: list[str]
+) -> tuple[_HFTokenizer, list[bytes], list[int]]:
+    """gemma4's tokenizer as transformers' GemmaTokenizer builds it: BPE over raw UTF-8 with "<0xXX>" byte
+    fallback, spaces normalized to "▁" and no pre-splitting; the bytes of every token and the control ids.
+    (llama.cpp also cuts the text at newlines first; the two agree wherever no merge joins a newline to
+    another character.)"""
+    vocab: dict[str, int] = {}
+    token_bytes: list[bytes] = []
+    for i, (tok, kind) in enumerate(zip(tokens, types, strict=True)):
+        if not _is_utf8(tok):
+            raise _format_error(f"tokenizer.ggml.tokens[{i}] = {_show(tok)} is not UTF-8")
+        if kind == TOKEN_BYTE:
+            if len(tok) != 6 or not tok.startswith("<0x") or tok[-1] != ">" or not _is_hex(tok[3:5]):
+                raise _format_error(f"tokenizer.ggml.tokens[{i}] = {_show(tok)} is a byte token but not <0xXX>")
+            raw = bytes([int(tok[3:5], 16)])
+        elif kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            raw = tok.encode("utf-8")
+        else:
+            raw = tok.replace(_SPACE, " ").encode("utf-8")
+        vocab.setdefault(tok, i)
+        token_bytes.append(raw)
+    pairs = []
+    for j, m in enumerate(merges):
+        cut = m.find(" ", 1)
+        if cut < 0:
+            raise _format_error(f"tokenizer.ggml.merges[{j}] = {_show(m)} has no space")
+        if not _is_utf8(m):
+            raise _format_error(f"tokenizer.ggml.merges[{j}] = {_show(m)} is not UTF-8")
+        pairs.append((m[:cut], m[cut + 1 :]))
+    unk_id = _token_id(md, "tokenizer.ggml.unknown_token_id", len(tokens))
+    control = [i for i, k in enumerate(types) if k == TOKEN_CONTROL and tokens[i]]
+    user = [i for i, k in enumerate(types) if k == TOKEN_USER_DEFINED and tokens[i]]
+    try:
+        bpe = models.BPE(vocab=vocab, merges=pairs, byte_fallback=True, fuse_unk=True,
+                         unk_token=tokens[unk_id] if unk_id is not None else None)
+        backend = _HFTokenizer(bpe)
+        backend.normalizer = normalizers.Replace(" ", _SPACE)
+        backend.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
+        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
+    except BaseException as e:
+        if isinstance(e, _NEVER_CAUGHT):
+            raise
+        raise _format_error(
+            f"the tokenizer.ggml.* vocabulary and merges do not form a BPE tokenizer: {type(e).__name__}: {e}"
+        ) from e
+    return backend, token_bytes, control
+
+
+def _is_hex(s: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in s)
 
 
 class StreamDecoder:

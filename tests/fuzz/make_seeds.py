@@ -1,6 +1,7 @@
 """Writes the seed corpus of the fuzz targets: small valid qwen3moe files of every quant family
 strata computes with, a tied head, the smallest declared alignment, a gpt-oss file (biases, sinks,
-YaRN keys) and a qwen35moe file (DeltaNet and full-attention layers, the shared expert, an MTP block).
+YaRN keys), a qwen35moe file (DeltaNet and full-attention layers, the shared expert, an MTP block) and a
+gemma4 file (sliding and global layers, K = V, rope_freqs, the gemma4 tokenizer).
 Deterministic.
 
     python3 tests/fuzz/make_seeds.py OUT_DIR
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from strata.testing import make_gpt_oss, make_qwen3moe, make_qwen35moe
+from strata.testing import make_gemma4, make_gpt_oss, make_qwen3moe, make_qwen35moe
 from strata.testing.gguf_edit import U32, Gguf
 
 TINY = dict(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, experts=4, top_k=2, expert_ffn=32, vocab=280)
@@ -36,6 +37,9 @@ def main(out: str) -> None:
                    rope_dims=8, interval=2, conv_kernel=3, k_heads=1, v_heads=2, k_head_dim=8, v_head_dim=16,
                    experts=4, top_k=2, expert_ffn=32, shared_ffn=32, vocab=280, ctx=4096,
                    quant={"experts": "Q8_0"}, seed=1)
+    make_gemma4(os.path.join(out, "gemma4.gguf"), layers=2, hidden=32, heads=2, kv_heads=1, global_kv_heads=1,
+                head_dim=16, global_head_dim=32, experts=4, top_k=2, expert_ffn=32, ffn=32, vocab=600, ctx=4096,
+                quant={"experts": "Q8_0"}, seed=1)
     raw = open(os.path.join(out, "q8_0.gguf"), "rb").read()
     g = Gguf.parse(raw)
     g.tensors = [t for t in g.tensors if t.name != b"output.weight"]  # the head reads the embedding

@@ -12,9 +12,11 @@
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ds4_ops.h"
+#include "backend/cpu/gemma4_ops.h"
 #include "backend/cpu/gptoss_ops.h"
 #include "backend/cpu/qwen35_ops.h"
 #include "backend/ds4_ops.h"
+#include "backend/gemma4_ops.h"
 #include "backend/gptoss_ops.h"
 #include "backend/qwen35_ops.h"
 #include "core/error.h"
@@ -44,7 +46,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   if (n) std::memcpy(dst, src, n);
 }
 
-class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps, public Qwen35Ops {
+class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps, public Qwen35Ops, public Gemma4Ops {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
@@ -415,6 +417,27 @@ class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps, public
   void sigmoid_mul(float* x, const float* g, int64_t n) override { cpu_sigmoid_mul(x, g, n, pool_); }
   void add_sigmoid_scaled(float* y, const float* x, const float* s, int64_t T, int64_t D) override {
     cpu_add_sigmoid_scaled(y, x, s, T, D, pool_);
+  }
+
+  // Gemma4Ops (backend/gemma4_ops.h), implemented in gemma4_ops.cpp.
+  void head_norm(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps) override {
+    cpu_head_norm(x, T, n_heads, hd, w, eps, pool_);
+  }
+  void rope_freqs(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, int64_t pos0,
+                  const int64_t* pos) override {
+    cpu_rope_freqs(x, T, n_heads, hd, inv_freq, pos0, pos, pool_);
+  }
+  void attention_window(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
+                        int64_t H, int64_t KV, int64_t hd, float scale, int64_t window, float* out) override {
+    STRATA_CHECK(t == KvType::F32, UnsupportedError,
+                 "the CPU backend keeps an f32 KV cache only (--kv-type f32)");
+    cpu_attention(q, static_cast<const float*>(kc), static_cast<const float*>(vc), T, pos0, H, KV, hd, scale,
+                  out, pool_, nullptr, window);
+  }
+  void geglu(float* g, const float* u, int64_t n) override { cpu_geglu(g, u, n, pool_); }
+  void scale(float* x, int64_t n, const float* s) override { cpu_scale(x, n, s, pool_); }
+  void expert_scale(float* w, const int32_t* ids, const float* scale, int64_t n) override {
+    cpu_expert_scale(w, ids, scale, n);
   }
 
  private:

@@ -155,3 +155,96 @@ def _train_merges(limit: int) -> tuple[str, ...]:
     tok.train_from_iterator([CORPUS], trainer=trainer)
     merges = json.loads(tok.to_str())["model"]["merges"]
     return tuple(m if isinstance(m, str) else " ".join(m) for m in merges[:limit])
+
+
+# ---- gemma4's vocabulary: SentencePiece-style BPE (spaces as "▁", raw UTF-8, <0xXX> byte fallback) ----
+
+UNKNOWN, BYTE = 2, 6  # llama.cpp token types
+
+GEMMA4_SPECIALS = (
+    ("<pad>", CONTROL),
+    ("<eos>", CONTROL),
+    ("<bos>", CONTROL),
+    ("<unk>", UNKNOWN),
+    ("<mask>", CONTROL),
+    ("<|turn>", CONTROL),
+    ("<turn|>", CONTROL),
+)
+GEMMA4_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|turn>' + message['role'] + '\\n' + message['content'] + '<turn|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|turn>model\\n' }}{%- endif %}"
+)
+
+
+@lru_cache(maxsize=8)
+def spm_vocab(size: int) -> Vocab:
+    """A gemma4-style vocabulary of exactly `size` tokens: GEMMA4_SPECIALS (ids 0..6: pad, eos, bos, unk,
+    ...), the 256 byte-fallback tokens <0x00>..<0xFF>, the characters and merges learned from CORPUS
+    with spaces written "▁" (no merge crosses a newline), then "[PAD{i}]" (UNUSED). Deterministic."""
+    head = len(GEMMA4_SPECIALS) + 256
+    if size <= head:
+        raise ValueError(f"vocab size {size} is too small: the specials and byte tokens need {head + 1}")
+    pieces, merges = _train_spm(size - head)
+    if not merges:
+        raise ValueError(f"vocab size {size} is too small: the corpus's characters leave no room for a merge")
+    tokens = [t for t, _ in GEMMA4_SPECIALS] + [f"<0x{b:02X}>" for b in range(256)] + list(pieces)
+    types = [ty for _, ty in GEMMA4_SPECIALS] + [BYTE] * 256 + [NORMAL] * len(pieces)
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), size)]
+    types += [UNUSED] * (size - len(types))
+    if len(set(tokens)) != size:
+        raise AssertionError("duplicate tokens in the synthetic vocabulary")
+    return Vocab(tuple(tokens), tuple(types), tuple(merges), 2, 1, 0)
+
+
+def add_spm_to_gguf(w: Any, voc: Vocab, chat_template: str | None = None) -> None:
+    """Writes `voc` (spm_vocab) as llama.cpp's gemma4 tokenizer metadata: model and pre 'gemma4', tokens,
+    types, merges, BOS/EOS/PAD/UNK, BOS added, and `chat_template` (default GEMMA4_CHAT_TEMPLATE)."""
+    w.add_tokenizer_model("gemma4")
+    w.add_tokenizer_pre("gemma4")
+    w.add_token_list(list(voc.tokens))
+    w.add_token_types(list(voc.token_types))
+    w.add_token_merges(list(voc.merges))
+    w.add_bos_token_id(voc.bos_id)
+    w.add_eos_token_id(voc.eos_id)
+    w.add_pad_token_id(voc.pad_id)
+    w.add_unk_token_id(voc.tokens.index("<unk>"))
+    w.add_add_bos_token(True)
+    w.add_chat_template(GEMMA4_CHAT_TEMPLATE if chat_template is None else chat_template)
+
+
+def gemma_reference(voc: Vocab) -> Any:
+    """transformers' GemmaTokenizer (the tokenizer gemma4 checkpoints name) over `voc`: the reference
+    strata's gemma4 tokenizer is checked against."""
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    vocab = {t: i for i, t in enumerate(voc.tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in voc.merges]
+    tok = GemmaTokenizer(vocab=vocab, merges=merges)
+    tok.add_special_tokens({"additional_special_tokens": [t for t, ty in GEMMA4_SPECIALS if ty == CONTROL]})
+    return tok
+
+
+@lru_cache(maxsize=8)
+def _train_spm(limit: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Up to `limit` pieces (the corpus's characters, then merged pieces in merge order) and their
+    merges ("a b"), learned from CORPUS with spaces written "▁", split at newlines."""
+    from tokenizers import normalizers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    trainer = trainers.BpeTrainer(vocab_size=limit, show_progress=False)
+    tok.train_from_iterator([CORPUS], trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    pieces = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])][:limit]
+    kept = set(pieces)
+    merges = []
+    for m in model["merges"]:
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        if a + b not in kept:
+            break
+        merges.append(f"{a} {b}")
+    return tuple(pieces), tuple(merges)
