@@ -255,4 +255,17 @@ class Op : public testing::TestWithParam<BackendFactory> {
   size_t live_at_start_ = 0;
 };
 
+// The harness for one architecture's own ops interface (Find: gptoss_ops, qwen35_ops, ...) on each
+// backend that has it. A backend without it refuses that architecture's models at load (each file
+// checks that), so the skip hides nothing.
+template <class Ops, Ops* (*Find)(Backend&)>
+class ArchOp : public Op {
+ protected:
+  void SetUp() override {
+    Op::SetUp();
+    if (!Find(be())) GTEST_SKIP() << "the " << be().name() << " backend has no ops of this architecture";
+  }
+  Ops& ops() { return *Find(be()); }
+};
+
 }  // namespace

@@ -10,16 +10,7 @@
 
 namespace {
 
-// The V4 ops of each backend that has them (backend/ds4_ops.h); a backend without them refuses V4 models
-// at load (checked below), so its skip here hides nothing.
-class Ds4Op : public Op {
- protected:
-  void SetUp() override {
-    Op::SetUp();
-    if (!ds4_ops(be())) GTEST_SKIP() << "the " << be().name() << " backend has no DeepSeek V4 ops (CPU only)";
-  }
-  Ds4Ops& ops() { return *ds4_ops(be()); }
-};
+class Ds4Op : public ArchOp<Ds4Ops, ds4_ops> {};
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, Ds4Op, testing::ValuesIn(backends_under_test()),
                          [](const testing::TestParamInfo<BackendFactory>& i) { return i.param.name; });

@@ -13,16 +13,7 @@
 
 namespace {
 
-// The gemma4 ops of each backend that has them; a backend without them refuses gemma4 models at load
-// (checked below), so its skip here hides nothing.
-class Gemma4Op : public Op {
- protected:
-  void SetUp() override {
-    Op::SetUp();
-    if (!gemma4_ops(be())) GTEST_SKIP() << "the " << be().name() << " backend has no gemma4 ops";
-  }
-  Gemma4Ops& ops() { return *gemma4_ops(be()); }
-};
+class Gemma4Op : public ArchOp<Gemma4Ops, gemma4_ops> {};
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, Gemma4Op, testing::ValuesIn(backends_under_test()),
                          [](const testing::TestParamInfo<BackendFactory>& i) { return i.param.name; });

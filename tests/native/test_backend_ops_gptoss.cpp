@@ -10,16 +10,7 @@
 
 namespace {
 
-// The gpt-oss ops of each backend that has them; a backend without them refuses gpt-oss models at load
-// (checked below), so its skip here hides nothing.
-class OssOp : public Op {
- protected:
-  void SetUp() override {
-    Op::SetUp();
-    if (!gptoss_ops(be())) GTEST_SKIP() << "the " << be().name() << " backend has no gpt-oss ops";
-  }
-  GptOssOps& ops() { return *gptoss_ops(be()); }
-};
+class OssOp : public ArchOp<GptOssOps, gptoss_ops> {};
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, OssOp, testing::ValuesIn(backends_under_test()),
                          [](const testing::TestParamInfo<BackendFactory>& i) { return i.param.name; });

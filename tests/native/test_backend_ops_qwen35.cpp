@@ -10,17 +10,7 @@
 
 namespace {
 
-// The qwen35moe ops of each backend that has them; a backend without them refuses qwen35moe models at
-// load (checked below), so its skip here hides nothing.
-class Q35Op : public Op {
- protected:
-  void SetUp() override {
-    Op::SetUp();
-    if (!qwen35_ops(be()))
-      GTEST_SKIP() << "the " << be().name() << " backend has no qwen35moe ops (CPU only)";
-  }
-  Qwen35Ops& ops() { return *qwen35_ops(be()); }
-};
+class Q35Op : public ArchOp<Qwen35Ops, qwen35_ops> {};
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, Q35Op, testing::ValuesIn(backends_under_test()),
                          [](const testing::TestParamInfo<BackendFactory>& i) { return i.param.name; });
