@@ -18,7 +18,7 @@ import io
 import sys
 
 
-def profile(path: str, tokens: int, prompt: int, cache: str) -> None:
+def profile(path: str, tokens: int, prompt: int, cache: str, phase: str = "decode") -> None:
     import numpy as np
 
     import strata
@@ -34,6 +34,15 @@ def profile(path: str, tokens: int, prompt: int, cache: str) -> None:
     p = sampling_params(max_tokens=tokens + 2, temperature=0)
     p.stop_ids = []
     g = _core.Generator(m._m)
+    if phase == "prompt":
+        # One warm-up prompt outside the profile (first launches), then the profiled one; the warm-up's
+        # tokens differ from the first, so none of the profiled prompt is reused from the cache.
+        m.logits([(t + 1) % 1000 for t in ids[:64]])
+        drv.cuProfilerStart()
+        g.begin(ids, p)
+        g.next()  # the prompt's chunks, then the first token
+        drv.cuProfilerStop()
+        return
     g.begin(ids, p)
     g.next()  # the first token: sampled from the prompt's logits
     g.next()  # one decode step outside the profile (first launches)
@@ -70,12 +79,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--expert-cache", default="all")
+    ap.add_argument("--phase", choices=("decode", "prompt"), default="decode",
+                    help="profile decode steps, or one prompt (summarize with --tokens 1: per prompt)")
     ap.add_argument("--summarize", default=None, help="an ncu CSV log to summarize")
     a = ap.parse_args()
     if a.summarize:
         summarize(a.summarize, a.tokens)
     elif a.model:
-        profile(a.model, a.tokens, a.prompt, a.expert_cache)
+        profile(a.model, a.tokens, a.prompt, a.expert_cache, a.phase)
     else:
         sys.exit("give a model file or --summarize CSV")
 

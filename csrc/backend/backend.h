@@ -287,6 +287,26 @@ class Backend {
     matmul_q8_experts(type, t, m, rows, cols, ids, order, n, Xq, xrow_bytes, Y, ldy);
     matmul_q8_experts(type, t, m2, rows, cols, ids, order, n, Xq, xrow_bytes, Y2, ldy);
   }
+  // One run of rows that share an expert, for matmul_q8_runs: rows [row0, row0 + n) against W (and W2).
+  struct ExpertRun {
+    const void* W = nullptr;
+    const void* W2 = nullptr;
+    int64_t row0 = 0, n = 0;
+  };
+  // matmul_q8 of each run's rows against its own matrix (rows x cols of `type`, one type and shape for
+  // all), as one op: bit for bit the calls matmul_q8(type, run.W, rows, cols, Xq + run.row0 * xrow_bytes,
+  // xrow_bytes, run.n, Y + run.row0 * ldy, ldy), and with Y2 the same of run.W2 into Y2. The prompt's
+  // experts: a backend may run every run of a layer in one launch instead of one launch an expert.
+  virtual void matmul_q8_runs(uint32_t type, const ExpertRun* runs, int64_t n_runs, int64_t rows,
+                              int64_t cols, const uint8_t* Xq, size_t xrow_bytes, float* Y, float* Y2,
+                              int64_t ldy) {
+    for (int64_t j = 0; j < n_runs; ++j) {
+      const ExpertRun& r = runs[j];
+      matmul_q8(type, r.W, rows, cols, Xq + r.row0 * xrow_bytes, xrow_bytes, r.n, Y + r.row0 * ldy, ldy);
+      if (Y2)
+        matmul_q8(type, r.W2, rows, cols, Xq + r.row0 * xrow_bytes, xrow_bytes, r.n, Y2 + r.row0 * ldy, ldy);
+    }
+  }
   // The expert cache's resolution of one layer's experts on the device, as ExpertCache::prepare
   // does it on the host, in the same order: per expert in ascending id, a hit takes the next LRU
   // tick; a miss takes the slot with the smallest tick among those neither pinned nor held by this

@@ -254,8 +254,9 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
     return;
   }
   // MMQ: every (token, k) row gathered in expert order, quantized to q8_0 for weights with an
-  // integer kernel, as floats for float weights; then expert by expert into per-row outputs, which
-  // are added into proj in row order at the end.
+  // integer kernel, as floats for float weights; then, per batch of experts the cache holds at once,
+  // each matrix as one matmul_q8_runs over the batch's experts (one launch a matrix, not one an
+  // expert) into per-row outputs, which are added into proj in row order at the end.
   const int64_t n_rows = T * K;
   const bool q8_in = uses_matmul_q8(xl.gate.type) || uses_matmul_q8(xl.up.type);
   const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
@@ -263,34 +264,47 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const size_t xrb = b.xq_row_bytes;
   if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xq, xrb, var);
   if (float_in) expert_input(be, b, ffn_norm, D, K, b.expert_rows, n_rows, b.xg, var);
-  auto mm = [&](uint32_t type, const uint8_t* W, int64_t rows, int64_t cols, const uint8_t* xq,
-                const float* x, int64_t n, float* y) {
-    if (uses_matmul_q8(type))
-      be.matmul_q8(type, W, rows, cols, xq, xrb, n, y, rows);
-    else
-      be.matmul(type, W, rows, cols, x, cols, n, y, rows);
+  // The batch's experts: their row runs and matrices.
+  struct Run {
+    int64_t row0, n;
+    ExpertView v;
   };
-  // xq or xg is absent (null) when no expert type needs it: no offset may be applied to it.
-  const auto at = [](auto* p, int64_t off) { return p ? p + off : nullptr; };
-  std::vector<ExpertView> views(s.E);
+  std::vector<Run> batch;
+  std::vector<Backend::ExpertRun> runs;
+  // Matrix `m` of every expert in the batch (and m2 into Y2 when m2 >= 0) over its rows: one
+  // matmul_q8_runs for a type with an integer kernel, else a float matmul an expert.
+  const auto mm = [&](uint32_t type, int m, int m2, int64_t rows, int64_t cols, const float* x, float* Y,
+                      float* Y2) {
+    const auto mat = [](const ExpertView& v, int k) { return k == 0 ? v.gate : k == 1 ? v.up : v.down; };
+    if (uses_matmul_q8(type)) {
+      runs.clear();
+      for (const Run& r : batch) runs.push_back({mat(r.v, m), m2 >= 0 ? mat(r.v, m2) : nullptr, r.row0, r.n});
+      be.matmul_q8_runs(type, runs.data(), (int64_t)runs.size(), rows, cols, b.xq, xrb, Y, Y2, rows);
+      return;
+    }
+    for (const Run& r : batch) {
+      be.matmul(type, mat(r.v, m), rows, cols, x + r.row0 * cols, cols, r.n, Y + r.row0 * rows, rows);
+      if (m2 >= 0)
+        be.matmul(type, mat(r.v, m2), rows, cols, x + r.row0 * cols, cols, r.n, Y2 + r.row0 * rows, rows);
+    }
+  };
   for_routed(
       ctx.cache, l, r,
-      [&](int32_t e, int64_t o, int64_t n, const ExpertView& v) {
-        views[e] = v;
-        mm(xl.gate.type, v.gate, F, D, at(b.xq, o * xrb), at(b.xg, o * D), n, b.hg + o * F);
-        mm(xl.up.type, v.up, F, D, at(b.xq, o * xrb), at(b.xg, o * D), n, b.hu + o * F);
-      },
+      [&](int32_t, int64_t o, int64_t n, const ExpertView& v) { batch.push_back({o, n, v}); },
       [&](int64_t r0, int64_t r1) {
+        if (xl.gate.type == xl.up.type) {
+          mm(xl.gate.type, 0, 1, F, D, b.xg, b.hg, b.hu);
+        } else {
+          mm(xl.gate.type, 0, -1, F, D, b.xg, b.hg, nullptr);
+          mm(xl.up.type, 1, -1, F, D, b.xg, b.hu, nullptr);
+        }
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
-        // (gate/up have read them), then down, expert by expert.
+        // (gate/up have read them), then down.
         expert_swiglu(be, b, b.expert_rows + r0, r1 - r0, F, b.hg + r0 * F, b.hu + r0 * F, var);
         if (q8_down)
-          be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, at(b.xq, r0 * xrb), xrb);
-        for (int32_t e : r.ids) {
-          const int64_t o = r.off[e], n = r.off[e + 1] - o;
-          if (o < r0 || o >= r1) continue;
-          mm(xl.down.type, views[e].down, D, F, at(b.xq, o * xrb), b.hg + o * F, n, b.yd + o * D);
-        }
+          be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
+        mm(xl.down.type, 2, -1, D, F, b.hg, b.yd, nullptr);
+        batch.clear();
       });
   be.scatter_add(b.yd, b.expert_rows, b.topk_w, K, n_rows, D, b.proj);
 }

@@ -625,6 +625,63 @@ TEST_P(Op, MatmulQ8ExpertsPairIsItsCalls) {
   be().set_phase(Phase::Any);
 }
 
+// matmul_q8_runs is matmul_q8 on each run, bit for bit: runs of awkward lengths (one row, a tile, a
+// tile and one, more than two tiles) and a gap between runs that no run may write, one matrix and two.
+TEST_P(Op, MatmulQ8RunsIsMatmulQ8OnEachRun) {
+  std::mt19937 rng(41);
+  ThreadPool pool(1);
+  const std::vector<int64_t> lens = {3, 1, 16, 17, 40};
+  const int64_t gap_after = 2;  // run 2 starts one row after run 1 ends
+  for (QType t : kAllTypes) {
+    if (!uses_matmul_q8((uint32_t)t)) continue;
+    for (const bool long_rows : {false, true}) {
+      if (long_rows && t != QType::Q4_K && t != QType::Q8_0) continue;
+      const int64_t rows = 37, cols = long_rows ? long_cols_of(t) : cols_of(t), ldy = rows + 3;
+      const size_t xrb = cols / 32 * 34 + 2;
+      std::vector<Backend::ExpertRun> runs;
+      std::vector<std::vector<uint8_t>> W, W2;
+      std::vector<std::unique_ptr<Dev<uint8_t>>> dW;
+      int64_t N = 0;
+      for (size_t j = 0; j < lens.size(); ++j) {
+        if ((int64_t)j == gap_after) ++N;
+        W.push_back(random_weights(t, rows, cols, rng));
+        W2.push_back(random_weights(t, rows, cols, rng));
+        dW.push_back(std::make_unique<Dev<uint8_t>>(be(), W.back(), "W"));
+        dW.push_back(std::make_unique<Dev<uint8_t>>(be(), W2.back(), "W2"));
+        runs.push_back({dW[2 * j]->p(), dW[2 * j + 1]->p(), N, lens[j]});
+        N += lens[j];
+      }
+      const auto x = randf(rng, N * cols, -2.f, 2.f);
+      std::vector<uint8_t> xq(N * xrb, kPoison);
+      for (int64_t i = 0; i < N; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
+      Dev<uint8_t> dxq(be(), xq, "Xq");
+      for (const bool pair : {false, true}) {
+        Dev<float> Y(be(), N * ldy, "Y"), Y2(be(), N * ldy, "Y2");
+        be().matmul_q8_runs((uint32_t)t, runs.data(), (int64_t)runs.size(), rows, cols, dxq.p(), xrb, Y.p(),
+                            pair ? Y2.p() : nullptr, ldy);
+        const auto y = Y.get(), y2 = Y2.get();
+        const std::string what =
+            str("matmul_q8_runs ", quant_traits(t).name, " cols=", cols, pair ? " pair" : "");
+        std::vector<float> want(N * ldy), want2(N * ldy);
+        std::memset(want.data(), kPoison, want.size() * sizeof(float));
+        std::memset(want2.data(), kPoison, want2.size() * sizeof(float));
+        for (size_t j = 0; j < runs.size(); ++j) {
+          const int64_t r0 = runs[j].row0;
+          matmul_q8(t, W[j].data(), rows, cols, &xq[r0 * xrb], (int64_t)xrb, runs[j].n, &want[r0 * ldy], ldy,
+                    pool);
+          if (pair)
+            matmul_q8(t, W2[j].data(), rows, cols, &xq[r0 * xrb], (int64_t)xrb, runs[j].n, &want2[r0 * ldy],
+                      ldy, pool);
+        }
+        // The CPU's matmul_q8 leaves Y's gaps alone too: the whole arrays are compared, gaps and the gap row
+        // still poison.
+        expect_same(y, want, what);
+        expect_same(y2, want2, what + " (Y2)");
+      }
+    }
+  }
+}
+
 TEST_P(Op, RouterTopk) {
   std::mt19937 rng(11);
   const int64_t E = 37, K = 5;

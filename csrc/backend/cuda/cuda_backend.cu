@@ -401,6 +401,11 @@ class CudaBackend final : public Backend, public GptOssOps {
     use();
     cuda::launch_matmul_q8_experts(type, t, m, rows, cols, ids, order, n, Xq, xrow_bytes, Y, ldy, compute_);
   }
+  void matmul_q8_runs(uint32_t type, const ExpertRun* runs, int64_t n_runs, int64_t rows, int64_t cols,
+                      const uint8_t* Xq, size_t xrow_bytes, float* Y, float* Y2, int64_t ldy) override {
+    use();
+    cuda::launch_matmul_q8_runs(type, runs, n_runs, rows, cols, Xq, xrow_bytes, Y, Y2, ldy, compute_);
+  }
   void matmul_q8_experts_pair(uint32_t type, const ExpertTable& t, int m, int m2, int64_t rows, int64_t cols,
                               const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
                               size_t xrow_bytes, float* Y, float* Y2, int64_t ldy) override {

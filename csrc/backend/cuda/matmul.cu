@@ -1,6 +1,8 @@
 // The weight matmuls' launchers: argument checks, the kernel choice and the one type switch of each
 // kernel family (formats.cuh, matmul_kernels.cuh); the kernels are instantiated per format in
 // matmul_instances/.
+#include <climits>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -123,6 +125,65 @@ void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_
         t,  m, row_bytes(F::kType, cols), rows, cols, ids, order, n, nullptr, 0, Xq, xrow_bytes, Y, ldy,
         m2, Y2};
     launch_mmq_experts<F>(g, s);
+  });
+}
+
+void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_t n_runs, int64_t rows,
+                           int64_t cols, const uint8_t* Xq, size_t xrow_bytes, float* Y, float* Y2,
+                           int64_t ldy, cudaStream_t s) {
+  dispatch_matmul_q8_format(type, "matmul_q8_runs weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    const size_t rb = row_bytes(F::kType, cols);
+    check_shape("matmul_q8_runs", rows, cols, 0, ldy);
+    STRATA_CHECK(n_runs >= 0, ConfigError, "matmul_q8_runs: negative run count ", n_runs);
+    STRATA_CHECK(xrow_bytes >= static_cast<size_t>(cols / kQK8_0 * kQ8_0Bytes), ConfigError,
+                 "matmul_q8_runs: xrow_bytes=", xrow_bytes, " is smaller than a row of ", cols / kQK8_0,
+                 " q8_0 blocks");
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(Xq) % 2 == 0 && xrow_bytes % 2 == 0, ConfigError,
+                 "matmul_q8_runs: q8_0 activation rows at ", static_cast<const void*>(Xq), ", ", xrow_bytes,
+                 " bytes apart, are not 2-byte aligned");
+    if (rows == 0) return;
+    RunsQ8Args g{};
+    g.rb = rb;
+    g.rows = rows;
+    g.cols = cols;
+    g.Xq = Xq;
+    g.xrb = xrow_bytes;
+    g.Y = Y;
+    g.Y2 = Y2;
+    g.ldy = ldy;
+    int64_t tiles = 0;
+    const auto flush = [&] {
+      if (g.n_runs == 0) return;
+      g.tile0[g.n_runs] = static_cast<int32_t>(tiles);
+      launch_mmq_runs<F>(g, s);
+      g.n_runs = 0;
+      tiles = 0;
+    };
+    // A run longer than this goes in pieces, so one launch's tiles stay within CUDA's grid y limit.
+    constexpr int64_t kPieceRows = 4096 * kRunsTileRows;
+    for (int64_t j = 0; j < n_runs; ++j) {
+      const Backend::ExpertRun& r = runs[j];
+      STRATA_CHECK(r.n >= 0 && r.row0 >= 0 && r.row0 + r.n <= INT32_MAX, ConfigError, "matmul_q8_runs: run ",
+                   j, " has rows ", r.row0, " + ", r.n, ", outside 0 .. 2^31");
+      if (r.n == 0) continue;
+      check_weights<F>(r.W, rb, "matmul_q8_runs");
+      STRATA_CHECK(!Y2 || r.W2, ConfigError, "matmul_q8_runs: run ", j, " has no second matrix for Y2");
+      if (Y2) check_weights<F>(r.W2, rb, "matmul_q8_runs");
+      for (int64_t done = 0; done < r.n;) {
+        const int64_t piece = min64(r.n - done, kPieceRows), pt = ceil_div(piece, kRunsTileRows);
+        if (g.n_runs == kMaxRuns || tiles + pt > 65535) flush();
+        const int k = g.n_runs++;
+        g.W[k] = static_cast<const uint8_t*>(r.W);
+        g.W2[k] = static_cast<const uint8_t*>(r.W2);
+        g.row0[k] = static_cast<int32_t>(r.row0 + done);
+        g.n[k] = static_cast<int32_t>(piece);
+        g.tile0[k] = static_cast<int32_t>(tiles);
+        tiles += pt;
+        done += piece;
+      }
+    }
+    flush();
   });
 }
 

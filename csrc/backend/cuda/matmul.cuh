@@ -34,6 +34,12 @@ void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_
                               size_t xrow_bytes, float* Y, int64_t ldy, cudaStream_t s, int m2 = -1,
                               float* Y2 = nullptr);
 
+// Backend::matmul_q8_runs: every run in one launch (more only past 112 runs or 65535 token tiles), each
+// output bit for bit launch_matmul_q8's on its run.
+void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_t n_runs, int64_t rows,
+                           int64_t cols, const uint8_t* Xq, size_t xrow_bytes, float* Y, float* Y2,
+                           int64_t ldy, cudaStream_t s);
+
 // The kernels of launch_matmul. Gemv: fp32 products of the exact weights, for few tokens (each weight
 // byte read once, bound by memory). TensorCore: fp16 weights and activations on mma.sync with fp32
 // sums, for many (bound by arithmetic; ~1e-3 of sum|w x| at worst, see matmul_mma.cuh).

@@ -74,6 +74,26 @@ struct ExpertsArgs {
   float* Y2 = nullptr;
 };
 
+// matmul_q8_runs as one launch: run j is rows row0[j] .. row0[j] + n[j] of Xq and Y against W[j] (and
+// W2[j] into Y2 when Y2 is set, grid z 1); its token tiles are tile0[j] .. tile0[j + 1] of grid y. Passed
+// by value (__grid_constant__): up to kMaxRuns runs a launch, the launcher splits longer lists.
+constexpr int kMaxRuns = 112;
+constexpr int64_t kRunsTileRows = 16;  // a run's rows a block (matmul_q8.cuh's LargeTile)
+struct RunsQ8Args {
+  size_t rb;
+  int64_t rows, cols;
+  const uint8_t* Xq;
+  size_t xrb;
+  float* Y;
+  float* Y2;
+  int64_t ldy;
+  int n_runs;
+  int32_t row0[kMaxRuns], n[kMaxRuns], tile0[kMaxRuns + 1];
+  const uint8_t* W[kMaxRuns];
+  const uint8_t* W2[kMaxRuns];
+};
+static_assert(sizeof(RunsQ8Args) <= 4000, "a kernel's parameters fit CUDA's 4 KB");
+
 // Expert e's matrix m, or null when it is out of range or not resident (device side of expert_matrix).
 __device__ __forceinline__ const uint8_t* expert_matrix_dev(const ExpertTable& t, int m, int32_t e) {
   if (e < 0 || e >= t.E) return nullptr;
@@ -105,6 +125,9 @@ template <class F>
 void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s);
 template <class F>
 void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s);
+// One launch of g.n_runs runs whose token tiles number `tiles` (tile0[n_runs]).
+template <class F>
+void launch_mmq_runs(const RunsQ8Args& g, cudaStream_t s);
 
 // As dispatch_format (formats.cuh), over the formats with an integer kernel.
 template <class Fn>

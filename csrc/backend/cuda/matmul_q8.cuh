@@ -146,6 +146,36 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
   mmq_block<F, Tl>(a, static_cast<int64_t>(blockIdx.x) * Tl::kRB, static_cast<int64_t>(blockIdx.y) * Tl::kTB);
 }
 
+// matmul_q8_runs: block (x, y, z) is mmq_kernel's block (x, tile) of the run holding grid row y, on its
+// matrix W (z 0) or W2 (z 1). Each output gets the large tile's float steps, so the result is matmul_q8's
+// of that run bit for bit (every tile and the MMVQ kernel apply the same steps in the same order).
+static_assert(LargeTile::kTB == kRunsTileRows, "the launcher's tiles are the kernel's");
+template <class F>
+__global__ void __launch_bounds__(kThreads) mmq_runs_kernel(const __grid_constant__ RunsQ8Args g) {
+  grid_start();
+  const int y = static_cast<int>(blockIdx.y);
+  int lo = 0, hi = g.n_runs;  // tile0[lo] <= y < tile0[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (g.tile0[mid] <= y)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const bool second = blockIdx.z != 0;
+  const MatmulQ8Args a{second ? g.W2[lo] : g.W[lo],
+                       g.rb,
+                       g.rows,
+                       g.cols,
+                       g.Xq + static_cast<size_t>(g.row0[lo]) * g.xrb,
+                       g.xrb,
+                       g.n[lo],
+                       (second ? g.Y2 : g.Y) + static_cast<int64_t>(g.row0[lo]) * g.ldy,
+                       g.ldy};
+  mmq_block<F, LargeTile>(a, static_cast<int64_t>(blockIdx.x) * LargeTile::kRB,
+                          static_cast<int64_t>(y - g.tile0[lo]) * LargeTile::kTB);
+}
+
 // ---- one token (decode): the MMVQ kernel ----
 // Per output the same float steps in the same order as mmq_block (the blocks' q8_fma in column order
 // on one accumulator from 0), so results are bit for bit the CPU's and the tile kernel's; the work is
@@ -287,6 +317,15 @@ void launch_tile(const MatmulQ8Args& a, cudaStream_t s) {
 }
 
 }  // namespace mmq
+
+template <class F>
+void launch_mmq_runs(const RunsQ8Args& g, cudaStream_t s) {
+  using namespace mmq;
+  const dim3 grid(grid_x(ceil_div(g.rows, LargeTile::kRB)), static_cast<unsigned>(g.tile0[g.n_runs]),
+                  g.Y2 ? 2u : 1u);
+  launch_kernel(mmq_runs_kernel<F>, grid, kThreads, 0, s, g);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
 
 template <class F>
 void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {

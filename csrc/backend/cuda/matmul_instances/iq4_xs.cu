@@ -11,5 +11,6 @@ template void launch_gemv_experts<unit::IQ4_XS>(const ExpertsArgs&, cudaStream_t
 template void launch_mma<unit::IQ4_XS>(const MatmulArgs&, cudaStream_t);
 template void launch_mmq<unit::IQ4_XS>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::IQ4_XS>(const ExpertsArgs&, cudaStream_t);
+template void launch_mmq_runs<unit::IQ4_XS>(const RunsQ8Args&, cudaStream_t);
 
 }  // namespace strata::cuda

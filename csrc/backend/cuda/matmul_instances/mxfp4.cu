@@ -11,5 +11,6 @@ template void launch_gemv_experts<unit::MXFP4>(const ExpertsArgs&, cudaStream_t)
 template void launch_mma<unit::MXFP4>(const MatmulArgs&, cudaStream_t);
 template void launch_mmq<unit::MXFP4>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::MXFP4>(const ExpertsArgs&, cudaStream_t);
+template void launch_mmq_runs<unit::MXFP4>(const RunsQ8Args&, cudaStream_t);
 
 }  // namespace strata::cuda
