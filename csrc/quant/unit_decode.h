@@ -203,6 +203,8 @@ struct Q8Act {
 // The formats with an integer kernel (uses_matmul_q8) add kPairs, kNeedsXSum and
 //   q8_weights(b, j, w): 32-element block j of the block at b;
 //   q8_ints(w, x, iv): the block's integer sums against one activation block (exact);
+//   q8_iv(w, lo, hi, xlo, xhi, iv): the same sums from the dot products of the block's halves (lo: lanes
+//     0-15, hi: 16-31, as tensor cores form them) and the activation halves' lane sums;
 //   q8_fma(w, dx, iv, a): the block's float steps onto the accumulator a, quant.h's formula. ----
 
 struct F32 {
@@ -268,6 +270,7 @@ struct Q8_0 {
     for (int i = 0; i < 8; ++i) s = dp4a(w.q[i], x.q[i], s);
     iv[0] = s;
   }
+  STRATA_HD static void q8_iv(const Q8Weights&, int lo, int hi, int, int, int* iv) { iv[0] = lo + hi; }
   // a = fma(d * dx, S(w_q), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int iv[kPairs], float a) {
     return fma_rn(mul(w.d, dx), static_cast<float>(iv[0]), a);
@@ -318,6 +321,10 @@ struct Q4_K {
     for (int i = 0; i < 8; ++i) s = dp4a(w.q[i], x.q[i], s);
     iv[0] = w.k0 * s;
     iv[1] = w.m * x.sum;
+  }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int xlo, int xhi, int* iv) {
+    iv[0] = w.k0 * (lo + hi);
+    iv[1] = w.m * (xlo + xhi);
   }
   // a = fma(d * dx, sc * S(q4), a); a = fma(-(dmin * dx), m * S(1), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int iv[kPairs], float a) {
@@ -375,6 +382,9 @@ struct Q6_K {
       lo = dp4a(w.q[i], x.q[i], lo);
       hi = dp4a(w.q[i + 4], x.q[i + 4], hi);
     }
+    iv[0] = w.k0 * lo + w.k1 * hi;
+  }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int, int, int* iv) {
     iv[0] = w.k0 * lo + w.k1 * hi;
   }
   // a = fma(d * dx, sc_lo * S_lo(q6 - 32) + sc_hi * S_hi(q6 - 32), a)
@@ -436,6 +446,9 @@ struct IQ2_XS {
     }
     iv[0] = w.k0 * lo + w.k1 * hi;
   }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int, int, int* iv) {
+    iv[0] = w.k0 * lo + w.k1 * hi;
+  }
   // a = fma((d * dx) * 0.125f, (2 s_lo + 1) S_lo(g) + (2 s_hi + 1) S_hi(g), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int iv[kPairs], float a) {
     return fma_rn(mul(mul(w.d, dx), kIq2xsOddScaleUnit), static_cast<float>(iv[0]), a);
@@ -488,6 +501,10 @@ struct Q2_K {
       xlo = dp4a(kOnes, x.q[i], xlo);
       xhi = dp4a(kOnes, x.q[i + 4], xhi);
     }
+    iv[0] = w.k0 * lo + w.k1 * hi;
+    iv[1] = w.m * xlo + w.m1 * xhi;
+  }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int xlo, int xhi, int* iv) {
     iv[0] = w.k0 * lo + w.k1 * hi;
     iv[1] = w.m * xlo + w.m1 * xhi;
   }
@@ -550,6 +567,9 @@ struct IQ2_XXS {
     STRATA_UNROLL
     for (int i = 0; i < 8; ++i) s = dp4a(w.q[i], x.q[i], s);
     iv[0] = w.k0 * s;
+  }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int, int, int* iv) {
+    iv[0] = w.k0 * (lo + hi);
   }
   // a = fma((d * dx) * 0.125f, (2 s + 1) S(g), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int iv[kPairs], float a) {

@@ -58,6 +58,10 @@ struct Q5_K {
     iv[0] = w.k0 * s;
     iv[1] = w.m * x.sum;
   }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int xlo, int xhi, int* iv) {
+    iv[0] = w.k0 * (lo + hi);
+    iv[1] = w.m * (xlo + xhi);
+  }
   // a = fma(d * dx, sc * S(q5), a); a = fma(-(dmin * dx), m * S(1), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int* iv, float a) {
     a = fma_rn(mul(w.d, dx), static_cast<float>(iv[0]), a);
@@ -115,6 +119,9 @@ struct Q3_K {
     }
     iv[0] = w.k0 * lo + w.k1 * hi;
   }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int, int, int* iv) {
+    iv[0] = w.k0 * lo + w.k1 * hi;
+  }
   // a = fma(d * dx, sc_lo * S_lo(q3) + sc_hi * S_hi(q3), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int* iv, float a) {
     return fma_rn(mul(w.d, dx), static_cast<float>(iv[0]), a);
@@ -160,6 +167,9 @@ struct IQ4_XS {
     STRATA_UNROLL
     for (int i = 0; i < 8; ++i) s = dp4a(w.q[i], x.q[i], s);
     iv[0] = w.k0 * s;
+  }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int, int, int* iv) {
+    iv[0] = w.k0 * (lo + hi);
   }
   // a = fma(d * dx, sc * S(v), a)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int* iv, float a) {

@@ -79,6 +79,11 @@ struct Legacy32 {
     iv[0] = s;
     if constexpr (Self::kHasMin) iv[1] = x.sum;
   }
+  STRATA_HD static void q8_iv(const Q8Weights&, int lo, int hi, [[maybe_unused]] int xlo,
+                              [[maybe_unused]] int xhi, int* iv) {
+    iv[0] = lo + hi;
+    if constexpr (Self::kHasMin) iv[1] = xlo + xhi;
+  }
   // a = fma(d * dx, S(v), a) (and a = fma(m * dx, S(1), a) with a min)
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int* iv, float a) {
     a = fma_rn(mul(w.d, dx), static_cast<float>(iv[0]), a);

@@ -75,6 +75,9 @@ struct GridQ8 {
     }
     iv[0] = Halves ? w.k0 * lo + w.k1 * hi : w.k0 * (lo + hi);
   }
+  STRATA_HD static void q8_iv(const Q8Weights& w, int lo, int hi, int, int, int* iv) {
+    iv[0] = Halves ? w.k0 * lo + w.k1 * hi : w.k0 * (lo + hi);
+  }
   STRATA_HD static float q8_fma(const Q8Weights& w, float dx, const int* iv, float a) {
     return fma_rn(mul(w.d, dx), static_cast<float>(iv[0]), a);
   }

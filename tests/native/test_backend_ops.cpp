@@ -234,44 +234,58 @@ TEST_P(Op, QuantizeQ8_0) {
       }
 }
 
+// The GPU's integer kernels of many tokens have two tiles, dp4a and tensor cores (STRATA_CUDA_MMA_Q8=1):
+// the tests below run a GPU backend under both.
+class MmaQ8Env {
+ public:
+  explicit MmaQ8Env(bool on) { setenv("STRATA_CUDA_MMA_Q8", on ? "1" : "0", 1); }
+  ~MmaQ8Env() { unsetenv("STRATA_CUDA_MMA_Q8"); }
+};
+std::vector<bool> mma_q8_modes(Backend& be) {
+  return be.host_is_device() ? std::vector<bool>{false} : std::vector<bool>{false, true};
+}
+
 TEST_P(Op, MatmulQ8) {
-  std::mt19937 rng(6);
-  ThreadPool pool(1);
-  for (QType t : kAllTypes) {
-    if (!uses_matmul_q8((uint32_t)t)) continue;
-    for (const bool long_rows : {false, true}) {
-      const int64_t cols = long_rows ? long_cols_of(t) : cols_of(t);
-      const size_t rb = row_bytes(t, cols), xrb = cols / 32 * 34 + 6;
-      for (int64_t rows : {1, 37, 129}) {  // 37, 129: no tile shape divides them
-        if (long_rows && rows != 37) continue;
-        const auto W = random_weights(t, rows, cols, rng);
-        Dev<uint8_t> dW(be(), W, "W");
-        for (int64_t T : kMatmulTs) {
-          if ((rows != 37 || long_rows) && !few_tokens(T)) continue;
-          const int64_t ldy = rows + 3;
-          const auto x = randf(rng, T * cols, -2.f, 2.f);
-          std::vector<uint8_t> xq(T * xrb, kPoison);
-          for (int64_t i = 0; i < T; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
-          Dev<uint8_t> dxq(be(), xq, "Xq");
-          Dev<float> Y(be(), T * ldy, "Y");
-          be().matmul_q8((uint32_t)t, dW.p(), rows, cols, dxq.p(), xrb, T, Y.p(), ldy);
-          const auto y = Y.get();
-          std::vector<float> got(T * rows), cpu(T * rows);
-          std::vector<double> want(T * rows), mag(T * rows);
-          matmul_q8(t, W.data(), rows, cols, xq.data(), (int64_t)xrb, T, cpu.data(), rows, pool);
-          for (int64_t i = 0; i < T; ++i)
-            for (int64_t r = 0; r < rows; ++r) {
-              const ref::Val v = ref::dot_q8(t, &W[r * rb], &xq[i * xrb], cols);
-              got[i * rows + r] = y[i * ldy + r];
-              want[i * rows + r] = v.v;
-              mag[i * rows + r] = v.mag + 1e-30;
-            }
-          const std::string what =
-              str("matmul_q8 ", quant_traits(t).name, " rows=", rows, " cols=", cols, " T=", T);
-          // Every backend applies quant.h's float steps in the CPU's order: the CPU's bits.
-          expect_same(got, cpu, what + " against the CPU's matmul_q8");
-          expect_err(max_err(got, want, mag), bounds().matmul_q8, what);
-          expect_gaps_untouched(y, T, rows, ldy, what);
+  for (const bool mma : mma_q8_modes(be())) {
+    const MmaQ8Env env(mma);
+    std::mt19937 rng(6);
+    ThreadPool pool(1);
+    for (QType t : kAllTypes) {
+      if (!uses_matmul_q8((uint32_t)t)) continue;
+      for (const bool long_rows : {false, true}) {
+        const int64_t cols = long_rows ? long_cols_of(t) : cols_of(t);
+        const size_t rb = row_bytes(t, cols), xrb = cols / 32 * 34 + 6;
+        for (int64_t rows : {1, 37, 129}) {  // 37, 129: no tile shape divides them
+          if (long_rows && rows != 37) continue;
+          const auto W = random_weights(t, rows, cols, rng);
+          Dev<uint8_t> dW(be(), W, "W");
+          for (int64_t T : kMatmulTs) {
+            if ((rows != 37 || long_rows) && !few_tokens(T)) continue;
+            const int64_t ldy = rows + 3;
+            const auto x = randf(rng, T * cols, -2.f, 2.f);
+            std::vector<uint8_t> xq(T * xrb, kPoison);
+            for (int64_t i = 0; i < T; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
+            Dev<uint8_t> dxq(be(), xq, "Xq");
+            Dev<float> Y(be(), T * ldy, "Y");
+            be().matmul_q8((uint32_t)t, dW.p(), rows, cols, dxq.p(), xrb, T, Y.p(), ldy);
+            const auto y = Y.get();
+            std::vector<float> got(T * rows), cpu(T * rows);
+            std::vector<double> want(T * rows), mag(T * rows);
+            matmul_q8(t, W.data(), rows, cols, xq.data(), (int64_t)xrb, T, cpu.data(), rows, pool);
+            for (int64_t i = 0; i < T; ++i)
+              for (int64_t r = 0; r < rows; ++r) {
+                const ref::Val v = ref::dot_q8(t, &W[r * rb], &xq[i * xrb], cols);
+                got[i * rows + r] = y[i * ldy + r];
+                want[i * rows + r] = v.v;
+                mag[i * rows + r] = v.mag + 1e-30;
+              }
+            const std::string what = str("matmul_q8 ", quant_traits(t).name, " rows=", rows, " cols=", cols,
+                                         " T=", T, mma ? " (tensor cores)" : "");
+            // Every backend applies quant.h's float steps in the CPU's order: the CPU's bits.
+            expect_same(got, cpu, what + " against the CPU's matmul_q8");
+            expect_err(max_err(got, want, mag), bounds().matmul_q8, what);
+            expect_gaps_untouched(y, T, rows, ldy, what);
+          }
         }
       }
     }
@@ -628,55 +642,58 @@ TEST_P(Op, MatmulQ8ExpertsPairIsItsCalls) {
 // matmul_q8_runs is matmul_q8 on each run, bit for bit: runs of awkward lengths (one row, a tile, a
 // tile and one, more than two tiles) and a gap between runs that no run may write, one matrix and two.
 TEST_P(Op, MatmulQ8RunsIsMatmulQ8OnEachRun) {
-  std::mt19937 rng(41);
-  ThreadPool pool(1);
-  const std::vector<int64_t> lens = {3, 1, 16, 17, 40};
-  const int64_t gap_after = 2;  // run 2 starts one row after run 1 ends
-  for (QType t : kAllTypes) {
-    if (!uses_matmul_q8((uint32_t)t)) continue;
-    for (const bool long_rows : {false, true}) {
-      if (long_rows && t != QType::Q4_K && t != QType::Q8_0) continue;
-      const int64_t rows = 37, cols = long_rows ? long_cols_of(t) : cols_of(t), ldy = rows + 3;
-      const size_t xrb = cols / 32 * 34 + 2;
-      std::vector<Backend::ExpertRun> runs;
-      std::vector<std::vector<uint8_t>> W, W2;
-      std::vector<std::unique_ptr<Dev<uint8_t>>> dW;
-      int64_t N = 0;
-      for (size_t j = 0; j < lens.size(); ++j) {
-        if ((int64_t)j == gap_after) ++N;
-        W.push_back(random_weights(t, rows, cols, rng));
-        W2.push_back(random_weights(t, rows, cols, rng));
-        dW.push_back(std::make_unique<Dev<uint8_t>>(be(), W.back(), "W"));
-        dW.push_back(std::make_unique<Dev<uint8_t>>(be(), W2.back(), "W2"));
-        runs.push_back({dW[2 * j]->p(), dW[2 * j + 1]->p(), N, lens[j]});
-        N += lens[j];
-      }
-      const auto x = randf(rng, N * cols, -2.f, 2.f);
-      std::vector<uint8_t> xq(N * xrb, kPoison);
-      for (int64_t i = 0; i < N; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
-      Dev<uint8_t> dxq(be(), xq, "Xq");
-      for (const bool pair : {false, true}) {
-        Dev<float> Y(be(), N * ldy, "Y"), Y2(be(), N * ldy, "Y2");
-        be().matmul_q8_runs((uint32_t)t, runs.data(), (int64_t)runs.size(), rows, cols, dxq.p(), xrb, Y.p(),
-                            pair ? Y2.p() : nullptr, ldy);
-        const auto y = Y.get(), y2 = Y2.get();
-        const std::string what =
-            str("matmul_q8_runs ", quant_traits(t).name, " cols=", cols, pair ? " pair" : "");
-        std::vector<float> want(N * ldy), want2(N * ldy);
-        std::memset(want.data(), kPoison, want.size() * sizeof(float));
-        std::memset(want2.data(), kPoison, want2.size() * sizeof(float));
-        for (size_t j = 0; j < runs.size(); ++j) {
-          const int64_t r0 = runs[j].row0;
-          matmul_q8(t, W[j].data(), rows, cols, &xq[r0 * xrb], (int64_t)xrb, runs[j].n, &want[r0 * ldy], ldy,
-                    pool);
-          if (pair)
-            matmul_q8(t, W2[j].data(), rows, cols, &xq[r0 * xrb], (int64_t)xrb, runs[j].n, &want2[r0 * ldy],
-                      ldy, pool);
+  for (const bool mma : mma_q8_modes(be())) {
+    const MmaQ8Env env(mma);
+    std::mt19937 rng(41);
+    ThreadPool pool(1);
+    const std::vector<int64_t> lens = {3, 1, 16, 17, 40};
+    const int64_t gap_after = 2;  // run 2 starts one row after run 1 ends
+    for (QType t : kAllTypes) {
+      if (!uses_matmul_q8((uint32_t)t)) continue;
+      for (const bool long_rows : {false, true}) {
+        if (long_rows && t != QType::Q4_K && t != QType::Q8_0) continue;
+        const int64_t rows = 37, cols = long_rows ? long_cols_of(t) : cols_of(t), ldy = rows + 3;
+        const size_t xrb = cols / 32 * 34 + 2;
+        std::vector<Backend::ExpertRun> runs;
+        std::vector<std::vector<uint8_t>> W, W2;
+        std::vector<std::unique_ptr<Dev<uint8_t>>> dW;
+        int64_t N = 0;
+        for (size_t j = 0; j < lens.size(); ++j) {
+          if ((int64_t)j == gap_after) ++N;
+          W.push_back(random_weights(t, rows, cols, rng));
+          W2.push_back(random_weights(t, rows, cols, rng));
+          dW.push_back(std::make_unique<Dev<uint8_t>>(be(), W.back(), "W"));
+          dW.push_back(std::make_unique<Dev<uint8_t>>(be(), W2.back(), "W2"));
+          runs.push_back({dW[2 * j]->p(), dW[2 * j + 1]->p(), N, lens[j]});
+          N += lens[j];
         }
-        // The CPU's matmul_q8 leaves Y's gaps alone too: the whole arrays are compared, gaps and the gap row
-        // still poison.
-        expect_same(y, want, what);
-        expect_same(y2, want2, what + " (Y2)");
+        const auto x = randf(rng, N * cols, -2.f, 2.f);
+        std::vector<uint8_t> xq(N * xrb, kPoison);
+        for (int64_t i = 0; i < N; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
+        Dev<uint8_t> dxq(be(), xq, "Xq");
+        for (const bool pair : {false, true}) {
+          Dev<float> Y(be(), N * ldy, "Y"), Y2(be(), N * ldy, "Y2");
+          be().matmul_q8_runs((uint32_t)t, runs.data(), (int64_t)runs.size(), rows, cols, dxq.p(), xrb, Y.p(),
+                              pair ? Y2.p() : nullptr, ldy);
+          const auto y = Y.get(), y2 = Y2.get();
+          const std::string what =
+              str("matmul_q8_runs ", quant_traits(t).name, " cols=", cols, pair ? " pair" : "");
+          std::vector<float> want(N * ldy), want2(N * ldy);
+          std::memset(want.data(), kPoison, want.size() * sizeof(float));
+          std::memset(want2.data(), kPoison, want2.size() * sizeof(float));
+          for (size_t j = 0; j < runs.size(); ++j) {
+            const int64_t r0 = runs[j].row0;
+            matmul_q8(t, W[j].data(), rows, cols, &xq[r0 * xrb], (int64_t)xrb, runs[j].n, &want[r0 * ldy],
+                      ldy, pool);
+            if (pair)
+              matmul_q8(t, W2[j].data(), rows, cols, &xq[r0 * xrb], (int64_t)xrb, runs[j].n, &want2[r0 * ldy],
+                        ldy, pool);
+          }
+          // The CPU's matmul_q8 leaves Y's gaps alone too: the whole arrays are compared, gaps and the gap
+          // row still poison.
+          expect_same(y, want, what);
+          expect_same(y2, want2, what + " (Y2)");
+        }
       }
     }
   }

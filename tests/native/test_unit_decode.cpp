@@ -161,6 +161,20 @@ void check_q8(int64_t cols, std::mt19937& rng) {
           const float dx = unit::q8_act<F>(sx.p + t * xrb + blk * kQ8_0Bytes, xa);
           int iv[F::kPairs];
           F::q8_ints(wq, xa, iv);
+          // The same sums from the halves' dot products (as the tensor-core kernel forms them).
+          int half[2] = {0, 0}, xhalf[2] = {0, 0};
+          for (int i = 0; i < 8; ++i)
+            for (int k = 0; k < 4; ++k) {
+              const int wv = static_cast<int8_t>(wq.q[i] >> (8 * k)),
+                        xv = static_cast<int8_t>(xa.q[i] >> (8 * k));
+              half[i / 4] += wv * xv;
+              xhalf[i / 4] += xv;
+            }
+          int iv2[F::kPairs];
+          F::q8_iv(wq, half[0], half[1], xhalf[0], xhalf[1], iv2);
+          for (int p = 0; p < F::kPairs; ++p)
+            ASSERT_EQ(iv2[p], iv[p]) << quant_traits(F::kType).name << " q8_iv pair " << p << " block "
+                                     << blk;
           a = F::q8_fma(wq, dx, iv, a);
         }
         ASSERT_EQ(bits_from_f32(a), bits_from_f32(want[t * rows + r]))

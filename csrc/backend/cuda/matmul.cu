@@ -2,6 +2,8 @@
 // kernel family (formats.cuh, matmul_kernels.cuh); the kernels are instantiated per format in
 // matmul_instances/.
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul.cuh"
@@ -26,6 +28,17 @@ void check_weights(const void* W, size_t rb, const char* op) {
 }
 
 }  // namespace
+
+bool mma_q8_on() {
+  static const bool capable = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major >= 8;
+  }();
+  const char* e = std::getenv("STRATA_CUDA_MMA_Q8");
+  return capable && e && std::strcmp(e, "1") == 0;
+}
 
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
@@ -152,6 +165,8 @@ void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_
     g.Y = Y;
     g.Y2 = Y2;
     g.ldy = ldy;
+    g.mma = mma_q8_on();
+    const int64_t tile_rows = g.mma ? kRunsMmaTileRows : kRunsTileRows;
     int64_t tiles = 0;
     const auto flush = [&] {
       if (g.n_runs == 0) return;
@@ -161,7 +176,7 @@ void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_
       tiles = 0;
     };
     // A run longer than this goes in pieces, so one launch's tiles stay within CUDA's grid y limit.
-    constexpr int64_t kPieceRows = 4096 * kRunsTileRows;
+    constexpr int64_t kPieceRows = 4096 * kRunsTileRows;  // at most 4096 tiles a piece, either tile
     for (int64_t j = 0; j < n_runs; ++j) {
       const Backend::ExpertRun& r = runs[j];
       STRATA_CHECK(r.n >= 0 && r.row0 >= 0 && r.row0 + r.n <= INT32_MAX, ConfigError, "matmul_q8_runs: run ",
@@ -171,7 +186,7 @@ void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_
       STRATA_CHECK(!Y2 || r.W2, ConfigError, "matmul_q8_runs: run ", j, " has no second matrix for Y2");
       if (Y2) check_weights<F>(r.W2, rb, "matmul_q8_runs");
       for (int64_t done = 0; done < r.n;) {
-        const int64_t piece = min64(r.n - done, kPieceRows), pt = ceil_div(piece, kRunsTileRows);
+        const int64_t piece = min64(r.n - done, kPieceRows), pt = ceil_div(piece, tile_rows);
         if (g.n_runs == kMaxRuns || tiles + pt > 65535) flush();
         const int k = g.n_runs++;
         g.W[k] = static_cast<const uint8_t*>(r.W);

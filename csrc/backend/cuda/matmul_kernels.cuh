@@ -78,7 +78,8 @@ struct ExpertsArgs {
 // W2[j] into Y2 when Y2 is set, grid z 1); its token tiles are tile0[j] .. tile0[j + 1] of grid y. Passed
 // by value (__grid_constant__): up to kMaxRuns runs a launch, the launcher splits longer lists.
 constexpr int kMaxRuns = 112;
-constexpr int64_t kRunsTileRows = 16;  // a run's rows a block (matmul_q8.cuh's LargeTile)
+constexpr int64_t kRunsTileRows = 16;     // a run's rows a block (matmul_q8.cuh's LargeTile)
+constexpr int64_t kRunsMmaTileRows = 32;  // the same on tensor cores (matmul_q8_mma.cuh)
 struct RunsQ8Args {
   size_t rb;
   int64_t rows, cols;
@@ -88,6 +89,7 @@ struct RunsQ8Args {
   float* Y2;
   int64_t ldy;
   int n_runs;
+  bool mma;  // the tensor-core tile (matmul_q8_mma.cuh; its tiles are mmq_mma::kTB rows of a run)
   int32_t row0[kMaxRuns], n[kMaxRuns], tile0[kMaxRuns + 1];
   const uint8_t* W[kMaxRuns];
   const uint8_t* W2[kMaxRuns];
@@ -128,6 +130,10 @@ void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s);
 // One launch of g.n_runs runs whose token tiles number `tiles` (tile0[n_runs]).
 template <class F>
 void launch_mmq_runs(const RunsQ8Args& g, cudaStream_t s);
+
+// Whether matmul_q8 of many tokens (and matmul_q8_runs) runs on the tensor-core tile: a device of compute
+// capability 8.0 or later and STRATA_CUDA_MMA_Q8=1 (read at each launch, so tests can run both tiles).
+bool mma_q8_on();
 
 // As dispatch_format (formats.cuh), over the formats with an integer kernel.
 template <class Fn>

@@ -11,6 +11,7 @@
 #pragma once
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/matmul_q8_mma.cuh"
 #include "backend/cuda/tile.cuh"
 
 namespace strata::cuda {
@@ -149,7 +150,8 @@ __global__ void __launch_bounds__(kThreads) mmq_kernel(MatmulQ8Args a) {
 // matmul_q8_runs: block (x, y, z) is mmq_kernel's block (x, tile) of the run holding grid row y, on its
 // matrix W (z 0) or W2 (z 1). Each output gets the large tile's float steps, so the result is matmul_q8's
 // of that run bit for bit (every tile and the MMVQ kernel apply the same steps in the same order).
-static_assert(LargeTile::kTB == kRunsTileRows, "the launcher's tiles are the kernel's");
+static_assert(LargeTile::kTB == kRunsTileRows && mmq_mma::kTB == kRunsMmaTileRows,
+              "the launcher's tiles are the kernels'");
 template <class F>
 __global__ void __launch_bounds__(kThreads) mmq_runs_kernel(const __grid_constant__ RunsQ8Args g) {
   grid_start();
@@ -316,14 +318,33 @@ void launch_tile(const MatmulQ8Args& a, cudaStream_t s) {
   }
 }
 
+template <class F>
+void launch_mma_tile(const MatmulQ8Args& a, cudaStream_t s) {
+  const int64_t per_launch = kMaxGridY * mmq_mma::kTB;
+  for (int64_t t0 = 0; t0 < a.T; t0 += per_launch) {
+    MatmulQ8Args g = a;
+    g.Xq = a.Xq + t0 * a.xrb;
+    g.Y = a.Y + t0 * a.ldy;
+    g.T = min64(per_launch, a.T - t0);
+    const dim3 grid(grid_x(ceil_div(a.rows, mmq_mma::kRB)),
+                    static_cast<unsigned>(ceil_div(g.T, mmq_mma::kTB)));
+    launch_kernel(mmq_mma::mma_kernel<F>, grid, mmq_mma::kThreads, 0, s, g);
+    STRATA_CUDA_LAUNCH_CHECK();
+  }
+}
+
 }  // namespace mmq
 
 template <class F>
 void launch_mmq_runs(const RunsQ8Args& g, cudaStream_t s) {
   using namespace mmq;
-  const dim3 grid(grid_x(ceil_div(g.rows, LargeTile::kRB)), static_cast<unsigned>(g.tile0[g.n_runs]),
-                  g.Y2 ? 2u : 1u);
-  launch_kernel(mmq_runs_kernel<F>, grid, kThreads, 0, s, g);
+  const unsigned y = static_cast<unsigned>(g.tile0[g.n_runs]), z = g.Y2 ? 2u : 1u;
+  if (g.mma)
+    launch_kernel(mmq_mma::mma_runs_kernel<F>, dim3(grid_x(ceil_div(g.rows, mmq_mma::kRB)), y, z),
+                  mmq_mma::kThreads, 0, s, g);
+  else
+    launch_kernel(mmq_runs_kernel<F>, dim3(grid_x(ceil_div(g.rows, LargeTile::kRB)), y, z), kThreads, 0, s,
+                  g);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -340,6 +361,8 @@ void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
     launch_tile<F, SmallTile<4>>(a, s);
   else if (a.T <= kSmallMaxT)
     launch_tile<F, SmallTile<8>>(a, s);
+  else if (mma_q8_on())
+    launch_mma_tile<F>(a, s);
   else
     launch_tile<F, LargeTile>(a, s);
 }
