@@ -131,7 +131,7 @@ class Dev {
         break;
       }
     std::vector<T> v(n_);
-    std::memcpy(v.data(), h.data(), bytes());
+    if (bytes()) std::memcpy(v.data(), h.data(), bytes());  // an empty vector's data() may be null
     return v;
   }
 
