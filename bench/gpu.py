@@ -157,7 +157,10 @@ def strata_config(path: str, cfg: Config, gen: int, hbm: float, link: float, dev
         ms = st["decode_ms"] / passes
         miss_per_token = streamed / passes
         floor_ms = 1e3 * ((read_bytes - miss_per_token) / hbm + miss_per_token / link)
+        pf = {k: c1[f"prefetch_{k}"] - c0[f"prefetch_{k}"] for k in ("fills", "used", "wasted")}
         rows.append(Row("", cfg.label, f"tg{gen}@{n}", strata_tps=st["decode_tps"], extra={
+            **{f"prefetch_{k}": v for k, v in pf.items()},
+            "prefetch_accuracy": pf["used"] / pf["fills"] if pf["fills"] else None,
             "ms_per_token": ms, "floor_ms": floor_ms, "over_floor": ms / floor_ms,
             "hit_rate": hits / (hits + misses) if hits + misses else 1.0, "gb_streamed": streamed / 1e9,
             "link_gbps": streamed / 1e9 / (st["decode_ms"] / 1e3) if st["decode_ms"] else 0.0,
@@ -245,7 +248,7 @@ def wait_for(binary: str, seconds: float) -> bool:
 def print_table(rows: list[Row], hbm: float, link: float) -> None:
     print(f"\nfloor: weights read / {hbm / 1e12:.1f} TB/s + missed bytes / {link / 1e9:.0f} GB/s")
     hdr = (f"{'scenario':<8} {'config':<34} {'test':<10} {'llama.cpp':>9} {'strata':>9} {'ratio':>6} "
-           f"{'ms/tok':>7} {'floor':>6} {'hit':>6} {'GB':>7} {'GB/s':>6}")
+           f"{'ms/tok':>7} {'floor':>6} {'hit':>6} {'GB':>7} {'GB/s':>6} {'pf acc':>6}")
     print(hdr)
     for r in rows:
         e = r.extra
@@ -256,7 +259,8 @@ def print_table(rows: list[Row], hbm: float, link: float) -> None:
         print(f"{r.scenario:<8} {r.config[:34]:<34} {r.test:<10} {f(r.llama_tps, '9.1f'):>9} "
               f"{f(r.strata_tps, '9.1f'):>9} {f(r.ratio, '6.2f'):>6} {f(e.get('ms_per_token'), '7.2f'):>7} "
               f"{f(e.get('floor_ms'), '6.2f'):>6} {f(e.get('hit_rate'), '6.3f'):>6} "
-              f"{f(e.get('gb_streamed'), '7.2f'):>7} {f(e.get('link_gbps'), '6.1f'):>6}")
+              f"{f(e.get('gb_streamed'), '7.2f'):>7} {f(e.get('link_gbps'), '6.1f'):>6} "
+              f"{f(e.get('prefetch_accuracy'), '6.3f'):>6}")
 
 
 def main() -> None:
@@ -282,6 +286,8 @@ def main() -> None:
     ap.add_argument("--hbm-gbps", type=float, default=4300, help="HBM bandwidth for the floor, GB/s")
     ap.add_argument("--link-gbps", type=float, default=54, help="host link bandwidth for the floor, GB/s")
     ap.add_argument("--device", default="cuda", help="strata's device (cpu: a smoke test of this script)")
+    ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
+                    help="decode with --prefetch (bounded caches): off, on, or both side by side")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     hbm, link = a.hbm_gbps * 1e9, a.link_gbps * 1e9
@@ -312,9 +318,17 @@ def main() -> None:
         path = files[SCENARIO_PRESETS[s][0]]
         info = strata.ModelInfo(path)
         gen = max(8, a.gen_tokens // 4) if s == "235b" else a.gen_tokens
+        chosen = []
         for cfg in configs(s, info, a.quick):
             if a.only and not any(cfg.label.startswith(o) for o in a.only.split(",")):
                 continue
+            bounded = cfg.load.get("expert_cache") != "all"
+            if a.prefetch != "on" or not bounded:
+                chosen.append(cfg)
+            if a.prefetch != "off" and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
+                chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch", load={**cfg.load,
+                              "prefetch": True}, prompts=(), ncmoe=None if a.prefetch == "both" else cfg.ncmoe))
+        for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())
             t0 = time.monotonic()

@@ -40,26 +40,41 @@ void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const
   for (int64_t i = 0; i < r.n; ++i) {
     const int32_t e = r.ids[r.order[i]];
     if (e < 0 || e >= r.E) {
-      ++r.counters[4];
+      if (!r.prefetch) ++r.counters[4];
       continue;
     }
     int32_t s = r.table[base + e];
     if (s >= 0) {
       if (r.held[s]) continue;  // named twice
+      if (r.prefetch) {         // resident already: kept from this call's victims, nothing else
+        r.held[s] = 1;
+        continue;
+      }
       ++r.counters[0];
+      if (r.pref && r.pref[s]) {
+        ++r.counters[6];
+        r.pref[s] = 0;
+      }
     } else {
       s = victim();
       if (s < 0) {
-        ++r.counters[4];
+        if (!r.prefetch) ++r.counters[4];
         continue;
       }
       if (r.key[s] >= 0) {
         r.table[r.key[s]] = -1;
         ++r.counters[3];
       }
+      if (r.pref && r.pref[s]) ++r.counters[7];
+      if (r.pref) r.pref[s] = r.prefetch ? 1 : 0;
       r.key[s] = (int32_t)(base + e);
       r.table[base + e] = s;
-      ++r.counters[1];
+      if (r.prefetch) {
+        ++r.counters[5];
+        r.counters[8] += r.layer_bytes;
+      } else {
+        ++r.counters[1];
+      }
       r.counters[2] += r.layer_bytes;
       r.jobs[1 + 2 * jobs] = s;
       r.jobs[2 + 2 * jobs] = e;

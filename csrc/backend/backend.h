@@ -66,7 +66,8 @@ struct ExpertResolve {
   uint64_t* tick = nullptr;         // the LRU clock
   uint8_t* held = nullptr;          // slot -> held by this call; all zero between calls
   const uint8_t* pinned = nullptr;  // slot -> never a victim
-  uint64_t* counters = nullptr;     // hits, misses, bytes streamed, evictions, failures (kResolveCounters)
+  uint64_t* counters = nullptr;     // kResolveCounters: hits, misses, bytes streamed, evictions, failures,
+                                    // prefetch fills, prefetch fills used, fills evicted unused, fill bytes
   int32_t* jobs = nullptr;          // scratch: the count, then (slot, expert) per miss; 1 + 2 n ints
   uint8_t* arena = nullptr;         // the first slot
   size_t slot_bytes = 0;
@@ -75,8 +76,15 @@ struct ExpertResolve {
   const uint8_t* src[3] = {nullptr, nullptr, nullptr};
   size_t src_stride[3] = {0, 0, 0}, bytes[3] = {0, 0, 0}, off[3] = {0, 0, 0};
   size_t layer_bytes = 0;
+  // A prefetch (issue 18: the next layer's experts as its router predicts them from this layer's
+  // state): a predicted expert already resident is left as it is (no tick, no count); a missing one
+  // takes a victim as a miss does, is filled, stamped with the next tick and flagged in pref. Never a
+  // failure: with no victim left, the prediction is dropped. The fill may run beside later work: on a
+  // GPU it goes on the copy stream, and the next resolve_experts waits for it first.
+  bool prefetch = false;
+  uint8_t* pref = nullptr;  // slot -> filled by a prefetch and not used since (null: no accounting)
 };
-constexpr int kResolveCounters = 5;
+constexpr int kResolveCounters = 9;
 // The plain sequential resolve_experts over memory the host reads (the CPU backend's, and the
 // reference of the op tests); copy moves a miss's segments.
 void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const void*, size_t));

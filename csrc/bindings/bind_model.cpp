@@ -66,6 +66,10 @@ py::dict cache_dict(Model& m) {
   d["refills"] = st.refills;
   d["lends"] = st.lends;
   d["slots_lent"] = st.slots_lent;
+  d["prefetch_fills"] = st.prefetch_fills;
+  d["prefetch_used"] = st.prefetch_used;
+  d["prefetch_wasted"] = st.prefetch_wasted;
+  d["prefetch_bytes"] = st.prefetch_bytes;
   d["chunks"] = ch.chunks;
   d["chunk_tokens"] = ch.chunk_tokens;
   d["slots_borrowed"] = ch.slots_borrowed;
@@ -245,7 +249,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("kv_type", &ModelConfig::kv_type)
       .def_readwrite("decode_graph", &ModelConfig::decode_graph)
       .def_readwrite("decode_resolve", &ModelConfig::decode_resolve)
-      .def_readwrite("cache_policy", &ModelConfig::cache_policy);
+      .def_readwrite("cache_policy", &ModelConfig::cache_policy)
+      .def_readwrite("prefetch", &ModelConfig::prefetch);
   m.attr("PREFILL_AUTO_MAX") = kPrefillAutoMax;
   m.attr("MAX_SEQS") = kMaxSeqs;
 

@@ -92,6 +92,7 @@ void ExpertCache::setup_device_resolution() {
   dev_pinned_ = DeviceBuffer(be_, S, what);
   dev_counters_ = DeviceBuffer(be_, kResolveCounters * 8, what);
   dev_jobs_ = DeviceBuffer(be_, (1 + 2 * (size_t)layout_.E) * 4, what);
+  dev_pref_ = DeviceBuffer(be_, S, what);
   dev_stage_ = PinnedBuffer(be_, S * 8 + 64, what);
   be_.zero(dev_held_.get(), S);
   dev_src_ = std::move(ds);
@@ -122,6 +123,7 @@ void ExpertCache::to_device() {
   be_.upload(dev_tick_.get(), &tick, 8);
   be_.upload(dev_pinned_.get(), pinned_.data(), S);
   be_.zero(dev_counters_.get(), kResolveCounters * 8);
+  be_.zero(dev_pref_.get(), S);  // the host does not track prefetches: none is pending from before
   stats_at_device_ = stats_;
   on_device_ = true;
 }
@@ -137,6 +139,10 @@ void ExpertCache::read_device_counters() {
   stats_.misses += c[1];
   stats_.bytes_streamed += c[2];
   stats_.evictions += c[3];
+  stats_.prefetch_fills += c[5];
+  stats_.prefetch_used += c[6];
+  stats_.prefetch_wasted += c[7];
+  stats_.prefetch_bytes += c[8];
 }
 
 void ExpertCache::to_host() {
@@ -188,6 +194,14 @@ ExpertResolve ExpertCache::resolve_args(int64_t layer, const int32_t* ids, const
     r.off[m] = d.off[m];
   }
   r.layer_bytes = layout_.layers[layer].bytes;
+  r.pref = dev_pref_.as<uint8_t>();
+  return r;
+}
+
+ExpertResolve ExpertCache::prefetch_args(int64_t layer, const int32_t* ids, const int32_t* order,
+                                         int64_t n) const {
+  ExpertResolve r = resolve_args(layer, ids, order, n);
+  r.prefetch = true;
   return r;
 }
 

@@ -30,6 +30,9 @@ struct ExpertView {
 struct CacheStats {
   uint64_t hits = 0, misses = 0, bytes_streamed = 0, evictions = 0, refills = 0;
   uint64_t lends = 0, slots_lent = 0;  // slots_lent: currently lent
+  // Prefetches (decode resolved on the device, --prefetch on): experts filled ahead of their layer, those
+  // of them a resolution then hit, those evicted before any did, and their bytes (in bytes_streamed too).
+  uint64_t prefetch_fills = 0, prefetch_used = 0, prefetch_wasted = 0, prefetch_bytes = 0;
 };
 
 class ExpertCache {
@@ -89,6 +92,8 @@ class ExpertCache {
   bool on_device() const { return on_device_; }
   // The arguments of resolve_experts for the experts ids[order[i]], i < n, of layer.
   ExpertResolve resolve_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n) const;
+  // The same for a prefetch of those experts (ExpertResolve::prefetch).
+  ExpertResolve prefetch_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n) const;
   // Reads the device's counters into stats() (a small download; call after a step).
   void read_device_counters();
   // Pinned experts are never evicted nor lent over.
@@ -166,7 +171,7 @@ class ExpertCache {
     size_t stride[3], bytes[3], off[3];
   };
   std::vector<DevSrc> dev_src_;  // per layer; empty: no device resolution
-  DeviceBuffer dev_key_, dev_last_, dev_tick_, dev_held_, dev_pinned_, dev_counters_, dev_jobs_;
+  DeviceBuffer dev_key_, dev_last_, dev_tick_, dev_held_, dev_pinned_, dev_counters_, dev_jobs_, dev_pref_;
   PinnedBuffer dev_stage_;  // staging of the uploads and downloads above
   bool on_device_ = false;
   CacheStats stats_at_device_;

@@ -34,6 +34,7 @@ enum class ExpertPath : uint8_t {
 struct StepPlan {
   bool decode = false;  // a token of each of 1..seqs generations (the backend's phase: its kernels per shape)
   ExpertPath experts = ExpertPath::PerExpert;
+  bool prefetch = false;  // Device path: each layer prefetches the next one's predicted experts
 };
 
 struct ForwardContext {

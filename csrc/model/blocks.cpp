@@ -157,7 +157,7 @@ void expert_swiglu(Backend& be, const PrefillBuffers& b, const int32_t* rows, in
 // resolve_experts, again nothing on the host) or on the host first (design (a): one download,
 // prepare, copies on the copy engine).
 void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-                  const float* ffn_norm, const MoeVariant* var, ExpertPath path) {
+                  const float* ffn_norm, const MoeVariant* var, ExpertPath path, const NextRouter* next) {
   Backend& be = ctx.be;
   ExpertCache& cache = ctx.cache;
   const ModelSpec& s = ctx.spec;
@@ -215,12 +215,22 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   be.scatter_add(b.yd, order, b.topk_w, K, n, D, b.proj);
   if (path == ExpertPath::Host) cache.release(l);
+  if (path == ExpertPath::Device && next && ctx.step->prefetch && b.HC == 1) {
+    // The prefetch of layer l + 1's experts: its router on R * grs * (its norm), R being this layer's
+    // post-attention residual (what this layer's router read, under this layer's norm). The router's
+    // buffers and yd are free now, until the next layer's router.
+    be.apply_norm(b.R, b.grs, next->ffn_norm, D, nullptr, 1, T, b.yd);
+    const DenseMatrix& w = *next->router;
+    be.route(w.type, w.data, w.rows, w.cols, b.yd, T, K, next->norm_topk, b.router, b.topk_ids, b.topk_w,
+             b.expert_off, b.expert_rows);
+    be.resolve_experts(cache.prefetch_args(l + 1, b.topk_ids, b.expert_rows, n));
+  }
 }
 
 }  // namespace
 
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-               const float* ffn_norm, const MoeVariant* var) {
+               const float* ffn_norm, const MoeVariant* var, const NextRouter* next) {
   Backend& be = ctx.be;
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
@@ -232,7 +242,7 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   if (path != ExpertPath::PerExpert) {
     STRATA_CHECK(ctx.step && ctx.step->decode, Error, "internal error: a gathered MoE step of ", T,
                  " tokens outside a decode step");
-    moe_gathered(ctx, b, l, T, ffn_norm, var, path);
+    moe_gathered(ctx, b, l, T, ffn_norm, var, path, next);
     return;
   }
   const Routed r = routed_experts(be, b, s.E);

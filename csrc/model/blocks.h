@@ -96,8 +96,17 @@ class MoeVariant {
 // gathers R * grs * w by row); with an unfused plan the rows come from b.xn.
 // `var` (null: the plain residual's fused GR read and SwiGLU) is what the architecture changes in it;
 // a plan with b.HC > 1 needs one.
+// `next` (null: none) is layer l + 1's router and FFN norm, for the prefetch of a decode step resolved on
+// the device (StepPlan::prefetch): after this layer's experts, layer l + 1's router runs on this layer's
+// post-attention residual under layer l + 1's norm, and the experts it picks are filled on the copy
+// stream while the next layer's attention runs. Only which experts are resident changes, never a result.
+struct NextRouter {
+  const DenseMatrix* router = nullptr;
+  const float* ffn_norm = nullptr;
+  bool norm_topk = true;
+};
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
-               const float* ffn_norm, const MoeVariant* var = nullptr);
+               const float* ffn_norm, const MoeVariant* var = nullptr, const NextRouter* next = nullptr);
 
 // A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
 // which may throw Interrupted to stop the pass.

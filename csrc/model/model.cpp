@@ -83,6 +83,10 @@ void check_config(const ModelConfig& c) {
   STRATA_CHECK(c.decode_resolve != "device" || c.cache_policy == "lru", ConfigError,
                "decode_resolve 'device' runs the LRU policy on the device; --cache-policy ", c.cache_policy,
                " resolves a decode step's experts on the host (decode_resolve 'host' or 'auto')");
+  STRATA_CHECK(
+      !c.prefetch || (c.cache_policy == "lru" && c.decode_resolve != "host"), ConfigError,
+      "--prefetch on fills the next layer's experts from a decode step resolved on the device, "
+      "which runs the LRU policy: it needs --cache-policy lru and decode_resolve 'auto' or 'device'");
 }
 
 std::shared_ptr<Backend> make_backend(const std::string& device, int threads) {
@@ -192,6 +196,8 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       src_ = make_mmap_source(xl);
     }
   }
+  STRATA_CHECK(!cfg_.prefetch || plan_.spec.arch == "qwen3moe", UnsupportedError, "--prefetch on: the ",
+               plan_.spec.arch, " architecture does not predict its next layer's experts (qwen3moe does)");
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes, cfg_.cache_policy);
   STRATA_CHECK(cfg_.decode_resolve != "device" || cache_->all_resident() || cache_->can_resolve_on_device(),
                UnsupportedError, "decode_resolve 'device': the ", be_->name(),
@@ -311,7 +317,7 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   // gets its phase from it).
   const ExpertPath path = decode_path(1);
   const bool on_device = path == ExpertPath::Device;
-  set_step(StepPlan{true, path});
+  set_step(StepPlan{true, path, cfg_.prefetch && on_device});
   if (on_device)
     cache_->to_device();
   else
@@ -381,7 +387,7 @@ void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* 
   const int64_t T = decode_scratch_tokens(pf, s.K, B, has_source());
   const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), T, has_source());
   const ExpertPath path = decode_path(B);
-  set_step(StepPlan{true, path});
+  set_step(StepPlan{true, path, cfg_.prefetch && path == ExpertPath::Device});
   if (path == ExpertPath::Device)
     cache_->to_device();
   else

@@ -44,6 +44,8 @@ struct ModelConfig {
                                         // (prepare, one round trip a layer), auto: device where it can
   std::string cache_policy = "lru";     // the expert cache's eviction policy: lru | lfu (LFU with aging;
                                         // host resolution only)
+  bool prefetch = false;                // --prefetch on: each decode layer resolved on the device fills the
+                                        // next layer's predicted experts beside its work (qwen3moe)
   Progress progress;                    // long loads report here
 
   bool all_resident() const { return cache == CacheKind::All; }

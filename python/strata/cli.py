@@ -155,6 +155,10 @@ def _load_options(ctx_default: int | None = LOAD["ctx"]) -> Decorator:
                      show_default=True,
                      help="Expert cache eviction: lru (least recently used) or lfu (least frequently used, "
                           "counts halving as they age; decode resolves on the host). Logits are the same."),
+        click.option("--prefetch", type=click.Choice(["on", "off"]), default="on" if LOAD["prefetch"] else "off",
+                     show_default=True,
+                     help="Decode on a GPU with a bounded cache: fill the experts the next layer's router predicts "
+                          "while this layer runs (qwen3moe, --cache-policy lru). Logits are the same."),
         click.option("-t", "--threads", type=click.IntRange(min=0), default=LOAD["threads"], show_default=True,
                      help="CPU threads; 0: STRATA_THREADS, else every core."),
         click.option("-q", "--quiet", is_flag=True,
@@ -238,9 +242,14 @@ def _decode_stream(stats: dict[str, Any]) -> str:
     if not stats["decode_misses"]:
         return f"no misses in {_n(passes, 'pass', 'passes')} (hit rate 1.000)"
     secs = stats["decode_ms"] / 1000
-    return (f"{stats['decode_misses'] / passes:.1f} misses and {_fmt_bytes(stats['decode_bytes'] / passes)} a token "
+    text = (f"{stats['decode_misses'] / passes:.1f} misses and {_fmt_bytes(stats['decode_bytes'] / passes)} a token "
             f"(hit rate {stats['decode_hits'] / looked:.3f}), "
             f"{stats['decode_bytes'] / 1e9 / secs if secs > 0 else 0:.2f} GB/s over the decode's time")
+    fills = stats.get("cache_prefetch_fills", 0)
+    if fills:  # over the model's life (the cache's counters), as the experts line
+        text += (f"; prefetch: {fills} filled ({_fmt_bytes(stats['cache_prefetch_bytes'])}), "
+                 f"{stats['cache_prefetch_used']} used, {stats['cache_prefetch_wasted']} evicted unused")
+    return text
 
 
 def _print_stats(stats: dict[str, Any], err: bool = True) -> None:
@@ -304,7 +313,7 @@ def _ctx_full_note(m: strata.Model, stats: dict[str, Any]) -> str | None:
 def generate(model: str | None, model_opt: str | None, prompt: str | None, prompt_file: Any, chat: bool,
              system: str | None, max_tokens: int, ignore_eos: bool, device: str, kv_type: str, expert_cache: str,
              prefill: str,
-             source: str, cache_policy: str,
+             source: str, cache_policy: str, prefetch: str,
              ctx: int, threads: int, quiet: bool, temperature: float, top_k: int, top_p: float, min_p: float,
              repeat_penalty: float, repeat_last_n: int, seed: int | None, stop: tuple[str, ...],
              stats: bool) -> None:
@@ -324,7 +333,7 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
     if prompt_file is not None:
         prompt = prompt_file.read()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy,
+              cache_policy=cache_policy, prefetch=prefetch == "on",
               ctx=ctx, threads=threads)
     it = None
     try:
@@ -362,7 +371,8 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
 @_sampling_options
 def chat(model: str | None, model_opt: str | None, system: str | None, max_tokens: int | None, device: str,
          kv_type: str,
-         expert_cache: str, prefill: str, source: str, cache_policy: str, ctx: int, threads: int, quiet: bool,
+         expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, ctx: int, threads: int,
+         quiet: bool,
          temperature: float,
          top_k: int, top_p: float, min_p: float, repeat_penalty: float, repeat_last_n: int, seed: int | None,
          stop: tuple[str, ...], stats: bool) -> None:
@@ -378,7 +388,7 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
     kw = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                    ctx if max_tokens is None else max_tokens)
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy,
+              cache_policy=cache_policy, prefetch=prefetch == "on",
               ctx=ctx, threads=threads)
     session = ChatSession(m, system=system, stop=list(stop), stats=stats, print_stats=_print_stats,
                           ctx_full_note=_ctx_full_note, **kw)
@@ -408,7 +418,7 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
 @_load_options()
 def serve(model: str | None, model_opt: str | None, host: str, port: int, parallel: int, queue: int, turn: int,
           api_key: str | None, model_id: str | None, device: str, kv_type: str, expert_cache: str, prefill: str,
-          source: str, cache_policy: str, ctx: int, threads: int, quiet: bool) -> None:
+          source: str, cache_policy: str, prefetch: str, ctx: int, threads: int, quiet: bool) -> None:
     """Serve MODEL (a GGUF file) over OpenAI's HTTP API: POST /v1/chat/completions (the model's chat
     template) and /v1/completions, streamed (SSE) or not; GET /v1/models, /health and /metrics
     (Prometheus).
@@ -433,7 +443,8 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
                    "can use the model; give --api-key KEY (or STRATA_API_KEY)", err=True)
     try:
         m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill,
-                  source=source, cache_policy=cache_policy, ctx=ctx, threads=threads, seqs=parallel)
+                  source=source, cache_policy=cache_policy, prefetch=prefetch == "on", ctx=ctx, threads=threads,
+                  seqs=parallel)
     except BaseException:
         sock.close()
         raise
@@ -596,7 +607,8 @@ def _check_out_file(path: str, flag: str) -> None:
               help="Also write the results to this JSON file.")
 def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_tokens: int, device: str,
           kv_type: str,
-          expert_cache: str, prefill: str, source: str, cache_policy: str, threads: int, quiet: bool, seed: int,
+          expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, threads: int, quiet: bool,
+          seed: int,
           json_out: str | None) -> None:
     """Time a prompt of random tokens and a greedy decode with MODEL (a GGUF file); print a table
     (and JSON with --json). The context is the prompt plus the decode."""
@@ -607,7 +619,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
         _check_out_file(json_out, "--json")
     t0 = time.monotonic()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy,
+              cache_policy=cache_policy, prefetch=prefetch == "on",
               ctx=prompt_tokens + gen_tokens + 1, threads=threads)
     load_s = time.monotonic() - t0
     specials = sorted(m.tokenizer.special_ids)

@@ -152,6 +152,9 @@ class Model:
     where the source allows it). cache_policy: the expert cache's eviction policy, 'lru' (least
     recently used) or 'lfu' (least frequently used, counts halving as they age; a decode step then
     resolves its experts on the host). The logits are the same under either; the hit rate is not.
+    prefetch: while a decode layer resolved on the device runs, fill the experts that the next layer's
+    router picks from this layer's state (qwen3moe; needs cache_policy 'lru' and a source the device
+    reads). Wrong guesses cost link time only; the logits are the same on and off.
     seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
     decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
     the sequence alone.
@@ -177,6 +180,7 @@ class Model:
         decode_resolve: str = _L["decode_resolve"],
         cache_policy: str = _L["cache_policy"],
         seqs: int = _L["seqs"],
+        prefetch: bool = _L["prefetch"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -186,7 +190,7 @@ class Model:
         cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
                           threads=threads, kv_type=kv_type, decode_graph=decode_graph,
                           decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused,
-                          seqs=seqs)
+                          seqs=seqs, prefetch=prefetch)
         if log_level_error():
             warn(f"{log_level_error()}; using warn")
         file = _open(self.path)  # mapped and validated once; the native model shares it

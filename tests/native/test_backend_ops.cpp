@@ -1059,7 +1059,7 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
     // Host state, mirrored on the device.
     std::vector<int32_t> table(L * E, -1), key(S, -1);
     std::vector<uint64_t> last(S, 0);
-    std::vector<uint8_t> held(S, 0), pinned(S, 0), arena(S * slot_bytes, 0);
+    std::vector<uint8_t> held(S, 0), pinned(S, 0), pref(S, 0), arena(S * slot_bytes, 0);
     for (int32_t s = 0; s < (int32_t)S; ++s) {
       if (s % 4 == 3) continue;  // empty
       int32_t k;
@@ -1074,19 +1074,29 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
     Dev<int32_t> dtable(be(), table, "table"), dkey(be(), key, "key");
     Dev<uint64_t> dlast(be(), last, "last"), dtick(be(), std::vector<uint64_t>{tick}, "tick"),
         dcounters(be(), std::vector<uint64_t>(kResolveCounters, 0), "counters");
-    Dev<uint8_t> dheld(be(), held, "held"), dpinned(be(), pinned, "pinned"), darena(be(), arena, "arena");
+    Dev<uint8_t> dheld(be(), held, "held"), dpinned(be(), pinned, "pinned"), dpref(be(), pref, "pref"),
+        darena(be(), arena, "arena");
     Dev<int32_t> djobs(be(), std::vector<int32_t>(1 + 2 * E, 0), "jobs");
     const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
     ASSERT_NE(view, nullptr) << "pinned memory has no device view";
-    for (int call = 0; call < 4; ++call) {
-      const int64_t layer = call % L, n = 4;
-      std::vector<int32_t> ids(n), order(n);
-      for (auto& e : ids) e = (int32_t)(rng() % E);
-      ids[3] = ids[0];  // named twice
+    // Every third call a prefetch, and the call after it resolves what it prefetched (its fills used);
+    // the other calls evict some prefetched slots before any use (wasted).
+    std::vector<int32_t> ids(4);
+    int64_t layer = 0;
+    for (int call = 0; call < 9; ++call) {
+      const int64_t n = 4;
+      const bool prefetch = call % 3 == 1, after = call % 3 == 2;
+      if (!after) {
+        layer = (call / 3 + call) % L;
+        for (auto& e : ids) e = (int32_t)(rng() % E);
+        ids[3] = ids[0];  // named twice
+      }
+      std::vector<int32_t> order(n);
       for (int32_t i = 0; i < n; ++i) order[i] = i;
       std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
       Dev<int32_t> dids(be(), ids, "ids"), dorder(be(), order, "order");
       ExpertResolve r;
+      r.prefetch = prefetch;
       r.layer = layer;
       r.E = E;
       r.n_slots = S;
@@ -1111,6 +1121,7 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       h.pinned = pinned.data();
       h.counters = counters;
       h.jobs = jobs.data();
+      h.pref = pref.data();
       h.arena = arena.data();
       size_t o = layer * E * stride;
       for (int m = 0; m < 3; ++m) h.src[m] = src.get() + o, o += seg[m];
@@ -1127,11 +1138,14 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       d.pinned = dpinned.p();
       d.counters = dcounters.p();
       d.jobs = djobs.p();
+      d.pref = dpref.p();
       d.arena = darena.p();
       o = layer * E * stride;
       for (int m = 0; m < 3; ++m) d.src[m] = view + o, o += seg[m];
       be().resolve_experts(d);
-      const std::string what = str("resolve_experts call ", call, odd ? " (unaligned segments)" : "");
+      const std::string what = str("resolve_experts call ", call, prefetch ? " (prefetch)" : "",
+                                   odd ? " (unaligned segments)" : "");
+      expect_same(dpref.get(), pref, what + ": prefetched slots");
       expect_same(dtable.get(), table, what + ": table");
       expect_same(dkey.get(), key, what + ": keys");
       expect_same(dlast.get(), last, what + ": ticks");
@@ -1146,6 +1160,9 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
     }
     EXPECT_GT(counters[1], 0u) << "no miss: the fill was not exercised";
     EXPECT_GT(counters[3], 0u) << "no eviction";
+    EXPECT_GT(counters[5], 0u) << "no prefetch fill";
+    EXPECT_GT(counters[6], 0u) << "no prefetched expert used";
+    EXPECT_EQ(counters[8], counters[5] * stride) << "prefetch bytes";
   }
 }
 

@@ -490,9 +490,27 @@ class CudaBackend final : public Backend, public GptOssOps {
       return;
     Backend::route(type, W, E, D, x, T, K, norm, logits, ids, weights, off, rows);
   }
+  // A prefetch's fill runs on the copy stream beside the compute stream's next ops (the next layer's
+  // attention and router); the next resolution waits for it, since both touch the slots and the
+  // cache's state. In a graph capture the copy stream joins the capture by the fork and leaves it by
+  // that wait.
   void resolve_experts(const ExpertResolve& r) override {
     use();
-    cuda::launch_resolve_experts(r, compute_);
+    if (prefetch_pending_) {
+      STRATA_CUDA_CHECK(cudaStreamWaitEvent(compute_, prefetch_done_, 0));
+      prefetch_pending_ = false;
+    }
+    if (!r.prefetch) {
+      cuda::launch_resolve_experts(r, compute_, compute_, nullptr);
+      return;
+    }
+    if (!prefetch_forked_) {
+      STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_forked_, cudaEventDisableTiming));
+      STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_done_, cudaEventDisableTiming));
+    }
+    cuda::launch_resolve_experts(r, compute_, copy_, prefetch_forked_);
+    STRATA_CUDA_CHECK(cudaEventRecord(prefetch_done_, copy_));
+    prefetch_pending_ = true;
   }
   void swiglu(float* g, const float* u, int64_t n) override {
     use();
@@ -568,6 +586,9 @@ class CudaBackend final : public Backend, public GptOssOps {
     for (cudaEvent_t ev : events_)
       if (ev) report(cudaEventDestroy(ev), "cudaEventDestroy");
     events_.clear();
+    for (cudaEvent_t* ev : {&prefetch_forked_, &prefetch_done_})
+      if (*ev) report(cudaEventDestroy(*ev), "cudaEventDestroy");
+    prefetch_forked_ = prefetch_done_ = nullptr;
     for (cudaGraphExec_t g : graphs_)
       if (g) report(cudaGraphExecDestroy(g), "cudaGraphExecDestroy");
     graphs_.clear();
@@ -583,6 +604,9 @@ class CudaBackend final : public Backend, public GptOssOps {
   int device_;
   cudaDeviceProp prop_{};
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  // A prefetch's fill in flight on copy_ (resolve_experts): the next resolution waits for done.
+  cudaEvent_t prefetch_forked_ = nullptr, prefetch_done_ = nullptr;
+  bool prefetch_pending_ = false;
   std::atomic<size_t> live_{0};
   std::mutex events_mu_;             // the expert cache may create and query events from its own threads
   std::vector<cudaEvent_t> events_;  // nullptr: a free slot, listed in free_ids_

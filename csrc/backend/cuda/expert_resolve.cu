@@ -38,15 +38,21 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
     __syncthreads();  // the previous expert's updates are visible to every thread
     const int32_t e = r.ids[r.order[i]];
     if (e < 0 || e >= r.E) {
-      if (tid == 0) ++r.counters[4];
+      if (tid == 0 && !r.prefetch) ++r.counters[4];
       continue;
     }
     const int32_t hit = r.table[base + e];
     if (hit >= 0) {
       if (tid == 0 && !r.held[hit]) {  // a second mention in the call counts nothing
-        ++r.counters[0];
         r.held[hit] = 1;
-        r.last[hit] = ++*r.tick;
+        if (!r.prefetch) {  // a prefetch leaves a resident expert as it is (held: no victim of this call)
+          ++r.counters[0];
+          r.last[hit] = ++*r.tick;
+          if (r.pref && r.pref[hit]) {
+            ++r.counters[6];
+            r.pref[hit] = 0;
+          }
+        }
       }
       continue;
     }
@@ -65,15 +71,24 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
       for (int w = 1; w < kResolveThreads / kWarp; ++w)
         if (better(red_v[w], red_s[w], bv, bs)) bv = red_v[w], bs = red_s[w];
       if (bs < 0) {
-        ++r.counters[4];
+        if (!r.prefetch) ++r.counters[4];
       } else {
         if (r.key[bs] >= 0) {
           r.table[r.key[bs]] = -1;
           ++r.counters[3];
         }
+        if (r.pref) {
+          if (r.pref[bs]) ++r.counters[7];
+          r.pref[bs] = r.prefetch ? 1 : 0;
+        }
         r.key[bs] = static_cast<int32_t>(base + e);
         r.table[base + e] = bs;
-        ++r.counters[1];
+        if (r.prefetch) {
+          ++r.counters[5];
+          r.counters[8] += r.layer_bytes;
+        } else {
+          ++r.counters[1];
+        }
         r.counters[2] += r.layer_bytes;
         r.jobs[1 + 2 * jobs] = bs;
         r.jobs[2 + 2 * jobs] = e;
@@ -131,7 +146,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s) {
+void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s, cudaStream_t fill_stream,
+                            cudaEvent_t forked) {
   STRATA_CHECK(r.n >= 0 && r.n_slots >= 0 && r.E > 0, ConfigError, "resolve_experts: bad shape n=", r.n,
                " slots=", r.n_slots, " E=", r.E);
   if (r.n == 0) return;
@@ -141,7 +157,11 @@ void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s) {
         vec && aligned16(r.src[m]) && r.src_stride[m] % 16 == 0 && r.bytes[m] % 16 == 0 && r.off[m] % 16 == 0;
   launch_kernel(resolve_kernel, 1, kResolveThreads, 0, s, r);
   STRATA_CUDA_LAUNCH_CHECK();
-  launch_kernel(fill_kernel, kFillBlocks, kFillThreads, 0, s, r, vec);
+  if (fill_stream != s) {  // the fill beside what follows on s (a prefetch): s's work so far first
+    STRATA_CUDA_CHECK(cudaEventRecord(forked, s));
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(fill_stream, forked, 0));
+  }
+  launch_kernel(fill_kernel, kFillBlocks, kFillThreads, 0, fill_stream, r, vec);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -8,6 +8,9 @@
 
 namespace strata::cuda {
 
-void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s);
+// The resolution on s, then the fill on fill_stream: s itself, or (a prefetch) another stream that
+// first waits for s's work so far through the event `forked`.
+void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s, cudaStream_t fill_stream,
+                            cudaEvent_t forked);
 
 }  // namespace strata::cuda
