@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "expert_cache/policy.h"
 #include "model/blocks.h"
@@ -185,12 +186,24 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
   cfg_.cache_bytes = lp.cache_bytes;
   if (!lp.all_resident) {
     std::string kind = cfg_.source;
-    if (kind == "auto") kind = host_fits(xl.total_bytes()) ? "host" : "mmap";
+    // What "host" costs in RAM: on a GPU the file's mapping is registered (page-locked), which takes
+    // only its pages not in RAM yet (a file in /dev/shm or in the page cache costs nothing more); on
+    // the CPU, or where registering fails, "host" is a copy of the experts.
+    const uint64_t copy = xl.total_bytes();
+    if (kind == "auto") {
+      const uint64_t size = plan_.file->file_size();
+      kind = host_fits(be_->host_is_device() ? copy : size - resident_bytes(plan_.file->base(), size))
+                 ? "host"
+                 : "mmap";
+    }
     if (kind == "host") {
       // A GPU reads the experts straight from the page-locked mapping of the file when it can
-      // register it: no second copy of them in RAM. Else one pinned copy.
+      // register it: no second copy of them in RAM. Else one pinned copy, or (auto, when the copy
+      // would not fit) the mapped file.
       if (!be_->host_is_device())
         src_ = make_registered_source(xl, *be_, plan_.file->base(), plan_.file->file_size());
+      if (!src_ && cfg_.source == "auto" && !be_->host_is_device() && !host_fits(copy))
+        src_ = make_mmap_source(xl);
       if (!src_) src_ = make_host_source(xl, *be_, cfg_.progress);
     } else {
       src_ = make_mmap_source(xl);

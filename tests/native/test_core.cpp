@@ -1,11 +1,14 @@
 // Core utilities: thread pool coverage and fp16/bf16 conversions.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <vector>
 
 #include "core/half.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 
 using namespace strata;
@@ -49,4 +52,22 @@ TEST(Half, RoundTripsEveryFiniteHalf) {
   EXPECT_EQ(fp16_to_f32(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(f32_to_fp16(65520.0f), 0x7c00);  // rounds to inf
   EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+}
+
+// resident_bytes counts the pages in RAM: of an anonymous mapping, the ones touched.
+TEST(Memory, ResidentBytesCountsTouchedPages) {
+  const long ps = sysconf(_SC_PAGESIZE);
+  ASSERT_GT(ps, 0);
+  const size_t page = (size_t)ps, n = 16;
+  void* m = mmap(nullptr, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* p = static_cast<uint8_t*>(m);
+  EXPECT_EQ(resident_bytes(p, n * page), 0u);
+  for (size_t i : {0, 5, 9}) p[i * page + 7] = 1;
+  EXPECT_EQ(resident_bytes(p, n * page), 3 * page);
+  // A range ending inside a touched page counts that page's bytes within the range only.
+  EXPECT_EQ(resident_bytes(p, 5 * page + 100), page + 100);
+  EXPECT_EQ(resident_bytes(p, 9 * page + 100), 2 * page + 100);
+  EXPECT_EQ(resident_bytes(p + 1, page), 0u);  // not page-aligned: unknown
+  munmap(m, n * page);
 }
