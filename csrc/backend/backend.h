@@ -315,6 +315,16 @@ class Backend {
         matmul_q8(type, r.W2, rows, cols, Xq + r.row0 * xrow_bytes, xrow_bytes, r.n, Y2 + r.row0 * ldy, ldy);
     }
   }
+  // matmul_q8_runs with float activation rows: bit for bit the calls matmul(type, run.W, rows, cols,
+  // X + run.row0 * ldx, ldx, run.n, Y + run.row0 * ldy, ldy) (and run.W2 into Y2 when Y2 is given).
+  virtual void matmul_runs(uint32_t type, const ExpertRun* runs, int64_t n_runs, int64_t rows, int64_t cols,
+                           const float* X, int64_t ldx, float* Y, float* Y2, int64_t ldy) {
+    for (int64_t j = 0; j < n_runs; ++j) {
+      const ExpertRun& r = runs[j];
+      matmul(type, r.W, rows, cols, X + r.row0 * ldx, ldx, r.n, Y + r.row0 * ldy, ldy);
+      if (Y2) matmul(type, r.W2, rows, cols, X + r.row0 * ldx, ldx, r.n, Y2 + r.row0 * ldy, ldy);
+    }
+  }
   // The expert cache's resolution of one layer's experts on the device, as ExpertCache::prepare
   // does it on the host, in the same order: per expert in ascending id, a hit takes the next LRU
   // tick; a miss takes the slot with the smallest tick among those neither pinned nor held by this

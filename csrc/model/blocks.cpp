@@ -248,19 +248,42 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   const Routed r = routed_experts(be, b, s.E);
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   if (b.moe == MoeLayout::Fused) {
-    // One expert at a time in ascending id: the order of the sums into proj is fixed.
+    // Experts in ascending id, as many at a time as the buffers' rows (max(T, K): one expert's rows fit)
+    // take: their rows gathered, each matrix as one matmul_runs, scatter_add in row order. Per output the
+    // operations of one expert at a time, and the sums into proj in ascending expert order.
+    const int64_t cap = std::max(b.T, K);
+    std::vector<Backend::ExpertRun> gu, dn;
+    int64_t first = -1, end = -1;  // the group's rows [first, end) of expert_rows
+    const auto run_group = [&] {
+      if (gu.empty()) return;
+      const int64_t n = end - first;
+      const int32_t* rows = b.expert_rows + first;
+      expert_input(be, b, ffn_norm, D, K, rows, n, b.xg, var);
+      if (xl.gate.type == xl.up.type) {
+        be.matmul_runs(xl.gate.type, gu.data(), (int64_t)gu.size(), F, D, b.xg, D, b.hg, b.hu, F);
+      } else {
+        std::vector<Backend::ExpertRun> up = gu;
+        for (size_t j = 0; j < gu.size(); ++j) up[j].W = gu[j].W2, gu[j].W2 = up[j].W2 = nullptr;
+        be.matmul_runs(xl.gate.type, gu.data(), (int64_t)gu.size(), F, D, b.xg, D, b.hg, nullptr, F);
+        be.matmul_runs(xl.up.type, up.data(), (int64_t)up.size(), F, D, b.xg, D, b.hu, nullptr, F);
+      }
+      expert_swiglu(be, b, rows, n, F, b.hg, b.hu, var);
+      be.matmul_runs(xl.down.type, dn.data(), (int64_t)dn.size(), D, F, b.hg, F, b.yd, nullptr, D);
+      be.scatter_add(b.yd, rows, b.topk_w, K, n, D, b.proj);
+      gu.clear();
+      dn.clear();
+      first = end = -1;
+    };
     for_routed(
         ctx.cache, l, r,
         [&](int32_t, int64_t o, int64_t n, const ExpertView& v) {
-          const int32_t* rows = b.expert_rows + o;
-          expert_input(be, b, ffn_norm, D, K, rows, n, b.xg, var);
-          be.matmul(xl.gate.type, v.gate, F, D, b.xg, D, n, b.hg, F);
-          be.matmul(xl.up.type, v.up, F, D, b.xg, D, n, b.hu, F);
-          expert_swiglu(be, b, rows, n, F, b.hg, b.hu, var);
-          be.matmul(xl.down.type, v.down, D, F, b.hg, F, n, b.yd, D);
-          be.scatter_add(b.yd, rows, b.topk_w, K, n, D, b.proj);
+          if (!gu.empty() && o + n - first > cap) run_group();
+          if (gu.empty()) first = o;
+          end = o + n;
+          gu.push_back({v.gate, v.up, o - first, n});
+          dn.push_back({v.down, nullptr, o - first, n});
         },
-        [](int64_t, int64_t) {});
+        [&](int64_t, int64_t) { run_group(); });  // before the batch's experts are released
     return;
   }
   // MMQ: every (token, k) row gathered in expert order, quantized to q8_0 for weights with an

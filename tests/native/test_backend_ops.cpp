@@ -699,6 +699,44 @@ TEST_P(Op, MatmulQ8RunsIsMatmulQ8OnEachRun) {
   }
 }
 
+// matmul_runs is matmul on each run, bit for bit, in a prompt (the GPU's one launch) and outside one
+// (matmul's own choice run by run): the runs of MatmulQ8Runs's test, float weights and quantized.
+TEST_P(Op, MatmulRunsIsMatmulOnEachRun) {
+  std::mt19937 rng(43);
+  const std::vector<int64_t> lens = {3, 1, 128, 129, 40};
+  for (const Phase phase : {Phase::Prompt, Phase::Any}) {
+    be().set_phase(phase);
+    for (QType t : kAllTypes) {
+      const int64_t rows = 37, cols = cols_of(t), ldx = cols + 4, ldy = rows + 3;
+      std::vector<Backend::ExpertRun> runs;
+      std::vector<std::unique_ptr<Dev<uint8_t>>> dW;
+      int64_t N = 0;
+      for (size_t j = 0; j < lens.size(); ++j) {
+        if (j == 2) ++N;  // a row no run covers
+        dW.push_back(std::make_unique<Dev<uint8_t>>(be(), random_weights(t, rows, cols, rng), "W"));
+        dW.push_back(std::make_unique<Dev<uint8_t>>(be(), random_weights(t, rows, cols, rng), "W2"));
+        runs.push_back({dW[2 * j]->p(), dW[2 * j + 1]->p(), N, lens[j]});
+        N += lens[j];
+      }
+      Dev<float> dx(be(), randf(rng, N * ldx, -2.f, 2.f), "X");
+      const std::string what =
+          str("matmul_runs ", quant_traits(t).name, phase == Phase::Prompt ? " (prompt)" : "");
+      Dev<float> Y(be(), N * ldy, "Y"), Y2(be(), N * ldy, "Y2"), Z(be(), N * ldy, "Y"),
+          Z2(be(), N * ldy, "Y2");
+      be().matmul_runs((uint32_t)t, runs.data(), (int64_t)runs.size(), rows, cols, dx.p(), ldx, Y.p(), Y2.p(),
+                       ldy);
+      for (const auto& r : runs) {
+        be().matmul((uint32_t)t, r.W, rows, cols, dx.p() + r.row0 * ldx, ldx, r.n, Z.p() + r.row0 * ldy, ldy);
+        be().matmul((uint32_t)t, r.W2, rows, cols, dx.p() + r.row0 * ldx, ldx, r.n, Z2.p() + r.row0 * ldy,
+                    ldy);
+      }
+      expect_same(Y.get(), Z.get(), what);
+      expect_same(Y2.get(), Z2.get(), what + " (Y2)");
+    }
+  }
+  be().set_phase(Phase::Any);
+}
+
 TEST_P(Op, RouterTopk) {
   std::mt19937 rng(11);
   const int64_t E = 37, K = 5;

@@ -406,6 +406,14 @@ class CudaBackend final : public Backend, public GptOssOps {
     use();
     cuda::launch_matmul_q8_runs(type, runs, n_runs, rows, cols, Xq, xrow_bytes, Y, Y2, ldy, compute_);
   }
+  // A prompt's runs in one launch; elsewhere (decode, Phase::Any) matmul's own choice run by run.
+  void matmul_runs(uint32_t type, const ExpertRun* runs, int64_t n_runs, int64_t rows, int64_t cols,
+                   const float* X, int64_t ldx, float* Y, float* Y2, int64_t ldy) override {
+    if (phase() != Phase::Prompt)
+      return Backend::matmul_runs(type, runs, n_runs, rows, cols, X, ldx, Y, Y2, ldy);
+    use();
+    cuda::launch_matmul_runs(type, runs, n_runs, rows, cols, X, ldx, Y, Y2, ldy, compute_);
+  }
   void matmul_q8_experts_pair(uint32_t type, const ExpertTable& t, int m, int m2, int64_t rows, int64_t cols,
                               const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
                               size_t xrow_bytes, float* Y, float* Y2, int64_t ldy) override {

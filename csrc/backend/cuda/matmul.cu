@@ -27,6 +27,46 @@ void check_weights(const void* W, size_t rb, const char* op) {
                ": weight rows at ", W, ", ", rb, " bytes apart, are not aligned to ", kAlign, " bytes");
 }
 
+// The runs of matmul_q8_runs / matmul_runs into as few launches as the arguments hold: at most kMaxRuns
+// runs and 65535 token tiles (of tile_rows) a launch, a long run in pieces; launch() after each is packed.
+template <class F, class Args, class Launch>
+void pack_runs(const char* op, Args& g, const Backend::ExpertRun* runs, int64_t n_runs, size_t rb,
+               int64_t tile_rows, Launch launch) {
+  STRATA_CHECK(n_runs >= 0, ConfigError, op, ": negative run count ", n_runs);
+  int64_t tiles = 0;
+  g.n_runs = 0;
+  const auto flush = [&] {
+    if (g.n_runs == 0) return;
+    g.tile0[g.n_runs] = static_cast<int32_t>(tiles);
+    launch();
+    g.n_runs = 0;
+    tiles = 0;
+  };
+  constexpr int64_t kPieceRows = 65536;  // at most 4096 tiles a piece, whichever tile
+  for (int64_t j = 0; j < n_runs; ++j) {
+    const Backend::ExpertRun& r = runs[j];
+    STRATA_CHECK(r.n >= 0 && r.row0 >= 0 && r.row0 + r.n <= INT32_MAX, ConfigError, op, ": run ", j,
+                 " has rows ", r.row0, " + ", r.n, ", outside 0 .. 2^31");
+    if (r.n == 0) continue;
+    check_weights<F>(r.W, rb, op);
+    STRATA_CHECK(!g.Y2 || r.W2, ConfigError, op, ": run ", j, " has no second matrix for Y2");
+    if (g.Y2) check_weights<F>(r.W2, rb, op);
+    for (int64_t done = 0; done < r.n;) {
+      const int64_t piece = min64(r.n - done, kPieceRows), pt = ceil_div(piece, tile_rows);
+      if (g.n_runs == kMaxRuns || tiles + pt > 65535) flush();
+      const int k = g.n_runs++;
+      g.W[k] = static_cast<const uint8_t*>(r.W);
+      g.W2[k] = static_cast<const uint8_t*>(r.W2);
+      g.row0[k] = static_cast<int32_t>(r.row0 + done);
+      g.n[k] = static_cast<int32_t>(piece);
+      g.tile0[k] = static_cast<int32_t>(tiles);
+      tiles += pt;
+      done += piece;
+    }
+  }
+  flush();
+}
+
 }  // namespace
 
 bool mma_q8_on() {
@@ -148,7 +188,6 @@ void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_
     using F = decltype(fmt);
     const size_t rb = row_bytes(F::kType, cols);
     check_shape("matmul_q8_runs", rows, cols, 0, ldy);
-    STRATA_CHECK(n_runs >= 0, ConfigError, "matmul_q8_runs: negative run count ", n_runs);
     STRATA_CHECK(xrow_bytes >= static_cast<size_t>(cols / kQK8_0 * kQ8_0Bytes), ConfigError,
                  "matmul_q8_runs: xrow_bytes=", xrow_bytes, " is smaller than a row of ", cols / kQK8_0,
                  " q8_0 blocks");
@@ -166,39 +205,33 @@ void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_
     g.Y2 = Y2;
     g.ldy = ldy;
     g.mma = mma_q8_on();
-    const int64_t tile_rows = g.mma ? kRunsMmaTileRows : kRunsTileRows;
-    int64_t tiles = 0;
-    const auto flush = [&] {
-      if (g.n_runs == 0) return;
-      g.tile0[g.n_runs] = static_cast<int32_t>(tiles);
-      launch_mmq_runs<F>(g, s);
-      g.n_runs = 0;
-      tiles = 0;
-    };
-    // A run longer than this goes in pieces, so one launch's tiles stay within CUDA's grid y limit.
-    constexpr int64_t kPieceRows = 4096 * kRunsTileRows;  // at most 4096 tiles a piece, either tile
-    for (int64_t j = 0; j < n_runs; ++j) {
-      const Backend::ExpertRun& r = runs[j];
-      STRATA_CHECK(r.n >= 0 && r.row0 >= 0 && r.row0 + r.n <= INT32_MAX, ConfigError, "matmul_q8_runs: run ",
-                   j, " has rows ", r.row0, " + ", r.n, ", outside 0 .. 2^31");
-      if (r.n == 0) continue;
-      check_weights<F>(r.W, rb, "matmul_q8_runs");
-      STRATA_CHECK(!Y2 || r.W2, ConfigError, "matmul_q8_runs: run ", j, " has no second matrix for Y2");
-      if (Y2) check_weights<F>(r.W2, rb, "matmul_q8_runs");
-      for (int64_t done = 0; done < r.n;) {
-        const int64_t piece = min64(r.n - done, kPieceRows), pt = ceil_div(piece, tile_rows);
-        if (g.n_runs == kMaxRuns || tiles + pt > 65535) flush();
-        const int k = g.n_runs++;
-        g.W[k] = static_cast<const uint8_t*>(r.W);
-        g.W2[k] = static_cast<const uint8_t*>(r.W2);
-        g.row0[k] = static_cast<int32_t>(r.row0 + done);
-        g.n[k] = static_cast<int32_t>(piece);
-        g.tile0[k] = static_cast<int32_t>(tiles);
-        tiles += pt;
-        done += piece;
-      }
-    }
-    flush();
+    pack_runs<F>("matmul_q8_runs", g, runs, n_runs, rb, g.mma ? kRunsMmaTileRows : kRunsTileRows,
+                 [&] { launch_mmq_runs<F>(g, s); });
+  });
+}
+
+void launch_matmul_runs(uint32_t type, const Backend::ExpertRun* runs, int64_t n_runs, int64_t rows,
+                        int64_t cols, const float* X, int64_t ldx, float* Y, float* Y2, int64_t ldy,
+                        cudaStream_t s) {
+  dispatch_format(type, "matmul_runs weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    const size_t rb = row_bytes(F::kType, cols);
+    check_shape("matmul_runs", rows, cols, 0, ldy);
+    STRATA_CHECK(ldx >= cols, ConfigError, "matmul_runs: ldx=", ldx, " is smaller than cols=", cols);
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul_runs: activations at ", X,
+                 " are not 4-byte aligned");
+    if (rows == 0) return;
+    RunsF32Args g{};
+    g.rb = rb;
+    g.rows = rows;
+    g.cols = cols;
+    g.X = X;
+    g.ldx = ldx;
+    g.x_vec = x_rows_aligned(X, ldx);
+    g.Y = Y;
+    g.Y2 = Y2;
+    g.ldy = ldy;
+    pack_runs<F>("matmul_runs", g, runs, n_runs, rb, kRunsF32TileRows, [&] { launch_mma_runs<F>(g, s); });
   });
 }
 

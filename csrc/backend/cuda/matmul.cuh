@@ -40,6 +40,12 @@ void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_
                            int64_t cols, const uint8_t* Xq, size_t xrow_bytes, float* Y, float* Y2,
                            int64_t ldy, cudaStream_t s);
 
+// Backend::matmul_runs on the tensor-core kernel (a prompt's matmuls), every run in one launch where the
+// arguments hold them, each output bit for bit launch_matmul_path(TensorCore)'s on its run.
+void launch_matmul_runs(uint32_t type, const Backend::ExpertRun* runs, int64_t n_runs, int64_t rows,
+                        int64_t cols, const float* X, int64_t ldx, float* Y, float* Y2, int64_t ldy,
+                        cudaStream_t s);
+
 // The kernels of launch_matmul. Gemv: fp32 products of the exact weights, for few tokens (each weight
 // byte read once, bound by memory). TensorCore: fp16 weights and activations on mma.sync with fp32
 // sums, for many (bound by arithmetic; ~1e-3 of sum|w x| at worst, see matmul_mma.cuh).

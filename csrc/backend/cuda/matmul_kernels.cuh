@@ -96,6 +96,25 @@ struct RunsQ8Args {
 };
 static_assert(sizeof(RunsQ8Args) <= 4000, "a kernel's parameters fit CUDA's 4 KB");
 
+// matmul_runs on tensor cores as one launch: RunsQ8Args with float activation rows (X, ldx apart;
+// x_vec: 16-byte aligned rows, read 16 bytes at a time).
+constexpr int64_t kRunsF32TileRows = 128;  // a run's rows a block (matmul_mma.cuh's kBN)
+struct RunsF32Args {
+  size_t rb;
+  int64_t rows, cols;
+  const float* X;
+  int64_t ldx;
+  bool x_vec;
+  float* Y;
+  float* Y2;
+  int64_t ldy;
+  int n_runs;
+  int32_t row0[kMaxRuns], n[kMaxRuns], tile0[kMaxRuns + 1];
+  const uint8_t* W[kMaxRuns];
+  const uint8_t* W2[kMaxRuns];
+};
+static_assert(sizeof(RunsF32Args) <= 4000, "a kernel's parameters fit CUDA's 4 KB");
+
 // Expert e's matrix m, or null when it is out of range or not resident (device side of expert_matrix).
 __device__ __forceinline__ const uint8_t* expert_matrix_dev(const ExpertTable& t, int m, int32_t e) {
   if (e < 0 || e >= t.E) return nullptr;
@@ -127,9 +146,11 @@ template <class F>
 void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s);
 template <class F>
 void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s);
-// One launch of g.n_runs runs whose token tiles number `tiles` (tile0[n_runs]).
+// One launch of g.n_runs runs whose token tiles number tile0[n_runs].
 template <class F>
 void launch_mmq_runs(const RunsQ8Args& g, cudaStream_t s);
+template <class F>
+void launch_mma_runs(const RunsF32Args& g, cudaStream_t s);
 
 // Whether matmul_q8 of many tokens (and matmul_q8_runs) runs on the tensor-core tile: a device of compute
 // capability 8.0 or later and STRATA_CUDA_MMA_Q8=1 (read at each launch, so tests can run both tiles).

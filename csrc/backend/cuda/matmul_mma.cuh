@@ -129,20 +129,20 @@ __device__ __forceinline__ void mma_step(const __half* sa, const __half* sb, flo
   }
 }
 
+// Rows m0.. by tokens n0.. of the matmul a: one block's tile.
 template <class F>
-__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatmulArgs a, bool x_vec) {
-  grid_start();
+__device__ __forceinline__ void mma_block(const MatmulArgs& a, bool x_vec, int64_t m0, int64_t n0) {
   using C = Cfg<F>;
   __shared__ __align__(16) uint8_t raw[kBM * C::kRawStride];
   __shared__ __align__(16) __half sa[kBM * kTileStride];
   __shared__ __align__(16) __half sb[kBN * kTileStride];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, wm = warp % 2, wn = warp / 2;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kBM, n0 = static_cast<int64_t>(blockIdx.y) * kBN;
   const int nrows = static_cast<int>(min64(kBM, a.rows - m0));
   const int ntok = static_cast<int>(min64(kBN, a.T - n0));
   const uint8_t* wrows = a.W + m0 * a.rb;
   const uint8_t* whi = a.W + a.rows * a.rb;
   const int64_t nsteps = ceil_div(a.cols, kBK);
+  static_assert(kBN == kRunsF32TileRows, "the launcher's tiles are the kernel's");
 
   auto stage = [&](int64_t chunk) {  // the weight bytes of columns [chunk * kRawK, ..)
     const int64_t k0 = chunk * C::kRawK, k1 = min64(a.cols, k0 + C::kRawK);
@@ -183,7 +183,49 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatmulArgs a, bool x_v
         }
 }
 
+template <class F>
+__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatmulArgs a, bool x_vec) {
+  grid_start();
+  mma_block<F>(a, x_vec, static_cast<int64_t>(blockIdx.x) * kBM, static_cast<int64_t>(blockIdx.y) * kBN);
+}
+
+// matmul_runs: block (x, y, z) is mma_kernel's block (x, tile) of the run holding grid row y, on its matrix
+// W (z 0) or W2 (z 1); every output is one fixed chain of mma steps, so the result is the per-run call's.
+template <class F>
+__global__ void __launch_bounds__(kThreads, 2) mma_runs_kernel(const __grid_constant__ RunsF32Args g) {
+  grid_start();
+  const int y = static_cast<int>(blockIdx.y);
+  int lo = 0, hi = g.n_runs;  // tile0[lo] <= y < tile0[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (g.tile0[mid] <= y)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const bool second = blockIdx.z != 0;
+  const MatmulArgs a{second ? g.W2[lo] : g.W[lo],
+                     g.rb,
+                     g.rows,
+                     g.cols,
+                     g.X + static_cast<int64_t>(g.row0[lo]) * g.ldx,
+                     g.ldx,
+                     g.n[lo],
+                     (second ? g.Y2 : g.Y) + static_cast<int64_t>(g.row0[lo]) * g.ldy,
+                     g.ldy};
+  mma_block<F>(a, g.x_vec, static_cast<int64_t>(blockIdx.x) * kBM,
+               static_cast<int64_t>(y - g.tile0[lo]) * kBN);
+}
+
 }  // namespace mma
+
+template <class F>
+void launch_mma_runs(const RunsF32Args& g, cudaStream_t s) {
+  using namespace mma;
+  const dim3 grid(grid_x(ceil_div(g.rows, kBM)), static_cast<unsigned>(g.tile0[g.n_runs]), g.Y2 ? 2u : 1u);
+  launch_kernel(mma_runs_kernel<F>, grid, kThreads, 0, s, g);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
 
 template <class F>
 void launch_mma(const MatmulArgs& a, cudaStream_t s) {
