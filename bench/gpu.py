@@ -286,6 +286,9 @@ def main() -> None:
     ap.add_argument("--hbm-gbps", type=float, default=4300, help="HBM bandwidth for the floor, GB/s")
     ap.add_argument("--link-gbps", type=float, default=54, help="host link bandwidth for the floor, GB/s")
     ap.add_argument("--device", default="cuda", help="strata's device (cpu: a smoke test of this script)")
+    ap.add_argument("--mma-q8", choices=("off", "on", "both"), default="off",
+                    help="the integer prompt tile on tensor cores (STRATA_CUDA_MMA_Q8=1) for the prompt rows: off, "
+                         "on, or both side by side")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
                     help="decode with --prefetch (bounded caches): off, on, or both side by side")
     ap.add_argument("--json", default=None)
@@ -328,11 +331,18 @@ def main() -> None:
             if a.prefetch != "off" and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
                 chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch", load={**cfg.load,
                               "prefetch": True}, prompts=(), ncmoe=None if a.prefetch == "both" else cfg.ncmoe))
+        if a.mma_q8 == "on":
+            chosen = [dataclasses.replace(c, load={**c.load, "_mma_q8": True}) for c in chosen]
+        elif a.mma_q8 == "both":  # the tensor-core integer tile's own rows: prompts, no llama.cpp again
+            chosen += [dataclasses.replace(c, label=f"{c.label}, int8 mma", decode_after=(), ncmoe=None,
+                                           load={**c.load, "_mma_q8": True}) for c in chosen if c.prompts]
         for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())
             t0 = time.monotonic()
-            got = strata_config(path, cfg, gen, hbm, link, a.device)
+            load = dict(cfg.load)
+            os.environ["STRATA_CUDA_MMA_Q8"] = "1" if load.pop("_mma_q8", False) else "0"  # read at each launch
+            got = strata_config(path, dataclasses.replace(cfg, load=load), gen, hbm, link, a.device)
             llama = llama_binary() if cfg.ncmoe is not None else None
             theirs = llama_config(llama, path, cfg, gen, a.reps if s != "235b" else 1, log) if llama else {}
             for r in got:
