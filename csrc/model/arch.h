@@ -63,6 +63,9 @@ class ForwardPass {
                          bool all_logits) = 0;
   // Whether run_rows is implemented: several sequences decode in one pass.
   virtual bool batches() const { return false; }
+  // Whether a decode step may be recorded as a graph and replayed: every buffer it touches is the same
+  // each step (false: the pass picks buffers on the host per step, as qwen35moe's recurrent state copies).
+  virtual bool graphable() const { return true; }
   // One token of each of B sequences (rows: their positions and KV regions, distinct) through every
   // layer on the scratch `b` (carved for T = B); the logits of every row into `logits` (B x V, host
   // memory). Every row's logits are those of run_chunk on its token alone (each op is per row).

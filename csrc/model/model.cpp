@@ -337,7 +337,8 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
     cache_->to_host();
   // A graph reads nothing the host decides per step but the token and position it finds in step_io_:
   // the decode MoE must find its experts on the device: every expert resident, or resolved there.
-  const bool graphable = path == ExpertPath::Resident || path == ExpertPath::Device;
+  const bool graphable =
+      (path == ExpertPath::Resident || path == ExpertPath::Device) && forward_->graphable();
   if (!graphable) {
     forward_->run_chunk(b, &id, 1, pos, logits, all_logits);
     return;

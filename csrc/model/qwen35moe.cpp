@@ -295,6 +295,10 @@ class Qwen35MoeForward final : public RowsForwardPass {
     run_pieces(b, ids, T, pos0, pieces, logits, all_logits);
   }
 
+  // Each step picks its region's state copies on the host (parity, sel): a recorded step would replay
+  // the copies of the step it recorded.
+  bool graphable() const override { return false; }
+
  private:
   // The committed recurrent state of one KV region (each sequence region has its own copies).
   struct RegionState {
@@ -457,7 +461,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
 
 std::string no_q35_ops(Backend& be) {
   return str(
-      "qwen35moe runs on the CPU backend only for now; the ", be.name(),
+      "qwen35moe runs on the CPU and CUDA backends; the ", be.name(),
       " backend has no qwen35moe ops (the gated DeltaNet, the attention's output gate). Use --device cpu.");
 }
 

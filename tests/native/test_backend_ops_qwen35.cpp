@@ -213,7 +213,7 @@ TEST(Qwen35Ops, BackendWithoutThemIsRefused) {
     ADD_FAILURE() << "a backend without the qwen35moe ops was accepted";
   } catch (const UnsupportedError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("q35.gguf: qwen35moe runs on the CPU backend only for now; the bare backend"),
+    EXPECT_NE(m.find("q35.gguf: qwen35moe runs on the CPU and CUDA backends; the bare backend"),
               std::string::npos)
         << m;
     EXPECT_NE(m.find("--device cpu"), std::string::npos) << m;

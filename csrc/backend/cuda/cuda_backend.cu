@@ -20,8 +20,10 @@
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/quantize.cuh"
+#include "backend/cuda/qwen35.cuh"
 #include "backend/cuda/router.cuh"
 #include "backend/gptoss_ops.h"
+#include "backend/qwen35_ops.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
@@ -81,7 +83,7 @@ std::string describe_current(const cudaDeviceProp& p) {
   return str(p.name, ", ", gib(free_b), " free of ", gib(total_b), ", sm_", p.major, p.minor);
 }
 
-class CudaBackend final : public Backend, public GptOssOps {
+class CudaBackend final : public Backend, public GptOssOps, public Qwen35Ops {
  public:
   explicit CudaBackend(int device) : device_(device) {
     require_device(device);
@@ -450,6 +452,37 @@ class CudaBackend final : public Backend, public GptOssOps {
   void add(float* x, const float* y, int64_t n) override {
     use();
     cuda::launch_add(x, y, n, compute_);
+  }
+
+  // Qwen35Ops (backend/qwen35_ops.h), in qwen35.cu.
+  void conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w, const float* state_in,
+                   float* state_out, float* y) override {
+    use();
+    cuda::launch_conv1d_silu(x, T, C, Kc, w, state_in, state_out, y, compute_);
+  }
+  void gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
+                           int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
+                           const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
+                           float* rows_d, float* rows_g, float* out) override {
+    use();
+    cuda::launch_gated_delta_chunked(qkv, a, b, T, pos0, C, Hk, Hv, dk, dv, A, dt_bias, fresh, s_cur, s_other,
+                                     rows_k, rows_d, rows_g, out, compute_);
+  }
+  void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override {
+    use();
+    cuda::launch_gated_rms_norm(x, z, w, rows, n, eps, compute_);
+  }
+  void split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate) override {
+    use();
+    cuda::launch_split_q_gate(qg, T, H, hd, q, gate, compute_);
+  }
+  void sigmoid_mul(float* x, const float* g, int64_t n) override {
+    use();
+    cuda::launch_sigmoid_mul(x, g, n, compute_);
+  }
+  void add_sigmoid_scaled(float* y, const float* x, const float* sc, int64_t T, int64_t D) override {
+    use();
+    cuda::launch_add_sigmoid_scaled(y, x, sc, T, D, compute_);
   }
 
   // GptOssOps (backend/gptoss_ops.h), in gptoss.cu.

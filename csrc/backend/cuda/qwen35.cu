@@ -1,0 +1,266 @@
+// qwen35moe's ops on CUDA (qwen35.cuh). Each output element is computed the same way whatever T is and
+// however a sequence's positions are split into passes: the delta rule runs a block per value head over
+// its positions in order, each position from the chunk's state and the chunk's earlier rows only, with
+// reductions whose shape depends on the dims alone. Against the CPU's ops they agree within the op
+// harness's bounds (the reductions' order and the transcendentals differ).
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/qwen35.cuh"
+#include "core/error.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256, kDeltaThreads = 128;
+
+unsigned blocks_for(int64_t n) {
+  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, kThreads), 4096)));
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf(float x) { return x * sigmoidf(x); }
+// torch's softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The sum of v over the block (every thread gets it); red holds a float per warp. Ends in a barrier.
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nw = blockDim.x / kWarp;
+  __syncthreads();  // red's previous readers are done
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < nw; ++w) s += red[w];
+  return s;
+}
+
+// Thread c: channel c's T outputs over its Kc taps in order, then its state rows.
+__global__ void __launch_bounds__(kThreads)
+    conv1d_silu_kernel(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w,
+                       const float* state_in, float* state_out, float* y) {
+  grid_start();
+  const int64_t S = Kc - 1;
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C;
+       c += (int64_t)gridDim.x * blockDim.x) {
+    const auto xx = [&](int64_t r) {
+      return r < S ? (state_in ? state_in[r * C + c] : 0.0f) : x[(r - S) * C + c];
+    };
+    const float* wc = w + c * Kc;
+    for (int64_t t = 0; t < T; ++t) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < Kc; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], xx(t + j)));
+      y[t * C + c] = siluf(acc);
+    }
+    for (int64_t r = 0; r < S; ++r) state_out[r * C + c] = xx(T + r);
+  }
+}
+
+struct DeltaArgs {
+  const float *qkv, *a, *b, *A, *dt_bias;
+  int64_t T, pos0, C, Hk, Hv, dk, dv;
+  bool fresh;
+  float *s_cur, *s_other, *rows_k, *rows_d, *rows_g, *out;
+};
+
+// Block h: value head h's positions in order (backend/qwen35_ops.h's chunked form). Shared memory: qn, kn
+// (dk each), em, wk, wq (C each), the reduction's per-warp sums and two scalars.
+__global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g) {
+  grid_start();
+  extern __shared__ float sm[];
+  const int64_t dk = g.dk, dv = g.dv, C = g.C, Hv = g.Hv, h = blockIdx.x, kh = h % g.Hk;
+  float* qn = sm;
+  float* kn = qn + dk;
+  float* em = kn + dk;
+  float* wk = em + C;
+  float* wq = wk + C;
+  float* red = wq + C;
+  float* scal = red + kDeltaThreads / kWarp;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t W = 2 * g.Hk * dk + Hv * dv;
+  const float scale = 1.0f / sqrtf(static_cast<float>(dk));
+  float* S = g.s_cur + h * dk * dv;  // S_a of the current chunk; the other buffer takes the next one
+  float* S_next = g.s_other + h * dk * dv;
+  if (g.fresh)
+    for (int64_t i = tid; i < dk * dv; i += nt) S[i] = 0.0f;
+  const auto key = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
+  const auto delta = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
+  for (int64_t t = 0; t < g.T; ++t) {
+    const int64_t p = g.pos0 + t, slot = p % C, n = slot;
+    const float* q = g.qkv + t * W + kh * dk;
+    const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
+    const float* v = g.qkv + t * W + 2 * g.Hk * dk + h * dv;
+    float pq = 0.0f, pk = 0.0f;
+    for (int64_t i = tid; i < dk; i += nt) {
+      pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
+      pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
+    }
+    const float sq = block_sum(pq, red), sk = block_sum(pk, red);
+    const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+    float* ks = key(slot);
+    for (int64_t i = tid; i < dk; i += nt) {
+      qn[i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
+      kn[i] = __fmul_rn(k[i], rk);
+      ks[i] = kn[i];
+    }
+    if (tid == 0) {
+      const float gg = __fmul_rn(g.A[h], softplusf(__fadd_rn(g.a[t * Hv + h], g.dt_bias[h])));
+      g.rows_g[slot * Hv + h] = gg;
+      // The decay from each earlier position m to p, exp(g_{m+1} + ... + g_p), summed back from p.
+      float acc = gg;
+      for (int64_t m = n - 1; m >= 0; --m) {
+        em[m] = expf(acc);
+        acc = __fadd_rn(acc, g.rows_g[m * Hv + h]);
+      }
+      scal[0] = expf(acc);  // from the chunk's start
+      scal[1] = sigmoidf(g.b[t * Hv + h]);
+    }
+    __syncthreads();
+    const float Gp = scal[0], beta = scal[1];
+    // The chunk's earlier positions, each weighted by its decay to p and its key's overlap.
+    for (int64_t m = tid; m < n; m += nt) {
+      const float* km = key(m);
+      float dkk = 0.0f, dqk = 0.0f;
+      for (int64_t i = 0; i < dk; ++i) {
+        dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
+        dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
+      }
+      wk[m] = __fmul_rn(em[m], dkk);
+      wq[m] = __fmul_rn(em[m], dqk);
+    }
+    float pqk = 0.0f;
+    for (int64_t i = tid; i < dk; i += nt) pqk = __fadd_rn(pqk, __fmul_rn(qn[i], kn[i]));
+    const float qk = block_sum(pqk, red);  // its barriers also publish wk, wq
+    float* dps = delta(slot);
+    float* o = g.out + (t * Hv + h) * dv;
+    for (int64_t j = tid; j < dv; j += nt) {
+      float kS = 0.0f, qS = 0.0f;
+      for (int64_t i = 0; i < dk; ++i) {
+        const float sij = S[i * dv + j];
+        kS = __fadd_rn(kS, __fmul_rn(sij, kn[i]));
+        qS = __fadd_rn(qS, __fmul_rn(sij, qn[i]));
+      }
+      float d = __fsub_rn(v[j], __fmul_rn(Gp, kS));
+      for (int64_t m = 0; m < n; ++m) d = __fsub_rn(d, __fmul_rn(wk[m], delta(m)[j]));
+      const float dp = __fmul_rn(d, beta);
+      dps[j] = dp;
+      float oj = __fmul_rn(Gp, qS);
+      for (int64_t m = 0; m < n; ++m) oj = __fadd_rn(oj, __fmul_rn(wq[m], delta(m)[j]));
+      o[j] = __fadd_rn(oj, __fmul_rn(qk, dp));
+    }
+    __syncthreads();  // this position's key and delta rows are written; the next one's reads follow
+    if (slot != C - 1) continue;
+    // The chunk's last position: the next chunk's state, then the buffers swap roles.
+    for (int64_t e = tid; e < dk * dv; e += nt) {
+      const int64_t i = e / dv, j = e % dv;
+      float sn = __fmul_rn(Gp, S[e]);
+      for (int64_t m = 0; m <= slot; ++m) {
+        const float w = __fmul_rn(m < slot ? em[m] : 1.0f, key(m)[i]);
+        sn = __fadd_rn(sn, __fmul_rn(w, delta(m)[j]));
+      }
+      S_next[e] = sn;
+    }
+    __syncthreads();
+    float* tmp = S;
+    S = S_next;
+    S_next = tmp;
+  }
+}
+
+// Block r: row r.
+__global__ void __launch_bounds__(kThreads)
+    gated_rms_norm_kernel(float* x, const float* z, const float* w, int64_t n, float eps) {
+  grid_start();
+  __shared__ float red[kThreads / kWarp];
+  float* xr = x + blockIdx.x * n;
+  const float* zr = z + blockIdx.x * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(__fadd_rn(ss / static_cast<float>(n), eps));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    xr[i] = __fmul_rn(__fmul_rn(__fmul_rn(xr[i], inv), w[i]), siluf(zr[i]));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    split_q_gate_kernel(const float* qg, int64_t rows, int64_t hd, float* q, float* gate) {
+  grid_start();
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < rows * 2 * hd;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = e / (2 * hd), i = e % (2 * hd);
+    (i < hd ? q[r * hd + i] : gate[r * hd + i - hd]) = qg[e];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) sigmoid_mul_kernel(float* x, const float* g, int64_t n) {
+  grid_start();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = __fmul_rn(x[i], sigmoidf(g[i]));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    add_sigmoid_scaled_kernel(float* y, const float* x, const float* sc, int64_t T, int64_t D) {
+  grid_start();
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * D;
+       e += (int64_t)gridDim.x * blockDim.x)
+    y[e] = __fadd_rn(y[e], __fmul_rn(sigmoidf(sc[e / D]), x[e]));
+}
+
+}  // namespace
+
+void launch_conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w,
+                        const float* state_in, float* state_out, float* y, cudaStream_t s) {
+  STRATA_CHECK(T >= 0 && C >= 0 && Kc >= 1, ConfigError, "conv1d_silu: bad shape T=", T, " C=", C,
+               " Kc=", Kc);
+  if (C == 0) return;
+  launch_kernel(conv1d_silu_kernel, blocks_for(C), kThreads, 0, s, x, T, C, Kc, w, state_in, state_out, y);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
+                                int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
+                                const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
+                                float* rows_d, float* rows_g, float* out, cudaStream_t s) {
+  STRATA_CHECK(T >= 0 && pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1, ConfigError,
+               "gated_delta_chunked: bad shape T=", T, " C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
+               " dv=", dv);
+  const size_t smem = (2 * (size_t)dk + 3 * (size_t)C + kDeltaThreads / kWarp + 2) * sizeof(float);
+  STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, "gated_delta_chunked: key dim ", dk, " and chunk ", C,
+               " need ", smem, " bytes of shared memory, more than 48 KiB");
+  if (T == 0 && !fresh) return;
+  const DeltaArgs g{qkv, a,  b,     A,     dt_bias, T,      pos0,   C,      Hk, Hv,
+                    dk,  dv, fresh, s_cur, s_other, rows_k, rows_d, rows_g, out};
+  launch_kernel(gated_delta_kernel, grid_x(Hv), kDeltaThreads, smem, s, g);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
+                           cudaStream_t s) {
+  STRATA_CHECK(rows >= 0 && n >= 1, ConfigError, "gated_rms_norm: bad shape rows=", rows, " n=", n);
+  if (rows == 0) return;
+  launch_kernel(gated_rms_norm_kernel, grid_x(rows), kThreads, 0, s, x, z, w, n, eps);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate,
+                         cudaStream_t s) {
+  if (T * H * hd == 0) return;
+  launch_kernel(split_q_gate_kernel, blocks_for(T * H * 2 * hd), kThreads, 0, s, qg, T * H, hd, q, gate);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_sigmoid_mul(float* x, const float* g, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  launch_kernel(sigmoid_mul_kernel, blocks_for(n), kThreads, 0, s, x, g, n);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_add_sigmoid_scaled(float* y, const float* x, const float* sc, int64_t T, int64_t D,
+                               cudaStream_t s) {
+  if (T * D == 0) return;
+  launch_kernel(add_sigmoid_scaled_kernel, blocks_for(T * D), kThreads, 0, s, y, x, sc, T, D);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace strata::cuda
