@@ -348,6 +348,10 @@ class Gemma4Forward final : public RowsForwardPass {
     STRATA_CHECK(scratch.specs() == s.scratch, Error, "internal error: the gemma4 scratch is not the spec's");
   }
 
+  // Its positions reach RoPE and the windowed attention from the host: a recorded step would replay the
+  // position it recorded.
+  bool graphable() const override { return false; }
+
  private:
   struct Layer {
     DenseMatrix q, k, v, o, router, ffn_gate, ffn_up, ffn_down;
@@ -465,7 +469,7 @@ class Gemma4Forward final : public RowsForwardPass {
 };
 
 std::string no_gemma4_ops(Backend& be) {
-  return str("gemma4 runs on the CPU backend; the ", be.name(),
+  return str("gemma4 runs on the CPU and CUDA backends; the ", be.name(),
              " backend has no gemma4 ops (proportional RoPE, windowed attention, the GELU experts). Use "
              "--device cpu.");
 }

@@ -16,12 +16,14 @@
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embed.cuh"
 #include "backend/cuda/expert_resolve.cuh"
+#include "backend/cuda/gemma4.cuh"
 #include "backend/cuda/gptoss.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/quantize.cuh"
 #include "backend/cuda/qwen35.cuh"
 #include "backend/cuda/router.cuh"
+#include "backend/gemma4_ops.h"
 #include "backend/gptoss_ops.h"
 #include "backend/qwen35_ops.h"
 #include "core/error.h"
@@ -83,7 +85,7 @@ std::string describe_current(const cudaDeviceProp& p) {
   return str(p.name, ", ", gib(free_b), " free of ", gib(total_b), ", sm_", p.major, p.minor);
 }
 
-class CudaBackend final : public Backend, public GptOssOps, public Qwen35Ops {
+class CudaBackend final : public Backend, public GptOssOps, public Qwen35Ops, public Gemma4Ops {
  public:
   explicit CudaBackend(int device) : device_(device) {
     require_device(device);
@@ -452,6 +454,40 @@ class CudaBackend final : public Backend, public GptOssOps, public Qwen35Ops {
   void add(float* x, const float* y, int64_t n) override {
     use();
     cuda::launch_add(x, y, n, compute_);
+  }
+
+  // Gemma4Ops (backend/gemma4_ops.h), in gemma4.cu (the windowed attention: gptoss.cu's without sinks).
+  void head_norm(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps) override {
+    use();
+    cuda::launch_head_norm(x, T, n_heads, hd, w, eps, compute_);
+  }
+  void rope_freqs(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, int64_t pos0,
+                  const int64_t* pos) override {
+    use();
+    if (!pos) {
+      cuda::launch_rope_freqs(x, T, n_heads, hd, inv_freq, pos0, compute_);
+      return;
+    }
+    for (int64_t t = 0; t < T; ++t)  // rows at their own positions (a batched decode step): one launch a row
+      cuda::launch_rope_freqs(x + t * n_heads * hd, 1, n_heads, hd, inv_freq, pos[t], compute_);
+  }
+  void attention_window(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
+                        int64_t H, int64_t KV, int64_t hd, float scale, int64_t window, float* out) override {
+    use();
+    cuda::launch_attention_sinks(q, kc, vc, t, T, pos0, pos_.dev, H, KV, hd, scale, nullptr, window, out,
+                                 compute_);
+  }
+  void geglu(float* g, const float* u, int64_t n) override {
+    use();
+    cuda::launch_geglu(g, u, n, compute_);
+  }
+  void scale(float* x, int64_t n, const float* s) override {
+    use();
+    cuda::launch_scale(x, n, s, compute_);
+  }
+  void expert_scale(float* w, const int32_t* ids, const float* scale, int64_t n) override {
+    use();
+    cuda::launch_expert_scale(w, ids, scale, n, compute_);
   }
 
   // Qwen35Ops (backend/qwen35_ops.h), in qwen35.cu.

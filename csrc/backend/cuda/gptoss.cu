@@ -73,7 +73,9 @@ __global__ void __launch_bounds__(kAttThreads)
   for (int64_t d = tid; d < hd; d += kAttThreads) qs[d] = qr[d];
   __syncthreads();
   const int64_t stride = KV * hd;
-  float m = sinks[h], l = 1.0f;  // the sink: exp(sink - m) in the sum, no value
+  // The sink: exp(sink - m) in the sum, no value; without one the sums start empty (the first chunk's
+  // factor exp(-inf - m') is 0).
+  float m = sinks ? sinks[h] : -INFINITY, l = sinks ? 1.0f : 0.0f;
   float acc[kAttDimsPer] = {};
   for (int64_t c0 = j0; c0 <= p; c0 += kAttThreads) {
     const int nk = (int)min((int64_t)kAttThreads, p + 1 - c0);

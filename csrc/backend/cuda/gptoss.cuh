@@ -13,8 +13,9 @@ namespace strata::cuda {
 void launch_add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s);
 void launch_rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, float mscale,
                       int64_t pos0, const int32_t* pos_dev, cudaStream_t s);
-// Head dims up to kSinksMaxDims (UnsupportedError beyond).
-constexpr int64_t kSinksMaxDims = 256;
+// Head dims up to kSinksMaxDims (UnsupportedError beyond); sinks may be null (no sink: gemma4's
+// attention_window).
+constexpr int64_t kSinksMaxDims = 512;
 void launch_attention_sinks(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
                             const int32_t* pos_dev, int64_t H, int64_t KV, int64_t hd, float scale,
                             const float* sinks, int64_t window, float* out, cudaStream_t s);
