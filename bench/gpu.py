@@ -12,6 +12,8 @@ Scenarios (each a cache configuration of one file):
            host resolution, graph or op by op)
   oss120b  the gpt-oss-120b preset (MXFP4 experts, Q8_0 dense; ~65 GB, written to --shm-dir): a quarter of
            the experts cached against -ncmoe 27; a 2048-token prompt and decode after 512 tokens
+  q36      the qwen3.6-35b-a3b preset (qwen35moe: DeltaNet and gated attention, 256 experts, Q4_K / Q6_K
+           experts, Q8_0 dense): every expert on the GPU, and a quarter of them cached against -ncmoe 30
 
 How the caches are matched: llama.cpp's `-ncmoe N` keeps the experts of layers N..L-1 on the GPU, i.e.
 (L - N) x E experts; strata gets an `--expert-cache` of exactly those bytes ((L - N) x E x the expert's
@@ -43,7 +45,7 @@ import numpy as np
 import strata
 from strata import _core
 from strata.model import sampling_params
-from strata.testing import GPT_OSS_PRESETS, make_gpt_oss_preset, make_preset
+from strata.testing import GPT_OSS_PRESETS, QWEN35MOE_PRESETS, make_gpt_oss_preset, make_preset, make_qwen35moe_preset
 
 MiB = 1 << 20
 
@@ -83,10 +85,11 @@ def write_model(directory: str, preset: str, layers: int | None, workers: int, s
     if not os.path.exists(path):
         t0 = time.monotonic()
         kw: dict[str, float] = {"layers": layers} if layers else {}
-        if preset in GPT_OSS_PRESETS:
+        if preset in GPT_OSS_PRESETS or preset in QWEN35MOE_PRESETS:
             if routing:
                 raise SystemExit("--route-skew / --route-locality shape qwen3moe files only")
-            make_gpt_oss_preset(preset, path + ".tmp", seed=0, workers=workers, **kw)
+            make = make_gpt_oss_preset if preset in GPT_OSS_PRESETS else make_qwen35moe_preset
+            make(preset, path + ".tmp", seed=0, workers=workers, **kw)
         else:
             if routing:
                 kw.update(route_skew=skew, route_locality=locality)
@@ -218,6 +221,11 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
     if scenario == "235b":
         return [Config("14900 MiB cache (-ncmoe 76)", 76, {"expert_cache": "14900", "prefill": "auto:32768"},
                        (2048,), (512,))]
+    if scenario == "q36":
+        return [
+            Config("all on GPU", 0, {"expert_cache": "all"}, (512, 2048), (512,)),
+            Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,), (512,)),
+        ]
     if scenario == "oss120b":
         return [Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,),
                        (512,))]
@@ -233,7 +241,8 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
 
 # The file each scenario runs on, and whether it is written to --shm-dir (too large for the disk's page cache).
 SCENARIO_PRESETS = {"30b": ("qwen3-30b-a3b", False), "designs": ("qwen3-30b-a3b", False),
-                    "235b": ("qwen3-235b-a22b", True), "oss120b": ("gpt-oss-120b", True)}
+                    "235b": ("qwen3-235b-a22b", True), "oss120b": ("gpt-oss-120b", True),
+                    "q36": ("qwen3.6-35b-a3b", False)}
 
 
 def wait_for(binary: str, seconds: float) -> bool:
@@ -265,7 +274,8 @@ def print_table(rows: list[Row], hbm: float, link: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default="30b", help="comma-separated: 30b, 235b, designs, oss120b (default: 30b)")
+    ap.add_argument("--scenarios", default="30b",
+                    help="comma-separated: 30b, 235b, designs, oss120b, q36 (default: 30b)")
     ap.add_argument("--dir", default="/tmp/strata-bench", help="where the 30B file is written (once)")
     ap.add_argument("--shm-dir", default="/dev/shm/strata-bench",
                     help="where the 235B and gpt-oss-120b files are written (once)")

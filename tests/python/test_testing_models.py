@@ -198,3 +198,16 @@ def test_gpt_oss_preset_parallel_writer_same_bytes(tmp_path):
     assert {t.tensor_type.name for t in r.tensors if "exps.weight" in t.name} == {"MXFP4"}
     with pytest.raises(ValueError, match="unknown preset"):
         make_gpt_oss_preset("gpt-oss-7b", tmp_path / "c.gguf")
+
+
+def test_qwen35moe_preset_parallel_writer_same_bytes(tmp_path):
+    """make_qwen35moe_preset: workers > 1 writes the bytes one process writes (the bench's Qwen3.6 file)."""
+    from strata.testing import make_qwen35moe_preset
+
+    kw = dict(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, rope_dims=16, k_heads=2, v_heads=4,
+              k_head_dim=32, v_head_dim=32, experts=8, top_k=2, expert_ffn=256, shared_ffn=256, vocab=512, ctx=4096)
+    one = make_qwen35moe_preset("qwen3.6-35b-a3b", tmp_path / "a.gguf", **kw)
+    many = make_qwen35moe_preset("qwen3.6-35b-a3b", tmp_path / "b.gguf", workers=3, **kw)
+    assert one.read_bytes() == many.read_bytes()
+    r = gguf.GGUFReader(one)
+    assert {t.tensor_type.name for t in r.tensors if "ffn_down_exps" in t.name} == {"Q6_K"}

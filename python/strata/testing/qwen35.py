@@ -4,9 +4,10 @@ the file's dequantized tensors, the conventions undone)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
-from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor
+from strata.testing.models import _FILE_TYPES, _pad, _resolve_quant, _Tensor, _write_parallel
 from strata.testing.quant import block_size, random_blocks
 
 ARCH = "qwen35moe"
@@ -35,13 +36,13 @@ PRESET_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "Q8_0", "experts": "Q
 
 
 def make_qwen35moe_preset(name: str, path: str | os.PathLike[str], quant: dict[str, str] | None = None, seed: int = 0,
-                          **overrides) -> Path:
+                          workers: int = 1, **overrides) -> Path:
     """`make_qwen35moe` with the shapes of QWEN35MOE_PRESETS[name] (any overridden) and PRESET_QUANT unless
     `quant` is given."""
     if name not in QWEN35MOE_PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(QWEN35MOE_PRESETS)}")
     dims = {**QWEN35MOE_PRESETS[name], **overrides}
-    return make_qwen35moe(path, **dims, quant=PRESET_QUANT if quant is None else quant, seed=seed)
+    return make_qwen35moe(path, **dims, quant=PRESET_QUANT if quant is None else quant, seed=seed, workers=workers)
 
 
 def layer_is_linear(layer: int, interval: int) -> bool:
@@ -78,6 +79,7 @@ def make_qwen35moe(
     decay_max: float = 1.0,
     quant: dict[str, str] | None = None,
     seed: int = 0,
+    workers: int = 1,
 ) -> Path:
     """Write a `qwen35moe` GGUF with llama.cpp's names and random weights; every hyperparameter differs from
     strata's fallbacks (partial RoPE over `rope_dims` of head_dim, a full-attention layer every `interval`,
@@ -87,7 +89,8 @@ def make_qwen35moe(
     norm), ssm_a = -exp(A_log), the value heads in tiled order (value head j reads key head j % k_heads).
     A = exp(A_log) is uniform in [0.02, decay_max]. `recurrent` (one flag a layer) writes llama.cpp's
     attention.recurrent_layers instead of full_attention_interval. `quant` maps roles (strata.testing.models.ROLES) to
-    types; unnamed roles are F32. Returns the path."""
+    types; unnamed roles are F32. `workers` > 1 writes the tensors from that many processes (the same
+    bytes). Returns the path."""
     dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
             "rope_dims": rope_dims, "interval": interval, "conv_kernel": conv_kernel, "k_heads": k_heads,
             "v_heads": v_heads, "k_head_dim": k_head_dim, "v_head_dim": v_head_dim, "experts": experts,
@@ -146,6 +149,13 @@ def make_qwen35moe(
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     fout = w.fout[0]
+    if workers > 1:  # the same bytes, each tensor by one of `workers` processes at its offset
+        start = _pad(fout.tell(), w.data_alignment)
+        w.close()
+        total = sum(t.nbytes for t in tensors)
+        _write_parallel(path, tensors, start, w.data_alignment, seed, workers, None, total,
+                        functools.partial(_chunks, decay_max=decay_max))
+        return Path(path)
     for t in tensors:
         w.write_padding(fout, fout.tell())
         data = np.ascontiguousarray(_generate(t, seed, decay_max)).view(np.uint8)
@@ -154,6 +164,11 @@ def make_qwen35moe(
         w.write_padding(fout, t.nbytes)
     w.close()
     return Path(path)
+
+
+def _chunks(t: _Tensor, seed: int, decay_max: float) -> Iterator[np.ndarray]:
+    """The tensor's bytes as the parallel writer takes them (one chunk)."""
+    yield np.ascontiguousarray(_generate(t, seed, decay_max)).view(np.uint8)
 
 
 def _plan(types: dict[str, str], d: dict[str, int], linear: list[bool], mtp: int, norm: float) -> list[_Tensor]:
