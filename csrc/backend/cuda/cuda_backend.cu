@@ -577,7 +577,7 @@ class CudaBackend final : public Backend, public GptOssOps, public Qwen35Ops, pu
       STRATA_CUDA_CHECK(cudaStreamWaitEvent(compute_, prefetch_done_, 0));
       prefetch_pending_ = false;
     }
-    if (!r.prefetch) {
+    if (!r.prefetch || r.n == 0) {  // (a prefetch of nothing forks nothing: nothing to wait for)
       cuda::launch_resolve_experts(r, compute_, compute_, nullptr);
       return;
     }
