@@ -115,6 +115,46 @@ struct RunsF32Args {
 };
 static_assert(sizeof(RunsF32Args) <= 4000, "a kernel's parameters fit CUDA's 4 KB");
 
+// The run of a runs launch (RunsQ8Args, RunsF32Args) that holds grid row y: tile0[lo] <= y < tile0[lo + 1].
+template <class Args>
+__device__ __forceinline__ int run_of(const Args& g, int y) {
+  int lo = 0, hi = g.n_runs;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (g.tile0[mid] <= y)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Run j of a q8 runs launch as a plain matmul_q8 (its matrix W, or W2 into Y2 when `second`).
+__device__ __forceinline__ MatmulQ8Args run_args(const RunsQ8Args& g, int j, bool second) {
+  return MatmulQ8Args{second ? g.W2[j] : g.W[j],
+                      g.rb,
+                      g.rows,
+                      g.cols,
+                      g.Xq + static_cast<size_t>(g.row0[j]) * g.xrb,
+                      g.xrb,
+                      g.n[j],
+                      (second ? g.Y2 : g.Y) + static_cast<int64_t>(g.row0[j]) * g.ldy,
+                      g.ldy};
+}
+
+// The same for a float runs launch.
+__device__ __forceinline__ MatmulArgs run_args(const RunsF32Args& g, int j, bool second) {
+  return MatmulArgs{second ? g.W2[j] : g.W[j],
+                    g.rb,
+                    g.rows,
+                    g.cols,
+                    g.X + static_cast<int64_t>(g.row0[j]) * g.ldx,
+                    g.ldx,
+                    g.n[j],
+                    (second ? g.Y2 : g.Y) + static_cast<int64_t>(g.row0[j]) * g.ldy,
+                    g.ldy};
+}
+
 // Expert e's matrix m, or null when it is out of range or not resident (device side of expert_matrix).
 __device__ __forceinline__ const uint8_t* expert_matrix_dev(const ExpertTable& t, int m, int32_t e) {
   if (e < 0 || e >= t.E) return nullptr;

@@ -194,27 +194,9 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatmulArgs a, bool x_v
 template <class F>
 __global__ void __launch_bounds__(kThreads, 2) mma_runs_kernel(const __grid_constant__ RunsF32Args g) {
   grid_start();
-  const int y = static_cast<int>(blockIdx.y);
-  int lo = 0, hi = g.n_runs;  // tile0[lo] <= y < tile0[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (g.tile0[mid] <= y)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const bool second = blockIdx.z != 0;
-  const MatmulArgs a{second ? g.W2[lo] : g.W[lo],
-                     g.rb,
-                     g.rows,
-                     g.cols,
-                     g.X + static_cast<int64_t>(g.row0[lo]) * g.ldx,
-                     g.ldx,
-                     g.n[lo],
-                     (second ? g.Y2 : g.Y) + static_cast<int64_t>(g.row0[lo]) * g.ldy,
-                     g.ldy};
-  mma_block<F>(a, g.x_vec, static_cast<int64_t>(blockIdx.x) * kBM,
-               static_cast<int64_t>(y - g.tile0[lo]) * kBN);
+  const int y = static_cast<int>(blockIdx.y), j = run_of(g, y);
+  mma_block<F>(run_args(g, j, blockIdx.z != 0), g.x_vec, static_cast<int64_t>(blockIdx.x) * kBM,
+               static_cast<int64_t>(y - g.tile0[j]) * kBN);
 }
 
 }  // namespace mma

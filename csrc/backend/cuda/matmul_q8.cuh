@@ -155,27 +155,9 @@ static_assert(LargeTile::kTB == kRunsTileRows && mmq_mma::kTB == kRunsMmaTileRow
 template <class F>
 __global__ void __launch_bounds__(kThreads) mmq_runs_kernel(const __grid_constant__ RunsQ8Args g) {
   grid_start();
-  const int y = static_cast<int>(blockIdx.y);
-  int lo = 0, hi = g.n_runs;  // tile0[lo] <= y < tile0[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (g.tile0[mid] <= y)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const bool second = blockIdx.z != 0;
-  const MatmulQ8Args a{second ? g.W2[lo] : g.W[lo],
-                       g.rb,
-                       g.rows,
-                       g.cols,
-                       g.Xq + static_cast<size_t>(g.row0[lo]) * g.xrb,
-                       g.xrb,
-                       g.n[lo],
-                       (second ? g.Y2 : g.Y) + static_cast<int64_t>(g.row0[lo]) * g.ldy,
-                       g.ldy};
-  mmq_block<F, LargeTile>(a, static_cast<int64_t>(blockIdx.x) * LargeTile::kRB,
-                          static_cast<int64_t>(y - g.tile0[lo]) * LargeTile::kTB);
+  const int y = static_cast<int>(blockIdx.y), j = run_of(g, y);
+  mmq_block<F, LargeTile>(run_args(g, j, blockIdx.z != 0), static_cast<int64_t>(blockIdx.x) * LargeTile::kRB,
+                          static_cast<int64_t>(y - g.tile0[j]) * LargeTile::kTB);
 }
 
 // ---- one token (decode): the MMVQ kernel ----
