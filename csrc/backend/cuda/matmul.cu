@@ -8,6 +8,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
+#include "backend/runs.h"
 
 namespace strata::cuda {
 namespace {
@@ -27,44 +28,14 @@ void check_weights(const void* W, size_t rb, const char* op) {
                ": weight rows at ", W, ", ", rb, " bytes apart, are not aligned to ", kAlign, " bytes");
 }
 
-// The runs of matmul_q8_runs / matmul_runs into as few launches as the arguments hold: at most kMaxRuns
-// runs and 65535 token tiles (of tile_rows) a launch, a long run in pieces; launch() after each is packed.
-template <class F, class Args, class Launch>
-void pack_runs(const char* op, Args& g, const Backend::ExpertRun* runs, int64_t n_runs, size_t rb,
-               int64_t tile_rows, Launch launch) {
-  STRATA_CHECK(n_runs >= 0, ConfigError, op, ": negative run count ", n_runs);
-  int64_t tiles = 0;
-  g.n_runs = 0;
-  const auto flush = [&] {
-    if (g.n_runs == 0) return;
-    g.tile0[g.n_runs] = static_cast<int32_t>(tiles);
-    launch();
-    g.n_runs = 0;
-    tiles = 0;
-  };
-  constexpr int64_t kPieceRows = 65536;  // at most 4096 tiles a piece, whichever tile
-  for (int64_t j = 0; j < n_runs; ++j) {
-    const Backend::ExpertRun& r = runs[j];
-    STRATA_CHECK(r.n >= 0 && r.row0 >= 0 && r.row0 + r.n <= INT32_MAX, ConfigError, op, ": run ", j,
-                 " has rows ", r.row0, " + ", r.n, ", outside 0 .. 2^31");
-    if (r.n == 0) continue;
+// pack_runs's check of a run: its matrices aligned as the decoders read them, a second one where Y2 is set.
+template <class F>
+auto checked_run(const char* op, size_t rb, const float* Y2) {
+  return [=](const Backend::ExpertRun& r) {
     check_weights<F>(r.W, rb, op);
-    STRATA_CHECK(!g.Y2 || r.W2, ConfigError, op, ": run ", j, " has no second matrix for Y2");
-    if (g.Y2) check_weights<F>(r.W2, rb, op);
-    for (int64_t done = 0; done < r.n;) {
-      const int64_t piece = min64(r.n - done, kPieceRows), pt = ceil_div(piece, tile_rows);
-      if (g.n_runs == kMaxRuns || tiles + pt > 65535) flush();
-      const int k = g.n_runs++;
-      g.W[k] = static_cast<const uint8_t*>(r.W);
-      g.W2[k] = static_cast<const uint8_t*>(r.W2);
-      g.row0[k] = static_cast<int32_t>(r.row0 + done);
-      g.n[k] = static_cast<int32_t>(piece);
-      g.tile0[k] = static_cast<int32_t>(tiles);
-      tiles += pt;
-      done += piece;
-    }
-  }
-  flush();
+    STRATA_CHECK(!Y2 || r.W2, ConfigError, op, ": a run has no second matrix for Y2");
+    if (Y2) check_weights<F>(r.W2, rb, op);
+  };
 }
 
 }  // namespace
@@ -205,8 +176,8 @@ void launch_matmul_q8_runs(uint32_t type, const Backend::ExpertRun* runs, int64_
     g.Y2 = Y2;
     g.ldy = ldy;
     g.mma = mma_q8_on();
-    pack_runs<F>("matmul_q8_runs", g, runs, n_runs, rb, g.mma ? kRunsMmaTileRows : kRunsTileRows,
-                 [&] { launch_mmq_runs<F>(g, s); });
+    pack_runs("matmul_q8_runs", g, runs, n_runs, g.mma ? kRunsMmaTileRows : kRunsTileRows, kMaxRuns,
+              checked_run<F>("matmul_q8_runs", rb, Y2), [&] { launch_mmq_runs<F>(g, s); });
   });
 }
 
@@ -231,7 +202,8 @@ void launch_matmul_runs(uint32_t type, const Backend::ExpertRun* runs, int64_t n
     g.Y = Y;
     g.Y2 = Y2;
     g.ldy = ldy;
-    pack_runs<F>("matmul_runs", g, runs, n_runs, rb, kRunsF32TileRows, [&] { launch_mma_runs<F>(g, s); });
+    pack_runs("matmul_runs", g, runs, n_runs, kRunsF32TileRows, kMaxRuns,
+              checked_run<F>("matmul_runs", rb, Y2), [&] { launch_mma_runs<F>(g, s); });
   });
 }
 

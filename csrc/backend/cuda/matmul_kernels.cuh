@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/formats.cuh"
+#include "backend/runs.h"
 #include "core/error.h"
 #include "quant/quant.h"
 #include "quant/unit_decode.h"
@@ -114,20 +115,6 @@ struct RunsF32Args {
   const uint8_t* W2[kMaxRuns];
 };
 static_assert(sizeof(RunsF32Args) <= 4000, "a kernel's parameters fit CUDA's 4 KB");
-
-// The run of a runs launch (RunsQ8Args, RunsF32Args) that holds grid row y: tile0[lo] <= y < tile0[lo + 1].
-template <class Args>
-__device__ __forceinline__ int run_of(const Args& g, int y) {
-  int lo = 0, hi = g.n_runs;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (g.tile0[mid] <= y)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return lo;
-}
 
 // Run j of a q8 runs launch as a plain matmul_q8 (its matrix W, or W2 into Y2 when `second`).
 __device__ __forceinline__ MatmulQ8Args run_args(const RunsQ8Args& g, int j, bool second) {
