@@ -147,7 +147,8 @@ ModelSpec read_gemma4(const gguf::File& f) {
                "attention.shared_kv_layers is set: layers that reuse another layer's KV are not supported");
   const double base_swa = read_real(f, a + "rope.freq_base_swa", 1.0, 1e30, 1e4);
   d->window = read_count(f, a + "attention.sliding_window", 1, limits::kContext);
-  d->softcap = (float)read_real(f, a + "final_logit_softcapping", 0.0, 1e6, 0.0);
+  // Absent: 30, as llama.cpp reads such a file (its default); an explicit 0 is none.
+  d->softcap = (float)read_real(f, a + "final_logit_softcapping", 0.0, 1e6, 30.0);
   d->hd_full = read_count(f, a + "attention.key_length", 2, limits::kHeadDim);
   d->hd_swa = read_count(f, a + "attention.key_length_swa", 2, limits::kHeadDim);
   for (const auto& [key, hd] : {std::pair{std::string("key_length"), d->hd_full},

@@ -124,11 +124,22 @@ def test_spec_and_info_hold_the_files_hyperparameters(gemma_model):
 
 
 # One hyperparameter changed, same tensors where the shapes allow (they depend only on the seed and their
-# names); the head sizes and KV heads change the attention tensors' shapes too, softcap 0 drops the key,
+# names); the head sizes and KV heads change the attention tensors' shapes too, softcap 0 writes an explicit 0,
 # partial_rotary rewrites rope_freqs, k_eq_v False adds the global layers' attn_v.
 VARIANTS = {"rope_theta": 4e4, "rope_theta_swa": 5e5, "rms_eps": 3e-4, "top_k": 2, "kv_heads": 4,
             "global_kv_heads": 2, "head_dim": 8, "global_head_dim": 64, "sliding_window": 11,
             "sliding_pattern": "FSS", "partial_rotary": 0.5, "softcap": 0.0, "k_eq_v": False}
+
+
+def test_absent_softcap_reads_as_llama_cpp_does(gemma_model):
+    """No final_logit_softcapping key: 30, llama.cpp's default for such a file (the converter always writes
+    the key); an explicit 0 is none."""
+    absent, thirty = gemma_model("f32", softcap=None), gemma_model("f32", softcap=30.0)
+    ids = strata.Model(absent, progress=False).tokenize(PROMPT)
+    assert dict(strata.ModelInfo(absent).spec["details"])["logit softcap"] == "30"
+    a = strata.Model(absent, expert_cache=64, prefill=16, progress=False)
+    np.testing.assert_array_equal(a.logits(ids),
+                                  strata.Model(thirty, expert_cache=64, prefill=16, progress=False).logits(ids))
 
 
 @pytest.mark.parametrize("key", list(VARIANTS))

@@ -44,7 +44,7 @@ def make_gemma4(
     rope_theta_swa: float = 3e4,
     partial_rotary: float = 0.25,
     rms_eps: float = 3e-5,
-    softcap: float = 12.0,
+    softcap: float | None = 12.0,
     norm_std: float = 0.1,
     k_eq_v: bool = True,
     quant: dict[str, str] | None = None,
@@ -54,7 +54,8 @@ def make_gemma4(
     strata's fallbacks. Layer l slides when sliding_pattern[l % len] is "S" (the last layer must be global,
     as transformers forces); the global layers have their own head size, KV heads and RoPE base, and
     rope_freqs keeps `partial_rotary` of their pairs turning (proportional RoPE). With `k_eq_v` the global
-    layers have no attn_v (values are the keys' projection). `softcap` 0 writes no final softcapping.
+    layers have no attn_v (values are the keys' projection). `softcap` 0 writes an explicit 0 (no final softcapping); None writes no key (a reader's default: llama.cpp's
+    30).
     `quant` maps roles (strata.testing.models.ROLES; the dense FFN is "attn") to types; others are F32."""
     kinds = [sliding_pattern[i % len(sliding_pattern)] for i in range(layers)]
     dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
@@ -93,9 +94,11 @@ def make_gemma4(
     w.add_sliding_window(sliding_window)
     w.add_sliding_window_pattern([k == "S" for k in kinds])
     w.add_layer_norm_rms_eps(rms_eps)
+    # As the converter writes it for the MoE model (llama.cpp requires the key): no per-layer input embeddings.
+    w.add_uint32(f"{ARCH}.embedding_length_per_layer_input", 0)
     w.add_expert_count(experts)
     w.add_expert_used_count(top_k)
-    if softcap:
+    if softcap is not None:
         w.add_final_logit_softcapping(softcap)
     w.add_file_type(_FILE_TYPES.get(types["experts"], gguf.LlamaFileType.ALL_F32))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -199,7 +202,7 @@ def hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not k_eq_v and True in pattern and kv[full[0]] != kv[pattern.index(True)]:
         raise ValueError("transformers' gemma4 gives the global layers their own KV heads only with K = V")
     E = int(get("expert_count"))
-    softcap = get("final_logit_softcapping")
+    softcap = get("final_logit_softcapping", 30.0)  # absent: llama.cpp's default
     return {
         "vocab_size": int(tensors["token_embd.weight"].shape[1]), "hidden_size": int(get("embedding_length")),
         "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": L,
