@@ -54,8 +54,8 @@ def make_gemma4(
     strata's fallbacks. Layer l slides when sliding_pattern[l % len] is "S" (the last layer must be global,
     as transformers forces); the global layers have their own head size, KV heads and RoPE base, and
     rope_freqs keeps `partial_rotary` of their pairs turning (proportional RoPE). With `k_eq_v` the global
-    layers have no attn_v (values are the keys' projection). `softcap` 0 writes an explicit 0 (no final softcapping); None writes no key (a reader's default: llama.cpp's
-    30).
+    layers have no attn_v (values are the keys' projection). `softcap` 0 writes an explicit 0 (no final
+    softcapping); None writes no key (a reader's default: llama.cpp's 30).
     `quant` maps roles (strata.testing.models.ROLES; the dense FFN is "attn") to types; others are F32."""
     kinds = [sliding_pattern[i % len(sliding_pattern)] for i in range(layers)]
     dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
