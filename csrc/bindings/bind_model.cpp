@@ -131,6 +131,7 @@ py::dict stats_dict(const GenStats& s) {
 py::dict load_plan_dict(const LoadPlan& lp) {
   py::dict d = chunk_dict(lp.chunk);
   d["kv_type"] = kv_type_name(lp.kv);
+  d["kv_bytes"] = lp.kv_bytes;
   d["all_resident"] = lp.all_resident;
   d["cache_bytes"] = lp.cache_bytes;
   d["cache_slots"] = lp.slots;

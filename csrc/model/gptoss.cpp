@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <numbers>
 #include <vector>
 
 #include "backend/gptoss_ops.h"
@@ -17,6 +16,7 @@
 #include "model/kv_cache.h"
 #include "model/spec.h"
 #include "model/weights.h"
+#include "model/yarn.h"
 
 namespace strata {
 
@@ -49,36 +49,6 @@ const GptOssSpec& oss_spec(const ModelSpec& s) {
 // Even layers slide (transformers' layer_types, llama.cpp's swa pattern 2), odd ones see everything.
 bool sliding(int64_t l) { return l % 2 == 0; }
 
-// transformers' rotary frequencies for gpt-oss: the default RoPE, or YaRN with its published
-// `truncate: false` (the correction range is not rounded to whole dims).
-void rope_frequencies(GptOssSpec& d, int64_t hd, double base) {
-  const int64_t half = hd / 2;
-  d.inv_freq.resize(half);
-  const double factor = d.yarn_factor;
-  double low = 0, high = 0;
-  if (factor > 1) {
-    const auto corr = [&](double rot) {
-      return hd * std::log((double)d.yarn_orig_ctx / (rot * 2 * std::numbers::pi)) / (2 * std::log(base));
-    };
-    low = std::max(corr(d.beta_fast), 0.0);
-    high = std::min(corr(d.beta_slow), (double)(hd - 1));
-    if (low == high) high += 0.001;
-    d.mscale = (float)(0.1 * std::log(factor) + 1.0);
-  }
-  for (int64_t i = 0; i < half; ++i) {
-    const float pos_freq = std::pow((float)base, (float)(2 * i) / (float)hd);
-    const float extra = 1.0f / pos_freq;
-    if (factor <= 1) {
-      d.inv_freq[i] = extra;
-      continue;
-    }
-    const float inter = 1.0f / ((float)factor * pos_freq);
-    const float ramp = std::clamp((float)(((double)i - low) / (high - low)), 0.f, 1.f);
-    const float ext = 1.0f - ramp;
-    d.inv_freq[i] = inter * (1.0f - ext) + extra * ext;
-  }
-}
-
 }  // namespace
 
 ModelSpec read_gptoss(const gguf::File& f) {
@@ -101,7 +71,11 @@ ModelSpec read_gptoss(const gguf::File& f) {
     STRATA_CHECK(d->beta_fast > d->beta_slow, FormatError, f.path(), ": ", a, "rope.scaling.yarn_beta_fast ",
                  d->beta_fast, " must exceed yarn_beta_slow ", d->beta_slow);
   }
-  rope_frequencies(*d, s.head_dim, s.rope_base);
+  // transformers' rotary frequencies for gpt-oss: the default RoPE, or YaRN with its published
+  // `truncate: false`.
+  d->inv_freq = yarn_inv_freq(s.head_dim, s.rope_base,
+                              Yarn{d->yarn_factor, d->yarn_orig_ctx, d->beta_fast, d->beta_slow, false});
+  if (d->yarn_factor > 1) d->mscale = (float)(0.1 * std::log((double)d->yarn_factor) + 1.0);
 
   const TensorReader r(f, s.arch);
   r.common(s, false);

@@ -31,7 +31,10 @@ class KVCache {
     STRATA_CHECK(seqs >= 1, ConfigError, "the KV cache needs at least one sequence region, got ", seqs);
     if (s.kv_layers.empty()) {
       k_ = DeviceBuffer(be, bytes(type, s.L, ctx, width_, seqs) / 2, "the KV cache (lower --ctx)");
-      v_ = DeviceBuffer(be, bytes(type, s.L, ctx, width_, seqs) / 2, "the KV cache (lower --ctx)");
+      if (s.kv_values_are_keys)
+        values_are_keys_ = true;
+      else
+        v_ = DeviceBuffer(be, bytes(type, s.L, ctx, width_, seqs) / 2, "the KV cache (lower --ctx)");
       return;
     }
     size_t off = 0;
@@ -55,7 +58,8 @@ class KVCache {
     return n;
   }
   static size_t bytes(KvType t, const ModelSpec& s, int64_t ctx, int64_t seqs = 1) {
-    if (s.kv_layers.empty()) return bytes(t, s.L, ctx, s.n_kv_head * s.head_dim, seqs);
+    if (s.kv_layers.empty())
+      return bytes(t, s.L, ctx, s.n_kv_head * s.head_dim, seqs) / (s.kv_values_are_keys ? 2 : 1);
     size_t n = 0;
     for (const auto& layer : s.kv_layers)
       for (const auto& k : layer)
@@ -83,7 +87,7 @@ class KVCache {
     return k_.as<uint8_t>() + region_bytes() * (layer * seqs_ + seq);
   }
   void* v(int64_t layer, int64_t seq) const {
-    return v_.as<uint8_t>() + region_bytes() * (layer * seqs_ + seq);
+    return (values_are_keys_ ? k_ : v_).as<uint8_t>() + region_bytes() * (layer * seqs_ + seq);
   }
   // Tensor `name` of `layer` of the selected region in an architecture's own layout.
   float* tensor(int64_t layer, const std::string& name) const { return tensor(layer, name, seq_); }
@@ -118,7 +122,8 @@ class KVCache {
   KvType type_;
   int64_t ctx_, width_;
   int64_t seqs_ = 1, seq_ = 0;
-  size_t own_region_ = 0;  // bytes of one region of an architecture's own layout
+  bool values_are_keys_ = false;  // v() is k() (ModelSpec::kv_values_are_keys)
+  size_t own_region_ = 0;         // bytes of one region of an architecture's own layout
   DeviceBuffer k_, v_, own_;
   std::vector<std::vector<std::pair<std::string, size_t>>> offsets_;
 };

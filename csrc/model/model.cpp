@@ -141,6 +141,7 @@ LoadPlan plan_load(const ModelPlan& plan, const ModelConfig& cfg, Backend& be) {
                                         : KvType::F32;
   STRATA_CHECK(be.supports_kv(lp.kv), UnsupportedError, "the ", be.name(), " backend has no ",
                kv_type_name(lp.kv), " KV cache; use --kv-type f32");
+  lp.kv_bytes = KVCache::bytes(lp.kv, plan.spec, cfg.seq_ctx(), cfg.seqs);
   const int64_t T = std::min(cfg.prefill, cfg.ctx);  // a chunk is never longer than the context
   lp.all_resident = cfg.cache == CacheKind::All;
   lp.cache_bytes = cfg.cache == CacheKind::Size ? cfg.cache_bytes : 0;
@@ -367,7 +368,7 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   graph.launch();
   be_->sync();
   if (cache_->all_resident())
-    cache_->count_hits((uint64_t)plan_.spec.L * plan_.spec.K);
+    cache_->count_hits((uint64_t)plan_.experts.L * plan_.spec.K);
   else
     cache_->read_device_counters();
   if (logits) std::memcpy(logits, step_logits_.get(), (size_t)plan_.spec.V * sizeof(float));

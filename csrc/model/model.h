@@ -84,6 +84,7 @@ AutoCache auto_cache(const ModelPlan& plan, const ModelConfig& cfg, KvType kv, s
 // error the load stops with. Model loads by it; `strata info --expert-cache` shows it.
 struct LoadPlan {
   KvType kv = KvType::F32;
+  size_t kv_bytes = 0;  // the KV cache of every sequence region, in the architecture's layout
   bool all_resident = false;
   size_t cache_bytes = 0;  // 0 when all resident
   int64_t slots = 0;       // slots of the cache (cache_bytes / slot_bytes)

@@ -9,9 +9,11 @@ extern const Architecture kDeepseek4;
 extern const Architecture kGptOss;
 extern const Architecture kQwen35Moe;
 extern const Architecture kGemma4;
+extern const Architecture kDeepseek2;
 
 namespace {
-const Architecture* const kArchitectures[] = {&kQwen3Moe, &kDeepseek4, &kGptOss, &kQwen35Moe, &kGemma4};
+const Architecture* const kArchitectures[] = {&kQwen3Moe,  &kDeepseek4, &kGptOss,
+                                              &kQwen35Moe, &kGemma4,    &kDeepseek2};
 }  // namespace
 
 const Architecture& find_architecture(const std::string& name, const std::string& path) {

@@ -47,9 +47,15 @@ struct ModelSpec {
   float rms_eps = 1e-6f, rope_base = 10000.f;
   bool norm_topk = true;
   WeightRef token_embd, output_norm, output;  // output may alias token_embd (tied)
+  // One per layer with routed experts, in order: every layer, or (deepseek2's leading dense layers) the
+  // layers from the first MoE one on; the expert cache's layer l is layers[l], and a pass whose first
+  // layers are dense maps its layer to that index.
   std::vector<LayerSpec> layers;
   int64_t HC = 1;  // residual streams per token
 
+  // The keys are the values: the cache holds one [ctx, n_kv_head * head_dim] tensor a layer, which
+  // attention reads as both (deepseek2's latent rows: the compressed KV and the rope key).
+  bool kv_values_are_keys = false;
   // The KV cache per layer when the architecture lays it out itself (DeepSeek V4: the raw window,
   // compressed rows, indexer keys, compressor state); empty: keys and values, ctx rows of
   // n_kv_head * head_dim each.

@@ -533,6 +533,7 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
     if "cache" in out:
         c = out["cache"]
         load = f"--prefill {prefill or str(LOAD['prefill']) + ' (default)'} --ctx {ctx}"
+        rows.append((f"KV cache (--ctx {ctx})", f"{_fmt_bytes(c['kv_bytes'])} ({c['kv_type']})"))
         if c["all_resident"]:
             rows.append(("expert cache", f"all experts resident (nothing streams) on {c['device']}"))
             rows.append((load, f"chunks of {c['chunk']} tokens, on their own scratch"))

@@ -122,13 +122,15 @@ class ModelInfo:
                   backend: _core.Backend | None = None) -> dict[str, Any]:
         """What strata.Model(path, expert_cache=, prefill=, ctx=, device=, kv_type=) takes, as the native
         load decides it (auto against the device's free memory): all_resident, cache_bytes, slots,
-        slot_bytes, chunk, borrows (slots the chunk borrows), needs, fits, kv_type, and error (the
+        slot_bytes, chunk, borrows (slots the chunk borrows), needs, fits, kv_type, kv_bytes (the KV cache),
+        and error (the
         MemoryError the load stops with, '' when it fits)."""
         cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, ctx=ctx, kv_type=kv_type,
                           gr_unfused=self.gr_unfused)
         be = backend if backend is not None else _core.Backend(cfg.device, cfg.threads)
         p = self._plan.plan_load(cfg, be)
-        return {"device": be.name, "kv_type": p["kv_type"], "all_resident": p["all_resident"],
+        return {"device": be.name, "kv_type": p["kv_type"], "kv_bytes": p["kv_bytes"],
+                "all_resident": p["all_resident"],
                 "cache_bytes": p["cache_bytes"], "slot_bytes": self.slot_bytes, "slots": p["cache_slots"],
                 "chunk": p["chunk"], "borrows": p["slots"], "needs": p["needs"], "fits": p["fits"],
                 "error": p["error"]}

@@ -11,10 +11,12 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
+#include "backend/cpu/deepseek2_ops.h"
 #include "backend/cpu/ds4_ops.h"
 #include "backend/cpu/gemma4_ops.h"
 #include "backend/cpu/gptoss_ops.h"
 #include "backend/cpu/qwen35_ops.h"
+#include "backend/deepseek2_ops.h"
 #include "backend/ds4_ops.h"
 #include "backend/gemma4_ops.h"
 #include "backend/gptoss_ops.h"
@@ -46,7 +48,12 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   if (n) std::memcpy(dst, src, n);
 }
 
-class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps, public Qwen35Ops, public Gemma4Ops {
+class CpuBackend final : public Backend,
+                         public Ds4Ops,
+                         public GptOssOps,
+                         public Qwen35Ops,
+                         public Gemma4Ops,
+                         public Deepseek2Ops {
  public:
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
@@ -369,6 +376,20 @@ class CpuBackend final : public Backend, public Ds4Ops, public GptOssOps, public
   }
   void swiglu_clamp(float* g, const float* u, int64_t n, float limit) override {
     cpu_swiglu_clamp(g, u, n, limit, pool_);
+  }
+
+  // Deepseek2Ops (backend/deepseek2_ops.h), implemented in deepseek2_ops.cpp and ds4_misc.cpp.
+  void rms_norm_rows(float* x, int64_t rows, int64_t D, int64_t stride, const float* w, float eps) override {
+    cpu_rms_norm_rows(x, rows, D, stride, w, eps, pool_);
+  }
+  void rope_pairs(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row, int64_t y_head,
+                  int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0) override {
+    cpu_rope_pairs(x, x_row, x_head, y, y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0, pool_);
+  }
+  void router_grouped(const float* logits, int64_t T, int64_t E, int64_t K, bool sigmoid, const float* bias,
+                      int64_t groups, int64_t groups_used, bool norm, float scale, int32_t* ids,
+                      float* weights) override {
+    cpu_router_grouped(logits, T, E, K, sigmoid, bias, groups, groups_used, norm, scale, ids, weights, pool_);
   }
 
   // GptOssOps (backend/gptoss_ops.h), implemented in gptoss_ops.cpp.

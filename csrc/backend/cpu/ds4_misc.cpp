@@ -1,20 +1,22 @@
-// CPU row norms, DeepSeek V4's interleaved tail RoPE, the cache rings, sqrt-softplus routing (biased
-// top-K or hash table) and the clamped SwiGLU.
+// CPU row norms (contiguous or strided rows), DeepSeek V4's interleaved tail RoPE, the cache rings,
+// sqrt-softplus routing (biased top-K or hash table) and the clamped SwiGLU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/deepseek2_ops.h"
 #include "backend/cpu/ds4_ops.h"
 #include "core/thread_pool.h"
 
 namespace strata {
 
-void cpu_rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps, ThreadPool& pool) {
+void cpu_rms_norm_rows(float* x, int64_t rows, int64_t D, int64_t stride, const float* w, float eps,
+                       ThreadPool& pool) {
   pool.parallel_for(rows, 8, [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) {
-      float* v = x + r * D;
+      float* v = x + r * stride;
       float ss = 0.f;
       for (int64_t i = 0; i < D; ++i) ss += v[i] * v[i];
       const float g = 1.0f / std::sqrt(ss / (float)D + eps);
@@ -25,6 +27,10 @@ void cpu_rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps, 
       }
     }
   });
+}
+
+void cpu_rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps, ThreadPool& pool) {
+  cpu_rms_norm_rows(x, rows, D, D, w, eps, pool);
 }
 
 void cpu_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
