@@ -164,6 +164,7 @@ struct KIQ2_XS {
 
 struct KIQ2_XXS {
   static constexpr int kSubs = kBlocksK;
+  static constexpr bool kPairs = true;  // mmq.h's tile: two 32-blocks a step
   static constexpr size_t kBytes = sizeof(BlockIQ2_XXS);
   struct Pre {
     float d;
@@ -264,10 +265,23 @@ struct KIQ4 {
   struct Pre {
     float d, m;
     const BlockIQ4_XS* b;
+    __m256i sc16;
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockIQ4_XS* b = reinterpret_cast<const BlockIQ4_XS*>(blk);
-    return {h2f(b->d), 0.0f, b};
+    // ls_j = (4 bits of scales_l, nibble j) | (2 bits of scales_h, pair j) << 4, minus 32, as int32 lanes j
+    uint32_t lo;
+    std::memcpy(&lo, b->scales_l, 4);
+    const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(lo)),
+                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i h =
+        _mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i ls =
+        _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi32(0xF)),
+                                         _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(3)), 4)),
+                         _mm256_set1_epi32(32));
+    const __m256i pk = _mm256_packs_epi32(ls, ls);  // [0..3, 0..3 | 4..7, 4..7]
+    return {h2f(b->d), 0.0f, b, _mm256_permute4x64_epi64(pk, 0x88)};
   }
   STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return IQ4_XSBytes::q(*p.b, j); }
   static void scales(const Pre& p, int j, int sc[2]) { sc[0] = sc[1] = iq4_xs_scale(*p.b, j); }
