@@ -358,10 +358,11 @@ void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
 // the weight block applied); update() adds the block to the lane accumulators.
 
 // ---- One K and one Il for the formats whose 32-blocks decode_avx2.h gives as signed bytes (|v| <= 127).
-// FQ gives: Pre (with float d and m, and optionally sc16: the eight scales for spread16) and pre(block);
-// bytes(pre, j); scales(pre, j, sc[2]) (the integer scales of the halves); kUnsigned: the bytes are in [0,
-// 127]; kMin: 0 none, 1 a min added as m * dx * S(1) (Q4_1, Q5_1), -1 one subtracted as (dmin * dx) *
-// (min(pre, j) * S(1)) (Q5_K). maddubs(|w|, sign(x, w)) keeps each int16 pair sum within 2 * 127 * 127. ----
+// FQ gives: Pre (with float d and m, and optionally sc16 or sc8: the scales for spread16 or spread8_pair) and
+// pre(block); bytes(pre, j); scales(pre, j, sc[2]) (the integer scales of the halves); kUnsigned: the bytes
+// are in [0, 127]; kMin: 0 none, 1 a min added as m * dx * S(1) (Q4_1, Q5_1), -1 one subtracted as (dmin *
+// dx) * (min(pre, j) * S(1)) (Q5_K). maddubs(|w|, sign(x, w)) keeps each int16 pair sum within 2 * 127 * 127.
+// ----
 
 template <class FQ>
 struct KBytes {
@@ -373,6 +374,7 @@ struct KBytes {
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const __m256i w = FQ::bytes(p, j);
     if constexpr (requires { p.sc16; }) return _mm256_madd_epi16(products(w, x), spread16(p.sc16, j));
+    if constexpr (requires { p.sc8; }) return _mm256_madd_epi16(products(w, x), spread8_pair(p.sc8, j));
     int sc[2];
     FQ::scales(p, j, sc);
     return _mm256_madd_epi16(products(w, x), _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sc[1])),

@@ -142,17 +142,18 @@ struct KIQ2_XS {
   struct Pre {
     float d;
     const BlockIQ2_XS* b;
+    __m256i sc8;  // the 16 odd scales, half h of 32-block j at byte 2j + h, in both lanes (spread8_pair)
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockIQ2_XS* b = reinterpret_cast<const BlockIQ2_XS*>(blk);
-    return {h2f(b->d), b};
+    const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->scales)), m = _mm_set1_epi8(0xF);
+    const __m128i v = _mm_unpacklo_epi8(_mm_and_si128(s, m), _mm_and_si128(_mm_srli_epi16(s, 4), m));
+    return {h2f(b->d), b, _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_add_epi8(v, v), _mm_set1_epi8(1)))};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const __m256i p16 =
         _mm256_maddubs_epi16(iq2_xs_grid_bytes(*p.b, j), _mm256_sign_epi8(x, iq2_xs_sign_bytes(*p.b, j)));
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 1)),
-                                        _mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 0)));
-    return _mm256_madd_epi16(p16, sc);
+    return _mm256_madd_epi16(p16, spread8_pair(p.sc8, j));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {

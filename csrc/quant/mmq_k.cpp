@@ -229,10 +229,13 @@ struct KQ2_K {
   struct Pre {
     float d, dmin;
     const BlockQ2_K* b;
+    __m256i sc8;  // the 16 scales (low nibbles) in both lanes, for spread8_pair
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ2_K* b = reinterpret_cast<const BlockQ2_K*>(blk);
-    return {h2f(b->d), h2f(b->dmin), b};
+    const __m128i sc =
+        _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)), _mm_set1_epi8(0xF));
+    return {h2f(b->d), h2f(b->dmin), b, _mm256_broadcastsi128_si256(sc)};
   }
   STRATA_SIMD static __m256i q(const BlockQ2_K& b, int j) {
     const Q2_KSub s = q2_k_sub(j);
@@ -240,10 +243,7 @@ struct KQ2_K {
                             _mm256_set1_epi8(3));
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    return _mm256_madd_epi16(
-        _mm256_maddubs_epi16(q(*p.b, j), x),
-        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(q2_k_scale(*p.b, 2 * j + 1))),
-                         _mm_set1_epi16(static_cast<int16_t>(q2_k_scale(*p.b, 2 * j)))));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q(*p.b, j), x), spread8_pair(p.sc8, j));
   }
   // a = fma(d * dx, s, a); a = fma(-(dmin * dx), m_lo * S_lo(x) + m_hi * S_hi(x), a)
   template <int MR, int NT>
@@ -315,6 +315,7 @@ struct KQ3 {
     float d, m;
     int8_t sc[16];
     const BlockQ3_K* b;
+    __m256i sc8;
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     Pre p;
@@ -322,6 +323,7 @@ struct KQ3 {
     p.d = h2f(p.b->d);
     p.m = 0.0f;
     for (int g = 0; g < 16; ++g) p.sc[g] = static_cast<int8_t>(q3_k_scale(p.b->scales, g));
+    p.sc8 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sc)));
     return p;
   }
   STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return Q3_KBytes::q(*p.b, j); }
