@@ -322,8 +322,18 @@ struct KQ3 {
     p.b = reinterpret_cast<const BlockQ3_K*>(blk);
     p.d = h2f(p.b->d);
     p.m = 0.0f;
-    for (int g = 0; g < 16; ++g) p.sc[g] = static_cast<int8_t>(q3_k_scale(p.b->scales, g));
-    p.sc8 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.sc)));
+    // q3_k_scale for g = 0..15 at once: low 4 bits of scales[g % 8] (nibble g / 8), high 2 bits of
+    // scales[8 + g % 4] (bits 2 (g / 4)), minus 32.
+    const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.b->scales)), m = _mm_set1_epi8(0xF);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(s, m), _mm_and_si128(_mm_srli_epi16(s, 4), m));
+    uint32_t h;
+    std::memcpy(&h, p.b->scales + 8, 4);
+    const __m128i hi =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int32_t>(h)), _mm_setr_epi32(0, 2, 4, 6)),
+                      _mm_set1_epi8(3));
+    const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p.sc), sc);
+    p.sc8 = _mm256_broadcastsi128_si256(sc);
     return p;
   }
   STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return Q3_KBytes::q(*p.b, j); }
