@@ -136,6 +136,14 @@ STRATA_SIMD inline __m256i iq2_xxs_sign_bytes(const BlockIQ2_XXS& b, int j) {
 }
 inline int iq2_xxs_odd(const BlockIQ2_XXS& b, int j) { return 2 * iq2_xxs_scale(iq2_xxs_word(b, j, 1)) + 1; }
 
+// 2 nibble + 1 for the 16 nibbles of 8 scale bytes (half h of 32-block j: nibble h of byte j) at byte
+// 2j + h, in both lanes (spread8_pair): IQ2_XS's and IQ2_S's odd scales.
+STRATA_SIMD inline __m256i odd_nibbles(const uint8_t* scales) {
+  const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)), m = _mm_set1_epi8(0xF);
+  const __m128i v = _mm_unpacklo_epi8(_mm_and_si128(s, m), _mm_and_si128(_mm_srli_epi16(s, 4), m));
+  return _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_add_epi8(v, v), _mm_set1_epi8(1)));
+}
+
 struct KIQ2_XS {
   static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockIQ2_XS);
@@ -146,9 +154,7 @@ struct KIQ2_XS {
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockIQ2_XS* b = reinterpret_cast<const BlockIQ2_XS*>(blk);
-    const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->scales)), m = _mm_set1_epi8(0xF);
-    const __m128i v = _mm_unpacklo_epi8(_mm_and_si128(s, m), _mm_and_si128(_mm_srli_epi16(s, 4), m));
-    return {h2f(b->d), b, _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_add_epi8(v, v), _mm_set1_epi8(1)))};
+    return {h2f(b->d), b, odd_nibbles(b->scales)};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const __m256i p16 =
@@ -319,6 +325,18 @@ STRATA_KGRID(iq2_s, BlockIQ2_S, IQ2_SBytes)
 STRATA_KGRID(iq1_s, BlockIQ1_S, IQ1_SBytes)
 STRATA_KGRID(iq1_m, BlockIQ1_M, IQ1_MBytes)
 #undef STRATA_KGRID
+// IQ2_S with its scale vector laid out once per super-block (KBytes' spread8_pair).
+struct KIQ2S : KG_iq2_s {
+  struct Pre : KG_iq2_s::Pre {
+    __m256i sc8;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    Pre p;
+    static_cast<KG_iq2_s::Pre&>(p) = KG_iq2_s::pre(blk);
+    p.sc8 = odd_nibbles(p.b->scales);
+    return p;
+  }
+};
 
 }  // namespace
 
@@ -329,6 +347,10 @@ void mmq_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
 void mmq_iq2_xxs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                       int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KIQ2_XXS, IlIQ2_XXS>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_iq2_s_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                    int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KBytes<KIQ2S>, IlBytes<KIQ2S>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 void mmq_iq4_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                      int64_t T, float* Y, int64_t ldy) {
@@ -341,7 +363,6 @@ void mmq_iq4_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
   }
 STRATA_GRID_AVX2(iq3_xxs)
 STRATA_GRID_AVX2(iq3_s)
-STRATA_GRID_AVX2(iq2_s)
 STRATA_GRID_AVX2(iq1_s)
 STRATA_GRID_AVX2(iq1_m)
 #undef STRATA_GRID_AVX2
