@@ -2,6 +2,7 @@
 // GFLOP/s per quant type, shape and token count; prints a table and writes
 // bench/out/quant_matmul.json (run from the repository root).
 // Usage: strata_bench_quant_matmul [threads=2] [seconds per cell=0.3] [types=all, e.g. Q4_K,Q8_0]
+//        [token counts=1,8,32,64] [paths=float,q8]
 // (all: every type in the traits table)
 #include <chrono>
 #include <cstdio>
@@ -104,7 +105,14 @@ std::vector<uint8_t> weights(QType t, int64_t rows, int64_t cols, std::mt19937& 
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 0.3;  // per cell
-  const std::string only = argc > 3 ? argv[3] : "";
+  const std::string only = argc > 3 && std::strcmp(argv[3], "all") != 0 ? argv[3] : "";
+  std::vector<int64_t> token_counts;
+  for (const char* p = argc > 4 ? argv[4] : "1,8,32,64"; *p;) {
+    char* end;
+    token_counts.push_back(std::strtoll(p, &end, 10));
+    p = *end ? end + 1 : end;
+  }
+  const std::string only_paths = argc > 5 ? argv[5] : "float,q8";
   ThreadPool pool(threads);
   std::mt19937 rng(1);
   std::printf("threads=%d isa=%s\n", threads, best_isa() == Isa::Avx2 ? "avx2" : "scalar");
@@ -124,7 +132,7 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];
       const auto w = weights(t, rows, cols, rng);
-      for (int64_t T : {1, 8, 32, 64}) {
+      for (int64_t T : token_counts) {
         std::vector<float> x(T * cols), y(T * rows);
         for (auto& v : x) v = static_cast<float>(rng() % 2000) / 1000.0f - 1.0f;
         const size_t xrb = row_bytes(QType::Q8_0, cols);
@@ -138,6 +146,7 @@ int main(int argc, char** argv) {
                                        y.data(), rows, pool);
                            }});
         for (const auto& [path, call] : paths) {
+          if (("," + only_paths + ",").find(str(",", path, ",")) == std::string::npos) continue;
           const Timing tm = time_it(call, seconds, threads);
           const double flop = 2.0 * rows * cols * T;
           std::printf("%-8s %5lld %5lld %4lld %-6s %10.1f %9.2f %11.2f\n", q.name, (long long)rows,

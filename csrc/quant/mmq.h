@@ -67,6 +67,20 @@ STRATA_SIMD inline __m256i reduce8(const __m256i* v) {
 
 STRATA_SIMD inline __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
 
+// Scale vectors for madd_epi16 from a weight block's scales laid out once per block (in Pre), one shuffle
+// a 32-block instead of a broadcast from a scalar per half. sc16 holds eight int16 scales in both 128-bit
+// lanes: every lane gets scale j.
+STRATA_SIMD inline __m256i spread16(__m256i sc16, int j) {
+  return _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<int16_t>(2 * j | (2 * j + 1) << 8)));
+}
+// sc8 holds sixteen int8 scales in both lanes: the low half's lanes get scale 2j, the high half's 2j + 1
+// (sign-extended: the byte lands in an int16's high byte, and an arithmetic shift brings it down).
+STRATA_SIMD inline __m256i spread8_pair(__m256i sc8, int j) {
+  const __m256i ctl = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x80 | (2 * j + 1) << 8)),
+                                       _mm_set1_epi16(static_cast<int16_t>(0x80 | (2 * j) << 8)));
+  return _mm256_srai_epi16(_mm256_shuffle_epi8(sc8, ctl), 8);
+}
+
 // Per call, each token's block scales, int8 sums and two 16-element half sums (int16 pair: low =
 // first half), block-major ([b][t], tokens padded to a multiple of 8 with zeros), so a tile loads
 // its NT tokens' values with one instruction. For the interleaved kernels (T > 4) also xt: the int8
@@ -135,31 +149,74 @@ STRATA_SIMD inline __m256i row_lanes_epi32(F f) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
 }
 
-// out[r * NT + t] = row w[r] . token x[t] over nwb weight blocks; xi covers tokens t0.. of x.
+template <class K>
+constexpr bool takes_pairs() {
+  if constexpr (requires { K::kPairs; })
+    return K::kPairs;
+  else
+    return false;
+}
+
+// The reduced integer sums of 32-block b (sub-block j of the weight blocks p) for the tile's 8 lanes.
+template <class K, int MR, int NT>
+STRATA_SIMD inline __m256i block_sums(const typename K::Pre* p, int j, const uint8_t* const* x, int64_t b) {
+  __m256i xv[NT];
+  for (int t = 0; t < NT; ++t) xv[t] = load256(x[t] + b * kQ8_0Bytes + kXqs);
+  __m256i s[8];
+  for (int r = 0; r < MR; ++r)
+    for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
+  return reduce8(s);
+}
+// acc plus 32-block b's float steps, as the scalar kernel takes them.
+template <class K, int MR, int NT>
+STRATA_SIMD inline __m256 block_update(__m256 acc, __m256i isum, const typename K::Pre* p, int j,
+                                       const XInfo& xi, int64_t t0, int64_t b) {
+  const __m256 dx = token_lanes<NT>(xi.dx + b * xi.tpad + t0);
+  const __m256i xsum =
+      _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
+  if constexpr (requires { K::kHalfMins; }) {  // a min per 16 elements: the half sums too
+    const __m256i hsum =
+        _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.hsum + b * xi.tpad + t0)));
+    return K::template update<MR, NT>(acc, isum, p, j, dx, xsum, hsum);
+  } else {
+    return K::template update<MR, NT>(acc, isum, p, j, dx, xsum);
+  }
+}
+
+// out[r * NT + t] = row w[r] . token x[t] over nwb weight blocks; xi covers tokens t0.. of x. A K with
+// kPairs takes two 32-blocks a step: their loads and integer sums are independent and overlap (the float
+// steps stay in block order, each lane the scalar kernel's chain); measured slower for the 32-element
+// formats, Q2_K, Q6_K and IQ2_XS, which leave it out.
 template <class K, int MR, int NT>
 STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0,
                       int64_t nwb, float* out) {
   static_assert(MR * NT == 8);
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t wb = 0; wb < nwb; ++wb) {
-    typename K::Pre p[MR];
-    for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
-    for (int j = 0; j < K::kSubs; ++j) {
-      const int64_t b = wb * K::kSubs + j;
-      __m256i xv[NT];
-      for (int t = 0; t < NT; ++t) xv[t] = load256(x[t] + b * kQ8_0Bytes + kXqs);
-      __m256i s[8];
-      for (int r = 0; r < MR; ++r)
-        for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
-      const __m256 dx = token_lanes<NT>(xi.dx + b * xi.tpad + t0);
-      const __m256i xsum =
-          _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
-      if constexpr (requires { K::kHalfMins; }) {  // a min per 16 elements: the half sums too
-        const __m256i hsum =
-            _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.hsum + b * xi.tpad + t0)));
-        acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum, hsum);
-      } else {
-        acc = K::template update<MR, NT>(acc, reduce8(s), p, j, dx, xsum);
+  using Pre = typename K::Pre;
+  if constexpr (takes_pairs<K>()) {
+    static_assert(K::kSubs % 2 == 0);
+    for (int64_t wb = 0; wb < nwb; ++wb) {
+      Pre p[MR];
+      for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+      for (int j = 0; j < K::kSubs; j += 2) {
+        const int64_t b = wb * K::kSubs + j;
+        const __m256i s0 = block_sums<K, MR, NT>(p, j, x, b), s1 = block_sums<K, MR, NT>(p, j + 1, x, b + 1);
+        acc = block_update<K, MR, NT>(acc, s0, p, j, xi, t0, b);
+        acc = block_update<K, MR, NT>(acc, s1, p, j + 1, xi, t0, b + 1);
+      }
+    }
+  } else {
+    for (int64_t wb = 0; wb < nwb; ++wb) {
+      Pre p[MR];
+      for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+      for (int j = 0; j < K::kSubs; ++j) {
+        const int64_t b = wb * K::kSubs + j;
+        __m256i xv[NT];
+        for (int t = 0; t < NT; ++t) xv[t] = load256(x[t] + b * kQ8_0Bytes + kXqs);
+        __m256i s[8];
+        for (int r = 0; r < MR; ++r)
+          for (int t = 0; t < NT; ++t) s[r * NT + t] = K::dot(p[r], j, xv[t]);
+        acc = block_update<K, MR, NT>(acc, reduce8(s), p, j, xi, t0, b);
       }
     }
   }
@@ -301,19 +358,23 @@ void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
 // the weight block applied); update() adds the block to the lane accumulators.
 
 // ---- One K and one Il for the formats whose 32-blocks decode_avx2.h gives as signed bytes (|v| <= 127).
-// FQ gives: Pre (with float d and m) and pre(block); bytes(pre, j); scales(pre, j, sc[2]) (the integer
-// scales of the halves); kUnsigned: the bytes are in [0, 127]; kMin: 0 none, 1 a min added as m * dx * S(1)
-// (Q4_1, Q5_1), -1 one subtracted as (dmin * dx) * (min(pre, j) * S(1)) (Q5_K). maddubs(|w|, sign(x, w))
-// keeps each int16 pair sum within 2 * 127 * 127. ----
+// FQ gives: Pre (with float d and m, and optionally sc16 or sc8: the scales for spread16 or spread8_pair) and
+// pre(block); bytes(pre, j); scales(pre, j, sc[2]) (the integer scales of the halves); kUnsigned: the bytes
+// are in [0, 127]; kMin: 0 none, 1 a min added as m * dx * S(1) (Q4_1, Q5_1), -1 one subtracted as (dmin *
+// dx) * (min(pre, j) * S(1)) (Q5_K). maddubs(|w|, sign(x, w)) keeps each int16 pair sum within 2 * 127 * 127.
+// ----
 
 template <class FQ>
 struct KBytes {
   static constexpr int kSubs = FQ::kSubs;
+  static constexpr bool kPairs = kSubs % 2 == 0;
   static constexpr size_t kBytes = FQ::Bytes::kSize;
   using Pre = typename FQ::Pre;
   STRATA_SIMD static Pre pre(const uint8_t* blk) { return FQ::pre(blk); }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const __m256i w = FQ::bytes(p, j);
+    if constexpr (requires { p.sc16; }) return _mm256_madd_epi16(products(w, x), spread16(p.sc16, j));
+    if constexpr (requires { p.sc8; }) return _mm256_madd_epi16(products(w, x), spread8_pair(p.sc8, j));
     int sc[2];
     FQ::scales(p, j, sc);
     return _mm256_madd_epi16(products(w, x), _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sc[1])),

@@ -136,23 +136,30 @@ STRATA_SIMD inline __m256i iq2_xxs_sign_bytes(const BlockIQ2_XXS& b, int j) {
 }
 inline int iq2_xxs_odd(const BlockIQ2_XXS& b, int j) { return 2 * iq2_xxs_scale(iq2_xxs_word(b, j, 1)) + 1; }
 
+// 2 nibble + 1 for the 16 nibbles of 8 scale bytes (half h of 32-block j: nibble h of byte j) at byte
+// 2j + h, in both lanes (spread8_pair): IQ2_XS's and IQ2_S's odd scales.
+STRATA_SIMD inline __m256i odd_nibbles(const uint8_t* scales) {
+  const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)), m = _mm_set1_epi8(0xF);
+  const __m128i v = _mm_unpacklo_epi8(_mm_and_si128(s, m), _mm_and_si128(_mm_srli_epi16(s, 4), m));
+  return _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_add_epi8(v, v), _mm_set1_epi8(1)));
+}
+
 struct KIQ2_XS {
   static constexpr int kSubs = kBlocksK;
   static constexpr size_t kBytes = sizeof(BlockIQ2_XS);
   struct Pre {
     float d;
     const BlockIQ2_XS* b;
+    __m256i sc8;  // the 16 odd scales, half h of 32-block j at byte 2j + h, in both lanes (spread8_pair)
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockIQ2_XS* b = reinterpret_cast<const BlockIQ2_XS*>(blk);
-    return {h2f(b->d), b};
+    return {h2f(b->d), b, odd_nibbles(b->scales)};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     const __m256i p16 =
         _mm256_maddubs_epi16(iq2_xs_grid_bytes(*p.b, j), _mm256_sign_epi8(x, iq2_xs_sign_bytes(*p.b, j)));
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 1)),
-                                        _mm_set1_epi16(iq2_xs_scale_odd(*p.b, j, 0)));
-    return _mm256_madd_epi16(p16, sc);
+    return _mm256_madd_epi16(p16, spread8_pair(p.sc8, j));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
@@ -164,6 +171,7 @@ struct KIQ2_XS {
 
 struct KIQ2_XXS {
   static constexpr int kSubs = kBlocksK;
+  static constexpr bool kPairs = true;  // mmq.h's tile: two 32-blocks a step
   static constexpr size_t kBytes = sizeof(BlockIQ2_XXS);
   struct Pre {
     float d;
@@ -264,10 +272,23 @@ struct KIQ4 {
   struct Pre {
     float d, m;
     const BlockIQ4_XS* b;
+    __m256i sc16;
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockIQ4_XS* b = reinterpret_cast<const BlockIQ4_XS*>(blk);
-    return {h2f(b->d), 0.0f, b};
+    // ls_j = (4 bits of scales_l, nibble j) | (2 bits of scales_h, pair j) << 4, minus 32, as int32 lanes j
+    uint32_t lo;
+    std::memcpy(&lo, b->scales_l, 4);
+    const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(lo)),
+                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i h =
+        _mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i ls =
+        _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi32(0xF)),
+                                         _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(3)), 4)),
+                         _mm256_set1_epi32(32));
+    const __m256i pk = _mm256_packs_epi32(ls, ls);  // [0..3, 0..3 | 4..7, 4..7]
+    return {h2f(b->d), 0.0f, b, _mm256_permute4x64_epi64(pk, 0x88)};
   }
   STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return IQ4_XSBytes::q(*p.b, j); }
   static void scales(const Pre& p, int j, int sc[2]) { sc[0] = sc[1] = iq4_xs_scale(*p.b, j); }
@@ -304,6 +325,18 @@ STRATA_KGRID(iq2_s, BlockIQ2_S, IQ2_SBytes)
 STRATA_KGRID(iq1_s, BlockIQ1_S, IQ1_SBytes)
 STRATA_KGRID(iq1_m, BlockIQ1_M, IQ1_MBytes)
 #undef STRATA_KGRID
+// IQ2_S with its scale vector laid out once per super-block (KBytes' spread8_pair).
+struct KIQ2S : KG_iq2_s {
+  struct Pre : KG_iq2_s::Pre {
+    __m256i sc8;
+  };
+  STRATA_SIMD static Pre pre(const uint8_t* blk) {
+    Pre p;
+    static_cast<KG_iq2_s::Pre&>(p) = KG_iq2_s::pre(blk);
+    p.sc8 = odd_nibbles(p.b->scales);
+    return p;
+  }
+};
 
 }  // namespace
 
@@ -314,6 +347,10 @@ void mmq_iq2_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
 void mmq_iq2_xxs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                       int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KIQ2_XXS, IlIQ2_XXS>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_iq2_s_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                    int64_t T, float* Y, int64_t ldy) {
+  mmq_avx2<KBytes<KIQ2S>, IlBytes<KIQ2S>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 void mmq_iq4_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                      int64_t T, float* Y, int64_t ldy) {
@@ -326,7 +363,6 @@ void mmq_iq4_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
   }
 STRATA_GRID_AVX2(iq3_xxs)
 STRATA_GRID_AVX2(iq3_s)
-STRATA_GRID_AVX2(iq2_s)
 STRATA_GRID_AVX2(iq1_s)
 STRATA_GRID_AVX2(iq1_m)
 #undef STRATA_GRID_AVX2

@@ -110,6 +110,7 @@ STRATA_SIMD inline __m256i q6_k_bytes(const BlockQ6_K& b, int j) {
 
 struct KQ4_K {
   static constexpr int kSubs = kBlocksK;
+  static constexpr bool kPairs = true;  // mmq.h's tile: two 32-blocks a step
   static constexpr size_t kBytes = sizeof(BlockQ4_K);
   struct Pre {
     float d, dmin;
@@ -145,17 +146,19 @@ struct KQ6_K {
   struct Pre {
     float d;
     const BlockQ6_K* b;
+    __m256i sc8;  // the 16 scales in both lanes, for spread8_pair
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(blk);
-    return {h2f(b->d), b};
+    return {h2f(b->d), b,
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)))};
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
     // (q + bias) . x - bias . x, each within int16.
     const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q6_k_bytes(*p.b, j), x),
                                          _mm256_maddubs_epi16(_mm256_set1_epi8(kQ6_KBias), x));
-    const int8_t* sc = p.b->scales + q6_k_group(j).scale;
-    return _mm256_madd_epi16(p16, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
+    static_assert(q6_k_group(1).scale == 2);  // 32-block j's halves: scales 2j, 2j + 1
+    return _mm256_madd_epi16(p16, spread8_pair(p.sc8, j));
   }
   template <int MR, int NT>
   STRATA_SIMD static __m256 update(__m256 acc, __m256i isum, const Pre* p, int, __m256 dx, __m256i) {
@@ -226,10 +229,13 @@ struct KQ2_K {
   struct Pre {
     float d, dmin;
     const BlockQ2_K* b;
+    __m256i sc8;  // the 16 scales (low nibbles) in both lanes, for spread8_pair
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     const BlockQ2_K* b = reinterpret_cast<const BlockQ2_K*>(blk);
-    return {h2f(b->d), h2f(b->dmin), b};
+    const __m128i sc =
+        _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)), _mm_set1_epi8(0xF));
+    return {h2f(b->d), h2f(b->dmin), b, _mm256_broadcastsi128_si256(sc)};
   }
   STRATA_SIMD static __m256i q(const BlockQ2_K& b, int j) {
     const Q2_KSub s = q2_k_sub(j);
@@ -237,10 +243,7 @@ struct KQ2_K {
                             _mm256_set1_epi8(3));
   }
   STRATA_SIMD static __m256i dot(const Pre& p, int j, __m256i x) {
-    return _mm256_madd_epi16(
-        _mm256_maddubs_epi16(q(*p.b, j), x),
-        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(q2_k_scale(*p.b, 2 * j + 1))),
-                         _mm_set1_epi16(static_cast<int16_t>(q2_k_scale(*p.b, 2 * j)))));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q(*p.b, j), x), spread8_pair(p.sc8, j));
   }
   // a = fma(d * dx, s, a); a = fma(-(dmin * dx), m_lo * S_lo(x) + m_hi * S_hi(x), a)
   template <int MR, int NT>
@@ -288,6 +291,7 @@ struct KQ5 {
     float d, m;
     uint8_t sc[8], mn[8];
     const BlockQ5_K* b;
+    __m256i sc16;
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     Pre p;
@@ -295,6 +299,8 @@ struct KQ5 {
     p.d = h2f(p.b->d);
     p.m = h2f(p.b->dmin);
     q4_k_scales_mins(p.b->scales, p.sc, p.mn);
+    p.sc16 = _mm256_broadcastsi128_si256(
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.sc))));
     return p;
   }
   STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return Q5_KBytes::q(*p.b, j); }
@@ -309,13 +315,25 @@ struct KQ3 {
     float d, m;
     int8_t sc[16];
     const BlockQ3_K* b;
+    __m256i sc8;
   };
   STRATA_SIMD static Pre pre(const uint8_t* blk) {
     Pre p;
     p.b = reinterpret_cast<const BlockQ3_K*>(blk);
     p.d = h2f(p.b->d);
     p.m = 0.0f;
-    for (int g = 0; g < 16; ++g) p.sc[g] = static_cast<int8_t>(q3_k_scale(p.b->scales, g));
+    // q3_k_scale for g = 0..15 at once: low 4 bits of scales[g % 8] (nibble g / 8), high 2 bits of
+    // scales[8 + g % 4] (bits 2 (g / 4)), minus 32.
+    const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.b->scales)), m = _mm_set1_epi8(0xF);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(s, m), _mm_and_si128(_mm_srli_epi16(s, 4), m));
+    uint32_t h;
+    std::memcpy(&h, p.b->scales + 8, 4);
+    const __m128i hi =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int32_t>(h)), _mm_setr_epi32(0, 2, 4, 6)),
+                      _mm_set1_epi8(3));
+    const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p.sc), sc);
+    p.sc8 = _mm256_broadcastsi128_si256(sc);
     return p;
   }
   STRATA_SIMD static __m256i bytes(const Pre& p, int j) { return Q3_KBytes::q(*p.b, j); }
