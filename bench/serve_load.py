@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="tokens per request")
     ap.add_argument("--turn", type=int, default=16)
     ap.add_argument("--cache", default="half", help="--expert-cache; half: half the experts' bytes, so they stream")
-    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"])
+    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu", "scan"])
     ap.add_argument("--modes", default="batched,turns", help="batched (N KV regions) and/or turns (one)")
     ap.add_argument("--out", default="bench/out/serve_load.json")
     a = ap.parse_args()
