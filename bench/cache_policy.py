@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expert-cache hit rates of the eviction policies (--cache-policy lru | lfu) at caches of 10%, 25% and
+"""Expert-cache hit rates of the eviction policies (--cache-policy lru | lfu | scan) at caches of 10%, 25% and
 50% of a model's experts: decode after a prompt, on any device (hit rates do not depend on it; the CPU
 is enough). Prints a table, writes JSON.
 
@@ -72,14 +72,14 @@ def main() -> None:
             for frac in (0.10, 0.25, 0.50):
                 # The chunk's lent slots come on top: decode keeps frac of the experts.
                 cache = (plan["slots"] + max(int(frac * n_experts), info.spec["top_k"])) * plan["slot_bytes"]
-                for policy in ("lru", "lfu"):
+                for policy in ("lru", "lfu", "scan"):
                     r = run(path, cache, policy, a.prompt, a.tokens, prefill)
                     rows.append({"seed": seed, "cache_frac": frac, "policy": policy, **r})
     print(f"routing: route_skew {a.route_skew}, route_locality {a.route_locality}")
     print(f"{'cache':>6} {'policy':>6} {'hit rate (mean of seeds)':>26} {'min':>6} {'max':>6} {'GB/token':>9}")
     summary = []
     for frac in (0.10, 0.25, 0.50):
-        for policy in ("lru", "lfu"):
+        for policy in ("lru", "lfu", "scan"):
             rs = [r for r in rows if r["cache_frac"] == frac and r["policy"] == policy]
             hr = [r["hit_rate"] for r in rs]
             gb = float(np.mean([r["gb_streamed"] for r in rs])) / a.tokens

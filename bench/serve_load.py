@@ -1,12 +1,13 @@
 """strata serve under load: N concurrent clients (1, 4, 16 by default) against one server with
 --parallel N and a bounded expert cache; per N and mode: requests, aggregate tok/s, latency p50/p99,
 expert-cache hit rate, sequences a decode pass advanced, tokens re-run by switching sequences; and 8
-concurrent requests against the same 8 in a row. Modes: batched (the model loaded with N KV regions,
-as `strata serve --parallel N` does: every decoding sequence advances in one pass a step) and turns
-(one KV region: the sequences take turns of --turn tokens, the engine before batching). Prints a
-table and writes bench/out/serve_load.json.
+concurrent requests against the same 8 in a row (--repeat times, interleaved: the median ratio).
+Modes: batched (the model loaded with N KV regions, as `strata serve --parallel N` does: every
+decoding sequence advances in one pass a step) and turns (one KV region: the sequences take turns of
+--turn tokens, the engine before batching). Prints a table and writes bench/out/serve_load.json.
 
-    PYTHONPATH=python python3 bench/serve_load.py [--clients 1,4,16] [--requests 2] [--tokens 32]
+    PYTHONPATH=python python3 bench/serve_load.py [--clients 1,4,16] [--requests 2] [--tokens 32] \
+        [--cache-policy lru|lfu|scan] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="tokens per request")
     ap.add_argument("--turn", type=int, default=16)
     ap.add_argument("--cache", default="half", help="--expert-cache; half: half the experts' bytes, so they stream")
-    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"])
+    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu", "scan"])
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of 8 in a row against 8 at once, interleaved (on a shared machine one pair is noise)")
     ap.add_argument("--modes", default="batched,turns", help="batched (N KV regions) and/or turns (one)")
     ap.add_argument("--out", default="bench/out/serve_load.json")
     a = ap.parse_args()
@@ -99,8 +102,9 @@ def main() -> None:
                 if n == 1 and mode != modes[0]:
                     continue  # one client: one region either way
                 rows.append(_run(path, a.cache, n, a.requests, a.tokens, a.turn, mode, a.cache_policy))
-        one = _run(path, a.cache, 1, 8, a.tokens, a.turn, "batched", a.cache_policy)  # 8 in a row
-        eight = _run(path, a.cache, 8, 1, a.tokens, a.turn, modes[0], a.cache_policy)  # 8 at once
+        pairs = [(_run(path, a.cache, 1, 8, a.tokens, a.turn, "batched", a.cache_policy),  # 8 in a row
+                  _run(path, a.cache, 8, 1, a.tokens, a.turn, modes[0], a.cache_policy))  # 8 at once
+                 for _ in range(max(1, a.repeat))]
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall-clock numbers need an idle machine); "
           f"--cache-policy {a.cache_policy}")
     print(f"{'mode':>7} {'clients':>7} {'requests':>8} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'hit rate':>8} "
@@ -111,12 +115,17 @@ def main() -> None:
               f"{r['rows_per_pass']:>9.2f} {r['recomputed']:>10}")
     print("hit rate: of expert lookups (an expert of a layer of a pass; a batched pass looks each up once for all its "
           "rows); MiB/tok: expert bytes streamed per generated token")
+    ratios = [o["wall_s"] / e["wall_s"] for o, e in pairs]
+    one, eight = pairs[sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]]  # the median pair
     speedup = one["wall_s"] / eight["wall_s"]
-    print(f"8 requests in a row {one['wall_s']:.2f} s (engine {one['engine_s']:.2f} s), 8 at once ({modes[0]}) "
-          f"{eight['wall_s']:.2f} s (engine {eight['engine_s']:.2f} s): {speedup:.2f}x")
+    print(f"8 requests in a row {one['wall_s']:.2f} s (engine {one['engine_s']:.2f} s, hit rate "
+          f"{one['hit_rate']:.3f}), "
+          f"8 at once ({modes[0]}) {eight['wall_s']:.2f} s (engine {eight['engine_s']:.2f} s, hit rate "
+          f"{eight['hit_rate']:.3f}): {speedup:.2f}x, the median of {len(ratios)} "
+          f"({', '.join(f'{r:.2f}' for r in ratios)})")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"rows": rows, "in_a_row": one, "at_once": eight, "speedup_8": speedup,
+        json.dump({"rows": rows, "in_a_row": one, "at_once": eight, "speedup_8": speedup, "speedups_8": ratios,
                    "loadavg": os.getloadavg(), "cpu_s": time.process_time() - t_cpu, "args": vars(a)}, f, indent=2)
 
 

@@ -295,6 +295,7 @@ int64_t ExpertCache::prepare(int64_t layer, const int32_t* experts, int64_t n) {
     stats_.hits += (uint64_t)n;
     return n;
   }
+  policy_->on_layer(layer);
   int64_t done = 0;
   for (; done < n; ++done) {
     const int64_t e = experts[done];
@@ -423,6 +424,7 @@ void ExpertCache::give_back() {
     while (s < lent_begin_ + lent_n_ && key_[s] >= 0) ++s;
     if (s >= lent_begin_ + lent_n_) break;
     fill(s, key / layout_.E, key % layout_.E, true);
+    policy_->on_layer(key / layout_.E);
     policy_->on_use(s);
     ++stats_.refills;
   }

@@ -79,6 +79,11 @@ class ExpertCache {
   void release(int64_t layer);
 
   bool resident(int64_t layer, int64_t e);
+  // A forward pass begins (its layers' prepares follow in ascending order): the policy's on_pass.
+  // The scan policy places its experts by it (between_layers calls it before layer 0).
+  void begin_pass() {
+    if (policy_) policy_->on_pass();
+  }
 
   // ---- decode steps resolved on the device (design (b) of bench/NOTES.md) ----
   // Whether Backend::resolve_experts can serve this cache: slots, an LRU policy and every source

@@ -1,4 +1,4 @@
-// Eviction policies behind a small interface: LRU (the default) and LFU with aging.
+// Eviction policies behind a small interface: LRU (the default), LFU with aging, and scan-resistant.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +13,10 @@ namespace strata {
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
+  // A forward pass begins: its layers follow in ascending order (ExpertCache::begin_pass).
+  virtual void on_pass() {}
+  // The layer of the experts the next on_use calls concern.
+  virtual void on_layer(int64_t /*layer*/) {}
   virtual void on_use(int32_t slot) = 0;
   virtual void on_clear(int32_t slot) = 0;
   // The slot to evict among those marked evictable; -1 if none.
@@ -84,11 +88,66 @@ class LfuPolicy final : public EvictionPolicy {
   uint64_t tick_ = 0, period_;
 };
 
+// Scan-resistant: a pass walks the layers in order, so an expert's next use is most likely at its
+// layer in this pass (when the pass has not reached it) or in the next. A victim is, in order: a
+// stale slot (last used before the previous pass, or in it at a layer this pass has passed without
+// using it; the least recent first); else one used in this pass (the most recent first: its next use
+// is the farthest); else one the previous pass used at a layer still ahead (the farthest layer
+// first). While a pass's experts fit the cache a stale slot always exists and it is LRU; when they
+// outgrow it, LRU evicts each expert just before its next use (a cyclic scan: every lookup misses)
+// while this keeps part of the pass's experts resident. It needs the host to see every pass (no
+// device resolution, no prefetch: check_config).
+class ScanPolicy final : public EvictionPolicy {
+ public:
+  explicit ScanPolicy(int32_t n_slots) : last_(n_slots, 0), pass_(n_slots, 0), layer_(n_slots, 0) {}
+  void on_pass() override {
+    ++pass_now_;
+    layer_now_ = 0;
+  }
+  void on_layer(int64_t layer) override { layer_now_ = layer; }
+  void on_use(int32_t slot) override {
+    last_[slot] = ++tick_;
+    pass_[slot] = pass_now_;
+    layer_[slot] = layer_now_;
+  }
+  void on_clear(int32_t slot) override { last_[slot] = pass_[slot] = 0, layer_[slot] = 0; }
+  int32_t victim(const std::vector<uint8_t>& evictable) const override {
+    int32_t best = -1;
+    Rank rb{};
+    for (int32_t s = 0; s < (int32_t)last_.size(); ++s) {
+      if (!evictable[s]) continue;
+      const Rank r = rank(s);
+      if (best < 0 || r < rb) best = s, rb = r;
+    }
+    return best;
+  }
+  uint64_t value(int32_t slot) const override { return last_[slot]; }
+
+ private:
+  // Smaller goes first: (class, key) with class 0 stale, 1 this pass, 2 ahead.
+  struct Rank {
+    int cls;
+    int64_t a, b;
+    bool operator<(const Rank& o) const { return cls != o.cls ? cls < o.cls : a != o.a ? a < o.a : b < o.b; }
+  };
+  Rank rank(int32_t s) const {
+    const int64_t t = (int64_t)last_[s];
+    if (pass_[s] == pass_now_) return {1, -t, 0};
+    if (pass_[s] + 1 < pass_now_ || layer_[s] < layer_now_) return {0, t, 0};
+    return {2, -layer_[s], -t};
+  }
+  std::vector<uint64_t> last_, pass_;
+  std::vector<int64_t> layer_;
+  uint64_t tick_ = 0, pass_now_ = 2;  // pass 0 (an empty slot's) is always stale
+  int64_t layer_now_ = 0;
+};
+
 // The names --cache-policy takes.
-inline const char* cache_policy_names() { return "lru, lfu"; }
+inline const char* cache_policy_names() { return "lru, lfu, scan"; }
 inline std::unique_ptr<EvictionPolicy> make_policy(const std::string& name, int32_t n_slots) {
   if (name == "lru") return std::make_unique<LruPolicy>(n_slots);
   if (name == "lfu") return std::make_unique<LfuPolicy>(n_slots);
+  if (name == "scan") return std::make_unique<ScanPolicy>(n_slots);
   throw ConfigError(str("cache policy '", name, "' is not one of ", cache_policy_names(),
                         " (--cache-policy / cache_policy)"));
 }

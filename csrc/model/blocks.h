@@ -108,9 +108,11 @@ struct NextRouter {
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
                const float* ffn_norm, const MoeVariant* var = nullptr, const NextRouter* next = nullptr);
 
-// A pass calls this before each layer and once after the last (l == L): the Model's layer hook,
-// which may throw Interrupted to stop the pass.
+// A pass calls this before each layer and once after the last (l == L): before layer 0 it tells the
+// expert cache a pass begins (the scan policy's on_pass); then the Model's layer hook, which may throw
+// Interrupted to stop the pass.
 inline void between_layers(const ForwardContext& ctx, int64_t l, int64_t T, int64_t pos0) {
+  if (l == 0) ctx.cache.begin_pass();
   if (ctx.layer_hook && *ctx.layer_hook) (*ctx.layer_hook)(l, T, pos0);
 }
 

@@ -79,8 +79,18 @@ void check_config(const ModelConfig& c) {
                "kv_type (--kv-type) must be auto, f16 or f32, got '", c.kv_type, "'");
   STRATA_CHECK(one_of(c.decode_resolve, {"auto", "device", "host"}), ConfigError,
                "decode_resolve must be auto, device or host, got '", c.decode_resolve, "'");
-  STRATA_CHECK(one_of(c.cache_policy, {"lru", "lfu"}), ConfigError, "--cache-policy must be one of ",
+  STRATA_CHECK(one_of(c.cache_policy, {"lru", "lfu", "scan"}), ConfigError, "--cache-policy must be one of ",
                cache_policy_names(), ", got '", c.cache_policy, "'");
+  // The scan policy places experts by the passes and layers the host resolves; a step resolved on the
+  // device (and a prefetch, which needs one) would bypass it.
+  STRATA_CHECK(c.cache_policy != "scan" || c.decode_resolve != "device", ConfigError,
+               "--cache-policy scan places experts by the layers of each pass the host resolves, and "
+               "decode_resolve 'device' resolves a decode step on the device by LRU: use decode_resolve "
+               "'auto' or 'host' with scan, or --cache-policy lru");
+  STRATA_CHECK(c.cache_policy != "scan" || !c.prefetch, ConfigError,
+               "--prefetch on fills the next layer's experts from a decode step resolved on the device, "
+               "which runs the LRU policy, and --cache-policy scan resolves on the host: use --prefetch off "
+               "with scan, or --cache-policy lru");
   STRATA_CHECK(c.decode_resolve != "device" || c.cache_policy == "lru", ConfigError,
                "decode_resolve 'device' runs the LRU policy on the device; --cache-policy ", c.cache_policy,
                " resolves a decode step's experts on the host (decode_resolve 'host' or 'auto')");

@@ -160,7 +160,7 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
     c.kv_type = _as_str(kv_type, "kv_type (--kv-type)", "auto, f16 or f32")
     c.decode_graph = _as_bool(decode_graph, "decode_graph")
     c.decode_resolve = _as_str(decode_resolve, "decode_resolve", "auto, device or host")
-    c.cache_policy = _as_str(cache_policy, "cache_policy (--cache-policy)", "lru or lfu")
+    c.cache_policy = _as_str(cache_policy, "cache_policy (--cache-policy)", "lru, lfu or scan")
     c.prefetch = _as_bool(prefetch, "prefetch (--prefetch)")
     if gr_unfused is not None and not isinstance(gr_unfused, bool):
         raise ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")

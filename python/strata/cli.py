@@ -151,10 +151,12 @@ def _load_options(ctx_default: int | None = LOAD["ctx"]) -> Decorator:
                      show_default=True,
                      help="Where streamed experts live: host (a copy in RAM), mmap (read from the file), auto "
                           "(host when it fits in the free RAM)."),
-        click.option("--cache-policy", type=click.Choice(["lru", "lfu"]), default=LOAD["cache_policy"],
+        click.option("--cache-policy", type=click.Choice(["lru", "lfu", "scan"]), default=LOAD["cache_policy"],
                      show_default=True,
-                     help="Expert cache eviction: lru (least recently used) or lfu (least frequently used, "
-                          "counts halving as they age; decode resolves on the host). Logits are the same."),
+                     help="Expert cache eviction: lru (least recently used), lfu (least frequently used, counts "
+                          "halving as they age) or scan (LRU until one pass needs more experts than the cache "
+                          "holds, e.g. a large batch; then it keeps part of them). lfu and scan resolve decode "
+                          "on the host. Logits are the same."),
         click.option("--prefetch", type=click.Choice(["on", "off"]), default="on" if LOAD["prefetch"] else "off",
                      show_default=True,
                      help="Decode on a GPU with a bounded cache: fill the experts the next layer's router predicts "

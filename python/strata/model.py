@@ -150,8 +150,10 @@ class Model:
     experts: 'device' (the GPU resolves hits and misses and reads the misses from page-locked host
     memory itself), 'host' (one round trip per layer, copies by the copy engine) or 'auto' (device
     where the source allows it). cache_policy: the expert cache's eviction policy, 'lru' (least
-    recently used) or 'lfu' (least frequently used, counts halving as they age; a decode step then
-    resolves its experts on the host). The logits are the same under either; the hit rate is not.
+    recently used), 'lfu' (least frequently used, counts halving as they age) or 'scan' (LRU until a
+    pass needs more experts than the cache holds, as a large batched decode step does; then it keeps
+    part of the pass's experts instead of evicting each before its next use); with lfu or scan a
+    decode step resolves its experts on the host. The logits are the same under each; the hit rate is not.
     prefetch: while a decode layer resolved on the device runs, fill the experts that the next layer's
     router picks from this layer's state (qwen3moe; needs cache_policy 'lru' and a source the device
     reads). Wrong guesses cost link time only; the logits are the same on and off.

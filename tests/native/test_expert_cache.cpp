@@ -212,11 +212,78 @@ TEST(EvictionPolicy, LfuAgingAndTheNamedPolicies) {
   EXPECT_EQ(p.value(0), 0u);
   EXPECT_NE(dynamic_cast<LruPolicy*>(make_policy("lru", 4).get()), nullptr);
   EXPECT_NE(dynamic_cast<LfuPolicy*>(make_policy("lfu", 4).get()), nullptr);
+  EXPECT_NE(dynamic_cast<ScanPolicy*>(make_policy("scan", 4).get()), nullptr);
   try {
     make_policy("mru", 4);
     FAIL() << "an unknown policy was accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("lru, lfu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lru, lfu, scan"), std::string::npos) << e.what();
+  }
+}
+
+// Scan: stale slots first (least recent), then this pass's (most recent), then those the last pass
+// used at a layer still ahead (the farthest layer first).
+TEST(EvictionPolicy, ScanEvictionOrder) {
+  ScanPolicy p(6);
+  const std::vector<uint8_t> all(6, 1);
+  p.on_pass();
+  for (int32_t l = 0; l < 3; ++l) {  // pass 1: slots 2l and 2l + 1 at layer l
+    p.on_layer(l);
+    p.on_use(2 * l);
+    p.on_use(2 * l + 1);
+  }
+  // Within a pass its own slots go most recent first (LRU would take slot 0).
+  EXPECT_EQ(p.victim(all), 5);
+  EXPECT_EQ(p.victim({1, 1, 1, 1, 0, 0}), 3);
+  p.on_pass();
+  // Pass 2 at layer 0: nothing is stale yet; everything is ahead, the farthest layer first.
+  p.on_layer(0);
+  EXPECT_EQ(p.victim(all), 5);
+  EXPECT_EQ(p.victim({1, 1, 0, 0, 1, 0}), 4);
+  p.on_use(0);  // layer 0 uses slot 0 again, not slot 1
+  // At layer 1 slot 1 (layer 0 last pass, skipped in this one) is stale: it goes before anything.
+  p.on_layer(1);
+  EXPECT_EQ(p.victim(all), 1);
+  // Without stale ones, this pass's slot 0 goes before the ahead slots.
+  EXPECT_EQ(p.victim({1, 0, 1, 1, 1, 1}), 0);
+  EXPECT_EQ(p.victim({0, 0, 1, 1, 1, 1}), 5);
+  // Two passes later every slot from pass 1 is stale: the least recent first, as LRU.
+  p.on_pass();
+  p.on_pass();
+  p.on_layer(0);
+  EXPECT_EQ(p.victim({0, 1, 1, 1, 1, 1}), 1);
+  EXPECT_EQ(p.victim({0, 0, 0, 1, 1, 1}), 3);
+  EXPECT_EQ(p.victim({1, 0, 0, 1, 1, 1}), 3);  // slot 0 (pass 2) is younger
+  p.on_clear(3);
+  EXPECT_EQ(p.value(3), 0u);
+  EXPECT_EQ(p.victim({0, 0, 0, 0, 0, 0}), -1);
+}
+
+// Through the cache, a pass of 3 layers x 2 experts over 4 slots: LRU evicts each expert before its
+// next use (every lookup of the second pass misses); scan keeps the first layers' and hits them.
+TEST(ExpertCache, ScanKeepsPartOfAPassThatOutgrowsTheCache) {
+  for (const char* policy : {"lru", "scan"}) {
+    Fixture fx(3, 4, 256);
+    TraceBackend be;
+    auto src = make_mmap_source(fx.layout);
+    ExpertCache cache(be, fx.layout, src.get(), 4 * fx.layout.slot_bytes, policy);
+    const int32_t ids[2] = {1, 2};
+    auto pass = [&] {
+      cache.begin_pass();
+      for (int64_t l = 0; l < 3; ++l) {
+        ASSERT_EQ(cache.prepare(l, ids, 2), 2);
+        cache.release(l);
+      }
+    };
+    pass();
+    const uint64_t h0 = cache.stats().hits;
+    pass();
+    pass();
+    const uint64_t hits = cache.stats().hits - h0;
+    if (std::string(policy) == "lru")
+      EXPECT_EQ(hits, 0u);
+    else
+      EXPECT_EQ(hits, 6u);  // 4 of the second pass's 6 lookups, 2 of the third's
   }
 }
 

@@ -199,16 +199,23 @@ def test_a_follow_up_with_a_long_new_part_keeps_the_history(chunked):
     assert "".join(s2.pieces) == m.generate(follow, max_tokens=6, temperature=0).text
 
 
-@pytest.mark.parametrize("cache", ["all", "bounded"])
+@pytest.mark.parametrize("cache", ["all", "bounded", "bounded-scan"])
 def test_batched_greedy_equals_alone(make_mix, cache):
     """A model of 4 KV regions: 4 requests decode together, one pass a token for all (two join while
-    the first two decode), and each greedy answer is the one it gets alone; nothing is re-run."""
+    the first two decode), and each greedy answer is the one it gets alone; nothing is re-run. Under
+    the scan policy too, and alone the answers are LRU's (a policy changes the speed only)."""
     path = make_mix("q4_k")
     kw = dict(progress=False, ctx=2048, seqs=4)
-    if cache == "bounded":  # a cache that streams: the batch's experts are fetched once a layer for all
+    if cache != "all":  # a cache that streams: the batch's experts are fetched once a layer for all
         kw.update(expert_cache=f"{strata.ModelInfo(path).slot_bytes * 12}b", prefill=16, source="host")
+    if cache == "bounded-scan":
+        lru = strata.Model(path, **kw)
+        kw.update(cache_policy="scan")
     m = strata.Model(path, **kw)
     alone = [m.generate(p, max_tokens=12, temperature=0, ignore_eos=True).text for p in PROMPTS]
+    if cache == "bounded-scan":
+        assert alone == [lru.generate(p, max_tokens=12, temperature=0, ignore_eos=True).text for p in PROMPTS]
+        del lru
     eng = Engine(m, parallel=4)
     assert eng.batched
     jobs = [_job(m, p, ignore_eos=True) for p in PROMPTS]
