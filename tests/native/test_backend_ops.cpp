@@ -550,6 +550,50 @@ TEST_P(Op, AttentionIndependentOfChunking) {
     }
 }
 
+// A prompt's attention is the same bits whichever prompt kernel the backend picks: on CUDA the tile
+// kernel (head dims 64, 128, 256) against the general one (STRATA_CUDA_ATTN_TILE=0), over prompts of
+// several query tiles and key blocks, query heads per kv head 8, 16, 1 and 6, and chunks that start
+// inside a key block. (A backend with one prompt kernel runs it twice.)
+TEST_P(Op, AttentionTileKernelIsTheGeneralOne) {
+  std::mt19937 rng(61);
+  struct Shape {
+    int64_t H, KV, hd, T, pos0;
+  };
+  for (const Shape sh : {Shape{32, 4, 128, 300, 0}, Shape{16, 1, 64, 70, 200}, Shape{4, 4, 256, 140, 3},
+                         Shape{12, 2, 128, 41, 129}})
+    for (KvType t : {KvType::F32, KvType::F16}) {
+      if (!be().supports_kv(t)) continue;
+      const int64_t width = sh.KV * sh.hd, ctx = sh.pos0 + sh.T;
+      const size_t eb = kv_elem_bytes(t);
+      const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f),
+                 q = randf(rng, sh.T * sh.H * sh.hd, -2.f, 2.f);
+      Dev<uint8_t> kc(be(), (size_t)ctx * width * eb, "k cache"),
+          vc(be(), (size_t)ctx * width * eb, "v cache");
+      Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q");
+      be().kv_store(kc.p(), t, 0, ctx, width, dk.p());
+      be().kv_store(vc.p(), t, 0, ctx, width, dv.p());
+      const float scale = 1.0f / std::sqrt((float)sh.hd);
+      Dev<float> tile(be(), sh.T * sh.H * sh.hd, "tile"), general(be(), sh.T * sh.H * sh.hd, "general");
+      be().attention(dq.p(), kc.p(), vc.p(), t, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, tile.p());
+      setenv("STRATA_CUDA_ATTN_TILE", "0", 1);
+      be().attention(dq.p(), kc.p(), vc.p(), t, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, general.p());
+      unsetenv("STRATA_CUDA_ATTN_TILE");
+      const auto g = general.get();
+      const std::string what =
+          str(kv_type_name(t), ", H=", sh.H, " KV=", sh.KV, " hd=", sh.hd, " T=", sh.T, " pos0=", sh.pos0);
+      expect_same(tile.get(), g, "attention, tile kernel vs general, " + what);
+      // And each token of it as a decode step computes it (the split kernel).
+      Dev<float> one(be(), sh.H * sh.hd, "one");
+      for (const int64_t i : {int64_t{0}, sh.T / 2, sh.T - 1}) {
+        be().attention(dq.p() + i * sh.H * sh.hd, kc.p(), vc.p(), t, 1, sh.pos0 + i, sh.H, sh.KV, sh.hd,
+                       scale, one.p());
+        expect_same(one.get(),
+                    std::vector<float>(g.begin() + i * sh.H * sh.hd, g.begin() + (i + 1) * sh.H * sh.hd),
+                    str("attention, token ", i, " as a decode step, ", what));
+      }
+    }
+}
+
 TEST_P(Op, AddAndSwiglu) {
   std::mt19937 rng(10);
   const int64_t n = 1001;
