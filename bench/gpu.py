@@ -296,9 +296,9 @@ def main() -> None:
     ap.add_argument("--hbm-gbps", type=float, default=4300, help="HBM bandwidth for the floor, GB/s")
     ap.add_argument("--link-gbps", type=float, default=54, help="host link bandwidth for the floor, GB/s")
     ap.add_argument("--device", default="cuda", help="strata's device (cpu: a smoke test of this script)")
-    ap.add_argument("--mma-q8", choices=("off", "on", "both"), default="off",
-                    help="the integer prompt tile on tensor cores (STRATA_CUDA_MMA_Q8=1) for the prompt rows: off, "
-                         "on, or both side by side")
+    ap.add_argument("--mma-q8", choices=("off", "on", "both"), default="on",
+                    help="the integer prompt tile on tensor cores (strata's default; off: STRATA_CUDA_MMA_Q8=0, the "
+                         "dp4a tile) for the prompt rows: on, off, or both side by side")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
                     help="decode with --prefetch (bounded caches): off, on, or both side by side")
     ap.add_argument("--json", default=None)
@@ -341,11 +341,11 @@ def main() -> None:
             if a.prefetch != "off" and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
                 chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch", load={**cfg.load,
                               "prefetch": True}, prompts=(), ncmoe=None if a.prefetch == "both" else cfg.ncmoe))
-        if a.mma_q8 == "on":
+        if a.mma_q8 != "off":
             chosen = [dataclasses.replace(c, load={**c.load, "_mma_q8": True}) for c in chosen]
-        elif a.mma_q8 == "both":  # the tensor-core integer tile's own rows: prompts, no llama.cpp again
-            chosen += [dataclasses.replace(c, label=f"{c.label}, int8 mma", decode_after=(), ncmoe=None,
-                                           load={**c.load, "_mma_q8": True}) for c in chosen if c.prompts]
+        if a.mma_q8 == "both":  # the dp4a integer tile's own rows: prompts, no llama.cpp again
+            chosen += [dataclasses.replace(c, label=f"{c.label}, dp4a", decode_after=(), ncmoe=None,
+                                           load={**c.load, "_mma_q8": False}) for c in chosen if c.prompts]
         for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())

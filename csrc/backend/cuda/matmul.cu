@@ -48,7 +48,7 @@ bool mma_q8_on() {
            major >= 8;
   }();
   const char* e = std::getenv("STRATA_CUDA_MMA_Q8");
-  return capable && e && std::strcmp(e, "1") == 0;
+  return capable && !(e && std::strcmp(e, "0") == 0);
 }
 
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }

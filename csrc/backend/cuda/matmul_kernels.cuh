@@ -180,7 +180,8 @@ template <class F>
 void launch_mma_runs(const RunsF32Args& g, cudaStream_t s);
 
 // Whether matmul_q8 of many tokens (and matmul_q8_runs) runs on the tensor-core tile: a device of compute
-// capability 8.0 or later and STRATA_CUDA_MMA_Q8=1 (read at each launch, so tests can run both tiles).
+// capability 8.0 or later, unless STRATA_CUDA_MMA_Q8=0 (read at each launch, so tests can run both tiles;
+// the same bits either way).
 bool mma_q8_on();
 
 // As dispatch_format (formats.cuh), over the formats with an integer kernel.
