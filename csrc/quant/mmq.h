@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -223,8 +224,12 @@ STRATA_SIMD void tile(const uint8_t* const* w, const uint8_t* const* x, const XI
   _mm256_storeu_ps(out, acc);
 }
 
-// Rows outer, tokens inner: MR weight rows stay in L1 while every token passes over them.
 template <class K, int MR, int NT>
+STRATA_VNNI void vtile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0,
+                       int64_t nwb, float* out);
+
+// Rows outer, tokens inner: MR weight rows stay in L1 while every token passes over them. V: the VNNI tile.
+template <class K, int MR, int NT, bool V = false>
 void rows_tokens(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                  int64_t T, float* Y, int64_t ldy) {
   const int64_t nwb = cols / kQK8_0 / K::kSubs;
@@ -238,7 +243,10 @@ void rows_tokens(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
       const uint8_t* x[NT];
       for (int t = 0; t < NT; ++t) x[t] = Xq + (t0 + std::min<int64_t>(t, nt - 1)) * xrb;
       alignas(32) float out[8];
-      tile<K, MR, NT>(w, x, xi, t0, nwb, out);
+      if constexpr (V)
+        vtile<K, MR, NT>(w, x, xi, t0, nwb, out);
+      else
+        tile<K, MR, NT>(w, x, xi, t0, nwb, out);
       for (int64_t t = 0; t < nt; ++t)
         for (int64_t r = 0; r < mr; ++r) Y[(t0 + t) * ldy + r0 + r] = out[r * NT + t];
     }
@@ -324,6 +332,10 @@ STRATA_SIMD void tile_il(const uint8_t* const* w, const uint8_t* scr, int64_t co
 }
 
 template <class K, class IL, int MR, int NV>
+STRATA_VNNI void vtile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi,
+                          int64_t g, int64_t nwb, float* out);
+
+template <class K, class IL, int MR, int NV, bool V = false>
 void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                  int64_t T, float* Y, int64_t ldy) {
   const int64_t nb = cols / kQK8_0, nwb = nb / K::kSubs;
@@ -340,10 +352,17 @@ void rows_groups(const uint8_t* W, size_t rbytes, int64_t rows, int64_t cols, co
     for (int64_t g = 0; g * 8 < T;) {
       const int nv = T - g * 8 > 8 ? NV : 1;  // a last group of at most 8 tokens takes one vector
       alignas(32) float out[MR * NV * 8];
-      if (nv == NV)
-        tile_il<K, IL, MR, NV>(w, scr.data(), cols, xi, g, nwb, out);
-      else
-        tile_il<K, IL, MR, 1>(w, scr.data(), cols, xi, g, nwb, out);
+      if constexpr (V) {
+        if (nv == NV)
+          vtile_il<K, IL, MR, NV>(w, scr.data(), cols, xi, g, nwb, out);
+        else
+          vtile_il<K, IL, MR, 1>(w, scr.data(), cols, xi, g, nwb, out);
+      } else {
+        if (nv == NV)
+          tile_il<K, IL, MR, NV>(w, scr.data(), cols, xi, g, nwb, out);
+        else
+          tile_il<K, IL, MR, 1>(w, scr.data(), cols, xi, g, nwb, out);
+      }
       for (int v = 0; v < nv; ++v, ++g) {
         const int64_t nt = std::min<int64_t>(8, T - g * 8);
         for (int64_t t = 0; t < nt; ++t)
@@ -448,6 +467,244 @@ void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const ui
     rows_tokens<K, 2, 4>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else
     rows_groups<K, IL, 4, 2>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+}
+
+// ---- AVX-512 VNNI kernels (Isa::Avx512Vnni): the tiles above with vpdpbusd (unsigned bytes times signed
+// bytes, four products summed into an int32 lane, exact) in place of maddubs + madd, on 256-bit vectors
+// (AVX512VL). Signed weight bytes w go in as w + 128 (w ^ 0x80); the 128 x that adds is taken off per lane by
+// the token's correction (K::xcorr, once per token and block) or per token (the interleaved tiles). The
+// integer sums are exact and the float steps are the AVX2 kernels' (K::update), so every output is the
+// scalar kernel's bit for bit. A VNNI K extends its AVX2 K with xcorr and vdot (one row's 8 int32 partials
+// of a 32-block); with kLaneScale the partials are unscaled and the reduced sums are multiplied by
+// lane_scale(pre, j), laid out once per weight block. ----
+
+STRATA_VNNI inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) {
+  return _mm256_dpbusd_epi32(acc, u8, s8);
+}
+// Lane i: -(c * the sum of x's bytes 4i..4i+3), the correction for weight bytes offset by c.
+STRATA_VNNI inline __m256i neg_sums(__m256i x, char c) {
+  return _mm256_sub_epi32(_mm256_setzero_si256(), dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(c), x));
+}
+STRATA_VNNI inline __m256i flip(__m256i w) {
+  return _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+}
+// int16 scales (as spread16/spread8_pair give them) as int32 lanes' low halves with zero high halves: madd of
+// int32 partials that fit int16 against them multiplies each partial by its scale.
+STRATA_VNNI inline __m256i low16(__m256i sc) { return _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)); }
+
+template <class K>
+constexpr bool lane_scaled() {
+  if constexpr (requires { K::kLaneScale; })
+    return K::kLaneScale;
+  else
+    return false;
+}
+
+template <class K, int MR, int NT>
+STRATA_VNNI void vtile(const uint8_t* const* w, const uint8_t* const* x, const XInfo& xi, int64_t t0,
+                       int64_t nwb, float* out) {
+  static_assert(MR * NT == 8);
+  constexpr int kStep = takes_pairs<K>() ? 2 : 1;
+  static_assert(K::kSubs % kStep == 0);
+  __m256 acc = _mm256_setzero_ps();
+  // With kGatherScale (one scale d per 32-block and no min), the lanes' scales come from one gather per
+  // block, and the float step is a = fma(d * dx, (float)S, a), as update's.
+  [[maybe_unused]] __m256i off;
+  if constexpr (requires { K::kGatherScale; }) {
+    alignas(32) int32_t o[8];
+    for (int i = 0; i < 8; ++i) o[i] = static_cast<int32_t>(w[i / NT] - w[0]);
+    off = _mm256_load_si256(reinterpret_cast<const __m256i*>(o));
+  }
+  for (int64_t wb = 0; wb < nwb; ++wb) {
+    typename K::Pre p[MR];
+    for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+    [[maybe_unused]] alignas(32) int32_t sct[lane_scaled<K>() ? K::kSubs : 1][8];
+    if constexpr (lane_scaled<K>())
+      for (int j = 0; j < K::kSubs; ++j)
+        for (int i = 0; i < 8; ++i) sct[j][i] = K::lane_scale(p[i / NT], j);
+    for (int j0 = 0; j0 < K::kSubs; j0 += kStep) {
+      __m256i isum[kStep];
+      for (int h = 0; h < kStep; ++h) {
+        const int64_t b = wb * K::kSubs + j0 + h;
+        __m256i xv[NT], xc[NT];
+        for (int t = 0; t < NT; ++t) {
+          xv[t] = load256(x[t] + b * kQ8_0Bytes + kXqs);
+          xc[t] = K::xcorr(xv[t]);
+        }
+        __m256i s[8];
+        for (int r = 0; r < MR; ++r)
+          for (int t = 0; t < NT; ++t) s[r * NT + t] = K::vdot(p[r], j0 + h, xv[t], xc[t]);
+        isum[h] = reduce8(s);
+        if constexpr (lane_scaled<K>())
+          isum[h] =
+              _mm256_mullo_epi32(isum[h], _mm256_load_si256(reinterpret_cast<const __m256i*>(sct[j0 + h])));
+      }
+      for (int h = 0; h < kStep; ++h) {
+        const int64_t b = wb * K::kSubs + j0 + h;
+        if constexpr (requires { K::kGatherScale; })
+          acc = _mm256_fmadd_ps(_mm256_mul_ps(K::gather_scale(w[0] + wb * K::kBytes, off),
+                                              token_lanes<NT>(xi.dx + b * xi.tpad + t0)),
+                                _mm256_cvtepi32_ps(isum[h]), acc);
+        else
+          acc = block_update<K, MR, NT>(acc, isum[h], p, j0 + h, xi, t0, b);
+      }
+    }
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+// The interleaved tile with VNNI: IL::dots also gets the tokens' block sums xs (for the 128 x correction).
+template <class K, class IL, int MR, int NV>
+STRATA_VNNI void vtile_il(const uint8_t* const* w, const uint8_t* scr, int64_t cols, const XInfo& xi,
+                          int64_t g, int64_t nwb, float* out) {
+  const int64_t nb = nwb * K::kSubs;
+  __m256 acc[MR * NV];
+  for (int i = 0; i < MR * NV; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t wb = 0; wb < nwb; ++wb) {
+    typename K::Pre p[MR];
+    for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
+    for (int j = 0; j < K::kSubs; ++j) {
+      const int64_t b = wb * K::kSubs + j;
+      const uint8_t* a[MR];
+      for (int r = 0; r < MR; ++r) a[r] = scr + r * cols + b * 32;
+      const int8_t* xv[NV];
+      __m256i hs[NV], xs[NV];
+      __m256 dx[NV];
+      for (int v = 0; v < NV; ++v) {
+        xv[v] = xi.xt + ((g + v) * nb + b) * 256;
+        hs[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.hsum + b * xi.tpad + (g + v) * 8));
+        xs[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi.sum + b * xi.tpad + (g + v) * 8));
+        dx[v] = _mm256_loadu_ps(xi.dx + b * xi.tpad + (g + v) * 8);
+      }
+      __m256i isum[MR * NV];
+      IL::template dots<MR, NV>(p, j, a, xv, hs, xs, isum);
+      for (int v = 0; v < NV; ++v)
+        for (int r = 0; r < MR; ++r) {
+          if constexpr (requires { K::kHalfMins; })
+            acc[r * NV + v] =
+                K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx[v], xs[v], hs[v]);
+          else
+            acc[r * NV + v] =
+                K::template update<1, 8>(acc[r * NV + v], isum[r * NV + v], &p[r], j, dx[v], xs[v]);
+        }
+    }
+  }
+  for (int i = 0; i < MR * NV; ++i) _mm256_storeu_ps(out + i * 8, acc[i]);
+}
+
+// The halves of hs (int16 pairs: low = the first 16 elements' sum) as int32 lanes.
+STRATA_VNNI inline __m256i half_lo(__m256i hs) { return _mm256_srai_epi32(_mm256_slli_epi32(hs, 16), 16); }
+STRATA_VNNI inline __m256i half_hi(__m256i hs) { return _mm256_srai_epi32(hs, 16); }
+
+// isum[r * NV + v] (+)= the int32 sums over steps k in [k0, k1) of row r's unsigned bytes 4k..4k+3 times
+// token group v's activations of step k.
+template <int MR, int NV>
+STRATA_VNNI inline void vstep_sums(const uint8_t* const* a, const int8_t* const* xv, int k0, int k1,
+                                   __m256i* isum) {
+  for (int k = k0; k < k1; ++k) {
+    __m256i x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = xload(xv[v] + k * 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m256i aw = bcast4(a[r] + 4 * k);
+      for (int v = 0; v < NV; ++v) isum[r * NV + v] = dpbusd(isum[r * NV + v], aw, x[v]);
+    }
+  }
+}
+
+// KBytes and IlBytes with VNNI. Scales: none (the 32-element formats); one per 32-block (FQ's Pre has sc16):
+// for signed bytes on the reduced sums (lane_scale), for unsigned ones (q <= 31: the partials fit int16) by
+// madd per row; one per half (sc8: |q| <= 4, the partials fit int16) by madd per row. T > 4 multiplies the
+// exact step sums by the scales.
+template <class FQ>
+struct VBytes : KBytes<FQ> {
+  using Avx2 = KBytes<FQ>;
+  using Pre = typename FQ::Pre;
+  static constexpr bool kBlockScale = requires(Pre p) { p.sc16; };
+  // Unsigned bytes (q <= 31) keep the partials within int16, so madd applies the scale per row instead.
+  static constexpr bool kLaneScale = kBlockScale && !FQ::kUnsigned;
+  static constexpr bool kHalfScales = requires(Pre p) { p.sc8; };
+  STRATA_VNNI static __m256i xcorr(__m256i x) {
+    if constexpr (FQ::kUnsigned) return _mm256_setzero_si256();
+    return neg_sums(x, static_cast<char>(0x80));
+  }
+  STRATA_VNNI static __m256i wbytes(const Pre& p, int j) {
+    if constexpr (FQ::kUnsigned) return FQ::bytes(p, j);
+    return flip(FQ::bytes(p, j));
+  }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i xc) {
+    const __m256i s = dpbusd(xc, wbytes(p, j), x);
+    if constexpr (kHalfScales) return _mm256_madd_epi16(s, low16(spread8_pair(p.sc8, j)));
+    if constexpr (kBlockScale && !kLaneScale) return _mm256_madd_epi16(s, low16(spread16(p.sc16, j)));
+    return s;
+  }
+  static int lane_scale(const Pre& p, int j) {
+    int sc[2];
+    FQ::scales(p, j, sc);
+    return sc[0];
+  }
+};
+
+template <class FQ>
+struct VIlBytes {
+  using V = VBytes<FQ>;
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    for (int64_t wb = 0; wb < nb / FQ::kSubs; ++wb) {
+      const typename FQ::Pre p = FQ::pre(w + wb * FQ::Bytes::kSize);
+      for (int j = 0; j < FQ::kSubs; ++j) store32(scr + (wb * FQ::kSubs + j) * 32, V::wbytes(p, j));
+    }
+  }
+  template <int MR, int NV>
+  STRATA_VNNI static void dots(const typename FQ::Pre* p, int j, const uint8_t* const* a,
+                               const int8_t* const* xv, const __m256i* hs, const __m256i* xs, __m256i* isum) {
+    if constexpr (V::kHalfScales) {
+      __m256i s0[MR * NV], s1[MR * NV];
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) {
+          s0[r * NV + v] = FQ::kUnsigned ? _mm256_setzero_si256() : _mm256_slli_epi32(half_lo(hs[v]), 7);
+          s1[r * NV + v] = FQ::kUnsigned ? _mm256_setzero_si256() : _mm256_slli_epi32(half_hi(hs[v]), 7);
+          s0[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), s0[r * NV + v]);
+          s1[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), s1[r * NV + v]);
+        }
+      vstep_sums<MR, NV>(a, xv, 0, 4, s0);
+      vstep_sums<MR, NV>(a, xv, 4, 8, s1);
+      for (int r = 0; r < MR; ++r) {
+        int sc[2];
+        FQ::scales(p[r], j, sc);
+        for (int v = 0; v < NV; ++v)
+          isum[r * NV + v] = _mm256_add_epi32(_mm256_mullo_epi32(s0[r * NV + v], _mm256_set1_epi32(sc[0])),
+                                              _mm256_mullo_epi32(s1[r * NV + v], _mm256_set1_epi32(sc[1])));
+      }
+    } else {
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v)
+          isum[r * NV + v] = FQ::kUnsigned
+                                 ? _mm256_setzero_si256()
+                                 : _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(xs[v], 7));
+      vstep_sums<MR, NV>(a, xv, 0, 8, isum);
+      if constexpr (V::kBlockScale)
+        for (int r = 0; r < MR; ++r) {
+          const __m256i sc = _mm256_set1_epi32(V::lane_scale(p[r], j));
+          for (int v = 0; v < NV; ++v) isum[r * NV + v] = _mm256_mullo_epi32(isum[r * NV + v], sc);
+        }
+    }
+  }
+};
+
+// A format's VNNI kernel: the VNNI tiles for T > 4; for T <= 4 the VNNI tile where it measured faster
+// (kSmallT), else its AVX2 one (K::Avx2).
+template <class K, class IL, bool kSmallT>
+void mmq_vnni(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+              int64_t T, float* Y, int64_t ldy) {
+  const uint8_t* w = static_cast<const uint8_t*>(W);
+  using KS = std::conditional_t<kSmallT, K, typename K::Avx2>;
+  if (T == 1)
+    rows_tokens<KS, 8, 1, kSmallT>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else if (T == 2)
+    rows_tokens<KS, 4, 2, kSmallT>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else if (T <= 4)
+    rows_tokens<KS, 2, 4, kSmallT>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else
+    rows_groups<K, IL, 4, 2, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }
 
 #endif  // __x86_64__

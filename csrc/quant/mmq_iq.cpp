@@ -356,6 +356,10 @@ void mmq_iq4_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
                      int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KBytes<KIQ4>, IlBytes<KIQ4>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
+void mmq_iq4_xs_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                     int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VBytes<KIQ4>, VIlBytes<KIQ4>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
 #define STRATA_GRID_AVX2(name)                                                                    \
   void mmq_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, \
                          int64_t xrb, int64_t T, float* Y, int64_t ldy) {                         \

@@ -344,6 +344,59 @@ struct KQ3 {
   static int min(const Pre&, int) { return 0; }
 };
 
+// VNNI. Q4_K: unsigned nibbles, the 32-block's scale on the reduced sums.
+struct VQ4_K : KQ4_K {
+  using Avx2 = KQ4_K;
+  STRATA_VNNI static __m256i xcorr(__m256i) { return _mm256_setzero_si256(); }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i) {
+    return _mm256_madd_epi16(dpbusd(_mm256_setzero_si256(), q4_k_bytes(*p.b, j), x),
+                             _mm256_set1_epi32(p.sc[j]));
+  }
+};
+struct VIlQ4_K : IlQ4_K {
+  template <int MR, int NV>
+  STRATA_VNNI static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, const __m256i*, __m256i* isum) {
+    for (int i = 0; i < MR * NV; ++i) isum[i] = _mm256_setzero_si256();
+    vstep_sums<MR, NV>(a, xv, 0, 8, isum);
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_mullo_epi32(isum[r * NV + v], _mm256_set1_epi32(p[r].sc[j]));
+  }
+};
+
+// Q6_K: q + 32 in [0, 63] times x less 32 x per lane: the partials of (q - 32) x fit int16 (4 * 32 * 127),
+// and madd applies the halves' scales.
+struct VQ6_K : KQ6_K {
+  using Avx2 = KQ6_K;
+  STRATA_VNNI static __m256i xcorr(__m256i x) { return neg_sums(x, kQ6_KBias); }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i xc) {
+    return _mm256_madd_epi16(dpbusd(xc, q6_k_bytes(*p.b, j), x), low16(spread8_pair(p.sc8, j)));
+  }
+};
+struct VIlQ6_K : IlQ6_K {
+  template <int MR, int NV>
+  STRATA_VNNI static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i* hs, const __m256i*, __m256i* isum) {
+    __m256i s0[MR * NV], s1[MR * NV];
+    for (int v = 0; v < NV; ++v) {
+      const __m256i c0 = _mm256_mullo_epi32(half_lo(hs[v]), _mm256_set1_epi32(-kQ6_KBias));
+      const __m256i c1 = _mm256_mullo_epi32(half_hi(hs[v]), _mm256_set1_epi32(-kQ6_KBias));
+      for (int r = 0; r < MR; ++r) s0[r * NV + v] = c0, s1[r * NV + v] = c1;
+    }
+    vstep_sums<MR, NV>(a, xv, 0, 4, s0);
+    vstep_sums<MR, NV>(a, xv, 4, 8, s1);
+    const int scale = q6_k_group(j).scale;
+    for (int r = 0; r < MR; ++r) {
+      const __m256i sc0 = _mm256_set1_epi32(p[r].b->scales[scale]),
+                    sc1 = _mm256_set1_epi32(p[r].b->scales[scale + 1]);
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_add_epi32(_mm256_mullo_epi32(s0[r * NV + v], sc0),
+                                            _mm256_mullo_epi32(s1[r * NV + v], sc1));
+    }
+  }
+};
+
 }  // namespace
 
 void mmq_q4_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
@@ -365,6 +418,23 @@ void mmq_q5_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const u
 void mmq_q3_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KBytes<KQ3>, IlBytes<KQ3>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+
+void mmq_q4_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VQ4_K, VIlQ4_K, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q6_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VQ6_K, VIlQ6_K, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q5_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VBytes<KQ5>, VIlBytes<KQ5>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q3_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VBytes<KQ3>, VIlBytes<KQ3>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 #endif
 

@@ -134,6 +134,51 @@ struct Legacy {
   static int min(const Pre&, int) { return 1; }
 };
 
+// VNNI: w + 128 times x, less 128 x per lane (T <= 4) or per token (T > 4).
+struct VQ8_0 : KQ8_0 {
+  using Avx2 = KQ8_0;
+  // The lanes' fp16 scales by one gather (4 bytes from d: d and qs[0..1], inside the block), converted as h2f
+  // converts them.
+  static constexpr bool kGatherScale = true;
+  STRATA_VNNI static __m256 gather_scale(const uint8_t* blk0, __m256i off) {
+    const __m256i v =
+        _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk0 + offsetof(BlockQ8_0, d)), off, 1);
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v));
+  }
+  STRATA_VNNI static __m256i xcorr(__m256i x) { return neg_sums(x, static_cast<char>(0x80)); }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int, __m256i x, __m256i xc) {
+    return dpbusd(xc, flip(load256(p.qs)), x);
+  }
+};
+struct VIlQ8_0 {  // scr = w + 128 (w ^ 0x80, unsigned)
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w);
+    for (int64_t b = 0; b < nb; ++b) store32(scr + b * 32, flip(load256(blk[b].qs)));
+  }
+  template <int MR, int NV>
+  STRATA_VNNI static void dots(const KQ8_0::Pre*, int, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, const __m256i* xs, __m256i* isum) {
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(xs[v], 7));
+    vstep_sums<MR, NV>(a, xv, 0, 8, isum);
+  }
+};
+
+// MXFP4: the lanes' E8M0 bytes by one gather (4 bytes from e, inside the block), made e8m0_half_bits' floats.
+struct VMXFP4 : VBytes<Legacy<MXFP4Bytes, 0>> {
+  static constexpr bool kGatherScale = true;
+  STRATA_VNNI static __m256 gather_scale(const uint8_t* blk0, __m256i off) {
+    const __m256i e = _mm256_and_si256(
+        _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk0 + offsetof(BlockMXFP4, e)), off, 1),
+        _mm256_set1_epi32(0xFF));
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);  // e < 2
+    const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __mmask8 small = _mm256_cmplt_epi32_mask(e, _mm256_set1_epi32(2));
+    return _mm256_castsi256_ps(_mm256_mask_blend_epi32(small, norm, sub));
+  }
+};
+
 }  // namespace
 
 #define STRATA_LEGACY_AVX2(name, F, MIN)                                                              \
@@ -152,6 +197,16 @@ STRATA_LEGACY_AVX2(q5_1, Q5_1Bytes, 1)
 void mmq_q8_0_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KQ8_0, IlQ8_0>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+
+void mmq_mxfp4_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                    int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VMXFP4, VIlBytes<Legacy<MXFP4Bytes, 0>>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+
+void mmq_q8_0_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VQ8_0, VIlQ8_0, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 #endif
 
