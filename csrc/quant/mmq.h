@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -493,6 +492,43 @@ STRATA_VNNI inline __m256i flip(__m256i w) {
 STRATA_VNNI inline __m256i low16(__m256i sc) { return _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)); }
 
 template <class K>
+constexpr bool has_head() {
+  return requires { typename K::Head; };
+}
+struct NoHead {};
+template <class K>
+struct HeadOf {
+  using type = NoHead;
+};
+template <class K>
+  requires(has_head<K>())
+struct HeadOf<K> {
+  using type = typename K::Head;
+};
+template <class K>
+using head_of = typename HeadOf<K>::type;
+
+// Head helpers: the 4 bytes at blk0 + at of each lane's block, and the float step of a block with one scale d
+// and no min, a = fma(d * dx, (float)S, a), as the AVX2 kernels' update.
+STRATA_VNNI inline __m256i gather_at(const uint8_t* blk0, size_t at, __m256i off) {
+  return _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk0 + at), off, 1);
+}
+STRATA_VNNI inline __m256 fp16_lanes(__m256i v) { return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v)); }
+STRATA_VNNI inline __m256 update_d(__m256 acc, __m256i isum, __m256 d, __m256 dx) {
+  return _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+}
+// Byte j of a 64-bit field spread over two vectors (v[0]: bytes 0-3, v[1]: bytes 4-7), per int32 lane.
+STRATA_VNNI inline __m256i byte_lanes(const __m256i* v, int j) {
+  return _mm256_and_si256(_mm256_srl_epi32(v[j / 4], _mm_cvtsi32_si128(8 * (j % 4))),
+                          _mm256_set1_epi32(0xFF));
+}
+// A 16-entry codebook of signed bytes with 128 added (for vpdpbusd's unsigned side), in both lanes.
+STRATA_VNNI inline __m256i codebook32_u(uint64_t lo, uint64_t hi) {
+  constexpr uint64_t kFlip = 0x8080808080808080ull;
+  return codebook32(lo ^ kFlip, hi ^ kFlip);
+}
+
+template <class K>
 constexpr bool lane_scaled() {
   if constexpr (requires { K::kLaneScale; })
     return K::kLaneScale;
@@ -506,11 +542,12 @@ STRATA_VNNI void vtile(const uint8_t* const* w, const uint8_t* const* x, const X
   static_assert(MR * NT == 8);
   constexpr int kStep = takes_pairs<K>() ? 2 : 1;
   static_assert(K::kSubs % kStep == 0);
+  constexpr bool kHead = has_head<K>();
   __m256 acc = _mm256_setzero_ps();
-  // With kGatherScale (one scale d per 32-block and no min), the lanes' scales come from one gather per
-  // block, and the float step is a = fma(d * dx, (float)S, a), as update's.
+  // A K with a Head reads its weight blocks' headers (scales, mins) for the eight lanes at once: gathers at
+  // the lanes' row offsets, decoded as vectors, instead of a Pre per row and lanes assembled from scalars.
   [[maybe_unused]] __m256i off;
-  if constexpr (requires { K::kGatherScale; }) {
+  if constexpr (kHead) {
     alignas(32) int32_t o[8];
     for (int i = 0; i < 8; ++i) o[i] = static_cast<int32_t>(w[i / NT] - w[0]);
     off = _mm256_load_si256(reinterpret_cast<const __m256i*>(o));
@@ -518,8 +555,10 @@ STRATA_VNNI void vtile(const uint8_t* const* w, const uint8_t* const* x, const X
   for (int64_t wb = 0; wb < nwb; ++wb) {
     typename K::Pre p[MR];
     for (int r = 0; r < MR; ++r) p[r] = K::pre(w[r] + wb * K::kBytes);
-    [[maybe_unused]] alignas(32) int32_t sct[lane_scaled<K>() ? K::kSubs : 1][8];
-    if constexpr (lane_scaled<K>())
+    [[maybe_unused]] head_of<K> hd;
+    if constexpr (kHead) hd = K::head(w[0] + wb * K::kBytes, off);
+    [[maybe_unused]] alignas(32) int32_t sct[lane_scaled<K>() && !kHead ? K::kSubs : 1][8];
+    if constexpr (lane_scaled<K>() && !kHead)
       for (int j = 0; j < K::kSubs; ++j)
         for (int i = 0; i < 8; ++i) sct[j][i] = K::lane_scale(p[i / NT], j);
     for (int j0 = 0; j0 < K::kSubs; j0 += kStep) {
@@ -535,18 +574,21 @@ STRATA_VNNI void vtile(const uint8_t* const* w, const uint8_t* const* x, const X
         for (int r = 0; r < MR; ++r)
           for (int t = 0; t < NT; ++t) s[r * NT + t] = K::vdot(p[r], j0 + h, xv[t], xc[t]);
         isum[h] = reduce8(s);
-        if constexpr (lane_scaled<K>())
+        if constexpr (lane_scaled<K>() && kHead)
+          isum[h] = _mm256_mullo_epi32(isum[h], K::scale_lanes(hd, j0 + h));
+        else if constexpr (lane_scaled<K>())
           isum[h] =
               _mm256_mullo_epi32(isum[h], _mm256_load_si256(reinterpret_cast<const __m256i*>(sct[j0 + h])));
       }
       for (int h = 0; h < kStep; ++h) {
         const int64_t b = wb * K::kSubs + j0 + h;
-        if constexpr (requires { K::kGatherScale; })
-          acc = _mm256_fmadd_ps(_mm256_mul_ps(K::gather_scale(w[0] + wb * K::kBytes, off),
-                                              token_lanes<NT>(xi.dx + b * xi.tpad + t0)),
-                                _mm256_cvtepi32_ps(isum[h]), acc);
-        else
+        if constexpr (kHead) {
+          const __m256i xsum =
+              _mm256_castps_si256(token_lanes<NT>(reinterpret_cast<const float*>(xi.sum + b * xi.tpad + t0)));
+          acc = K::vupdate(acc, isum[h], hd, j0 + h, token_lanes<NT>(xi.dx + b * xi.tpad + t0), xsum);
+        } else {
           acc = block_update<K, MR, NT>(acc, isum[h], p, j0 + h, xi, t0, b);
+        }
       }
     }
   }
@@ -617,7 +659,7 @@ STRATA_VNNI inline void vstep_sums(const uint8_t* const* a, const int8_t* const*
 // exact step sums by the scales.
 template <class FQ>
 struct VBytes : KBytes<FQ> {
-  using Avx2 = KBytes<FQ>;
+  static constexpr bool kVnni = true;
   using Pre = typename FQ::Pre;
   static constexpr bool kBlockScale = requires(Pre p) { p.sc16; };
   // Unsigned bytes (q <= 31) keep the partials within int16, so madd applies the scale per row instead.
@@ -690,19 +732,19 @@ struct VIlBytes {
   }
 };
 
-// A format's VNNI kernel: the VNNI tiles for T > 4; for T <= 4 the VNNI tile where it measured faster
-// (kSmallT), else its AVX2 one (K::Avx2).
-template <class K, class IL, bool kSmallT>
+// A format's VNNI kernel: for T <= 4 the tile of KS (a VNNI K, with kVnni, or the AVX2 K where VNNI lost),
+// for T > 4 the VNNI interleaved tile of K and IL.
+template <class KS, class K, class IL>
 void mmq_vnni(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
               int64_t T, float* Y, int64_t ldy) {
   const uint8_t* w = static_cast<const uint8_t*>(W);
-  using KS = std::conditional_t<kSmallT, K, typename K::Avx2>;
+  constexpr bool v = requires { KS::kVnni; };
   if (T == 1)
-    rows_tokens<KS, 8, 1, kSmallT>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_tokens<KS, 8, 1, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else if (T == 2)
-    rows_tokens<KS, 4, 2, kSmallT>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_tokens<KS, 4, 2, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else if (T <= 4)
-    rows_tokens<KS, 2, 4, kSmallT>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_tokens<KS, 2, 4, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else
     rows_groups<K, IL, 4, 2, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }

@@ -295,6 +295,41 @@ struct KIQ4 {
   static int min(const Pre&, int) { return 0; }
 };
 
+// VNNI, T <= 4: the lanes' d and 6-bit scales decoded as vectors from gathers of the headers (d | scales_h,
+// scales_l), the scale on the reduced sums; the codebook with 128 added gives the unsigned bytes.
+struct IQ4_XSHead {
+  __m256 d;
+  __m256i dh, sl;  // d | scales_h << 16, scales_l
+};
+struct VIQ4_XS {
+  static constexpr bool kVnni = true, kPairs = true, kLaneScale = true;
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(BlockIQ4_XS);
+  using Pre = const BlockIQ4_XS*;
+  using Head = IQ4_XSHead;
+  STRATA_VNNI static Pre pre(const uint8_t* blk) { return reinterpret_cast<const BlockIQ4_XS*>(blk); }
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    static_assert(offsetof(BlockIQ4_XS, d) == 0 && offsetof(BlockIQ4_XS, scales_h) == 2);
+    const __m256i dh = gather_at(blk0, 0, off);
+    return {fp16_lanes(dh), dh, gather_at(blk0, offsetof(BlockIQ4_XS, scales_l), off)};
+  }
+  STRATA_VNNI static __m256i xcorr(__m256i x) { return neg_sums(x, static_cast<char>(0x80)); }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i xc) {
+    return dpbusd(xc, _mm256_shuffle_epi8(codebook32_u(kIq4nlLo, kIq4nlHi), nibbles32(p->qs + 16 * j)), x);
+  }
+  // iq4_xs_scale: nibble j of scales_l, bits 2j..2j+1 of scales_h above it, minus 32.
+  STRATA_VNNI static __m256i scale_lanes(const Head& h, int j) {
+    const __m256i lo =
+        _mm256_and_si256(_mm256_srl_epi32(h.sl, _mm_cvtsi32_si128(4 * j)), _mm256_set1_epi32(0xF));
+    const __m256i hi =
+        _mm256_and_si256(_mm256_srl_epi32(h.dh, _mm_cvtsi32_si128(16 + 2 * j)), _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, const Head& h, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, h.d, dx);
+  }
+};
+
 // The grid i-quants through decode_avx2.h's bytes; Pre::d carries the format's power-of-two unit.
 template <class B, class By, void (*Scales)(const B&, int, int*), float (*D)(const B&)>
 struct KGrid {
@@ -358,7 +393,7 @@ void mmq_iq4_xs_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const
 }
 void mmq_iq4_xs_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                      int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VBytes<KIQ4>, VIlBytes<KIQ4>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VIQ4_XS, KBytes<KIQ4>, VIlBytes<KIQ4>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 #define STRATA_GRID_AVX2(name)                                                                    \
   void mmq_##name##_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, \

@@ -1,4 +1,6 @@
 // matmul_q8 for the k-quants: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
+#include <type_traits>
+
 #include "quant/mmq.h"
 
 namespace strata {
@@ -344,13 +346,53 @@ struct KQ3 {
   static int min(const Pre&, int) { return 0; }
 };
 
-// VNNI. Q4_K: unsigned nibbles, the 32-block's scale on the reduced sums.
-struct VQ4_K : KQ4_K {
-  using Avx2 = KQ4_K;
+// VNNI, T <= 4, Q4_K and Q5_K (the same header: d, dmin, the 12 scale bytes): the lanes' d, dmin and 6-bit
+// scales and mins decoded as vectors from gathers of the headers (q4_k_scales_mins' word trick, a row a
+// lane), the scale on the reduced sums, the float steps KQ4_K::update's; the bytes are unsigned (no
+// correction).
+struct Q4_KHead {
+  __m256 d, dmin;
+  __m256i sc[2], m[2];  // byte j of each lane's eight scales (mins): sc[0] bytes 0-3, sc[1] bytes 4-7
+};
+template <class B>
+struct VQ45_K {
+  static constexpr bool kVnni = true, kPairs = true, kLaneScale = true;
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(B);
+  using Pre = const B*;
+  using Head = Q4_KHead;
+  STRATA_VNNI static Pre pre(const uint8_t* blk) { return reinterpret_cast<const B*>(blk); }
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    static_assert(offsetof(B, d) == 0 && offsetof(B, dmin) == 2);
+    const __m256i dm = gather_at(blk0, 0, off);
+    const __m256i u0 = gather_at(blk0, offsetof(B, scales), off),
+                  u1 = gather_at(blk0, offsetof(B, scales) + 4, off),
+                  u2 = gather_at(blk0, offsetof(B, scales) + 8, off);
+    const __m256i k1 = _mm256_set1_epi32(0x3f3f3f3f), k2 = _mm256_set1_epi32(0x0f0f0f0f),
+                  k3 = _mm256_set1_epi32(0x03030303);
+    Head h;
+    h.d = fp16_lanes(dm);
+    h.dmin = fp16_lanes(_mm256_srli_epi32(dm, 16));
+    h.sc[0] = _mm256_and_si256(u0, k1);
+    h.sc[1] = _mm256_or_si256(_mm256_and_si256(u2, k2),
+                              _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k3), 4));
+    h.m[0] = _mm256_and_si256(u1, k1);
+    h.m[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k2),
+                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k3), 4));
+    return h;
+  }
   STRATA_VNNI static __m256i xcorr(__m256i) { return _mm256_setzero_si256(); }
   STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i) {
-    return _mm256_madd_epi16(dpbusd(_mm256_setzero_si256(), q4_k_bytes(*p.b, j), x),
-                             _mm256_set1_epi32(p.sc[j]));
+    if constexpr (std::is_same_v<B, BlockQ4_K>)
+      return dpbusd(_mm256_setzero_si256(), q4_k_bytes(*p, j), x);
+    else
+      return dpbusd(_mm256_setzero_si256(), Q5_KBytes::q(*p, j), x);
+  }
+  STRATA_VNNI static __m256i scale_lanes(const Head& h, int j) { return byte_lanes(h.sc, j); }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, const Head& h, int j, __m256 dx, __m256i xsum) {
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(h.d, dx), _mm256_cvtepi32_ps(isum), acc);
+    const __m256 mdx = _mm256_xor_ps(_mm256_mul_ps(h.dmin, dx), _mm256_set1_ps(-0.0f));
+    return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(byte_lanes(h.m, j), xsum)), acc);
   }
 };
 struct VIlQ4_K : IlQ4_K {
@@ -368,7 +410,21 @@ struct VIlQ4_K : IlQ4_K {
 // Q6_K: q + 32 in [0, 63] times x less 32 x per lane: the partials of (q - 32) x fit int16 (4 * 32 * 127),
 // and madd applies the halves' scales.
 struct VQ6_K : KQ6_K {
-  using Avx2 = KQ6_K;
+  static constexpr bool kVnni = true;
+  // The lanes' d by one gather of the block's last 4 bytes (scales[14..15] and d: never past the block).
+  using Head = __m256;
+  STRATA_VNNI static Pre pre(const uint8_t* blk) {
+    const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(blk);
+    return {0.0f, b,
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)))};
+  }
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    static_assert(offsetof(BlockQ6_K, d) + 2 == sizeof(BlockQ6_K));
+    return fp16_lanes(_mm256_srli_epi32(gather_at(blk0, offsetof(BlockQ6_K, d) - 2, off), 16));
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, Head d, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, d, dx);
+  }
   STRATA_VNNI static __m256i xcorr(__m256i x) { return neg_sums(x, kQ6_KBias); }
   STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i xc) {
     return _mm256_madd_epi16(dpbusd(xc, q6_k_bytes(*p.b, j), x), low16(spread8_pair(p.sc8, j)));
@@ -397,6 +453,18 @@ struct VIlQ6_K : IlQ6_K {
   }
 };
 
+// Q3_K: VBytes' halves, the lanes' d by one gather of the block's last 4 bytes.
+struct VQ3_K : VBytes<KQ3> {
+  using Head = __m256;
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    static_assert(offsetof(BlockQ3_K, d) + 2 == sizeof(BlockQ3_K));
+    return fp16_lanes(_mm256_srli_epi32(gather_at(blk0, offsetof(BlockQ3_K, d) - 2, off), 16));
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, Head d, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, d, dx);
+  }
+};
+
 }  // namespace
 
 void mmq_q4_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
@@ -422,19 +490,19 @@ void mmq_q3_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const u
 
 void mmq_q4_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VQ4_K, VIlQ4_K, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VQ45_K<BlockQ4_K>, KQ4_K, VIlQ4_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 void mmq_q6_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VQ6_K, VIlQ6_K, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VQ6_K, KQ6_K, VIlQ6_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 void mmq_q5_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VBytes<KQ5>, VIlBytes<KQ5>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VQ45_K<BlockQ5_K>, KBytes<KQ5>, VIlBytes<KQ5>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 void mmq_q3_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VBytes<KQ3>, VIlBytes<KQ3>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VQ3_K, KBytes<KQ3>, VIlBytes<KQ3>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 #endif
 

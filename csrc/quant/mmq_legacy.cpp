@@ -136,14 +136,18 @@ struct Legacy {
 
 // VNNI: w + 128 times x, less 128 x per lane (T <= 4) or per token (T > 4).
 struct VQ8_0 : KQ8_0 {
-  using Avx2 = KQ8_0;
+  static constexpr bool kVnni = true;
   // The lanes' fp16 scales by one gather (4 bytes from d: d and qs[0..1], inside the block), converted as h2f
   // converts them.
-  static constexpr bool kGatherScale = true;
-  STRATA_VNNI static __m256 gather_scale(const uint8_t* blk0, __m256i off) {
-    const __m256i v =
-        _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk0 + offsetof(BlockQ8_0, d)), off, 1);
-    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v));
+  using Head = __m256;
+  STRATA_VNNI static Pre pre(const uint8_t* blk) {
+    return {0.0f, reinterpret_cast<const BlockQ8_0*>(blk)->qs};
+  }
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    return fp16_lanes(gather_at(blk0, offsetof(BlockQ8_0, d), off));
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, Head d, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, d, dx);
   }
   STRATA_VNNI static __m256i xcorr(__m256i x) { return neg_sums(x, static_cast<char>(0x80)); }
   STRATA_VNNI static __m256i vdot(const Pre& p, int, __m256i x, __m256i xc) {
@@ -165,17 +169,24 @@ struct VIlQ8_0 {  // scr = w + 128 (w ^ 0x80, unsigned)
   }
 };
 
-// MXFP4: the lanes' E8M0 bytes by one gather (4 bytes from e, inside the block), made e8m0_half_bits' floats.
+// MXFP4: the lanes' E8M0 bytes by one gather (4 bytes from e, inside the block), made e8m0_half_bits' floats;
+// the codebook with 128 added gives the unsigned bytes directly.
 struct VMXFP4 : VBytes<Legacy<MXFP4Bytes, 0>> {
-  static constexpr bool kGatherScale = true;
-  STRATA_VNNI static __m256 gather_scale(const uint8_t* blk0, __m256i off) {
-    const __m256i e = _mm256_and_si256(
-        _mm256_i32gather_epi32(reinterpret_cast<const int*>(blk0 + offsetof(BlockMXFP4, e)), off, 1),
-        _mm256_set1_epi32(0xFF));
+  using Head = __m256;
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    const __m256i e =
+        _mm256_and_si256(gather_at(blk0, offsetof(BlockMXFP4, e), off), _mm256_set1_epi32(0xFF));
     const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);  // e < 2
     const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
     const __mmask8 small = _mm256_cmplt_epi32_mask(e, _mm256_set1_epi32(2));
     return _mm256_castsi256_ps(_mm256_mask_blend_epi32(small, norm, sub));
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, Head d, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, d, dx);
+  }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int, __m256i x, __m256i xc) {
+    const BlockMXFP4& b = *reinterpret_cast<const BlockMXFP4*>(p.b);
+    return dpbusd(xc, _mm256_shuffle_epi8(codebook32_u(kMxfp4Lo, kMxfp4Hi), nibbles32(b.qs)), x);
   }
 };
 
@@ -201,12 +212,13 @@ void mmq_q8_0_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const u
 
 void mmq_mxfp4_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                     int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VMXFP4, VIlBytes<Legacy<MXFP4Bytes, 0>>, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VMXFP4, KBytes<Legacy<MXFP4Bytes, 0>>, VIlBytes<Legacy<MXFP4Bytes, 0>>>(W, rb, rows, cols, Xq, xrb,
+                                                                                   T, Y, ldy);
 }
 
 void mmq_q8_0_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VQ8_0, VIlQ8_0, true>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VQ8_0, KQ8_0, VIlQ8_0>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 #endif
 
