@@ -469,13 +469,16 @@ void mmq_avx2(const void* W, size_t rbytes, int64_t rows, int64_t cols, const ui
 }
 
 // ---- AVX-512 VNNI kernels (Isa::Avx512Vnni): the tiles above with vpdpbusd (unsigned bytes times signed
-// bytes, four products summed into an int32 lane, exact) in place of maddubs + madd, on 256-bit vectors
-// (AVX512VL). Signed weight bytes w go in as w + 128 (w ^ 0x80); the 128 x that adds is taken off per lane by
-// the token's correction (K::xcorr, once per token and block) or per token (the interleaved tiles). The
-// integer sums are exact and the float steps are the AVX2 kernels' (K::update), so every output is the
-// scalar kernel's bit for bit. A VNNI K extends its AVX2 K with xcorr and vdot (one row's 8 int32 partials
-// of a 32-block); with kLaneScale the partials are unscaled and the reduced sums are multiplied by
-// lane_scale(pre, j), laid out once per weight block. ----
+// bytes, four products summed into an int32 lane, exact) in place of maddubs + madd, on 256-bit vectors (the
+// AVX512VL encodings, 32 registers). Signed weight bytes w go in as w + 128; the 128 x that adds is taken off
+// per lane by the token's correction (K::xcorr, once per token and block) or per token (the interleaved
+// tiles). The integer sums are exact and each lane takes the scalar kernel's float steps in its order, so
+// every output is the scalar kernel's bit for bit. A VNNI K (kVnni) for the T <= 4 tile gives Pre/pre, xcorr
+// and vdot (one row's 8 int32 partials of a 32-block) and either its AVX2 K's update or a Head: the eight
+// lanes' block headers read by gathers at the lanes' row offsets and decoded as vectors (head), their float
+// steps (vupdate). With kLaneScale the partials are unscaled and the reduced sums are multiplied by the
+// lanes' scales (scale_lanes(head, j), or lane_scale(pre, j) laid out once per weight block); with
+// kHalfLaneScale the sums of the two 16-element halves by scale_lanes(head, 2j) and (head, 2j + 1). ----
 
 STRATA_VNNI inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) {
   return _mm256_dpbusd_epi32(acc, u8, s8);
@@ -573,7 +576,18 @@ STRATA_VNNI void vtile(const uint8_t* const* w, const uint8_t* const* x, const X
         __m256i s[8];
         for (int r = 0; r < MR; ++r)
           for (int t = 0; t < NT; ++t) s[r * NT + t] = K::vdot(p[r], j0 + h, xv[t], xc[t]);
-        isum[h] = reduce8(s);
+        if constexpr (requires { K::kHalfLaneScale; }) {
+          // Two hadd levels leave each lane's half sums (the 128-bit halves of its partials); each half
+          // scaled, then added: sc_lo * S_lo + sc_hi * S_hi, exact.
+          const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+          const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+          const __m256i lo = _mm256_permute2x128_si256(a, c, 0x20),
+                        hi = _mm256_permute2x128_si256(a, c, 0x31);
+          isum[h] = _mm256_add_epi32(_mm256_mullo_epi32(lo, K::scale_lanes(hd, 2 * (j0 + h))),
+                                     _mm256_mullo_epi32(hi, K::scale_lanes(hd, 2 * (j0 + h) + 1)));
+        } else {
+          isum[h] = reduce8(s);
+        }
         if constexpr (lane_scaled<K>() && kHead)
           isum[h] = _mm256_mullo_epi32(isum[h], K::scale_lanes(hd, j0 + h));
         else if constexpr (lane_scaled<K>())

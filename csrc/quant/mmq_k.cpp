@@ -407,27 +407,38 @@ struct VIlQ4_K : IlQ4_K {
   }
 };
 
-// Q6_K: q + 32 in [0, 63] times x less 32 x per lane: the partials of (q - 32) x fit int16 (4 * 32 * 127),
-// and madd applies the halves' scales.
-struct VQ6_K : KQ6_K {
-  static constexpr bool kVnni = true;
-  // The lanes' d by one gather of the block's last 4 bytes (scales[14..15] and d: never past the block).
-  using Head = __m256;
-  STRATA_VNNI static Pre pre(const uint8_t* blk) {
-    const BlockQ6_K* b = reinterpret_cast<const BlockQ6_K*>(blk);
-    return {0.0f, b,
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)))};
-  }
+// Q6_K: q + 32 in [0, 63] times x, less 32 x per lane. T <= 4: the lanes' d and sixteen int8 scales by
+// gathers; the partials' two halves are reduced apart and scaled as lanes.
+struct Q6_KHead {
+  __m256 d;
+  __m256i sc[4];  // scales[4k..4k+3] of each lane
+};
+struct VQ6_K {
+  static constexpr bool kVnni = true, kHalfLaneScale = true;
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(BlockQ6_K);
+  using Pre = const BlockQ6_K*;
+  using Head = Q6_KHead;
+  STRATA_VNNI static Pre pre(const uint8_t* blk) { return reinterpret_cast<const BlockQ6_K*>(blk); }
   STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    // d by the block's last 4 bytes (scales[14..15] and d: never past the block).
     static_assert(offsetof(BlockQ6_K, d) + 2 == sizeof(BlockQ6_K));
-    return fp16_lanes(_mm256_srli_epi32(gather_at(blk0, offsetof(BlockQ6_K, d) - 2, off), 16));
-  }
-  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, Head d, int, __m256 dx, __m256i) {
-    return update_d(acc, isum, d, dx);
+    Head h;
+    h.d = fp16_lanes(_mm256_srli_epi32(gather_at(blk0, offsetof(BlockQ6_K, d) - 2, off), 16));
+    for (int k = 0; k < 4; ++k) h.sc[k] = gather_at(blk0, offsetof(BlockQ6_K, scales) + 4 * k, off);
+    return h;
   }
   STRATA_VNNI static __m256i xcorr(__m256i x) { return neg_sums(x, kQ6_KBias); }
   STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i xc) {
-    return _mm256_madd_epi16(dpbusd(xc, q6_k_bytes(*p.b, j), x), low16(spread8_pair(p.sc8, j)));
+    return dpbusd(xc, q6_k_bytes(*p, j), x);
+  }
+  // scales[g] of each lane, sign-extended (g = 2j, 2j + 1: q6_k_group(j).scale and the next).
+  STRATA_VNNI static __m256i scale_lanes(const Head& h, int g) {
+    static_assert(q6_k_group(1).scale == 2);
+    return _mm256_srai_epi32(_mm256_sll_epi32(h.sc[g / 4], _mm_cvtsi32_si128(24 - 8 * (g % 4))), 24);
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, const Head& h, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, h.d, dx);
   }
 };
 struct VIlQ6_K : IlQ6_K {
