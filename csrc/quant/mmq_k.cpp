@@ -395,7 +395,20 @@ struct VQ45_K {
     return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(byte_lanes(h.m, j), xsum)), acc);
   }
 };
-struct VIlQ4_K : IlQ4_K {
+struct VIlQ4_K {
+  // A super-block at a time: each 32-byte load gives two 32-blocks (low nibbles: j = 2i, high: 2i + 1, as
+  // q4_k_sub), with the shifts known at compile time.
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w);
+    const __m256i m = _mm256_set1_epi8(kQ4_KMask);
+    static_assert(q4_k_sub(3).qs == 32 && q4_k_sub(3).shift == 4);
+    for (int64_t sb = 0; sb < nb / kBlocksK; ++sb, scr += kQK_K)
+      for (int i = 0; i < 4; ++i) {
+        const __m256i q = load256(blk[sb].qs + 32 * i);
+        store32(scr + 64 * i, _mm256_and_si256(q, m));
+        store32(scr + 64 * i + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), m));
+      }
+  }
   template <int MR, int NV>
   STRATA_VNNI static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
                                const __m256i*, const __m256i*, __m256i* isum) {
@@ -441,7 +454,29 @@ struct VQ6_K {
     return update_d(acc, isum, h.d, dx);
   }
 };
-struct VIlQ6_K : IlQ6_K {
+struct VIlQ6_K {
+  // A super-block at a time, q6_k_group's layout with the shifts known at compile time: per half h, the low
+  // bits of groups 4h..4h+3 from the low and high nibbles of two 32-byte ql loads, their high bits from one
+  // qh.
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w);
+    const __m256i m4 = _mm256_set1_epi8(kQ6_KLowMask), m2 = _mm256_set1_epi8(kQ6_KHighMask);
+    static_assert(q6_k_group(6).ql == 64 && q6_k_group(6).ql_shift == 4 && q6_k_group(6).qh == 32 &&
+                  q6_k_group(6).qh_shift == 4 && q6_k_group(5).ql == 96);
+    for (int64_t sb = 0; sb < nb / kBlocksK; ++sb, scr += kQK_K)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = load256(blk[sb].ql + 64 * h), l1 = load256(blk[sb].ql + 64 * h + 32),
+                      qh = load256(blk[sb].qh + 32 * h);
+        const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+        const __m256i hi[4] = {_mm256_and_si256(qh, m2), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2)};
+        for (int g = 0; g < 4; ++g)
+          store32(scr + (4 * h + g) * 32, _mm256_or_si256(lo[g], _mm256_slli_epi16(hi[g], 4)));
+      }
+  }
   template <int MR, int NV>
   STRATA_VNNI static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
                                const __m256i* hs, const __m256i*, __m256i* isum) {
@@ -460,6 +495,26 @@ struct VIlQ6_K : IlQ6_K {
       for (int v = 0; v < NV; ++v)
         isum[r * NV + v] = _mm256_add_epi32(_mm256_mullo_epi32(s0[r * NV + v], sc0),
                                             _mm256_mullo_epi32(s1[r * NV + v], sc1));
+    }
+  }
+};
+
+// Q5_K, T > 4: VIlBytes with the unpack a super-block at a time (Q5_KBytes::q's bytes, the fifth bits from
+// one qh load, the shifts known at compile time).
+struct VIlQ5_K : VIlBytes<KQ5> {
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ5_K* blk = reinterpret_cast<const BlockQ5_K*>(w);
+    const __m256i m = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    static_assert(q4_k_sub(3).qs == 32 && q4_k_sub(3).shift == 4);
+    for (int64_t sb = 0; sb < nb / kBlocksK; ++sb, scr += kQK_K) {
+      const __m256i qh = load256(blk[sb].qh);
+      for (int i = 0; i < 4; ++i) {
+        const __m256i q = load256(blk[sb].qs + 32 * i);
+        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one), 4);
+        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one), 4);
+        store32(scr + 64 * i, _mm256_or_si256(_mm256_and_si256(q, m), h0));
+        store32(scr + 64 * i + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m), h1));
+      }
     }
   }
 };
@@ -509,7 +564,7 @@ void mmq_q6_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const u
 }
 void mmq_q5_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
-  mmq_vnni<VQ45_K<BlockQ5_K>, KBytes<KQ5>, VIlBytes<KQ5>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+  mmq_vnni<VQ45_K<BlockQ5_K>, KBytes<KQ5>, VIlQ5_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 void mmq_q3_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
