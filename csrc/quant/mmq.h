@@ -746,19 +746,17 @@ struct VIlBytes {
   }
 };
 
-// A format's VNNI kernel: for T <= 4 the tile of KS (a VNNI K, with kVnni, or the AVX2 K where VNNI lost),
-// for T > 4 the VNNI interleaved tile of K and IL.
+// A format's VNNI kernel: for T <= 2 the tile of KS (a VNNI K, with kVnni), for T > 2 the VNNI interleaved
+// tile of K and IL (from T = 3 it measured faster than the 2 x 4 tile, bench/NOTES.md 2026-12-05).
 template <class KS, class K, class IL>
 void mmq_vnni(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
               int64_t T, float* Y, int64_t ldy) {
+  static_assert(requires { KS::kVnni; });
   const uint8_t* w = static_cast<const uint8_t*>(W);
-  constexpr bool v = requires { KS::kVnni; };
   if (T == 1)
-    rows_tokens<KS, 8, 1, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_tokens<KS, 8, 1, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else if (T == 2)
-    rows_tokens<KS, 4, 2, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
-  else if (T <= 4)
-    rows_tokens<KS, 2, 4, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_tokens<KS, 4, 2, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else
     rows_groups<K, IL, 4, 2, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }
