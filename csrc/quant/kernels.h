@@ -51,12 +51,22 @@ void mmq_iq2_xxs_avx2(const void*, size_t, int64_t, int64_t, const uint8_t*, int
 // clang-format off
 #define STRATA_QUANT_VNNI_KERNELS(X) \
   X(q8_0) \
+  X(q4_0) \
+  X(q4_1) \
+  X(q5_0) \
+  X(q5_1) \
+  X(iq4_nl) \
   X(mxfp4) \
   X(q3_k) \
   X(q4_k) \
   X(q5_k) \
   X(q6_k) \
-  X(iq4_xs)
+  X(iq4_xs) \
+  X(iq3_xxs) \
+  X(iq3_s) \
+  X(iq2_s) \
+  X(iq1_s) \
+  X(iq1_m)
 // clang-format on
 #define STRATA_DECLARE(name)                                                                              \
   void mmq_##name##_vnni(const void*, size_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*, \

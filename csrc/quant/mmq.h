@@ -667,18 +667,18 @@ STRATA_VNNI inline void vstep_sums(const uint8_t* const* a, const int8_t* const*
   }
 }
 
-// KBytes and IlBytes with VNNI. Scales: none (the 32-element formats); one per 32-block (FQ's Pre has sc16):
-// for signed bytes on the reduced sums (lane_scale), for unsigned ones (q <= 31: the partials fit int16) by
-// madd per row; one per half (sc8: |q| <= 4, the partials fit int16) by madd per row. T > 4 multiplies the
-// exact step sums by the scales.
+// KBytes and IlBytes with VNNI. Scales: none (the 32-element formats, kSubs = 1); one per 32-block (FQ's Pre
+// has sc16): for signed bytes on the reduced sums (lane_scale), for unsigned ones (q <= 31: the partials fit
+// int16) by madd per row; one per half (sc8 or FQ::scales: Q3_K's |q| <= 4, the grid i-quants' |g| <= 62, so
+// the partials fit int16) by madd per row. T > 4 multiplies the exact step sums by the scales.
 template <class FQ>
 struct VBytes : KBytes<FQ> {
   static constexpr bool kVnni = true;
   using Pre = typename FQ::Pre;
   static constexpr bool kBlockScale = requires(Pre p) { p.sc16; };
+  static constexpr bool kHalfScales = requires(Pre p) { p.sc8; } || (!kBlockScale && FQ::kSubs > 1);
   // Unsigned bytes (q <= 31) keep the partials within int16, so madd applies the scale per row instead.
   static constexpr bool kLaneScale = kBlockScale && !FQ::kUnsigned;
-  static constexpr bool kHalfScales = requires(Pre p) { p.sc8; };
   STRATA_VNNI static __m256i xcorr(__m256i x) {
     if constexpr (FQ::kUnsigned) return _mm256_setzero_si256();
     return neg_sums(x, static_cast<char>(0x80));
@@ -689,7 +689,10 @@ struct VBytes : KBytes<FQ> {
   }
   STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i xc) {
     const __m256i s = dpbusd(xc, wbytes(p, j), x);
-    if constexpr (kHalfScales) return _mm256_madd_epi16(s, low16(spread8_pair(p.sc8, j)));
+    if constexpr (kHalfScales) {
+      static_assert(requires { p.sc8; }, "the T <= 2 VNNI tile takes half scales from sc8");
+      return _mm256_madd_epi16(s, low16(spread8_pair(p.sc8, j)));
+    }
     if constexpr (kBlockScale && !kLaneScale) return _mm256_madd_epi16(s, low16(spread16(p.sc16, j)));
     return s;
   }
@@ -746,17 +749,18 @@ struct VIlBytes {
   }
 };
 
-// A format's VNNI kernel: for T <= 2 the tile of KS (a VNNI K, with kVnni), for T > 2 the VNNI interleaved
-// tile of K and IL (from T = 3 it measured faster than the 2 x 4 tile, bench/NOTES.md 2026-12-05).
+// A format's VNNI kernel: for T <= 2 the tile of KS (a VNNI K, with kVnni, or the AVX2 K where VNNI lost
+// there), for T > 2 the VNNI interleaved tile of K and IL (from T = 3 it measured faster than the 2 x 4 tile,
+// bench/NOTES.md 2026-12-05).
 template <class KS, class K, class IL>
 void mmq_vnni(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
               int64_t T, float* Y, int64_t ldy) {
-  static_assert(requires { KS::kVnni; });
+  constexpr bool v = requires { KS::kVnni; };
   const uint8_t* w = static_cast<const uint8_t*>(W);
   if (T == 1)
-    rows_tokens<KS, 8, 1, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_tokens<KS, 8, 1, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else if (T == 2)
-    rows_tokens<KS, 4, 2, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+    rows_tokens<KS, 4, 2, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else
     rows_groups<K, IL, 4, 2, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }

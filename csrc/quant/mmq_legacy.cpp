@@ -190,6 +190,26 @@ struct VMXFP4 : VBytes<Legacy<MXFP4Bytes, 0>> {
   }
 };
 
+// The other 32-element formats: the lanes' d (and m) by one gather of the block's first 4 bytes.
+template <class F, int Min>
+struct VLegacy : VBytes<Legacy<F, Min>> {
+  struct Head {
+    __m256 d, m;
+  };
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    const __m256i v = gather_at(blk0, 0, off);  // d | m << 16 (Q4_1, Q5_1)
+    return {fp16_lanes(v), Min > 0 ? fp16_lanes(_mm256_srli_epi32(v, 16)) : _mm256_setzero_ps()};
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, const Head& h, int, __m256 dx, __m256i xsum) {
+    acc = update_d(acc, isum, h.d, dx);
+    if constexpr (Min > 0) return _mm256_fmadd_ps(_mm256_mul_ps(h.m, dx), _mm256_cvtepi32_ps(xsum), acc);
+    return acc;
+  }
+};
+static_assert(offsetof(BlockQ4_0, d) == 0 && offsetof(BlockQ5_0, d) == 0 && offsetof(BlockIQ4_NL, d) == 0 &&
+              offsetof(BlockQ4_1, d) == 0 && offsetof(BlockQ4_1, m) == 2 && offsetof(BlockQ5_1, d) == 0 &&
+              offsetof(BlockQ5_1, m) == 2);
+
 }  // namespace
 
 #define STRATA_LEGACY_AVX2(name, F, MIN)                                                              \
@@ -210,6 +230,18 @@ void mmq_q8_0_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const u
   mmq_avx2<KQ8_0, IlQ8_0>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 
+#define STRATA_LEGACY_VNNI(name, F, MIN)                                                                    \
+  void mmq_##name##_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq,           \
+                         int64_t xrb, int64_t T, float* Y, int64_t ldy) {                                   \
+    mmq_vnni<VLegacy<F, MIN>, KBytes<Legacy<F, MIN>>, VIlBytes<Legacy<F, MIN>>>(W, rb, rows, cols, Xq, xrb, \
+                                                                                T, Y, ldy);                 \
+  }
+STRATA_LEGACY_VNNI(q4_0, Q4_0Bytes, 0)
+STRATA_LEGACY_VNNI(q5_0, Q5_0Bytes, 0)
+STRATA_LEGACY_VNNI(iq4_nl, IQ4_NLBytes, 0)
+STRATA_LEGACY_VNNI(q4_1, Q4_1Bytes, 1)
+STRATA_LEGACY_VNNI(q5_1, Q5_1Bytes, 1)
+#undef STRATA_LEGACY_VNNI
 void mmq_mxfp4_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                     int64_t T, float* Y, int64_t ldy) {
   mmq_vnni<VMXFP4, KBytes<Legacy<MXFP4Bytes, 0>>, VIlBytes<Legacy<MXFP4Bytes, 0>>>(W, rb, rows, cols, Xq, xrb,
