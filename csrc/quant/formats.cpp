@@ -280,11 +280,11 @@ constexpr QuantTraits kTraits[] = {
     {QType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), row_q6_k, SIMD(row_q6_k, DecQ6_K), false, AVX2(gemv_q6_k),
      mmq_q6_k_scalar, AVX2(mmq_q6_k), VNNI(mmq_q6_k)},
     {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs, DecIQ2_XS), false,
-     AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs), nullptr},
+     AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs), VNNI(mmq_iq2_xs)},
     {QType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), row_q2_k, SIMD(row_q2_k, DecQ2_K), false, AVX2(gemv_q2_k),
-     mmq_q2_k_scalar, AVX2(mmq_q2_k), nullptr},
+     mmq_q2_k_scalar, AVX2(mmq_q2_k), VNNI(mmq_q2_k)},
     {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, SIMD(row_iq2_xxs, DecIQ2_XXS),
-     false, AVX2(gemv_iq2_xxs), mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs), nullptr},
+     false, AVX2(gemv_iq2_xxs), mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs), VNNI(mmq_iq2_xxs)},
 #define STRATA_ROW(T, name, B, D, V) \
   {QType::T,                         \
    #T,                               \

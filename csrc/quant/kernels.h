@@ -57,10 +57,13 @@ void mmq_iq2_xxs_avx2(const void*, size_t, int64_t, int64_t, const uint8_t*, int
   X(q5_1) \
   X(iq4_nl) \
   X(mxfp4) \
+  X(q2_k) \
   X(q3_k) \
   X(q4_k) \
   X(q5_k) \
   X(q6_k) \
+  X(iq2_xxs) \
+  X(iq2_xs) \
   X(iq4_xs) \
   X(iq3_xxs) \
   X(iq3_s) \

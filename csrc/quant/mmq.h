@@ -749,18 +749,21 @@ struct VIlBytes {
   }
 };
 
-// A format's VNNI kernel: for T <= 2 the tile of KS (a VNNI K, with kVnni, or the AVX2 K where VNNI lost
-// there), for T > 2 the VNNI interleaved tile of K and IL (from T = 3 it measured faster than the 2 x 4 tile,
-// bench/NOTES.md 2026-12-05).
-template <class KS, class K, class IL>
+// A format's VNNI kernel: for T <= kSmallMax (2 or 4) the tiles of KS (a VNNI K, with kVnni, or the AVX2 K
+// where VNNI lost there), above it the VNNI interleaved tile of K and IL (for most formats faster than the 2
+// x 4 tile from T = 3, bench/NOTES.md 2026-12-05).
+template <class KS, class K, class IL, int kSmallMax = 2>
 void mmq_vnni(const void* W, size_t rbytes, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
               int64_t T, float* Y, int64_t ldy) {
+  static_assert(kSmallMax == 2 || kSmallMax == 4);
   constexpr bool v = requires { KS::kVnni; };
   const uint8_t* w = static_cast<const uint8_t*>(W);
   if (T == 1)
     rows_tokens<KS, 8, 1, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else if (T == 2)
     rows_tokens<KS, 4, 2, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
+  else if (T <= kSmallMax)
+    rows_tokens<KS, 2, 4, v>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
   else
     rows_groups<K, IL, 4, 2, true>(w, rbytes, rows, cols, Xq, xrb, T, Y, ldy);
 }
