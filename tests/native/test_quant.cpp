@@ -482,8 +482,8 @@ TEST(QuantQ8, IsBitIdenticalAcrossShapesThreadsAndIsa) {
 }
 
 // Each AVX-512 VNNI kernel against its scalar kernel, called through the traits table: bit for bit at every
-// tile shape (T = 1..20), awkward row counts, every column count the formats allow, and activations at the
-// extremes of q8_0 (+-127 everywhere: the int16 partial bounds the kernels rely on).
+// tile shape (T = 1..20), 19 rows from two offsets (row tails), 256, 768 and 2048 columns, and activations at
+// the extremes of q8_0 (+-127 everywhere: the int16 partial bounds the kernels rely on).
 TEST(QuantQ8, VnniKernelsAreBitIdenticalToScalar) {
   if (best_isa() < Isa::Avx512Vnni)
     GTEST_SKIP()
