@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   const std::string only_paths = argc > 5 ? argv[5] : "float,q8";
   ThreadPool pool(threads);
   std::mt19937 rng(1);
-  std::printf("threads=%d isa=%s\n", threads, best_isa() == Isa::Avx2 ? "avx2" : "scalar");
+  std::printf("threads=%d isa=%s\n", threads, isa_name(best_isa()));
   // GFLOP/s from wall time, and from process CPU time per thread: on a shared machine the
   // second shows what the kernels do when they get the cores. "q8" is matmul_q8 (activations
   // quantized outside the timed call, as the MMQ layout does once per layer).

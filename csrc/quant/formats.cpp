@@ -258,59 +258,65 @@ void row_iq4_xs(const void* src, float* dst, int64_t n) {
 #define SIMD(f, D) dequant_row_avx2<D>
 #define AVX2(f) f##_avx2
 #define AVX2_OR_SCALAR(f) f##_avx2
+#define VNNI(f) f##_vnni
 #else
 #define SIMD(f, D) f
 #define AVX2(f) nullptr
 #define AVX2_OR_SCALAR(f) f##_scalar
+#define VNNI(f) nullptr
 #endif
 
 // The one place that knows the formats; order is the order of the "supported" list in errors.
 constexpr QuantTraits kTraits[] = {
-    {QType::F32, "F32", 1, 4, row_f32, row_f32, true, nullptr, nullptr, nullptr},
-    {QType::F16, "F16", 1, 2, row_f16, SIMD(row_f16, DecF16), false, AVX2(gemv_f16), nullptr, nullptr},
-    {QType::BF16, "BF16", 1, 2, row_bf16, SIMD(row_bf16, DecBF16), false, AVX2(gemv_bf16), nullptr, nullptr},
+    {QType::F32, "F32", 1, 4, row_f32, row_f32, true, nullptr, nullptr, nullptr, nullptr},
+    {QType::F16, "F16", 1, 2, row_f16, SIMD(row_f16, DecF16), false, AVX2(gemv_f16), nullptr, nullptr,
+     nullptr},
+    {QType::BF16, "BF16", 1, 2, row_bf16, SIMD(row_bf16, DecBF16), false, AVX2(gemv_bf16), nullptr, nullptr,
+     nullptr},
     {QType::Q8_0, "Q8_0", kQK8_0, sizeof(BlockQ8_0), row_q8_0, SIMD(row_q8_0, DecQ8_0), false,
-     AVX2(gemv_q8_0), mmq_q8_0_scalar, AVX2(mmq_q8_0)},
+     AVX2(gemv_q8_0), mmq_q8_0_scalar, AVX2(mmq_q8_0), VNNI(mmq_q8_0)},
     {QType::Q4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), row_q4_k, SIMD(row_q4_k, DecQ4_K), false, AVX2(gemv_q4_k),
-     mmq_q4_k_scalar, AVX2(mmq_q4_k)},
+     mmq_q4_k_scalar, AVX2(mmq_q4_k), VNNI(mmq_q4_k)},
     {QType::Q6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), row_q6_k, SIMD(row_q6_k, DecQ6_K), false, AVX2(gemv_q6_k),
-     mmq_q6_k_scalar, AVX2(mmq_q6_k)},
+     mmq_q6_k_scalar, AVX2(mmq_q6_k), VNNI(mmq_q6_k)},
     {QType::IQ2_XS, "IQ2_XS", kQK_K, sizeof(BlockIQ2_XS), row_iq2_xs, SIMD(row_iq2_xs, DecIQ2_XS), false,
-     AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs)},
+     AVX2(gemv_iq2_xs), mmq_iq2_xs_scalar, AVX2(mmq_iq2_xs), VNNI(mmq_iq2_xs)},
     {QType::Q2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), row_q2_k, SIMD(row_q2_k, DecQ2_K), false, AVX2(gemv_q2_k),
-     mmq_q2_k_scalar, AVX2(mmq_q2_k)},
+     mmq_q2_k_scalar, AVX2(mmq_q2_k), VNNI(mmq_q2_k)},
     {QType::IQ2_XXS, "IQ2_XXS", kQK_K, sizeof(BlockIQ2_XXS), row_iq2_xxs, SIMD(row_iq2_xxs, DecIQ2_XXS),
-     false, AVX2(gemv_iq2_xxs), mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs)},
-#define STRATA_ROW(T, name, B, D) \
-  {QType::T,                      \
-   #T,                            \
-   B,                             \
-   sizeof(Block##T),              \
-   row_##name,                    \
-   SIMD(row_##name, D),           \
-   false,                         \
-   AVX2(gemv_##name),             \
-   mmq_##name##_scalar,           \
-   AVX2(mmq_##name)}
-    STRATA_ROW(Q5_K, q5_k, kQK_K, DecQ5_K),
-    STRATA_ROW(Q3_K, q3_k, kQK_K, DecQ3_K),
-    STRATA_ROW(IQ4_XS, iq4_xs, kQK_K, DecIQ4_XS),
-    STRATA_ROW(MXFP4, mxfp4, kQK4, DecMXFP4),
-    STRATA_ROW(Q5_0, q5_0, kQK4, DecQ5_0),
-    STRATA_ROW(Q4_0, q4_0, kQK4, DecQ4_0),
-    STRATA_ROW(Q4_1, q4_1, kQK4, DecQ4_1),
-    STRATA_ROW(Q5_1, q5_1, kQK4, DecQ5_1),
-    STRATA_ROW(IQ4_NL, iq4_nl, kQK4, DecIQ4_NL),
-    STRATA_ROW(IQ3_XXS, iq3_xxs, kQK_K, DecIQ3_XXS),
-    STRATA_ROW(IQ3_S, iq3_s, kQK_K, DecIQ3_S),
-    STRATA_ROW(IQ2_S, iq2_s, kQK_K, DecIQ2_S),
-    STRATA_ROW(IQ1_S, iq1_s, kQK_K, DecIQ1_S),
-    STRATA_ROW(IQ1_M, iq1_m, kQK_K, DecIQ1_M),
+     false, AVX2(gemv_iq2_xxs), mmq_iq2_xxs_scalar, AVX2_OR_SCALAR(mmq_iq2_xxs), VNNI(mmq_iq2_xxs)},
+#define STRATA_ROW(T, name, B, D, V) \
+  {QType::T,                         \
+   #T,                               \
+   B,                                \
+   sizeof(Block##T),                 \
+   row_##name,                       \
+   SIMD(row_##name, D),              \
+   false,                            \
+   AVX2(gemv_##name),                \
+   mmq_##name##_scalar,              \
+   AVX2(mmq_##name),                 \
+   V}
+    STRATA_ROW(Q5_K, q5_k, kQK_K, DecQ5_K, VNNI(mmq_q5_k)),
+    STRATA_ROW(Q3_K, q3_k, kQK_K, DecQ3_K, VNNI(mmq_q3_k)),
+    STRATA_ROW(IQ4_XS, iq4_xs, kQK_K, DecIQ4_XS, VNNI(mmq_iq4_xs)),
+    STRATA_ROW(MXFP4, mxfp4, kQK4, DecMXFP4, VNNI(mmq_mxfp4)),
+    STRATA_ROW(Q5_0, q5_0, kQK4, DecQ5_0, VNNI(mmq_q5_0)),
+    STRATA_ROW(Q4_0, q4_0, kQK4, DecQ4_0, VNNI(mmq_q4_0)),
+    STRATA_ROW(Q4_1, q4_1, kQK4, DecQ4_1, VNNI(mmq_q4_1)),
+    STRATA_ROW(Q5_1, q5_1, kQK4, DecQ5_1, VNNI(mmq_q5_1)),
+    STRATA_ROW(IQ4_NL, iq4_nl, kQK4, DecIQ4_NL, VNNI(mmq_iq4_nl)),
+    STRATA_ROW(IQ3_XXS, iq3_xxs, kQK_K, DecIQ3_XXS, VNNI(mmq_iq3_xxs)),
+    STRATA_ROW(IQ3_S, iq3_s, kQK_K, DecIQ3_S, VNNI(mmq_iq3_s)),
+    STRATA_ROW(IQ2_S, iq2_s, kQK_K, DecIQ2_S, VNNI(mmq_iq2_s)),
+    STRATA_ROW(IQ1_S, iq1_s, kQK_K, DecIQ1_S, VNNI(mmq_iq1_s)),
+    STRATA_ROW(IQ1_M, iq1_m, kQK_K, DecIQ1_M, VNNI(mmq_iq1_m)),
 #undef STRATA_ROW
 };
 #undef SIMD
 #undef AVX2
 #undef AVX2_OR_SCALAR
+#undef VNNI
 
 }  // namespace
 
@@ -340,7 +346,7 @@ size_t row_bytes(QType t, int64_t n) {
 void dequantize(QType t, const void* src, float* dst, int64_t n) {
   const QuantTraits& q = quant_traits(t);
   row_bytes(t, n);  // validates n
-  (best_isa() == Isa::Avx2 ? q.dequant_row_simd : q.dequant_row)(src, dst, n);
+  (best_isa() == Isa::Scalar ? q.dequant_row : q.dequant_row_simd)(src, dst, n);
 }
 
 }  // namespace strata

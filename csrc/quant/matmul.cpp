@@ -3,6 +3,8 @@
 // single token (decode) instead dequantizes into registers and multiplies in place.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -152,18 +154,43 @@ void rows_range(const Kernels& k, const QuantTraits& q, const uint8_t* W, size_t
 
 }  // namespace
 
-Isa best_isa() {
+namespace {
+
+Isa cpu_isa() {
 #if defined(__x86_64__)
   // F16C through cpuid: clang before 19 rejects __builtin_cpu_supports("f16c").
-  static const bool f16c = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-  }();
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-  return avx2 ? Isa::Avx2 : Isa::Scalar;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)) return Isa::Scalar;
+  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return vnni ? Isa::Avx512Vnni : Isa::Avx2;
 #else
   return Isa::Scalar;
 #endif
+}
+
+}  // namespace
+
+Isa best_isa() {
+  static const Isa best = [] {
+    const Isa cpu = cpu_isa();
+    const char* e = std::getenv("STRATA_CPU_ISA");
+    if (!e || !*e) return cpu;
+    const std::string v = e;
+    const Isa cap = v == "scalar"       ? Isa::Scalar
+                    : v == "avx2"       ? Isa::Avx2
+                    : v == "avx512vnni" ? Isa::Avx512Vnni
+                                        : cpu;
+    STRATA_CHECK(v == "scalar" || v == "avx2" || v == "avx512vnni", ConfigError, "STRATA_CPU_ISA=", v,
+                 " is not a CPU kernel set; use scalar, avx2 or avx512vnni (or unset it)");
+    return std::min(cpu, cap);
+  }();
+  return best;
+}
+
+const char* isa_name(Isa isa) {
+  return isa == Isa::Avx512Vnni ? "AVX-512 VNNI" : isa == Isa::Avx2 ? "AVX2" : "scalar";
 }
 
 void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
@@ -175,9 +202,9 @@ void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const f
                " are smaller than cols=", cols, " rows=", rows);
   if (rows == 0 || T == 0) return;
 #if defined(__x86_64__)
-  STRATA_CHECK(isa == Isa::Scalar || best_isa() == Isa::Avx2, UnsupportedError,
-               "matmul: this CPU lacks AVX2/FMA/F16C");
-  const Kernels& k = isa == Isa::Avx2 ? kAvx2 : kScalar;
+  STRATA_CHECK(isa <= best_isa(), UnsupportedError, "matmul: this CPU (or STRATA_CPU_ISA) does not run ",
+               isa_name(isa), " kernels");
+  const Kernels& k = isa == Isa::Scalar ? kScalar : kAvx2;  // no AVX-512 kernels of its own
 #else
   STRATA_CHECK(isa == Isa::Scalar, UnsupportedError, "matmul: AVX2 kernels exist only on x86-64");
   const Kernels& k = kScalar;

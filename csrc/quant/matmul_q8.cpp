@@ -31,10 +31,11 @@ void matmul_q8(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, cons
                cols / kQK8_0 * kQ8_0Bytes, " bytes, ", rows, " floats)");
   if (rows == 0 || T == 0) return;
   MatmulQ8Fn fn = q.matmul_q8;
-  if (isa == Isa::Avx2) {
-    STRATA_CHECK(best_isa() == Isa::Avx2 && q.matmul_q8_simd, UnsupportedError,
-                 "matmul_q8: this CPU lacks AVX2/FMA/F16C");
-    fn = q.matmul_q8_simd;
+  if (isa != Isa::Scalar) {
+    STRATA_CHECK(isa <= best_isa() && q.matmul_q8_simd, UnsupportedError,
+                 "matmul_q8: this CPU (or STRATA_CPU_ISA) does not run ", isa_name(isa), " kernels");
+    // Avx512Vnni: the type's VNNI kernel where it has one (it measured faster), else its AVX2 one.
+    fn = isa == Isa::Avx512Vnni && q.matmul_q8_vnni ? q.matmul_q8_vnni : q.matmul_q8_simd;
   }
   // About four chunks per thread, whole 8-row tiles for decode.
   const int64_t per = (rows + 4 * pool.size() - 1) / (4 * pool.size());

@@ -1,4 +1,6 @@
 // matmul_q8 for the k-quants: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
+#include <type_traits>
+
 #include "quant/mmq.h"
 
 namespace strata {
@@ -344,6 +346,211 @@ struct KQ3 {
   static int min(const Pre&, int) { return 0; }
 };
 
+// VNNI, T <= 4, Q4_K and Q5_K (the same header: d, dmin, the 12 scale bytes): the lanes' d, dmin and 6-bit
+// scales and mins decoded as vectors from gathers of the headers (q4_k_scales_mins' word trick, a row a
+// lane), the scale on the reduced sums, the float steps KQ4_K::update's; the bytes are unsigned (no
+// correction).
+struct Q4_KHead {
+  __m256 d, dmin;
+  __m256i sc[2], m[2];  // byte j of each lane's eight scales (mins): sc[0] bytes 0-3, sc[1] bytes 4-7
+};
+template <class B>
+struct VQ45_K {
+  static constexpr bool kVnni = true, kPairs = true, kLaneScale = true;
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(B);
+  using Pre = const B*;
+  using Head = Q4_KHead;
+  STRATA_VNNI static Pre pre(const uint8_t* blk) { return reinterpret_cast<const B*>(blk); }
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    static_assert(offsetof(B, d) == 0 && offsetof(B, dmin) == 2);
+    const __m256i dm = gather_at(blk0, 0, off);
+    const __m256i u0 = gather_at(blk0, offsetof(B, scales), off),
+                  u1 = gather_at(blk0, offsetof(B, scales) + 4, off),
+                  u2 = gather_at(blk0, offsetof(B, scales) + 8, off);
+    const __m256i k1 = _mm256_set1_epi32(0x3f3f3f3f), k2 = _mm256_set1_epi32(0x0f0f0f0f),
+                  k3 = _mm256_set1_epi32(0x03030303);
+    Head h;
+    h.d = fp16_lanes(dm);
+    h.dmin = fp16_lanes(_mm256_srli_epi32(dm, 16));
+    h.sc[0] = _mm256_and_si256(u0, k1);
+    h.sc[1] = _mm256_or_si256(_mm256_and_si256(u2, k2),
+                              _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k3), 4));
+    h.m[0] = _mm256_and_si256(u1, k1);
+    h.m[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k2),
+                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k3), 4));
+    return h;
+  }
+  STRATA_VNNI static __m256i xcorr(__m256i) { return _mm256_setzero_si256(); }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i) {
+    if constexpr (std::is_same_v<B, BlockQ4_K>)
+      return dpbusd(_mm256_setzero_si256(), q4_k_bytes(*p, j), x);
+    else
+      return dpbusd(_mm256_setzero_si256(), Q5_KBytes::q(*p, j), x);
+  }
+  STRATA_VNNI static __m256i scale_lanes(const Head& h, int j) { return byte_lanes(h.sc, j); }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, const Head& h, int j, __m256 dx, __m256i xsum) {
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(h.d, dx), _mm256_cvtepi32_ps(isum), acc);
+    const __m256 mdx = _mm256_xor_ps(_mm256_mul_ps(h.dmin, dx), _mm256_set1_ps(-0.0f));
+    return _mm256_fmadd_ps(mdx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(byte_lanes(h.m, j), xsum)), acc);
+  }
+};
+struct VIlQ4_K {
+  // A super-block at a time: each 32-byte load gives two 32-blocks (low nibbles: j = 2i, high: 2i + 1, as
+  // q4_k_sub), with the shifts known at compile time.
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(w);
+    const __m256i m = _mm256_set1_epi8(kQ4_KMask);
+    static_assert(q4_k_sub(3).qs == 32 && q4_k_sub(3).shift == 4);
+    for (int64_t sb = 0; sb < nb / kBlocksK; ++sb, scr += kQK_K)
+      for (int i = 0; i < 4; ++i) {
+        const __m256i q = load256(blk[sb].qs + 32 * i);
+        store32(scr + 64 * i, _mm256_and_si256(q, m));
+        store32(scr + 64 * i + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), m));
+      }
+  }
+  template <int MR, int NV>
+  STRATA_VNNI static void dots(const KQ4_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, const __m256i*, __m256i* isum) {
+    for (int i = 0; i < MR * NV; ++i) isum[i] = _mm256_setzero_si256();
+    vstep_sums<MR, NV>(a, xv, 0, 8, isum);
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_mullo_epi32(isum[r * NV + v], _mm256_set1_epi32(p[r].sc[j]));
+  }
+};
+
+// Q6_K: q + 32 in [0, 63] times x, less 32 x per lane. T <= 4: the lanes' d and sixteen int8 scales by
+// gathers; the partials' two halves are reduced apart and scaled as lanes.
+struct Q6_KHead {
+  __m256 d;
+  __m256i sc[4];  // scales[4k..4k+3] of each lane
+};
+struct VQ6_K {
+  static constexpr bool kVnni = true, kHalfLaneScale = true;
+  static constexpr int kSubs = kBlocksK;
+  static constexpr size_t kBytes = sizeof(BlockQ6_K);
+  using Pre = const BlockQ6_K*;
+  using Head = Q6_KHead;
+  STRATA_VNNI static Pre pre(const uint8_t* blk) { return reinterpret_cast<const BlockQ6_K*>(blk); }
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    // d by the block's last 4 bytes (scales[14..15] and d: never past the block).
+    static_assert(offsetof(BlockQ6_K, d) + 2 == sizeof(BlockQ6_K));
+    Head h;
+    h.d = fp16_lanes(_mm256_srli_epi32(gather_at(blk0, offsetof(BlockQ6_K, d) - 2, off), 16));
+    for (int k = 0; k < 4; ++k) h.sc[k] = gather_at(blk0, offsetof(BlockQ6_K, scales) + 4 * k, off);
+    return h;
+  }
+  STRATA_VNNI static __m256i xcorr(__m256i x) { return neg_sums(x, kQ6_KBias); }
+  STRATA_VNNI static __m256i vdot(const Pre& p, int j, __m256i x, __m256i xc) {
+    return dpbusd(xc, q6_k_bytes(*p, j), x);
+  }
+  // scales[g] of each lane, sign-extended (g = 2j, 2j + 1: q6_k_group(j).scale and the next).
+  STRATA_VNNI static __m256i scale_lanes(const Head& h, int g) {
+    static_assert(q6_k_group(1).scale == 2);
+    return _mm256_srai_epi32(_mm256_sll_epi32(h.sc[g / 4], _mm_cvtsi32_si128(24 - 8 * (g % 4))), 24);
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, const Head& h, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, h.d, dx);
+  }
+};
+struct VIlQ6_K {
+  // A super-block at a time, q6_k_group's layout with the shifts known at compile time: per half h, the low
+  // bits of groups 4h..4h+3 from the low and high nibbles of two 32-byte ql loads, their high bits from one
+  // qh.
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(w);
+    const __m256i m4 = _mm256_set1_epi8(kQ6_KLowMask), m2 = _mm256_set1_epi8(kQ6_KHighMask);
+    static_assert(q6_k_group(6).ql == 64 && q6_k_group(6).ql_shift == 4 && q6_k_group(6).qh == 32 &&
+                  q6_k_group(6).qh_shift == 4 && q6_k_group(5).ql == 96);
+    for (int64_t sb = 0; sb < nb / kBlocksK; ++sb, scr += kQK_K)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = load256(blk[sb].ql + 64 * h), l1 = load256(blk[sb].ql + 64 * h + 32),
+                      qh = load256(blk[sb].qh + 32 * h);
+        const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+        const __m256i hi[4] = {_mm256_and_si256(qh, m2), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 4), m2),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 6), m2)};
+        for (int g = 0; g < 4; ++g)
+          store32(scr + (4 * h + g) * 32, _mm256_or_si256(lo[g], _mm256_slli_epi16(hi[g], 4)));
+      }
+  }
+  template <int MR, int NV>
+  STRATA_VNNI static void dots(const KQ6_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i* hs, const __m256i*, __m256i* isum) {
+    __m256i s0[MR * NV], s1[MR * NV];
+    for (int v = 0; v < NV; ++v) {
+      const __m256i c0 = _mm256_mullo_epi32(half_lo(hs[v]), _mm256_set1_epi32(-kQ6_KBias));
+      const __m256i c1 = _mm256_mullo_epi32(half_hi(hs[v]), _mm256_set1_epi32(-kQ6_KBias));
+      for (int r = 0; r < MR; ++r) s0[r * NV + v] = c0, s1[r * NV + v] = c1;
+    }
+    vstep_sums<MR, NV>(a, xv, 0, 4, s0);
+    vstep_sums<MR, NV>(a, xv, 4, 8, s1);
+    const int scale = q6_k_group(j).scale;
+    for (int r = 0; r < MR; ++r) {
+      const __m256i sc0 = _mm256_set1_epi32(p[r].b->scales[scale]),
+                    sc1 = _mm256_set1_epi32(p[r].b->scales[scale + 1]);
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_add_epi32(_mm256_mullo_epi32(s0[r * NV + v], sc0),
+                                            _mm256_mullo_epi32(s1[r * NV + v], sc1));
+    }
+  }
+};
+
+// Q2_K, T > 4 (T = 8 1.2x; at T = 3 the VNNI tile measured even): the AVX2 unpack (q in [0, 3], unsigned),
+// each half's step sums by vpdpbusd, then scaled.
+struct VIlQ2_K : IlQ2_K {
+  template <int MR, int NV>
+  STRATA_VNNI static void dots(const KQ2_K::Pre* p, int j, const uint8_t* const* a, const int8_t* const* xv,
+                               const __m256i*, const __m256i*, __m256i* isum) {
+    __m256i s0[MR * NV], s1[MR * NV];
+    for (int i = 0; i < MR * NV; ++i) s0[i] = s1[i] = _mm256_setzero_si256();
+    vstep_sums<MR, NV>(a, xv, 0, 4, s0);
+    vstep_sums<MR, NV>(a, xv, 4, 8, s1);
+    for (int r = 0; r < MR; ++r) {
+      const __m256i sc0 = _mm256_set1_epi32(q2_k_scale(*p[r].b, 2 * j)),
+                    sc1 = _mm256_set1_epi32(q2_k_scale(*p[r].b, 2 * j + 1));
+      for (int v = 0; v < NV; ++v)
+        isum[r * NV + v] = _mm256_add_epi32(_mm256_mullo_epi32(s0[r * NV + v], sc0),
+                                            _mm256_mullo_epi32(s1[r * NV + v], sc1));
+    }
+  }
+};
+
+// Q5_K, T > 4: VIlBytes with the unpack a super-block at a time (Q5_KBytes::q's bytes, the fifth bits from
+// one qh load, the shifts known at compile time).
+struct VIlQ5_K : VIlBytes<KQ5> {
+  STRATA_VNNI static void unpack(const uint8_t* w, int64_t nb, uint8_t* scr) {
+    const BlockQ5_K* blk = reinterpret_cast<const BlockQ5_K*>(w);
+    const __m256i m = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    static_assert(q4_k_sub(3).qs == 32 && q4_k_sub(3).shift == 4);
+    for (int64_t sb = 0; sb < nb / kBlocksK; ++sb, scr += kQK_K) {
+      const __m256i qh = load256(blk[sb].qh);
+      for (int i = 0; i < 4; ++i) {
+        const __m256i q = load256(blk[sb].qs + 32 * i);
+        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), one), 4);
+        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i + 1), one), 4);
+        store32(scr + 64 * i, _mm256_or_si256(_mm256_and_si256(q, m), h0));
+        store32(scr + 64 * i + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m), h1));
+      }
+    }
+  }
+};
+
+// Q3_K: VBytes' halves, the lanes' d by one gather of the block's last 4 bytes.
+struct VQ3_K : VBytes<KQ3> {
+  using Head = __m256;
+  STRATA_VNNI static Head head(const uint8_t* blk0, __m256i off) {
+    static_assert(offsetof(BlockQ3_K, d) + 2 == sizeof(BlockQ3_K));
+    return fp16_lanes(_mm256_srli_epi32(gather_at(blk0, offsetof(BlockQ3_K, d) - 2, off), 16));
+  }
+  STRATA_VNNI static __m256 vupdate(__m256 acc, __m256i isum, Head d, int, __m256 dx, __m256i) {
+    return update_d(acc, isum, d, dx);
+  }
+};
+
 }  // namespace
 
 void mmq_q4_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
@@ -365,6 +572,27 @@ void mmq_q5_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const u
 void mmq_q3_k_avx2(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
                    int64_t T, float* Y, int64_t ldy) {
   mmq_avx2<KBytes<KQ3>, IlBytes<KQ3>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+
+void mmq_q2_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<KQ2_K, KQ2_K, VIlQ2_K, 4>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q4_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VQ45_K<BlockQ4_K>, KQ4_K, VIlQ4_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q6_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VQ6_K, KQ6_K, VIlQ6_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q5_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VQ45_K<BlockQ5_K>, KBytes<KQ5>, VIlQ5_K>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
+}
+void mmq_q3_k_vnni(const void* W, size_t rb, int64_t rows, int64_t cols, const uint8_t* Xq, int64_t xrb,
+                   int64_t T, float* Y, int64_t ldy) {
+  mmq_vnni<VQ3_K, KBytes<KQ3>, VIlBytes<KQ3>>(W, rb, rows, cols, Xq, xrb, T, Y, ldy);
 }
 #endif
 

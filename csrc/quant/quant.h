@@ -63,6 +63,9 @@ struct QuantTraits {
   // matmul_q8's integer kernels, scalar and AVX2 (equal bit for bit); nullptr where the type has none.
   MatmulQ8Fn matmul_q8;
   MatmulQ8Fn matmul_q8_simd;
+  // The AVX-512 VNNI integer kernel (the same values bit for bit) where it measured faster than the AVX2
+  // one (bench/NOTES.md); nullptr: Isa::Avx512Vnni runs matmul_q8_simd for this type.
+  MatmulQ8Fn matmul_q8_vnni;
 };
 
 // nullptr if strata does not compute with this ggml type.
@@ -88,9 +91,15 @@ void dequantize(QType t, const void* src, float* dst, int64_t n);
 void matmul(QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx, int64_t T,
             float* Y, int64_t ldy, ThreadPool& pool);
 
-// Kernel sets matmul can run; tests use this to check that they agree bit for bit.
-enum class Isa { Scalar, Avx2 };
-Isa best_isa();  // Avx2 when the build is x86-64 and the CPU has AVX2, FMA and F16C
+// Kernel sets matmul and matmul_q8 can run, each a superset of the one before; tests use this to check
+// that they agree bit for bit. Avx512Vnni adds matmul_q8's AVX-512 VNNI kernels (QuantTraits::matmul_q8_vnni)
+// and otherwise runs the AVX2 kernels.
+enum class Isa { Scalar, Avx2, Avx512Vnni };
+// The best set this CPU runs: Avx2 when the build is x86-64 and the CPU has AVX2, FMA and F16C;
+// Avx512Vnni when it also has AVX-512 F, BW, VL and VNNI. STRATA_CPU_ISA=scalar|avx2 caps it (read once;
+// an A/B switch for tests and benchmarks); another value is a ConfigError.
+Isa best_isa();
+const char* isa_name(Isa isa);  // "scalar", "AVX2", "AVX-512 VNNI"
 void matmul(Isa isa, QType t, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
             int64_t T, float* Y, int64_t ldy, ThreadPool& pool);
 

@@ -10,8 +10,11 @@
 
 #include "quant/formats.h"
 
-// Code that uses AVX2, FMA or F16C; it runs only where best_isa() is Isa::Avx2.
+// Code that uses AVX2, FMA or F16C; it runs only where best_isa() is Isa::Avx2 or above.
 #define STRATA_SIMD __attribute__((target("avx2,fma,f16c")))
+// Code that also uses AVX-512 (F, BW, VL) and its VNNI dot products (vpdpbusd); it runs only where
+// best_isa() is Isa::Avx512Vnni, so the library still runs on AVX2-only CPUs.
+#define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 namespace strata::quant_detail {
 

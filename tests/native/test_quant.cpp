@@ -321,7 +321,8 @@ TEST(Quant, MatmulIsBitIdenticalAcrossShapesThreadsAndIsa) {
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   std::vector<Isa> isas = {Isa::Scalar};
-  if (best_isa() == Isa::Avx2) isas.push_back(Isa::Avx2);
+  if (best_isa() >= Isa::Avx2) isas.push_back(Isa::Avx2);
+  if (best_isa() >= Isa::Avx512Vnni) isas.push_back(Isa::Avx512Vnni);
   for (QType t : kAll) {
     const int64_t rows = 33, cols = test_cols(t, 3), T = 37;
     const size_t rb = row_bytes(t, cols);
@@ -441,7 +442,8 @@ TEST(QuantQ8, IsBitIdenticalAcrossShapesThreadsAndIsa) {
   std::mt19937 rng(23);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   std::vector<Isa> isas = {Isa::Scalar};
-  if (best_isa() == Isa::Avx2) isas.push_back(Isa::Avx2);
+  if (best_isa() >= Isa::Avx2) isas.push_back(Isa::Avx2);
+  if (best_isa() >= Isa::Avx512Vnni) isas.push_back(Isa::Avx512Vnni);
   for (QType t : kQ8Types) {
     const int64_t rows = 33, cols = 512, T = 37, xrb = cols / 32 * 34;
     const size_t rb = row_bytes(t, cols);
@@ -477,4 +479,53 @@ TEST(QuantQ8, IsBitIdenticalAcrossShapesThreadsAndIsa) {
       }
     }
   }
+}
+
+// Each AVX-512 VNNI kernel against its scalar kernel, called through the traits table: bit for bit at every
+// tile shape (T = 1..20), 19 rows from two offsets (row tails), 256, 768 and 2048 columns, and activations at
+// the extremes of q8_0 (+-127 everywhere: the int16 partial bounds the kernels rely on).
+TEST(QuantQ8, VnniKernelsAreBitIdenticalToScalar) {
+  if (best_isa() < Isa::Avx512Vnni)
+    GTEST_SKIP()
+        << "this CPU lacks AVX-512 F/BW/VL/VNNI (or STRATA_CPU_ISA caps it): the VNNI kernels do not run";
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<int> q(-127, 127);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int kernels = 0;
+  for (QType t : kQ8Types) {
+    const QuantTraits& qt = quant_traits(t);
+    if (!qt.matmul_q8_vnni) continue;
+    ++kernels;
+    for (int64_t cols : {256, 768, 2048}) {
+      const int64_t rows = 19, T = 20, xrb = cols / 32 * 34 + 3;  // padded, odd: unaligned activation rows
+      const size_t rb = row_bytes(t, cols);
+      auto w = random_weights(t, rows, cols, rng);
+      if (t == QType::MXFP4)  // every kind of E8M0 scale: the two below 2^-126 too
+        for (size_t off = 0, i = 0; off < w.size(); off += qt.type_size, ++i)
+          if (i % 3 == 0) w[off] = static_cast<uint8_t>(i / 3 % 4);
+      for (int extreme = 0; extreme < 3; ++extreme) {
+        std::vector<uint8_t> xq(T * xrb);
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t b = 0; b < cols / 32; ++b) {
+            uint8_t* blk = &xq[i * xrb + b * 34];
+            const uint16_t d = f32_to_fp16(u(rng) * 0.02f);
+            std::memcpy(blk, &d, 2);
+            for (int l = 0; l < 32; ++l)
+              blk[2 + l] = static_cast<uint8_t>(extreme == 0   ? q(rng)
+                                                : extreme == 1 ? 127
+                                                               : (l % 2 ? 127 : -127));
+          }
+        for (int64_t T1 = 1; T1 <= T; ++T1)
+          for (int64_t r0 : {0, 3}) {
+            const int64_t nr = rows - r0;
+            std::vector<float> want(T1 * nr), got(T1 * nr, -1.0f);
+            qt.matmul_q8(w.data() + r0 * rb, rb, nr, cols, xq.data(), xrb, T1, want.data(), nr);
+            qt.matmul_q8_vnni(w.data() + r0 * rb, rb, nr, cols, xq.data(), xrb, T1, got.data(), nr);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+                << qt.name << " cols=" << cols << " T=" << T1 << " r0=" << r0 << " extreme=" << extreme;
+          }
+      }
+    }
+  }
+  EXPECT_GT(kernels, 0);
 }

@@ -1,6 +1,10 @@
 """strata._core quant kernels against the gguf package's numpy reference: dequantization bit for
 bit, matmul within float32 rounding, and the errors a caller sees."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from gguf import quants as gguf_quants
@@ -237,3 +241,56 @@ def test_matmul_q8_errors():
         _core.matmul_q8(int(G.F16), np.zeros(64, np.uint8), 1, 32, np.zeros((1, 32), np.float32))
     with pytest.raises(strata.ConfigError, match=r"x must be \(T, 32\)"):
         _core.matmul_q8(int(G.Q8_0), np.zeros(34, np.uint8), 1, 32, np.zeros((1, 64), np.float32))
+
+
+_ISA_CHILD = """
+import sys
+import numpy as np
+from strata import _core
+d = np.load(sys.argv[1])
+ys = {k: _core.matmul_q8(int(d["type_" + k]), d["w_" + k], 19, 512, d["x"], threads=2) for k in sys.argv[2:]}
+np.savez(sys.argv[1] + ".out.npz", describe=_core.Backend("cpu", 1).describe(), **ys)
+"""
+
+
+def _matmul_q8_in_child(tmp_path, isa: str, inputs: dict) -> dict:
+    path = str(tmp_path / f"in_{isa}.npz")
+    np.savez(path, **inputs)
+    names = [k[2:] for k in inputs if k.startswith("w_")]
+    env = {**os.environ, "STRATA_CPU_ISA": isa}
+    r = subprocess.run([sys.executable, "-c", _ISA_CHILD, path, *names], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return dict(np.load(path + ".out.npz"))
+
+
+def test_matmul_q8_is_bit_identical_under_every_cpu_kernel_set(tmp_path):
+    """STRATA_CPU_ISA=scalar|avx2 caps the CPU kernels (the AVX-512 VNNI ones, where the CPU has them, are
+    the default): every integer kernel gives the same bits under each, at decode and prompt token counts."""
+    rng = np.random.default_rng(41)
+    x = rng.uniform(-1, 1, (20, 512)).astype(np.float32)
+    inputs = {"x": x}
+    for qtype in Q8_TYPES:
+        inputs["w_" + qtype.name] = random_blocks(qtype, 19 * 512, rng)
+        inputs["type_" + qtype.name] = np.int64(qtype)
+    want = {qtype.name: _core.matmul_q8(int(qtype), inputs["w_" + qtype.name], 19, 512, x, threads=2)
+            for qtype in Q8_TYPES}
+    for T in (1, 3, 8):  # the small-T tiles
+        for qtype in Q8_TYPES:
+            y = _core.matmul_q8(int(qtype), inputs["w_" + qtype.name], 19, 512, x[:T], threads=1)
+            assert np.array_equal(y.view(np.uint32), want[qtype.name][:T].view(np.uint32)), (qtype.name, T)
+    for isa in ("avx2", "scalar"):
+        got = _matmul_q8_in_child(tmp_path, isa, inputs)
+        assert str(got["describe"]).startswith(("cpu (scalar",) if isa == "scalar" else ("cpu (AVX2", "cpu (scalar"))
+        for qtype in Q8_TYPES:
+            assert np.array_equal(got[qtype.name].view(np.uint32), want[qtype.name].view(np.uint32)), (isa, qtype.name)
+
+
+def test_an_unknown_cpu_kernel_set_is_an_error():
+    env = {**os.environ, "STRATA_CPU_ISA": "avx1024"}
+    code = (
+        "import numpy as np; from strata import _core; "
+        "_core.matmul_q8(8, np.zeros(34, np.uint8), 1, 32, np.zeros((1, 32), np.float32))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "STRATA_CPU_ISA=avx1024" in r.stderr and "scalar, avx2 or avx512vnni" in r.stderr
+

@@ -58,9 +58,10 @@ class CpuBackend final : public Backend,
   explicit CpuBackend(int threads) : pool_(threads > 0 ? threads : ThreadPool::default_threads()) {}
 
   const char* name() const override { return "cpu"; }
-  // The kernels it runs and on how many threads: "cpu (AVX2, 2 threads)" or "cpu (scalar, 1 thread)".
+  // The kernels it runs and on how many threads: "cpu (AVX2, 2 threads)", "cpu (AVX-512 VNNI, 2
+  // threads)" or "cpu (scalar, 1 thread)".
   std::string describe() const override {
-    return str("cpu (", best_isa() == Isa::Avx2 ? "AVX2" : "scalar", ", ", pool_.size(),
+    return str("cpu (", isa_name(best_isa()), ", ", pool_.size(),
                pool_.size() == 1 ? " thread)" : " threads)");
   }
   int threads() const override { return pool_.size(); }
