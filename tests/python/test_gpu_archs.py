@@ -3,10 +3,25 @@ backend (streamed experts: the fused layout; every expert resident: the MMQ layo
 op by op (qwen35moe picks its recurrent state's copies on the host each step, gemma4 passes its positions
 from the host: neither records a graph), and the logits' independence of the prompt chunking on the GPU.
 Bounds: gpu_common's, which say why; the CPU's logits are checked against transformers in
-test_qwen35moe.py and test_gemma4.py."""
+test_qwen35moe.py and test_gemma4.py.
+
+The logits comparisons use files that route every token to all experts (top_k = experts). With top-3 of 8
+these random files have routing near-ties that the GPU's fp16 tiles can flip: on the CPU, rounding only the
+weights to fp16 moves qwen35moe's logits by 0.116 and gemma4's by 0.163 of their largest, from position 2
+on (a flip at one position reaches every later one through the DeltaNet state), while every GPU op is held
+to the CPU's by the op harness. A flip is a discontinuity no rounding bound covers; with top_k = experts
+there is none, and what is left is the rounding itself. Its size on each file is measured on the CPU
+(`fp16_movement`: the logits when every float matrix is rounded to fp16, as the GPU's prompt tiles round
+weights and activations alike), and the GPU may move them 3x that (two operands rounded, and the order of
+its sums) or gpu_common's bound, whichever is larger. Top-3 routing on the GPU is covered by the greedy
+tokens and the chunking tests below."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
+import gguf
 import numpy as np
 import pytest
 
@@ -25,6 +40,7 @@ ARCHS = {
                                    "quant": {"embed": "Q8_0", "attn": "Q8_0", "experts": "MXFP4", "output": "Q8_0"}}),
     "gemma4": (make_gemma4, {"f32": None, "quant": {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q4_0"}}),
 }
+EXPERTS = 8  # both writers' default expert count: top_k = EXPERTS routes to all of them
 # 150 tokens: past two ends of qwen35moe's 64-position DeltaNet chunks, far past gemma4's 5-token window.
 PROMPT = [(i * 37 + 11) % 500 + 3 for i in range(150)]
 CTX = 256
@@ -35,11 +51,14 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpu-archs")
     made: dict[tuple[str, str], str] = {}
 
-    def get(arch: str, mix: str) -> str:
-        if (arch, mix) not in made:
+    def get(arch: str, mix: str, all_experts: bool = False) -> str:
+        key = (arch, mix, all_experts)
+        if key not in made:
             make, mixes = ARCHS[arch]
-            made[arch, mix] = str(make(d / f"{arch}-{mix}.gguf", quant=mixes[mix], seed=5))
-        return made[arch, mix]
+            kw = {"top_k": EXPERTS, "experts": EXPERTS} if all_experts else {}
+            made[key] = str(make(d / f"{arch}-{mix}{'-all' if all_experts else ''}.gguf", quant=mixes[mix], seed=5,
+                                 **kw))
+        return made[key]
 
     return get
 
@@ -52,23 +71,37 @@ def cpu(path: str, **kw) -> strata.Model:
     return strata.Model(path, device="cpu", ctx=CTX, progress=False, **kw)
 
 
+def fp16_movement(path: str, tmp_dir, **kw) -> float:
+    """How far the CPU's logits of `path` move when every float matrix of the file is rounded to fp16."""
+    rounded = tmp_dir / (os.path.basename(path) + ".fp16")
+    shutil.copy(path, rounded)
+    r = gguf.GGUFReader(rounded, "r+")
+    for t in r.tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.F32 and len(t.shape) >= 2:
+            t.data[...] = t.data.astype(np.float16).astype(np.float32)
+    del r
+    return rel(cpu(str(rounded), **kw).logits(PROMPT), cpu(path, **kw).logits(PROMPT))
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("mix", ["f32", "quant"])
 @pytest.mark.parametrize("kv", ["f32", "f16"])
-def test_gpu_logits_match_cpu(files, arch, mix, kv):
-    path = files(arch, mix)
+def test_gpu_logits_match_cpu(files, tmp_path, arch, mix, kv):
+    path = files(arch, mix, all_experts=True)
     want = cpu(path, expert_cache=64).logits(PROMPT)
+    moved = fp16_movement(path, tmp_path, expert_cache=64)
     e = rel(gpu(path, kv_type=kv, expert_cache=64).logits(PROMPT), want)
-    print(f"{arch} {mix} kv={kv}: vs cpu {e:.2e}")
-    assert e <= (F32_KV_VS_CPU if kv == "f32" else F16_KV_VS_CPU)
+    print(f"{arch} {mix} kv={kv}: vs cpu {e:.2e} (fp16 weights on the cpu: {moved:.2e})")
+    assert e <= max(F32_KV_VS_CPU if kv == "f32" else F16_KV_VS_CPU, 3 * moved)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_gpu_mmq_layout_matches_cpu_mmq(files, arch):
-    path = files(arch, "quant")
+def test_gpu_mmq_layout_matches_cpu_mmq(files, tmp_path, arch):
+    path = files(arch, "quant", all_experts=True)
+    moved = fp16_movement(path, tmp_path, expert_cache="all")
     e = rel(gpu(path, kv_type="f32", expert_cache="all").logits(PROMPT), cpu(path, expert_cache="all").logits(PROMPT))
-    print(f"{arch} MMQ: vs cpu {e:.2e}")
-    assert e <= MMQ_VS_CPU
+    print(f"{arch} MMQ: vs cpu {e:.2e} (fp16 weights on the cpu: {moved:.2e})")
+    assert e <= max(MMQ_VS_CPU, 3 * moved)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
