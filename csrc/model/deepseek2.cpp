@@ -417,11 +417,16 @@ class Deepseek2Forward final : public RowsForwardPass {
   HeadWeights head_;
   const float* inv_freq_ = nullptr;
   Ds2Scratch sc_;
+
+ public:
+  // RoPE takes each step's position from the host (rope_pairs' pos0), so a decode step is not recorded
+  // as a graph: it runs op by op.
+  bool graphable() const override { return false; }
 };
 
 std::string no_ds2_ops(Backend& be) {
-  return str("deepseek2 runs on the CPU backend; the ", be.name(),
-             " backend has no deepseek2 ops yet (the latent RMSNorm, interleaved RoPE, grouped router). "
+  return str("deepseek2 runs on the CPU and CUDA backends; the ", be.name(),
+             " backend has no deepseek2 ops (the latent RMSNorm, interleaved RoPE, grouped router). "
              "Use --device cpu.");
 }
 

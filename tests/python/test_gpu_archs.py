@@ -14,7 +14,8 @@ there is none, and what is left is the rounding itself. Its size on each file is
 (`fp16_movement`: the logits when every float matrix is rounded to fp16, as the GPU's prompt tiles round
 weights and activations alike), and the GPU may move them 3x that (two operands rounded, and the order of
 its sums) or gpu_common's bound, whichever is larger. Top-3 routing on the GPU is covered by the greedy
-tokens and the chunking tests below."""
+tokens and the chunking tests below. deepseek2 (first run on a GPU pending when this was written) decodes op
+by op too: its RoPE takes each step's position from the host."""
 
 from __future__ import annotations
 
@@ -28,19 +29,26 @@ import pytest
 import strata
 from gpu_common import F16_KV_VS_CPU, F32_KV_VS_CPU, MMQ_VS_CPU, has_gpu, rel
 from strata.testing import make_gemma4, make_qwen35moe
+from strata.testing.deepseek2 import make_deepseek2
 
 pytestmark = pytest.mark.gpu
 
 if not has_gpu():
     pytest.skip("no CUDA backend or no GPU here", allow_module_level=True)
 
-# Per architecture: its writer, a float mix and a quantized one (whose experts take the integer kernels).
+# Per architecture: its writer, a float mix and a quantized one (whose experts take the integer kernels), the
+# writer's arguments for every file (deepseek2's: head sizes of whole Q8_0 blocks) and those that route
+# every token to all experts.
 ARCHS = {
     "qwen35moe": (make_qwen35moe, {"f32": None,
-                                   "quant": {"embed": "Q8_0", "attn": "Q8_0", "experts": "MXFP4", "output": "Q8_0"}}),
-    "gemma4": (make_gemma4, {"f32": None, "quant": {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q4_0"}}),
+                                   "quant": {"embed": "Q8_0", "attn": "Q8_0", "experts": "MXFP4", "output": "Q8_0"}},
+                  {}, {"top_k": 8, "experts": 8}),
+    "gemma4": (make_gemma4, {"f32": None, "quant": {"embed": "Q8_0", "attn": "Q8_0", "experts": "Q4_0"}},
+               {}, {"top_k": 8, "experts": 8}),
+    "deepseek2": (make_deepseek2, {"f32": None, "quant": {"embed": "Q8_0", "attn": "Q8_0", "router": "Q8_0",
+                                                          "experts": "Q4_0", "output": "Q8_0"}},
+                  {"q_lora": 64, "key_nope": 32, "value_dim": 32}, {"top_k": 12, "groups_used": 4}),
 }
-EXPERTS = 8  # both writers' default expert count: top_k = EXPERTS routes to all of them
 # 150 tokens: past two ends of qwen35moe's 64-position DeltaNet chunks, far past gemma4's 5-token window.
 PROMPT = [(i * 37 + 11) % 500 + 3 for i in range(150)]
 CTX = 256
@@ -54,8 +62,8 @@ def files(tmp_path_factory):
     def get(arch: str, mix: str, all_experts: bool = False) -> str:
         key = (arch, mix, all_experts)
         if key not in made:
-            make, mixes = ARCHS[arch]
-            kw = {"top_k": EXPERTS, "experts": EXPERTS} if all_experts else {}
+            make, mixes, base, every = ARCHS[arch]
+            kw = {**base, **every} if all_experts else base
             made[key] = str(make(d / f"{arch}-{mix}{'-all' if all_experts else ''}.gguf", quant=mixes[mix], seed=5,
                                  **kw))
         return made[key]

@@ -13,6 +13,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/deepseek2.cuh"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embed.cuh"
 #include "backend/cuda/expert_resolve.cuh"
@@ -23,6 +24,7 @@
 #include "backend/cuda/quantize.cuh"
 #include "backend/cuda/qwen35.cuh"
 #include "backend/cuda/router.cuh"
+#include "backend/deepseek2_ops.h"
 #include "backend/gemma4_ops.h"
 #include "backend/gptoss_ops.h"
 #include "backend/qwen35_ops.h"
@@ -85,7 +87,11 @@ std::string describe_current(const cudaDeviceProp& p) {
   return str(p.name, ", ", gib(free_b), " free of ", gib(total_b), ", sm_", p.major, p.minor);
 }
 
-class CudaBackend final : public Backend, public GptOssOps, public Qwen35Ops, public Gemma4Ops {
+class CudaBackend final : public Backend,
+                          public GptOssOps,
+                          public Qwen35Ops,
+                          public Gemma4Ops,
+                          public Deepseek2Ops {
  public:
   explicit CudaBackend(int device) : device_(device) {
     require_device(device);
@@ -454,6 +460,25 @@ class CudaBackend final : public Backend, public GptOssOps, public Qwen35Ops, pu
   void add(float* x, const float* y, int64_t n) override {
     use();
     cuda::launch_add(x, y, n, compute_);
+  }
+
+  // Deepseek2Ops (backend/deepseek2_ops.h), in deepseek2.cu.
+  void rms_norm_rows(float* x, int64_t rows, int64_t D, int64_t stride, const float* w, float eps) override {
+    use();
+    cuda::launch_rms_norm_rows(x, rows, D, stride, w, eps, compute_);
+  }
+  void rope_pairs(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row, int64_t y_head,
+                  int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0) override {
+    use();
+    cuda::launch_rope_pairs(x, x_row, x_head, y, y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0,
+                            compute_);
+  }
+  void router_grouped(const float* logits, int64_t T, int64_t E, int64_t K, bool sigmoid, const float* bias,
+                      int64_t groups, int64_t groups_used, bool norm, float scale, int32_t* ids,
+                      float* weights) override {
+    use();
+    cuda::launch_router_grouped(logits, T, E, K, sigmoid, bias, groups, groups_used, norm, scale, ids,
+                                weights, compute_);
   }
 
   // Gemma4Ops (backend/gemma4_ops.h), in gemma4.cu (the windowed attention: gptoss.cu's without sinks).

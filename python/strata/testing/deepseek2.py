@@ -112,8 +112,7 @@ def make_deepseek2(
     w.add_value_length(kv_lora)
     w.add_uint32(f"{ARCH}.attention.key_length_mla", key_nope + key_rope)
     w.add_uint32(f"{ARCH}.attention.value_length_mla", value_dim)
-    if q_lora:
-        w.add_q_lora_rank(q_lora)
+    w.add_q_lora_rank(q_lora)  # 0 for one query projection, as the converter writes V2-Lite (llama.cpp needs it)
     w.add_kv_lora_rank(kv_lora)
     w.add_rope_dimension_count(key_rope)
     w.add_rope_freq_base(rope_theta)
