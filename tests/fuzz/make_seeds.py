@@ -1,7 +1,8 @@
 """Writes the seed corpus of the fuzz targets: small valid qwen3moe files of every quant family
 strata computes with, a tied head, the smallest declared alignment, a gpt-oss file (biases, sinks,
-YaRN keys), a qwen35moe file (DeltaNet and full-attention layers, the shared expert, an MTP block) and a
-gemma4 file (sliding and global layers, K = V, rope_freqs, the gemma4 tokenizer).
+YaRN keys), a qwen35moe file (DeltaNet and full-attention layers, the shared expert, an MTP block), a
+gemma4 file (sliding and global layers, K = V, rope_freqs, the gemma4 tokenizer) and a deepseek2 file (the
+latent attention's keys and tensors, grouped routing, YaRN, a leading dense layer, a shared expert).
 Deterministic.
 
     python3 tests/fuzz/make_seeds.py OUT_DIR
@@ -13,6 +14,7 @@ import os
 import sys
 
 from strata.testing import make_gemma4, make_gpt_oss, make_qwen3moe, make_qwen35moe
+from strata.testing.deepseek2 import make_deepseek2
 from strata.testing.gguf_edit import U32, Gguf
 
 TINY = dict(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, experts=4, top_k=2, expert_ffn=32, vocab=280)
@@ -40,6 +42,10 @@ def main(out: str) -> None:
     make_gemma4(os.path.join(out, "gemma4.gguf"), layers=2, hidden=32, heads=2, kv_heads=1, global_kv_heads=1,
                 head_dim=16, global_head_dim=32, experts=4, top_k=2, expert_ffn=32, ffn=32, vocab=600, ctx=4096,
                 quant={"experts": "Q8_0"}, seed=1)
+    make_deepseek2(os.path.join(out, "deepseek2.gguf"), layers=2, hidden=32, heads=2, q_lora=32, kv_lora=32,
+                   key_nope=16, key_rope=8, value_dim=16, experts=4, top_k=2, expert_ffn=32, shared_experts=1,
+                   dense_layers=1, dense_ffn=32, groups=2, groups_used=1, vocab=280, ctx=4096, yarn_orig_ctx=512,
+                   quant={"experts": "Q8_0"}, seed=1)
     raw = open(os.path.join(out, "q8_0.gguf"), "rb").read()
     g = Gguf.parse(raw)
     g.tensors = [t for t in g.tensors if t.name != b"output.weight"]  # the head reads the embedding
