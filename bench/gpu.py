@@ -14,6 +14,10 @@ Scenarios (each a cache configuration of one file):
            the experts cached against -ncmoe 27; a 2048-token prompt and decode after 512 tokens
   q36      the qwen3.6-35b-a3b preset (qwen35moe: DeltaNet and gated attention, 256 experts, Q4_K / Q6_K
            experts, Q8_0 dense): every expert on the GPU, and a quarter of them cached against -ncmoe 30
+  ds3      the deepseek-v3 preset (deepseek2: latent attention, 256 experts top-8 in 8 groups, IQ2_XS experts,
+           Q8_0 dense; written to --shm-dir) with 23 of V3's 61 layers unless --layers (3 dense, 20 MoE:
+           ~70 GB): the caches a 14,900 MiB and a 24 GiB cache are on the 61-layer model, scaled to the
+           file's MoE layers and rounded to whole layers for -ncmoe; a 2048-token prompt, decode after 512
 
 How the caches are matched: llama.cpp's `-ncmoe N` keeps the experts of layers N..L-1 on the GPU, i.e.
 (L - N) x E experts; strata gets an `--expert-cache` of exactly those bytes ((L - N) x E x the expert's
@@ -46,6 +50,7 @@ import strata
 from strata import _core
 from strata.model import sampling_params
 from strata.testing import GPT_OSS_PRESETS, QWEN35MOE_PRESETS, make_gpt_oss_preset, make_preset, make_qwen35moe_preset
+from strata.testing.deepseek2 import DEEPSEEK2_PRESETS, make_deepseek2_preset
 
 MiB = 1 << 20
 
@@ -85,10 +90,11 @@ def write_model(directory: str, preset: str, layers: int | None, workers: int, s
     if not os.path.exists(path):
         t0 = time.monotonic()
         kw: dict[str, float] = {"layers": layers} if layers else {}
-        if preset in GPT_OSS_PRESETS or preset in QWEN35MOE_PRESETS:
+        if preset in GPT_OSS_PRESETS or preset in QWEN35MOE_PRESETS or preset in DEEPSEEK2_PRESETS:
             if routing:
                 raise SystemExit("--route-skew / --route-locality shape qwen3moe files only")
-            make = make_gpt_oss_preset if preset in GPT_OSS_PRESETS else make_qwen35moe_preset
+            make = (make_gpt_oss_preset if preset in GPT_OSS_PRESETS else
+                    make_qwen35moe_preset if preset in QWEN35MOE_PRESETS else make_deepseek2_preset)
             make(preset, path + ".tmp", seed=0, workers=workers, **kw)
         else:
             if routing:
@@ -226,6 +232,19 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
             Config("all on GPU", 0, {"expert_cache": "all"}, (512, 2048), (512,)),
             Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,), (512,)),
         ]
+    if scenario == "ds3":
+        # llama.cpp's -ncmoe counts every block, the leading dense ones first. V3 has 58 MoE layers: each cache
+        # is its share of them, in whole MoE layers of this file.
+        blocks = int(info.metadata["deepseek2.block_count"])
+        moe = blocks - int(info.metadata.get("deepseek2.leading_dense_block_count", 0))
+        per_moe = info.spec["expert_bytes"] // moe
+
+        def scaled(mib: int, label: str) -> Config:
+            cached = min(moe, max(1, round(mib * 2**20 * moe / DS3_MOE_LAYERS / per_moe)))
+            return Config(f"{label} @61 layers (-ncmoe {blocks - cached})", blocks - cached,
+                          {"expert_cache": f"{cached * per_moe}b", "prefill": "auto:8192"}, (2048,), (512,))
+
+        return [scaled(14900, "14,900 MiB"), scaled(24 * 1024, "24 GiB")]
     if scenario == "oss120b":
         return [Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,),
                        (512,))]
@@ -242,7 +261,9 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
 # The file each scenario runs on, and whether it is written to --shm-dir (too large for the disk's page cache).
 SCENARIO_PRESETS = {"30b": ("qwen3-30b-a3b", False), "designs": ("qwen3-30b-a3b", False),
                     "235b": ("qwen3-235b-a22b", True), "oss120b": ("gpt-oss-120b", True),
-                    "q36": ("qwen3.6-35b-a3b", False)}
+                    "q36": ("qwen3.6-35b-a3b", False), "ds3": ("deepseek-v3", True)}
+DS3_MOE_LAYERS = 58  # DeepSeek V3: 61 blocks, the first 3 dense
+DS3_LAYERS = 23  # the ds3 file's blocks unless --layers: 3 dense and 20 MoE, ~70 GB with IQ2_XS experts
 
 
 def wait_for(binary: str, seconds: float) -> bool:
@@ -275,7 +296,7 @@ def print_table(rows: list[Row], hbm: float, link: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="30b",
-                    help="comma-separated: 30b, 235b, designs, oss120b, q36 (default: 30b)")
+                    help="comma-separated: 30b, 235b, designs, oss120b, q36, ds3 (default: 30b)")
     ap.add_argument("--dir", default="/tmp/strata-bench", help="where the 30B file is written (once)")
     ap.add_argument("--shm-dir", default="/dev/shm/strata-bench",
                     help="where the 235B and gpt-oss-120b files are written (once)")
@@ -312,7 +333,8 @@ def main() -> None:
             raise SystemExit(f"unknown scenario {s!r}: {', '.join(SCENARIO_PRESETS)}")
         preset, shm = SCENARIO_PRESETS[s]
         if preset not in files:
-            files[preset] = write_model(a.shm_dir if shm else a.dir, preset, a.layers, a.workers, a.route_skew,
+            layers = a.layers or (DS3_LAYERS if s == "ds3" else None)
+            files[preset] = write_model(a.shm_dir if shm else a.dir, preset, layers, a.workers, a.route_skew,
                                         a.route_locality)
     llama_state: dict[str, str | None] = {}
 
@@ -330,7 +352,7 @@ def main() -> None:
     for s in scenarios:
         path = files[SCENARIO_PRESETS[s][0]]
         info = strata.ModelInfo(path)
-        gen = max(8, a.gen_tokens // 4) if s == "235b" else a.gen_tokens
+        gen = max(8, a.gen_tokens // 4) if s in ("235b", "ds3") else a.gen_tokens
         chosen = []
         for cfg in configs(s, info, a.quick):
             if a.only and not any(cfg.label.startswith(o) for o in a.only.split(",")):
