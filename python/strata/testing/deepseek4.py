@@ -3,6 +3,7 @@ random weights, a real tokenizer, written tensor by tensor in bounded memory."""
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -13,6 +14,7 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
+from strata.testing.models import _write_tensors
 from strata.testing.quant import QTYPES, block_size, random_blocks, row_bytes
 
 ROLES = ("embed", "attn", "compressor", "router", "experts", "expert_down", "shared", "output", "hc")
@@ -199,18 +201,8 @@ def make_deepseek4(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    fout = w.fout[0]
-    total, done = sum(t.nbytes for t in tensors), 0
-    for t in tensors:
-        w.write_padding(fout, fout.tell())
-        for chunk in _generate(t, seed, experts):
-            chunk.tofile(fout)
-            done += chunk.nbytes
-            if progress is not None:
-                progress(done, total)
-        w.write_padding(fout, t.nbytes)
-    w.close()
-    return Path(path)
+    return _write_tensors(w, path, tensors, seed, progress=progress,
+                          gen=functools.partial(_generate, n_experts=experts))
 
 
 def make_deepseek4_preset(

@@ -6,8 +6,10 @@ E2B/E4B models), and dense-only variants; the MoE text model has none of them, a
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
-from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor
+from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor, _write_tensors
 from strata.testing.quant import block_size, random_blocks
 
 ARCH = "gemma4"
@@ -108,15 +110,12 @@ def make_gemma4(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    fout = w.fout[0]
-    for t in tensors:
-        w.write_padding(fout, fout.tell())
-        data = np.ascontiguousarray(_generate(t, seed, rotated)).view(np.uint8)
-        assert data.nbytes == t.nbytes, t.name
-        data.tofile(fout)
-        w.write_padding(fout, t.nbytes)
-    w.close()
-    return Path(path)
+    return _write_tensors(w, path, tensors, seed, gen=functools.partial(_chunks, rotated=rotated))
+
+
+def _chunks(t: _Tensor, seed: int, rotated: int) -> Iterator[np.ndarray]:
+    """The tensor's bytes as the writer takes them (one chunk)."""
+    yield np.ascontiguousarray(_generate(t, seed, rotated)).view(np.uint8)
 
 
 def _plan(types: dict[str, str], kinds: list[str], D: int, H: int, KV: int, KVg: int, hd: int, hdg: int, E: int,

@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
-from strata.testing.models import _FILE_TYPES, _pad, _resolve_quant, _Tensor, _write_parallel
+from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor, _write_tensors
 from strata.testing.quant import block_size, random_blocks
 
 ARCH = "gpt-oss"
@@ -109,21 +109,7 @@ def make_gpt_oss(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    fout = w.fout[0]
-    if workers > 1:
-        start = _pad(fout.tell(), w.data_alignment)
-        w.close()
-        total = sum(t.nbytes for t in tensors)
-        _write_parallel(path, tensors, start, w.data_alignment, seed, workers, None, total, _chunks)
-        return Path(path)
-    for t in tensors:
-        w.write_padding(fout, fout.tell())
-        data = np.ascontiguousarray(_generate(t, seed)).view(np.uint8)
-        assert data.nbytes == t.nbytes, t.name
-        data.tofile(fout)
-        w.write_padding(fout, t.nbytes)
-    w.close()
-    return Path(path)
+    return _write_tensors(w, path, tensors, seed, workers, gen=_chunks)
 
 
 def _plan(types: dict[str, str], L: int, D: int, H: int, KV: int, hd: int, E: int, F: int, V: int, norm: float,

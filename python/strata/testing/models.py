@@ -198,23 +198,7 @@ def make_qwen3moe(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    fout = w.fout[0]
-    total, done = sum(t.nbytes for t in tensors), 0
-    if workers > 1:
-        start = _pad(fout.tell(), w.data_alignment)
-        w.close()
-        _write_parallel(path, tensors, start, w.data_alignment, seed, workers, progress, total)
-        return Path(path)
-    for t in tensors:
-        w.write_padding(fout, fout.tell())
-        for chunk in _generate(t, seed):
-            chunk.tofile(fout)
-            done += chunk.nbytes
-            if progress is not None:
-                progress(done, total)
-        w.write_padding(fout, t.nbytes)
-    w.close()
-    return Path(path)
+    return _write_tensors(w, path, tensors, seed, workers, progress)
 
 
 def make_preset(
@@ -288,6 +272,35 @@ def _plan(types: dict[str, str], layers: int, D: int, H: int, KV: int, hd: int, 
 
 def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
+
+
+def _write_tensors(w: gguf.GGUFWriter, path: str | os.PathLike[str], tensors: list[_Tensor], seed: int,
+                   workers: int = 1, progress: Progress | None = None,
+                   gen: Callable[[_Tensor, int], Iterator[np.ndarray]] | None = None) -> Path:
+    """After the header and tensor infos: every tensor's data from `gen` (uint8 chunks of whole rows; the
+    default `_generate`), in order with the alignment's padding, or with `workers` > 1 each tensor by one
+    of `workers` processes at its offset (the same bytes). Closes `w`; returns the path."""
+    gen = gen or _generate
+    fout = w.fout[0]
+    total, done = sum(t.nbytes for t in tensors), 0
+    if workers > 1:
+        start = _pad(fout.tell(), w.data_alignment)
+        w.close()
+        _write_parallel(path, tensors, start, w.data_alignment, seed, workers, progress, total, gen)
+        return Path(path)
+    for t in tensors:
+        w.write_padding(fout, fout.tell())
+        wrote = 0
+        for chunk in gen(t, seed):
+            chunk.tofile(fout)
+            wrote += chunk.nbytes
+            if progress is not None:
+                progress(done + wrote, total)
+        assert wrote == t.nbytes, t.name
+        done += wrote
+        w.write_padding(fout, t.nbytes)
+    w.close()
+    return Path(path)
 
 
 def _write_parallel(path: str | os.PathLike[str], tensors: list[_Tensor], start: int, align: int, seed: int,

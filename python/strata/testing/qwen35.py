@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
-from strata.testing.models import _FILE_TYPES, _pad, _resolve_quant, _Tensor, _write_parallel
+from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor, _write_tensors
 from strata.testing.quant import block_size, random_blocks
 
 ARCH = "qwen35moe"
@@ -148,22 +148,7 @@ def make_qwen35moe(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    fout = w.fout[0]
-    if workers > 1:  # the same bytes, each tensor by one of `workers` processes at its offset
-        start = _pad(fout.tell(), w.data_alignment)
-        w.close()
-        total = sum(t.nbytes for t in tensors)
-        _write_parallel(path, tensors, start, w.data_alignment, seed, workers, None, total,
-                        functools.partial(_chunks, decay_max=decay_max))
-        return Path(path)
-    for t in tensors:
-        w.write_padding(fout, fout.tell())
-        data = np.ascontiguousarray(_generate(t, seed, decay_max)).view(np.uint8)
-        assert data.nbytes == t.nbytes, t.name
-        data.tofile(fout)
-        w.write_padding(fout, t.nbytes)
-    w.close()
-    return Path(path)
+    return _write_tensors(w, path, tensors, seed, workers, gen=functools.partial(_chunks, decay_max=decay_max))
 
 
 def _chunks(t: _Tensor, seed: int, decay_max: float) -> Iterator[np.ndarray]:
