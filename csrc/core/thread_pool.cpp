@@ -2,6 +2,7 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -26,6 +27,31 @@ int ThreadPool::default_threads() {
   return hc == 0 ? 1 : (int)hc;
 }
 
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spins until done() or `nanos` have passed; whether done() held.
+template <class Done>
+bool spin_until(Done&& done, int64_t nanos) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(nanos);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= end) return done();
+  }
+}
+
+}  // namespace
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t, int)>& fn) {
   if (n <= 0) return;
@@ -41,20 +67,26 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     }
     return;
   }
-  {
+  // Every worker is past the previous job (active_ reached 0), so none reads these while they change.
+  job_ = &fn;
+  job_n_ = n;
+  job_grain_ = grain;
+  next_.store(0, std::memory_order_relaxed);
+  active_.store(n_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes the job
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_grain_ = grain;
-    next_ = 0;
-    active_ = n_threads_ - 1;
-    ++generation_;
+    cv_start_.notify_all();
   }
-  cv_start_.notify_all();
   // The caller works too, as thread 0.
   drain(fn, n, grain, 0);
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [this] { return active_ == 0; });
+  const auto done = [this] { return active_.load(std::memory_order_seq_cst) == 0; };
+  if (!spin_until(done, kSpinNanos)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    caller_sleeps_.store(true, std::memory_order_seq_cst);
+    cv_done_.wait(lk, done);
+    caller_sleeps_.store(false, std::memory_order_relaxed);
+  }
   job_ = nullptr;
   if (interrupted()) throw Interrupted();
 }
@@ -72,21 +104,22 @@ void ThreadPool::drain(const std::function<void(int64_t, int64_t, int)>& fn, int
 void ThreadPool::worker(int idx) {
   int seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)>* job;
-    int64_t n, grain;
-    {
+    const auto ready = [&] {
+      return stop_.load(std::memory_order_seq_cst) || generation_.load(std::memory_order_seq_cst) != seen;
+    };
+    if (!spin_until(ready, kSpinNanos)) {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_start_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      grain = job_grain_;
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      cv_start_.wait(lk, ready);
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
-    drain(*job, n, grain, idx);
-    {
+    if (stop_.load(std::memory_order_seq_cst)) return;
+    seen = generation_.load(std::memory_order_seq_cst);
+    drain(*job_, job_n_, job_grain_, idx);
+    if (active_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+        caller_sleeps_.load(std::memory_order_seq_cst)) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--active_ == 0) cv_done_.notify_all();
+      cv_done_.notify_all();
     }
   }
 }

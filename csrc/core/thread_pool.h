@@ -38,6 +38,13 @@ class ThreadPool {
   // Runs grain-sized pieces of the current job until none is left.
   void drain(const std::function<void(int64_t, int64_t, int)>& fn, int64_t n, int64_t grain, int idx);
 
+  // The hand-off: a job is published by bumping generation_; a worker spins on it for up to kSpin before it
+  // sleeps on cv_start_, and the caller spins on active_ before it sleeps on cv_done_. A step of small ops
+  // (a decode step: hundreds of parallel_for calls of tens of microseconds) then pays no futex wake and
+  // wait per op. The condition variables are notified only when someone sleeps (sleepers_, caller_sleeps_,
+  // read after the store they wait for, both sequentially consistent: a sleeper either sees the store
+  // under the mutex or is counted before the notifier looks).
+  static constexpr int64_t kSpinNanos = 50'000;
   int n_threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
@@ -45,8 +52,8 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t job_n_ = 0, job_grain_ = 1;
   std::atomic<int64_t> next_{0};  // the next unclaimed index of the current job
-  int generation_ = 0, active_ = 0;
-  bool stop_ = false;
+  std::atomic<int> generation_{0}, active_{0}, sleepers_{0};
+  std::atomic<bool> caller_sleeps_{false}, stop_{false};
   const std::atomic<bool>* interrupt_ = nullptr;
   bool interrupted() const { return interrupt_ && interrupt_->load(std::memory_order_relaxed); }
 };
