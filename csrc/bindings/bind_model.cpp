@@ -331,7 +331,27 @@ void bind_model(py::module_& m) {
           },
           py::arg("ids"), py::arg("positions"), py::arg("seqs"),
           "One decode step: token ids[i] at positions[i] of KV region seqs[i], every row in one pass; "
-          "logits [B, V]. The regions then belong to no generation.");
+          "logits [B, V]. The regions then belong to no generation.")
+      .def(
+          "prompt_rows",
+          [](Model& mo, const std::vector<int32_t>& ids, const std::vector<int64_t>& pos,
+             const std::vector<int32_t>& seqs, const std::vector<int32_t>& pick) {
+            STRATA_CHECK(ids.size() == pos.size() && ids.size() == seqs.size(), ConfigError,
+                         "prompt_rows: ids, positions and seqs must be as long as each other, got ",
+                         ids.size(), ", ", pos.size(), " and ", seqs.size());
+            py::array_t<float> out({(int64_t)pick.size(), mo.spec().V});
+            float* o = out.mutable_data();
+            py::gil_scoped_release nogil;
+            for (int32_t q : seqs)
+              if (q >= 0 && q < mo.seqs()) mo.set_kv_owner(nullptr, q);
+            mo.forward_rows(ids.data(), pos.data(), seqs.data(), (int64_t)ids.size(), pick.data(),
+                            (int64_t)pick.size(), o);
+            return out;
+          },
+          py::arg("ids"), py::arg("positions"), py::arg("seqs"), py::arg("pick"),
+          "Prompts of several KV regions in one pass: row i is token ids[i] at positions[i] of region "
+          "seqs[i] (a region's rows contiguous, at consecutive positions); logits [len(pick), V] of the "
+          "rows `pick` names (ascending). The regions then belong to no generation.");
 
   py::class_<SamplerParams>(m, "SamplerParams")
       .def(py::init<>())
@@ -374,6 +394,9 @@ void bind_model(py::module_& m) {
           "Runs the prompt; progress(done, total) hears its tokens done. With catch_sigint (main thread, "
           "Python's default SIGINT handler), Ctrl-C stops it between layers with KeyboardInterrupt. "
           "reuse: an earlier Generator whose KV cache serves the prompt's common beginning.")
+      .def("prepare", &Generator::prepare, py::arg("prompt"), py::arg("params"), py::arg("reuse") = nullptr,
+           "begin() without its pass: the checks and the reuse of an earlier Generator's KV; run_prompts "
+           "then runs this prompt with others in one pass.")
       .def(
           "next",
           [](Generator& g, bool catch_sigint) {
@@ -386,6 +409,18 @@ void bind_model(py::module_& m) {
           py::arg("catch_sigint") = false)
       .def("finish", &Generator::finish, py::arg("reason"))
       .def("stats", [](const Generator& g) { return stats_dict(g.stats()); });
+  m.def(
+      "run_prompts",
+      [](Model& mo, const std::vector<Generator*>& gens, bool catch_sigint) {
+        interruptible(catch_sigint, [&](const std::atomic<bool>* stop) {
+          RunControl rc;
+          rc.interrupt = stop;
+          run_prompts(mo, gens, rc);
+        });
+      },
+      py::arg("model"), py::arg("generators"), py::arg("catch_sigint") = false,
+      "Runs the prompts of prepared generators (distinct KV regions) in one batched pass; each then "
+      "samples its first token with next().");
   m.def(
       "next_tokens",
       [](Model& mo, const std::vector<Generator*>& gens, bool catch_sigint) {

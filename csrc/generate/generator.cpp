@@ -45,8 +45,7 @@ Generator::Generator(Model& m, int64_t seq) : m_(m), seq_(seq) {
                m.seqs(), " KV regions; load it with seqs (--parallel) > ", seq);
 }
 
-void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc,
-                      const Generator* reuse) {
+void Generator::prepare(const std::vector<int32_t>& prompt, const GenParams& p, const Generator* reuse) {
   STRATA_CHECK(!prompt.empty(), ConfigError, "the prompt is empty: it must hold at least one token");
   if (m_.seqs() == 1)
     STRATA_CHECK((int64_t)prompt.size() < m_.seq_ctx(), ConfigError, "the prompt has ", prompt.size(),
@@ -77,26 +76,94 @@ void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, co
   stats_.prompt_reused = from;
   stats_.prompt_chunk = run == 1 ? 1 : std::min(m_.chunk(), run);
   stats_.prompt_chunks = (run + stats_.prompt_chunk - 1) / stats_.prompt_chunk;
-  const auto t0 = std::chrono::steady_clock::now();
+  from_ = from;
+  pos_ = 0;
+  have_logits_ = false;
+  done_ = true;
+  pending_ = true;
   m_.set_kv_owner(nullptr, seq_);  // until the prompt is all in: a throwing pass leaves the cache to no one
+}
+
+void Generator::started(double ms) {
+  stats_.prompt_ms = ms;
+  stats_.prompt_tokens = (int64_t)tokens_.size();
+  pos_ = (int64_t)tokens_.size();
+  have_logits_ = true;
+  done_ = false;
+  pending_ = false;
+  m_.set_kv_owner(this, seq_);
+}
+
+void Generator::begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc,
+                      const Generator* reuse) {
+  prepare(prompt, p, reuse);
+  const int64_t n = (int64_t)tokens_.size(), from = from_;
+  const auto t0 = std::chrono::steady_clock::now();
   int64_t complete = from;
+  pending_ = false;
   try {
-    Watch w(m_, rc, n, &complete, run > 1);
-    m_.forward(prompt.data() + from, run, from, logits_.data(), false, seq_);
+    Watch w(m_, rc, n, &complete, n - from > 1);
+    m_.forward(tokens_.data() + from, n - from, from, logits_.data(), false, seq_);
   } catch (const Interrupted&) {
     stats_.prompt_ms = ms_since(t0);
     stats_.prompt_tokens = complete;
     stats_.prompt_chunks = (complete - from + stats_.prompt_chunk - 1) / stats_.prompt_chunk;
     stats_.stop_reason = "interrupted";
-    done_ = true;
     throw;
   }
-  stats_.prompt_ms = ms_since(t0);
-  stats_.prompt_tokens = n;
-  pos_ = n;
-  have_logits_ = true;
-  done_ = false;
-  m_.set_kv_owner(this, seq_);
+  started(ms_since(t0));
+}
+
+void run_prompts(Model& m, const std::vector<Generator*>& gens, const RunControl& rc) {
+  std::vector<uint8_t> taken((size_t)m.seqs(), 0);
+  for (size_t i = 0; i < gens.size(); ++i) {
+    Generator* g = gens[i];
+    STRATA_CHECK(g && &g->m_ == &m, ConfigError, "run_prompts: generator ", i, " is not one of this model's");
+    STRATA_CHECK(g->pending_, ConfigError, "run_prompts: generator ", i,
+                 " has no prompt waiting (prepare it first, once)");
+    STRATA_CHECK(!taken[(size_t)g->seq_], ConfigError, "run_prompts: generators ", i,
+                 " and an earlier one share KV region ", g->seq_, "; a pass runs one prompt a region");
+    taken[(size_t)g->seq_] = 1;
+  }
+  if (gens.empty()) return;
+  const int64_t V = m.spec().V;
+  std::vector<int32_t> ids, seqs, pick;
+  std::vector<int64_t> pos;
+  for (Generator* g : gens) {
+    g->pending_ = false;
+    for (int64_t t = g->from_; t < (int64_t)g->tokens_.size(); ++t) {
+      ids.push_back(g->tokens_[(size_t)t]);
+      pos.push_back(t);
+      seqs.push_back((int32_t)g->seq_);
+    }
+    pick.push_back((int32_t)ids.size() - 1);
+  }
+  const int64_t n = (int64_t)ids.size();
+  std::vector<float> logits(gens.size() * (size_t)V);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    // Rows of several regions: the layer hook's positions are not one prompt's, so only the interrupt.
+    const RunControl stop_only{rc.interrupt, {}};
+    Watch w(m, stop_only, 0, nullptr, n > 1);
+    m.forward_rows(ids.data(), pos.data(), seqs.data(), n, pick.data(), (int64_t)pick.size(), logits.data());
+  } catch (const Interrupted&) {
+    for (Generator* g : gens) {
+      g->stats_.prompt_ms = ms_since(t0);
+      g->stats_.prompt_tokens = g->from_;
+      g->stats_.prompt_chunks = 0;
+      g->stats_.stop_reason = "interrupted";
+    }
+    throw;
+  }
+  const double ms = ms_since(t0);
+  const int64_t chunk = n == 1 ? 1 : std::min(m.chunk(), n);
+  for (size_t i = 0; i < gens.size(); ++i) {
+    Generator* g = gens[i];
+    std::copy(logits.begin() + (int64_t)i * V, logits.begin() + ((int64_t)i + 1) * V, g->logits_.begin());
+    g->stats_.prompt_chunk = chunk;
+    g->stats_.prompt_chunks = (n + chunk - 1) / chunk;
+    g->started(ms);
+  }
 }
 
 Generator::~Generator() {

@@ -52,6 +52,12 @@ struct GenStats {
 };
 
 class Generator;
+// Runs the prompts of generators that were prepared (Generator::prepare) in one batched pass (passes of
+// up to the model's chunk of rows: Model::forward_rows), each in its own KV region (distinct; ConfigError
+// otherwise), so the experts of a layer are fetched once for all of them; then each samples its first
+// token with next(). Every generator's logits and KV are those begin() gives it alone. Each one's
+// prompt_ms is the whole pass's (as a batched decode step's time is every row's).
+void run_prompts(Model& m, const std::vector<Generator*>& gens, const RunControl& rc = {});
 // The next token of each generator (as next(), -1 when it has ended): every one that needs a pass
 // runs in one batched decode step (Model::decode_batch), so their experts are fetched once a layer
 // for all. The generators are in distinct KV regions (ConfigError otherwise); a generator whose
@@ -75,6 +81,9 @@ class Generator {
   // size with an ExpertSource).
   void begin(const std::vector<int32_t>& prompt, const GenParams& p, const RunControl& rc = {},
              const Generator* reuse = nullptr);
+  // begin() without the pass: the checks (ConfigError for this request alone) and the prompt's reuse of
+  // `reuse`'s KV; run_prompts then runs it together with other generators' prompts.
+  void prepare(const std::vector<int32_t>& prompt, const GenParams& p, const Generator* reuse = nullptr);
   // The next token, or -1 when generation has ended (stats().stop_reason says why).
   int32_t next(const RunControl& rc = {});
   // The caller ends generation (e.g. "stop_string" when a stop string matched).
@@ -84,6 +93,9 @@ class Generator {
  private:
   friend std::vector<int32_t> next_tokens(Model& m, const std::vector<Generator*>& gens,
                                           const RunControl& rc);
+  friend void run_prompts(Model& m, const std::vector<Generator*>& gens, const RunControl& rc);
+  // The prompt ran (in `ms`): its logits are in logits_, the KV cache is this generation's.
+  void started(double ms);
   // What the next token needs: none (the generation has ended: -1), a sample of the logits it
   // has (the prompt's), or a pass of its last token first.
   enum class Need { Ended, Sample, Pass };
@@ -107,6 +119,8 @@ class Generator {
   std::vector<float> logits_;
   int64_t pos_ = 0;
   bool done_ = true, have_logits_ = false;
+  bool pending_ = false;  // prepared: its prompt waits for run_prompts
+  int64_t from_ = 0;      // the prompt's first token to run (those before it are reused)
   GenStats stats_;
 };
 

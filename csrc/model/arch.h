@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -47,11 +48,27 @@ struct ForwardContext {
   const StepPlan* step = nullptr;         // the Model's plan of the call running; null: a prompt's
 };
 
-// The rows of a batched decode step: row i is at position pos[i] of KV region seq[i] (host memory).
+// The rows of a batched pass: row i is at position pos[i] of KV region seq[i] (host memory). A decode
+// step has one row a region; a pass of several prompts has each prompt's rows in order, at consecutive
+// positions. `pick` (ascending row indices, n_pick of them; host memory) names the rows whose logits
+// the pass writes, in that order; null: every row's.
 struct SeqRows {
   const int64_t* pos = nullptr;
   const int32_t* seq = nullptr;
+  const int32_t* pick = nullptr;
+  int64_t n_pick = 0;
 };
+
+// A span of a pass's rows that belong to one KV region at consecutive positions: rows first ..
+// first + n - 1 at positions pos0 .. pos0 + n - 1 of region seq. The per-sequence ops (RoPE, the KV
+// store, attention) run on a span as on a chunk of that sequence, which gives each row what it gets
+// alone (logits do not depend on the chunking).
+struct RowRun {
+  int64_t first = 0, n = 0, pos0 = 0;
+  int32_t seq = 0;
+};
+// The maximal spans of rows[0 .. T), in row order.
+std::vector<RowRun> row_runs(const SeqRows& rows, int64_t T);
 
 class ForwardPass {
  public:
@@ -66,9 +83,11 @@ class ForwardPass {
   // Whether a decode step may be recorded as a graph and replayed: every buffer it touches is the same
   // each step (false: the pass picks buffers on the host per step, as qwen35moe's recurrent state copies).
   virtual bool graphable() const { return true; }
-  // One token of each of B sequences (rows: their positions and KV regions, distinct) through every
-  // layer on the scratch `b` (carved for T = B); the logits of every row into `logits` (B x V, host
-  // memory). Every row's logits are those of run_chunk on its token alone (each op is per row).
+  // B rows (rows: their positions and KV regions; one token of each of B sequences, or the tokens of
+  // several prompts, each prompt's rows in order at consecutive positions) through every layer on the
+  // scratch `b` (carved for T = B); the logits of the rows rows.pick names (every row's when null) into
+  // `logits` (n x V, host memory). Every row's logits are those run_chunk gives it in its own sequence
+  // (each op is per row, or per span of one sequence: RowRun).
   virtual void run_rows(const PrefillBuffers& /*b*/, const int32_t* /*ids*/, const SeqRows& /*rows*/,
                         int64_t /*B*/, float* /*logits*/) {
     throw UnsupportedError("internal error: this architecture decodes one sequence a pass");
@@ -76,7 +95,7 @@ class ForwardPass {
 };
 
 // A forward pass whose chunks and batched rows are one loop: run() takes a chunk of one sequence at
-// pos0 (rows null) or one token of each of T sequences (rows), every op per row either way.
+// pos0 (rows null) or the rows of several sequences (rows), every op per row or per span either way.
 class RowsForwardPass : public ForwardPass {
  public:
   void run_chunk(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, float* logits,

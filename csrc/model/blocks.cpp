@@ -59,15 +59,15 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
   const KvType kt = ctx.kv.type();
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
   if (rows) {
-    // Each row its own sequence: the per-head ops of one token at its position in its region.
+    // Each span of one sequence as a chunk of it, in its region.
     const int64_t qw = a.n_head * a.head_dim, kw = a.n_kv_head * a.head_dim;
-    for (int64_t t = 0; t < T; ++t) {
-      void* kc = ctx.kv.k(l, rows->seq[t]);
-      void* vc = ctx.kv.v(l, rows->seq[t]);
-      be.qk_rope_store(q + t * qw, k + t * kw, v + t * kw, 1, a.n_head, a.n_kv_head, a.head_dim, w.q_norm,
-                       w.k_norm, a.eps, rows->pos[t], a.rope, kc, vc, kt);
-      be.attention(q + t * qw, kc, vc, kt, 1, rows->pos[t], a.n_head, a.n_kv_head, a.head_dim, scale,
-                   out + t * qw);
+    for (const RowRun& r : row_runs(*rows, T)) {
+      void* kc = ctx.kv.k(l, r.seq);
+      void* vc = ctx.kv.v(l, r.seq);
+      be.qk_rope_store(q + r.first * qw, k + r.first * kw, v + r.first * kw, r.n, a.n_head, a.n_kv_head,
+                       a.head_dim, w.q_norm, w.k_norm, a.eps, r.pos0, a.rope, kc, vc, kt);
+      be.attention(q + r.first * qw, kc, vc, kt, r.n, r.pos0, a.n_head, a.n_kv_head, a.head_dim, scale,
+                   out + r.first * qw);
     }
   } else {
     be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
@@ -352,14 +352,36 @@ void head_block(Backend& be, const DenseMatrix& output, const float* x, int64_t 
   }
 }
 
-void final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& head, int64_t T, int64_t D,
-                  float eps, bool all_logits, float* logits) {
+int64_t final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& head, int64_t T, int64_t D,
+                     float eps, bool all_logits, float* logits, const SeqRows* rows) {
   be.add(b.R, b.proj, T * D);  // the last layer's MoE output
   be.rms_scale(b.R, T, D, eps, b.grs);
-  const int64_t first = all_logits ? 0 : T - 1;
   float* x = b.xn ? b.xn : b.proj;
+  if (rows && rows->pick) {
+    // The picked rows, gathered by index (the router ids are free after the last layer).
+    const int64_t n = rows->n_pick;
+    STRATA_CHECK(n >= 1 && n <= T, Error, "internal error: ", n, " logit rows picked of a pass of ", T);
+    be.upload(b.topk_ids, rows->pick, (size_t)n * sizeof(int32_t));
+    be.apply_norm(b.R, b.grs, head.output_norm, D, b.topk_ids, 1, n, x);
+    head_block(be, head.output, x, n, head.logits_dev.as<float>(), logits);
+    return n;
+  }
+  const int64_t first = all_logits ? 0 : T - 1;
   be.apply_norm(b.R + first * D, b.grs + first, head.output_norm, D, nullptr, 1, T - first, x);
   head_block(be, head.output, x, T - first, head.logits_dev.as<float>(), logits);
+  return T - first;
+}
+
+std::vector<RowRun> row_runs(const SeqRows& rows, int64_t T) {
+  std::vector<RowRun> runs;
+  for (int64_t t = 0; t < T; ++t) {
+    RowRun* r = runs.empty() ? nullptr : &runs.back();
+    if (r && r->seq == rows.seq[t] && r->pos0 + r->n == rows.pos[t])
+      ++r->n;
+    else
+      runs.push_back(RowRun{t, 1, rows.pos[t], rows.seq[t]});
+  }
+  return runs;
 }
 
 }  // namespace strata

@@ -123,9 +123,10 @@ void head_block(Backend& be, const DenseMatrix& output, const float* x, int64_t 
                 float* logits_host);
 
 struct HeadWeights;
-// After the last layer of a single-stream pass: its output (b.proj) joins the residual b.R, the final
-// RMSNorm of every row (all_logits) or the last, then the head into `logits` (host memory).
-void final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& head, int64_t T, int64_t D,
-                  float eps, bool all_logits, float* logits);
+// After the last layer of a pass: its output (b.proj) joins the residual b.R, the final RMSNorm of
+// every row (all_logits) or the last, or of the rows `rows->pick` names when a batched pass has them,
+// then the head into `logits` (host memory). Returns the number of rows whose logits it wrote.
+int64_t final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& head, int64_t T, int64_t D,
+                     float eps, bool all_logits, float* logits, const SeqRows* rows = nullptr);
 
 }  // namespace strata

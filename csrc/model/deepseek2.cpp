@@ -313,7 +313,7 @@ class Deepseek2Forward final : public RowsForwardPass {
     size_t k_b_head = 0, v_b_head = 0;
   };
 
-  // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
+  // A chunk of one sequence at pos0, or (rows) the rows of several sequences.
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
            float* logits, bool all_logits) override {
     const ModelSpec& s = ctx_.spec;
@@ -344,7 +344,7 @@ class Deepseek2Forward final : public RowsForwardPass {
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
-    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
+    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits, rows);
   }
 
   void matmul(const DenseMatrix& m, const float* x, int64_t T, float* y) {
@@ -365,7 +365,7 @@ class Deepseek2Forward final : public RowsForwardPass {
   // rows, its rope part rotated behind it; the latent row (normalized kv latent, rotated rope key) goes
   // to the KV cache; attention over those rows as keys and values gives each head a latent output, which
   // v_b per head turns into its values; then the output projection into b.proj. With `rows`, row t is
-  // one token of its own sequence: its RoPE, store and attention are that token's alone.
+  // token of its sequence: RoPE, store and attention run on each span of one sequence (RowRun).
   void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, int64_t pos0,
                  const SeqRows* rows) {
     const ModelSpec& s = ctx_.spec;
@@ -388,14 +388,14 @@ class Deepseek2Forward final : public RowsForwardPass {
                 H * dk, T, ql + h * W, H * W);
     const KvType kt = ctx_.kv.type();
     if (rows) {
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t p = rows->pos[t];
+      for (const RowRun& r : row_runs(*rows, T)) {
+        const int64_t t = r.first, p = r.pos0, n = r.n;
         float* kvt = kv + t * W;
-        ops_.rope_pairs(q + t * H * dk + dn, H * dk, dk, ql + t * H * W + C, H * W, W, 1, H, P, inv_freq_, p);
-        ops_.rope_pairs(kvt + C, W, W, kvt + C, W, W, 1, 1, P, inv_freq_, p);
-        void* kc = ctx_.kv.k(l, rows->seq[t]);
-        be.kv_store(kc, kt, p, 1, W, kvt);
-        be.attention(ql + t * H * W, kc, kc, kt, 1, p, H, 1, W, d.kq_scale, ol + t * H * W);
+        ops_.rope_pairs(q + t * H * dk + dn, H * dk, dk, ql + t * H * W + C, H * W, W, n, H, P, inv_freq_, p);
+        ops_.rope_pairs(kvt + C, W, W, kvt + C, W, W, n, 1, P, inv_freq_, p);
+        void* kc = ctx_.kv.k(l, r.seq);
+        be.kv_store(kc, kt, p, n, W, kvt);
+        be.attention(ql + t * H * W, kc, kc, kt, n, p, H, 1, W, d.kq_scale, ol + t * H * W);
       }
     } else {
       ops_.rope_pairs(q + dn, H * dk, dk, ql + C, H * W, W, T, H, P, inv_freq_, pos0);

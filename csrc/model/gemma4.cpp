@@ -368,7 +368,7 @@ class Gemma4Forward final : public RowsForwardPass {
     ctx_.be.matmul(m.type, m.data, m.rows, m.cols, x, m.cols, T, y, m.rows);
   }
 
-  // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
+  // A chunk of one sequence at pos0, or (rows) the rows of several sequences.
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
            float* logits, bool all_logits) override {
     const ModelSpec& s = ctx_.spec;
@@ -413,16 +413,16 @@ class Gemma4Forward final : public RowsForwardPass {
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     be.zero(b.proj, (size_t)T * D * sizeof(float));  // R is whole: final_logits adds proj
-    final_logits(be, b, head_, T, D, eps, all_logits, logits);
+    const int64_t n_rows = final_logits(be, b, head_, T, D, eps, all_logits, logits, rows);
     if (softcap_ > 0) {
-      const int64_t n = (all_logits ? T : 1) * s.V;
+      const int64_t n = n_rows * s.V;
       for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / softcap_) * softcap_;
     }
   }
 
   // q/k/v, their per-head norms (v's unweighted; a layer without attn_v takes the keys' projection as
   // values), RoPE, the KV cache, attention (windowed on sliding layers) at scale 1, the output projection
-  // into `out`. With `rows`, row t is one token of its own sequence (its position and KV region).
+  // into `out`. With `rows`, store and attention run on each span of one sequence (RowRun).
   void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, int64_t pos0,
                  const SeqRows* rows, float* out_proj) {
     const ModelSpec& s = ctx_.spec;
@@ -442,13 +442,13 @@ class Gemma4Forward final : public RowsForwardPass {
     ops_.rope_freqs(k, T, KV, hd, w.inv_freq, pos0, rows ? rows->pos : nullptr);
     const KvType kt = ctx_.kv.type();
     if (rows) {
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t p = rows->pos[t];
-        void* kc = ctx_.kv.k(l, rows->seq[t]);
-        void* vc = ctx_.kv.v(l, rows->seq[t]);
-        be.kv_store(kc, kt, p, 1, KV * hd, k + t * KV * hd);
-        be.kv_store(vc, kt, p, 1, KV * hd, v + t * KV * hd);
-        ops_.attention_window(q + t * H * hd, kc, vc, kt, 1, p, H, KV, hd, 1.0f, w.window, out + t * H * hd);
+      for (const RowRun& r : row_runs(*rows, T)) {
+        const int64_t t = r.first, p = r.pos0, n = r.n;
+        void* kc = ctx_.kv.k(l, r.seq);
+        void* vc = ctx_.kv.v(l, r.seq);
+        be.kv_store(kc, kt, p, n, KV * hd, k + t * KV * hd);
+        be.kv_store(vc, kt, p, n, KV * hd, v + t * KV * hd);
+        ops_.attention_window(q + t * H * hd, kc, vc, kt, n, p, H, KV, hd, 1.0f, w.window, out + t * H * hd);
       }
     } else {
       be.kv_store(ctx_.kv.k(l), kt, pos0, T, KV * hd, k);

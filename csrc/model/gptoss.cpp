@@ -196,7 +196,7 @@ class GptOssForward final : public RowsForwardPass {
   }
 
  private:
-  // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
+  // A chunk of one sequence at pos0, or (rows) the rows of several sequences.
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
            float* logits, bool all_logits) override {
     const ModelSpec& s = ctx_.spec;
@@ -221,7 +221,7 @@ class GptOssForward final : public RowsForwardPass {
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
-    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
+    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits, rows);
   }
 
   struct Layer {
@@ -236,8 +236,8 @@ class GptOssForward final : public RowsForwardPass {
   }
 
   // Biased q/k/v, RoPE, the KV cache at pos0, attention with sinks (windowed on sliding layers), the
-  // biased output projection into b.proj. With `rows`, row t is one token of its own sequence (its
-  // position and KV region): its RoPE, store and attention are that token's alone.
+  // biased output projection into b.proj. With `rows`, RoPE, store and attention run on each span of
+  // one sequence (RowRun) in its KV region.
   void attention(const PrefillBuffers& b, int64_t l, const Layer& w, const float* x, int64_t T, int64_t pos0,
                  const SeqRows* rows) {
     const ModelSpec& s = ctx_.spec;
@@ -255,16 +255,16 @@ class GptOssForward final : public RowsForwardPass {
     const float scale = 1.0f / std::sqrt((float)hd);
     const int64_t window = sliding(l) ? d.window : 0;
     if (rows) {
-      for (int64_t t = 0; t < T; ++t) {
+      for (const RowRun& r : row_runs(*rows, T)) {
+        const int64_t t = r.first, p = r.pos0, n = r.n;
         float *qt = q + t * H * hd, *kt_ = k + t * KV * hd, *vt = v + t * KV * hd;
-        const int64_t p = rows->pos[t];
-        void* kc = ctx_.kv.k(l, rows->seq[t]);
-        void* vc = ctx_.kv.v(l, rows->seq[t]);
-        ops_.rope_neox(qt, 1, H, hd, inv_freq_, d.mscale, p);
-        ops_.rope_neox(kt_, 1, KV, hd, inv_freq_, d.mscale, p);
-        be.kv_store(kc, kt, p, 1, KV * hd, kt_);
-        be.kv_store(vc, kt, p, 1, KV * hd, vt);
-        ops_.attention_sinks(qt, kc, vc, kt, 1, p, H, KV, hd, scale, w.sinks, window, out + t * H * hd);
+        void* kc = ctx_.kv.k(l, r.seq);
+        void* vc = ctx_.kv.v(l, r.seq);
+        ops_.rope_neox(qt, n, H, hd, inv_freq_, d.mscale, p);
+        ops_.rope_neox(kt_, n, KV, hd, inv_freq_, d.mscale, p);
+        be.kv_store(kc, kt, p, n, KV * hd, kt_);
+        be.kv_store(vc, kt, p, n, KV * hd, vt);
+        ops_.attention_sinks(qt, kc, vc, kt, n, p, H, KV, hd, scale, w.sinks, window, out + t * H * hd);
       }
     } else {
       ops_.rope_neox(q, T, H, hd, inv_freq_, d.mscale, pos0);

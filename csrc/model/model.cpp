@@ -282,7 +282,6 @@ int64_t decode_scratch_tokens(const Prefill& pf, int64_t K, int64_t B, bool src)
 void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits,
                     int64_t seq) {
   const ModelSpec& s = plan_.spec;
-  const Prefill& pf = plan_.prefill;
   STRATA_CHECK(n >= 1, ConfigError, "forward needs at least one token");
   STRATA_CHECK(seq >= 0 && seq < cfg_.seqs, ConfigError, "sequence ", seq, " is not one of the model's ",
                cfg_.seqs, " KV regions (seqs / --parallel)");
@@ -302,15 +301,63 @@ void Model::forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, 
     const int64_t T = std::min(chunk_, n - i);
     const bool last = i + T == n;
     float* lg = all_logits ? logits + i * s.V : (last ? logits : nullptr);
-    if (cache_->all_resident()) {
-      forward_->run_chunk(pf.carve(own_region_.get(), own_region_.size(), T, false), ids + i, T, pos0 + i, lg,
-                          all_logits);
-    } else {
-      run_borrowed(ids + i, T, pos0 + i, lg, all_logits);
-    }
-    chunk_stats_.chunks++;
-    chunk_stats_.chunk_tokens = std::max(chunk_stats_.chunk_tokens, T);
+    run_prompt_pass(
+        T, [&](const PrefillBuffers& b) { forward_->run_chunk(b, ids + i, T, pos0 + i, lg, all_logits); });
   }
+}
+
+void Model::forward_rows(const int32_t* ids, const int64_t* pos, const int32_t* seqs, int64_t n,
+                         const int32_t* pick, int64_t n_pick, float* logits) {
+  const ModelSpec& s = plan_.spec;
+  STRATA_CHECK(n >= 1, ConfigError, "forward_rows needs at least one row");
+  STRATA_CHECK(n_pick >= 0 && n_pick <= n && (n_pick == 0 || (pick && logits)), ConfigError,
+               "forward_rows: ", n_pick, " logit rows picked of ", n);
+  std::vector<int64_t> last((size_t)cfg_.seqs, -1);  // each region's last row so far
+  for (int64_t i = 0; i < n; ++i) {
+    STRATA_CHECK(seqs[i] >= 0 && seqs[i] < cfg_.seqs, ConfigError, "row ", i, ": sequence ", seqs[i],
+                 " is not one of the model's ", cfg_.seqs, " KV regions (seqs / --parallel)");
+    STRATA_CHECK(pos[i] >= 0 && pos[i] < seq_ctx(), ConfigError, "context full: position ", pos[i],
+                 " of sequence ", seqs[i], " exceeds ", ctx_limit(cfg_));
+    STRATA_CHECK(ids[i] >= 0 && ids[i] < s.V, ConfigError, "token id ", ids[i], " out of range [0, ", s.V,
+                 ")");
+    const int64_t prev = last[(size_t)seqs[i]];
+    STRATA_CHECK(prev < 0 || (prev == i - 1 && pos[prev] + 1 == pos[i]), ConfigError, "row ", i,
+                 ": the rows of sequence ", seqs[i], " must be contiguous, at consecutive positions");
+    last[(size_t)seqs[i]] = i;
+  }
+  for (int64_t k = 0; k < n_pick; ++k)
+    STRATA_CHECK(pick[k] >= 0 && pick[k] < n && (k == 0 || pick[k] > pick[k - 1]), ConfigError,
+                 "forward_rows: the picked rows must be ascending row indices below ", n);
+  // One region: a chunked prompt, as forward() runs it.
+  if (seqs[n - 1] == seqs[0] && (n_pick == 0 || (n_pick == 1 && pick[0] == n - 1))) {
+    forward(ids, n, pos[0], n_pick ? logits : nullptr, false, seqs[0]);
+    return;
+  }
+  STRATA_CHECK(forward_->batches(), UnsupportedError, plan_.file->path(), ": the ", s.arch,
+               " architecture runs one sequence a pass in strata; run its prompts one at a time");
+  set_step(StepPlan{false, ExpertPath::PerExpert});
+  cache_->to_host();
+  int64_t k = 0;  // the picks done
+  for (int64_t i = 0; i < n; i += chunk_) {
+    const int64_t T = std::min(chunk_, n - i);
+    std::vector<int32_t> local;
+    float* lg = logits ? logits + k * s.V : nullptr;
+    for (; k < n_pick && pick[k] < i + T; ++k) local.push_back((int32_t)(pick[k] - i));
+    const SeqRows rows{pos + i, seqs + i, local.empty() ? nullptr : local.data(), (int64_t)local.size()};
+    // No logits wanted (null): the pass stops after the last layer.
+    run_prompt_pass(T, [&](const PrefillBuffers& b) {
+      forward_->run_rows(b, ids + i, rows, T, local.empty() ? nullptr : lg);
+    });
+  }
+}
+
+void Model::run_prompt_pass(int64_t T, const std::function<void(const PrefillBuffers&)>& run) {
+  if (cache_->all_resident())
+    run(plan_.prefill.carve(own_region_.get(), own_region_.size(), T, false));
+  else
+    run_borrowed(T, run);
+  chunk_stats_.chunks++;
+  chunk_stats_.chunk_tokens = std::max(chunk_stats_.chunk_tokens, T);
 }
 
 namespace {
@@ -447,7 +494,7 @@ void Model::record_decode(const PrefillBuffers& b) {
   cache_->set_stats(stats);
 }
 
-void Model::run_borrowed(const int32_t* ids, int64_t T, int64_t pos0, float* logits, bool all_logits) {
+void Model::run_borrowed(int64_t T, const std::function<void(const PrefillBuffers&)>& run) {
   const Prefill& pf = plan_.prefill;
   const int32_t slots = (int32_t)slots_for(T);
   auto [region, bytes] = cache_->lend(slots);
@@ -457,7 +504,7 @@ void Model::run_borrowed(const int32_t* ids, int64_t T, int64_t pos0, float* log
   const size_t need = pf.bytes_needed(T, true);
   be_->fill(region + need, ExpertCache::kGuard, bytes - need);
   try {
-    forward_->run_chunk(pf.carve(region, need, T, true), ids, T, pos0, logits, all_logits);
+    run(pf.carve(region, need, T, true));
   } catch (...) {
     cache_->release(0);
     cache_->give_back();

@@ -3,6 +3,7 @@
 // The architecture's forward pass (model/arch.h) runs each chunk; this file owns memory and chunking.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,8 +142,16 @@ class Model {
   // region `seq`. Writes V logits per position into `logits` (host memory) when all_logits, else only
   // the last position's (none when logits is null).
   void forward(const int32_t* ids, int64_t n, int64_t pos0, float* logits, bool all_logits, int64_t seq = 0);
-  // Whether the architecture decodes several sequences in one pass (decode_batch).
+  // Whether the architecture runs several sequences in one pass (decode_batch, forward_rows).
   bool batch_supported() const { return forward_->batches(); }
+  // The prompts of several KV regions in one pass (passes of up to chunk() rows): row i is token ids[i]
+  // at position pos[i] of region seqs[i]; a region's rows are contiguous, in order, at consecutive
+  // positions, the first where what the region holds ends (or before). Writes V logits for each row
+  // that `pick` names (n_pick ascending row indices; host memory, n_pick x V). Each row's logits and KV
+  // are those forward() gives it in its own region (each op is per row or per span of one region); the
+  // experts of a layer are fetched once a pass for all its rows.
+  void forward_rows(const int32_t* ids, const int64_t* pos, const int32_t* seqs, int64_t n,
+                    const int32_t* pick, int64_t n_pick, float* logits);
   // One decode step of B sequences in one pass: row i is token ids[i] at position pos[i] of KV
   // region seqs[i] (B <= seqs(), the regions distinct); V logits per row into `logits` (host
   // memory, B x V). Each row's logits are those of forward(&ids[i], 1, pos[i], ., ., seqs[i]) alone:
@@ -166,7 +175,10 @@ class Model {
   // gathered (min(rows * K, E) distinct experts at most).
   ExpertPath decode_path(int64_t rows) const;
   void record_decode(const PrefillBuffers& b);
-  void run_borrowed(const int32_t* ids, int64_t T, int64_t pos0, float* logits, bool all_logits);
+  // A prompt pass of T rows on scratch carved from cache slots lent for it: run(scratch).
+  void run_borrowed(int64_t T, const std::function<void(const PrefillBuffers&)>& run);
+  // A prompt pass of T rows on the scratch that fits: own_region_ (all resident) or borrowed slots.
+  void run_prompt_pass(int64_t T, const std::function<void(const PrefillBuffers&)>& run);
   void check_guards(const uint8_t* tail, size_t n, int64_t T);
 
   // Declared in destruction order reversed: the backend outlives everything allocated on it.

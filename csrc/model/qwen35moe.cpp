@@ -283,16 +283,22 @@ class Qwen35MoeForward final : public RowsForwardPass {
   }
 
  protected:
-  // A chunk of the selected region at pos0 (rows null: one piece), or one token of each of T sequences
-  // (rows: a piece a row, each in its own region).
+  // A chunk of the selected region at pos0 (rows null: one piece), or the rows of several sequences
+  // (rows: a piece a span of one region, RowRun; a region has one span a pass).
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
            float* logits, bool all_logits) override {
     std::vector<Piece> pieces;
-    if (!rows)
+    if (!rows) {
       pieces.push_back(begin_piece(ctx_.kv.selected(), pos0, 0, T));
-    else
-      for (int64_t t = 0; t < T; ++t) pieces.push_back(begin_piece(rows->seq[t], rows->pos[t], t, 1));
-    run_pieces(b, ids, T, pos0, pieces, logits, all_logits);
+    } else {
+      for (const RowRun& r : row_runs(*rows, T)) {
+        for (const Piece& p : pieces)
+          STRATA_CHECK(p.seq != r.seq, Error, "internal error: KV region ", r.seq,
+                       " has two spans of rows in one qwen35moe pass");
+        pieces.push_back(begin_piece(r.seq, r.pos0, r.first, r.n));
+      }
+    }
+    run_pieces(b, ids, T, pos0, pieces, logits, all_logits, rows);
   }
 
   // Each step picks its region's state copies on the host (parity, sel): a recorded step would replay
@@ -307,7 +313,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
     int64_t pos = -1;  // tokens the committed state holds (-1: none)
   };
   // The rows [row0, row0 + n) of a pass: positions pos0.. of KV region seq. A chunk is one piece; a
-  // batched decode step is a piece a row, each in its own region.
+  // batched pass a piece a region (a decode step's of one row, a prompt's of its rows).
   struct Piece {
     int64_t seq, pos0, row0, n;
     RegionState* st;
@@ -326,7 +332,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
   }
 
   void run_pieces(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0,
-                  const std::vector<Piece>& pieces, float* logits, bool all_logits) {
+                  const std::vector<Piece>& pieces, float* logits, bool all_logits, const SeqRows* rows) {
     const ModelSpec& s = ctx_.spec;
     Backend& be = ctx_.be;
     const int64_t D = s.D;
@@ -360,7 +366,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
-    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
+    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits, rows);
   }
 
   struct Layer : AttentionWeights {

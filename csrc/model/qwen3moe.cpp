@@ -79,7 +79,7 @@ class Qwen3MoeForward final : public RowsForwardPass {
   }
 
  private:
-  // A chunk of one sequence at pos0, or (rows) one token of each of T sequences.
+  // A chunk of one sequence at pos0, or (rows) the rows of several sequences.
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
            float* logits, bool all_logits) override {
     const ModelSpec& s = ctx_.spec;
@@ -104,7 +104,7 @@ class Qwen3MoeForward final : public RowsForwardPass {
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
-    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits);
+    final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits, rows);
   }
 
   struct Layer : AttentionWeights {

@@ -401,10 +401,11 @@ class Model:
         ignore_eos: bool = False,
     ) -> list[Completion]:
         """Completes every prompt (texts or token id lists), up to `seqs` of them decoding together:
-        each step advances every sequence in flight by one token in one pass (decode_batch: a layer's
-        experts are fetched once for all of them), and a sequence that ends gives its KV region to the
-        next prompt. Each has its own sampler (seeded alike when `seed` is given), so every result is
-        generate()'s on that prompt alone: the same tokens, text and stop. Bad values raise
+        the prompts that start together run in one pass (run_prompts), each step advances every
+        sequence in flight by one token in one pass (decode_batch: a layer's experts are fetched once
+        for all of them), and a sequence that ends gives its KV region to the next prompt. Each has
+        its own sampler (seeded alike when `seed` is given), so every result is generate()'s on that
+        prompt alone: the same tokens, text and stop. Bad values raise
         strata.ConfigError before any work; Ctrl-C raises KeyboardInterrupt."""
         p = sampling_params(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n, seed=seed)
@@ -434,12 +435,20 @@ class Model:
 
         try:
             while waiting or active:
+                new = []
                 while waiting and free:
                     i = waiting.pop()
                     gen = _core.Generator(self._m, free.pop())
-                    gen.begin(ids[i], p, catch_sigint=_catch_sigint())
+                    new.append((i, gen))
                     active.append({"i": i, "gen": gen, "dec": StreamDecoder(self.tokenizer, skip_special=True),
                                    "tokens": [], "text": ""})
+                if len(new) > 1 and self.batch_supported:  # the new prompts in one pass
+                    for i, gen in new:
+                        gen.prepare(ids[i], p)
+                    _core.run_prompts(self._m, [gen for _, gen in new], catch_sigint=_catch_sigint())
+                else:
+                    for i, gen in new:
+                        gen.begin(ids[i], p, catch_sigint=_catch_sigint())
                 toks = _core.next_tokens(self._m, [a["gen"] for a in active], catch_sigint=_catch_sigint())
                 for a, tok in zip(list(active), toks, strict=True):
                     before = len(a["text"])

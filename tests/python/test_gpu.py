@@ -198,3 +198,35 @@ def test_gpu_batched_decode_rows_equal_alone(mix_path, cache):
             together[i].append(lg[r])
     for i in range(4):
         assert np.array_equal(np.array(together[i]).view(np.uint32), alone[i].view(np.uint32)), i
+
+
+@pytest.mark.parametrize("cache", ["all", "host"])
+def test_gpu_prompts_in_one_pass_equal_alone(mix_path, cache):
+    """Several prompts in one pass on the GPU (Model.forward_rows: rows of four regions, split across
+    passes of 16 rows) give each prompt the bits it gets alone, and leave the KV it leaves alone (the
+    next decode step's bits), every expert resident or a bounded cache that streams."""
+    path = mix_path("q4_k")
+    probe = gpu(path, expert_cache="all")
+    slot, E = probe.spec["slot_bytes"], probe.spec["experts"]
+    region = probe.info.layout(16, True)["slots"]
+    kw = dict(expert_cache="all", prefill=16) if cache == "all" else dict(
+        expert_cache=f"{(region + E + 1) * slot}b", prefill=16, source="host")
+    m = gpu(path, ctx=4 * 64, seqs=4, **kw)
+    prompts = [PROMPT[: 5 + 4 * i] for i in range(4)]  # 38 rows: three passes
+    nxt = [5, 6, 7, 8]
+    alone = [m.logits(p, seq=0)[-1] for p in prompts]
+    step_alone = [m.logits([*p, t], seq=0)[-1] for p, t in zip(prompts, nxt, strict=True)]
+    ids, pos, seqs, pick = [], [], [], []
+    for i, p in enumerate(prompts):
+        ids += p
+        pos += list(range(len(p)))
+        seqs += [3 - i] * len(p)
+        pick.append(len(ids) - 1)
+    got = m._m.prompt_rows(ids, pos, seqs, pick)
+    step = m.decode_batch(nxt, [len(p) for p in prompts], [3 - i for i in range(4)])
+    for i in range(4):
+        assert np.array_equal(got[i].view(np.uint32), alone[i].view(np.uint32)), i
+        assert np.array_equal(step[i].view(np.uint32), step_alone[i].view(np.uint32)), i
+    # generate_batch runs the four prompts in one pass: the tokens of generate() alone.
+    kw_gen = dict(max_tokens=5, temperature=0, ignore_eos=True)
+    assert [g.tokens for g in m.generate_batch(prompts, **kw_gen)] == [m.generate(p, **kw_gen).tokens for p in prompts]

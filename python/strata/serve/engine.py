@@ -3,9 +3,9 @@ with its own tokens, sampler and stop strings) that takes a slot, queues and can
 
 Slots are the Model's KV sequence regions (strata.Model(seqs=N); `strata serve --parallel N` loads
 N). A step advances every sequence in flight: the pieces of new prompts (one prompt chunk of tokens
-in all, each into its own region), then one token of every sequence that is decoding, all of them in
-one native pass (_core.next_tokens: each expert a layer is fetched once for the whole batch). A new
-request joins between two steps, in the free slot whose region holds the longest beginning of its
+in all, each into its own region) in one native pass (_core.run_prompts), then one token of every
+sequence that is decoding in another (_core.next_tokens); each pass fetches a layer's experts once for
+all its rows. A new request joins between two steps, in the free slot whose region holds the longest beginning of its
 prompt (a conversation's next turn runs only its new tokens). With more requests in flight than
 regions (a Model of fewer seqs than `parallel`), the sequences of a region take turns of `turn`
 steps, and one whose tokens are not in the region re-runs them (Generator::reclaim_kv)."""
@@ -337,20 +337,32 @@ class Engine:
 
     def _run_step(self, batch: list[Job]) -> None:
         """One step: prompt pieces of the batch's new sequences (one chunk of tokens in all, at least
-        one piece), then one token of each of its decoding sequences, in one native pass."""
+        one piece; batched, all of them in one native pass), then one token of each of its decoding
+        sequences, in one native pass."""
         decoding = [j for j in batch if j.gen is not None and not _mid_prompt(j)]
         budget = max(1, self.model.chunk)
-        for j in batch:
-            if j in decoding:
-                continue
+        starting = [j for j in batch if j not in decoding]
+        # Batched, the pieces are prepared (each request's checks its own) and run together.
+        together = self.batched and len(starting) > 1
+        pieces = []
+        for j in starting:
             if budget <= 0:
                 break
             before = j.prefilled
-            if self._guarded(j, lambda j=j: self._prompt_piece(j)):
-                budget -= j.prefilled - max(before, j.reused)  # the tokens the piece ran
-                self._ran(j)
-                if not _mid_prompt(j):  # its first token, from the prompt's logits (no pass)
-                    self._guarded(j, lambda j=j: self._take(j, j.gen.next()))  # type: ignore[union-attr]
+            if self._guarded(j, lambda j=j: self._prompt_piece(j, run=not together)):
+                budget -= j.prefilled - max(before, j.reused)  # the tokens the piece runs
+                pieces.append(j)
+        if together and pieces:
+            try:
+                _core.run_prompts(self.model._m, [j.gen for j in pieces])
+            except Exception as e:
+                for j in pieces:
+                    self._fail(j, _failure(e))
+                pieces = []
+        for j in pieces:
+            self._ran(j)
+            if not _mid_prompt(j):  # its first token, from the prompt's logits (no pass)
+                self._guarded(j, lambda j=j: self._take(j, j.gen.next()))  # type: ignore[union-attr]
         if not decoding:
             return
         if self.batched and len(decoding) > 1:
@@ -411,10 +423,11 @@ class Engine:
             st = j.gen.stats()  # type: ignore[union-attr]
             self._end(j, Done(FINISH_REASON.get(st["stop_reason"], "stop"), self._stats(j, st)))
 
-    def _prompt_piece(self, j: Job) -> None:
-        """Runs the next piece of `j`'s prompt into its region: at most one prompt chunk (the model's)
-        past what the region holds, so that a cancel or a stop waits for one chunk, not a whole long
-        prompt. The pieces begin where the native chunks would, so the logits are those of one call."""
+    def _prompt_piece(self, j: Job, run: bool = True) -> None:
+        """Runs the next piece of `j`'s prompt into its region (or, `run` False, prepares it for
+        run_prompts): at most one prompt chunk (the model's) past what the region holds, so that a
+        cancel or a stop waits for one chunk, not a whole long prompt. The pieces begin where the native
+        chunks would, so the logits are those of one call."""
         sl = j.slot
         assert sl is not None
         n, chunk = len(j.ids), max(1, self.model.chunk)
@@ -430,7 +443,10 @@ class Engine:
             j.prompt_ms_done += j.gen.stats()["prompt_ms"]
         gen = _core.Generator(self.model._m, sl.seq)
         j.gen = gen
-        gen.begin(j.ids if end == n else j.ids[:end], j.params, reuse=reuse)
+        if run:
+            gen.begin(j.ids if end == n else j.ids[:end], j.params, reuse=reuse)
+        else:
+            gen.prepare(j.ids if end == n else j.ids[:end], j.params, reuse=reuse)
         if j.prefilled == 0:
             j.reused = gen.stats()["prompt_reused"]
         j.prefilled = end
