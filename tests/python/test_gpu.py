@@ -230,3 +230,34 @@ def test_gpu_prompts_in_one_pass_equal_alone(mix_path, cache):
     # generate_batch runs the four prompts in one pass: the tokens of generate() alone.
     kw_gen = dict(max_tokens=5, temperature=0, ignore_eos=True)
     assert [g.tokens for g in m.generate_batch(prompts, **kw_gen)] == [m.generate(p, **kw_gen).tokens for p in prompts]
+
+
+# Issue 19's mixes: the types real files put together (conftest.MIXES; their CPU logits are checked against
+# transformers in test_vs_transformers.py, with float and q8_0 activations).
+REAL_MIXES = ["ud-q4_k_xl", "gpt-oss", "q3_k_m", "iq4_xs", "legacy", "q2_k", "ud-iq1_s", "ud-iq3_xxs"]
+
+
+@pytest.mark.parametrize("mix", REAL_MIXES)
+def test_gpu_real_file_mixes_match_cpu(tmp_path_factory, mix):
+    """Each mix on the GPU against the CPU: streamed experts (the fused layout: the device decoders feed the
+    float tiles and GEMVs) with the f32 and the f16 KV cache, and every expert resident (the MMQ layout:
+    q8_0 activations, the integer tiles). The files route every token to all of their experts: with top-k
+    of them, random weights have routing near-ties that the GPU's fp16 tiles can flip, a discontinuity no
+    rounding bound covers (test_gpu_archs.py measured it); what is left is gpu_common's rounding."""
+    import conftest
+
+    shape, quant = conftest.MIXES[mix]
+    path = str(tmp_path_factory.mktemp("gpu-real-mixes") / f"{mix}.gguf")
+    make_qwen3moe(path, **{**shape, "top_k": shape["experts"]}, quant=quant, seed=conftest.SEED)
+    prompt = PROMPT[:40]
+    want = strata.Model(path, device="cpu", expert_cache=64, prefill=16, ctx=64, progress=False).logits(prompt)
+    for kv, bound in (("f32", F32_KV_VS_CPU), ("f16", F16_KV_VS_CPU)):
+        m = gpu(path, expert_cache=64, prefill=16, kv_type=kv)
+        assert m.layout(16)["kind"] == "fused"
+        e = rel(m.logits(prompt), want)
+        print(f"{mix} kv={kv}: vs cpu {e:.2e}")
+        assert e <= bound
+    want = strata.Model(path, device="cpu", expert_cache="all", prefill=16, ctx=64, progress=False).logits(prompt)
+    e = rel(gpu(path, expert_cache="all", prefill=16, kv_type="f32").logits(prompt), want)
+    print(f"{mix} MMQ: vs cpu {e:.2e}")
+    assert e <= MMQ_VS_CPU
