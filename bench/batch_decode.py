@@ -1,10 +1,12 @@
 """Batched decode without the server: B sequences (1, 4, 16 by default) decode together through
 Model.generate_batch (one native pass a token for all) on a bounded expert cache, against the same
-B sequences one after another (generate). Per B: tokens/s, decode passes, the expert cache's hit
-rate, lookups and MiB streamed per token. The model is the serve bench's synthetic Qwen3-MoE (8
+B sequences one after another (generate). Per B: tokens/s, the time of the B prompts (one pass each
+alone; batched, one pass for all: run_prompts), the expert cache's hit rate, lookups and MiB streamed
+per token. The model is the serve bench's synthetic Qwen3-MoE (8
 layers, 32 experts top-4, Q4_K). Prints a table and writes bench/out/batch_decode.json.
 
-    PYTHONPATH=python python3 bench/batch_decode.py [--batches 1,4,16] [--tokens 32] [--cache half]
+    PYTHONPATH=python python3 bench/batch_decode.py [--batches 1,4,16] [--tokens 32] [--cache half] \
+        [--cache-policy lru|lfu|scan]
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ def _run(path: str, cache: str, policy: str, B: int, tokens: int, batched: bool)
     c = m.cache
     n = sum(len(o.tokens) for o in outs)  # type: ignore[union-attr]
     lookups = c["hits"] + c["misses"]
+    # The prompts' time: each one's pass alone, summed; batched, the one pass they share (each reports it).
+    pms = [o.stats["prompt_ms"] for o in outs]  # type: ignore[union-attr]
     return {"B": B, "mode": "batched" if batched else "one by one", "tokens": n, "wall_s": wall, "cpu_s": cpu,
+            "prompt_ms": max(pms) if batched else sum(pms),
             "tok_s": n / wall, "hit_rate": c["hits"] / max(1, lookups), "lookups": lookups,
             "mib_per_token": c["bytes_streamed"] / 2**20 / n,
             "texts": [o.text for o in outs]}  # type: ignore[union-attr]
@@ -56,7 +61,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--tokens", type=int, default=32, help="tokens per sequence")
     ap.add_argument("--cache", default="half", help="--expert-cache; half: half the experts' bytes, so they stream")
-    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"])
+    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu", "scan"])
     ap.add_argument("--out", default="bench/out/batch_decode.json")
     a = ap.parse_args()
     rows = []
@@ -72,11 +77,11 @@ def main() -> None:
                     raise SystemExit(f"B={B}: batched texts differ from the sequences alone")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall-clock numbers need an idle machine); "
           f"--cache {a.cache}, --cache-policy {a.cache_policy}")
-    print(f"{'B':>3} {'mode':>10} {'tokens':>6} {'tok/s':>8} {'wall s':>7} {'cpu s':>7} {'hit rate':>8} {'lookups':>8} "
-          f"{'MiB/tok':>8}")
+    print(f"{'B':>3} {'mode':>10} {'tokens':>6} {'tok/s':>8} {'wall s':>7} {'cpu s':>7} {'prompt ms':>9} "
+          f"{'hit rate':>8} {'lookups':>8} {'MiB/tok':>8}")
     for r in rows:
         print(f"{r['B']:>3} {r['mode']:>10} {r['tokens']:>6} {r['tok_s']:>8.1f} {r['wall_s']:>7.2f} {r['cpu_s']:>7.2f} "
-              f"{r['hit_rate']:>8.3f} {r['lookups']:>8} {r['mib_per_token']:>8.2f}")
+              f"{r['prompt_ms']:>9.1f} {r['hit_rate']:>8.3f} {r['lookups']:>8} {r['mib_per_token']:>8.2f}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     for r in rows:
         del r["texts"]
