@@ -110,20 +110,11 @@ __global__ void __launch_bounds__(kThreads)
     // Softmax of the block: one warp per row.
     for (int r = warp; r < R; r += kWarps) {
       const int nv = (int)max((int64_t)0, min((int64_t)kKeyBlock, n_keys(r) - j0));
-      float* sr = sc + r * kKeyBlock;
-      float m = -INFINITY, l = 0.0f;
-      for (int j = lane; j < nv; j += kWarp) m = fmaxf(m, sr[j]);
-      m = warp_max(m);
-      for (int j = lane; j < nv; j += kWarp) {
-        const float p = expf(sr[j] - m);
-        sr[j] = p;
-        l = l + p;
-      }
-      l = warp_sum(l);
+      const float2 ml = block_softmax(sc + r * kKeyBlock, nv, lane);
       if (lane == 0) {
         row_nv[r] = nv;
-        row_mb[r] = m;
-        row_lb[r] = l;
+        row_mb[r] = ml.x;
+        row_lb[r] = ml.y;
       }
     }
     // a_b = sum_j p_j v_j, keys in order.
@@ -226,20 +217,10 @@ __global__ void __launch_bounds__(kDecThreads)
   __syncthreads();
   // Softmax of the block, a warp per head: m_b, p_j, l_b.
   for (int h = warp; h < group; h += kDecWarps) {
-    float* sr = sc + h * kKeyBlock;
-    float m = -INFINITY;
-    for (int j = lane; j < nv; j += kWarp) m = fmaxf(m, sr[j]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int j = lane; j < nv; j += kWarp) {
-      const float p = expf(sr[j] - m);
-      sr[j] = p;
-      l = l + p;
-    }
-    l = warp_sum(l);
+    const float2 ml = block_softmax(sc + h * kKeyBlock, nv, lane);
     if (lane == 0) {
-      row_m[h] = m;
-      row_l[h] = l;
+      row_m[h] = ml.x;
+      row_l[h] = ml.y;
     }
   }
   // a_b = sum_j p_j v_j, keys in order: a task is (head, 64 dims), lane l taking dims 2 l and 2 l + 1

@@ -168,6 +168,22 @@ __device__ __forceinline__ float combine_one(const float* part_ml, const float* 
   return acc * (1.0f / l);
 }
 
+// The softmax of one row's key block, by one warp: sr[0 .. nv) scores in, p_j = expf(s_j - m_b) out; lane l
+// takes j = l, l + 32, .. in order for the max and the sum (the file comment's m_b and l_b), returned on
+// every lane as (m_b, l_b).
+__device__ __forceinline__ float2 block_softmax(float* sr, int nv, int lane) {
+  float m = -INFINITY;
+  for (int j = lane; j < nv; j += kWarp) m = fmaxf(m, sr[j]);
+  m = warp_max(m);
+  float l = 0.0f;
+  for (int j = lane; j < nv; j += kWarp) {
+    const float p = expf(sr[j] - m);
+    sr[j] = p;
+    l = l + p;
+  }
+  return make_float2(m, warp_sum(l));
+}
+
 // attention_tile_kernel (attention_tile.cu) where its shape allows (head dims 64, 128 or 256, 16-byte
 // aligned caches); false otherwise (attention_kernel runs). STRATA_CUDA_ATTN_TILE=0 keeps attention_kernel
 // (read at each launch: the A/B of bench/NOTES.md and the harness's check that both give the same bits).

@@ -128,21 +128,11 @@ __global__ void __launch_bounds__(kDecThreads)
     // Softmax of the block, a warp per row: m_b, p_j, l_b.
     for (int r = warp; r < R; r += kDecWarps) {
       const int nv = (int)max((int64_t)0, min((int64_t)kKeyBlock, n_keys(r) - j0));
-      float* sr = sc + r * kKeyBlock;
-      float m = -INFINITY;
-      for (int j = lane; j < nv; j += kWarp) m = fmaxf(m, sr[j]);
-      m = warp_max(m);
-      float l = 0.0f;
-      for (int j = lane; j < nv; j += kWarp) {
-        const float p = expf(sr[j] - m);
-        sr[j] = p;
-        l = l + p;
-      }
-      l = warp_sum(l);
+      const float2 ml = block_softmax(sc + r * kKeyBlock, nv, lane);
       if (lane == 0) {
         row_nv[r] = nv;
-        row_mb[r] = m;
-        row_lb[r] = l;
+        row_mb[r] = ml.x;
+        row_lb[r] = ml.y;
       }
     }
     // a_b = sum_j p_j v_j, keys in order.
