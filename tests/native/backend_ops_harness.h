@@ -228,6 +228,12 @@ void expect_err(double err, double bound, const std::string& what) {
   EXPECT_LE(err, bound) << what;
 }
 
+// A long row: many of the GPU kernels' chunks (512 columns), more than they keep in flight.
+int64_t long_cols_of(QType t) {
+  const int64_t bs = quant_traits(t).block_size;
+  return bs == 1 ? 2819 : bs == 32 ? 89 * 32 : 11 * 256;
+}
+
 // The elements of a [T, ld] output past its first `used` columns: no op may write them.
 void expect_gaps_untouched(const std::vector<float>& y, int64_t T, int64_t used, int64_t ld,
                            const std::string& what) {

@@ -1,0 +1,276 @@
+// The op harness's attention ops (split from test_backend_ops.cpp, whose header comment holds for these):
+// per-head norms and RoPE, the fused q/k RoPE and KV store, causal GQA attention over f32 and f16 caches,
+// its independence of the chunking, the prompt's tile kernel against the general one, and positions read
+// on the device (a recorded decode step).
+#include "backend_ops_harness.h"
+#include "core/thread_pool.h"
+
+namespace {
+
+class AttentionOp : public Op {};
+
+INSTANTIATE_TEST_SUITE_P(BackendOps, AttentionOp, testing::ValuesIn(backends_under_test()),
+                         [](const testing::TestParamInfo<BackendFactory>& i) { return i.param.name; });
+
+TEST_P(AttentionOp, HeadNormRope) {
+  std::mt19937 rng(8);
+  const int64_t H = 5, hd = 76;
+  struct Case {
+    bool norm;
+    int64_t pos0, n_dims;
+    float base;
+  };
+  for (const Case c : {Case{true, 0, hd, 1e6f}, Case{false, 777, hd, 1e4f}, Case{true, 130, 32, 1e4f}})
+    for (int64_t T : kTs) {
+      const auto x = randf(rng, T * H * hd, -2.f, 2.f), w = randf(rng, hd, 0.5f, 1.5f);
+      Dev<float> dx(be(), x, "x"), dw(be(), w, "w");
+      const RopeParams rope{c.n_dims, c.base, true};
+      be().head_norm_rope(dx.p(), T, H, hd, c.norm ? dw.p() : nullptr, 1e-6f, c.pos0, rope);
+      const auto want = ref::head_norm_rope(x, T, H, hd, c.norm ? w.data() : nullptr, 1e-6f, c.pos0, rope);
+      std::vector<double> scale(want.size());  // per head: its largest element
+      for (int64_t th = 0; th < T * H; ++th) {
+        double m = 0;
+        for (int64_t i = 0; i < hd; ++i) m = std::max(m, std::fabs(want[th * hd + i]));
+        std::fill_n(&scale[th * hd], hd, m);
+      }
+      // Float angles: the error grows with the position, by about 5e-8 a position. Measured: 1.4e-7
+      // at position 0, 7.5e-6 up to 256, 9.7e-6 up to 386, 5.6e-5 up to 1033.
+      const double bound = bounds().head_norm_rope + 3e-7 * (double)(c.pos0 + T - 1);
+      expect_err(max_err(dx.get(), want, scale), bound,
+                 str("head_norm_rope norm=", c.norm, " pos0=", c.pos0, " n_dims=", c.n_dims, " T=", T));
+    }
+}
+
+// The attention block's fused per-head op equals its four steps on the same backend bit for bit.
+TEST_P(AttentionOp, QkRopeStoreIsItsSteps) {
+  std::mt19937 rng(32);
+  const int64_t H = 6, KV = 2, hd = 40, width = KV * hd, ctx = 50, pos0 = 37;
+  for (int64_t T : {1, 5})
+    for (bool normed : {true, false})
+      for (KvType t : {KvType::F32, KvType::F16}) {
+        if (!be().supports_kv(t)) continue;
+        const RopeParams rope{hd - 8, 5e5f, true};  // a tail of unrotated dims
+        const auto q = randf(rng, T * H * hd, -2.f, 2.f), k = randf(rng, T * width, -2.f, 2.f),
+                   v = randf(rng, T * width, -2.f, 2.f), qn = randf(rng, hd, 0.5f, 1.5f),
+                   kn = randf(rng, hd, 0.5f, 1.5f);
+        const size_t cb = (size_t)ctx * width * kv_elem_bytes(t);
+        Dev<float> q1(be(), q, "q"), k1(be(), k, "k"), q2(be(), q, "q fused"), k2(be(), k, "k fused");
+        Dev<float> dv(be(), v, "v"), dqn(be(), qn, "q_norm"), dkn(be(), kn, "k_norm");
+        Dev<uint8_t> kc1(be(), cb, "k cache"), vc1(be(), cb, "v cache"), kc2(be(), cb, "k cache fused"),
+            vc2(be(), cb, "v cache fused");
+        const float* qw = normed ? dqn.p() : nullptr;
+        const float* kw = normed ? dkn.p() : nullptr;
+        be().head_norm_rope(q1.p(), T, H, hd, qw, 1e-5f, pos0, rope);
+        be().head_norm_rope(k1.p(), T, KV, hd, kw, 1e-5f, pos0, rope);
+        be().kv_store(kc1.p(), t, pos0, T, width, k1.p());
+        be().kv_store(vc1.p(), t, pos0, T, width, dv.p());
+        be().qk_rope_store(q2.p(), k2.p(), dv.p(), T, H, KV, hd, qw, kw, 1e-5f, pos0, rope, kc2.p(), vc2.p(),
+                           t);
+        const std::string what = str("qk_rope_store T=", T, normed ? " normed " : " ", kv_type_name(t));
+        expect_same(q2.get(), q1.get(), what + " q");
+        expect_same(k2.get(), k1.get(), what + " k");
+        expect_same(kc2.get(), kc1.get(), what + " k cache");
+        expect_same(vc2.get(), vc1.get(), what + " v cache");
+      }
+}
+
+TEST_P(AttentionOp, Attention) {
+  std::mt19937 rng(9);
+  const int64_t H = 6, KV = 2, hd = 76;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  struct Case {
+    int64_t T, pos0;
+  };
+  // Decode past one 128-key block; prompts from 0, crossing a block, and a later chunk.
+  for (const Case c : {Case{1, 300}, Case{1, 0}, Case{9, 0}, Case{140, 5}, Case{3, 130}}) {
+    const int64_t ctx = c.pos0 + c.T + 3;
+    const auto q = randf(rng, c.T * H * hd, -2.f, 2.f);
+    auto kc = randf(rng, ctx * KV * hd, -1.f, 1.f), vc = randf(rng, ctx * KV * hd, -1.f, 1.f);
+    // Cache rows past the chunk: never read.
+    std::fill(kc.begin() + (c.pos0 + c.T) * KV * hd, kc.end(), NAN);
+    std::fill(vc.begin() + (c.pos0 + c.T) * KV * hd, vc.end(), NAN);
+    Dev<float> dq(be(), q, "q"), dk(be(), kc, "kc"), dv(be(), vc, "vc"), out(be(), c.T * H * hd, "attn out");
+    be().attention(dq.p(), dk.p(), dv.p(), KvType::F32, c.T, c.pos0, H, KV, hd, scale, out.p());
+    const auto want = ref::attention(q, kc, vc, c.T, c.pos0, H, KV, hd, scale);
+    expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), bounds().attention,
+               str("attention T=", c.T, " pos0=", c.pos0));
+  }
+}
+
+// kv_store writes exactly its rows; an f16 cache (where the backend keeps one) holds the rounded
+// values, and attention over it matches the reference on those rounded keys and values.
+TEST_P(AttentionOp, KvStoreAndAttentionPerKvType) {
+  std::mt19937 rng(15);
+  const int64_t H = 4, KV = 2, hd = 40, width = KV * hd, ctx = 70, pos0 = 37, T = 9;
+  const auto src = randf(rng, T * width, -1.5f, 1.5f);
+  for (KvType t : {KvType::F32, KvType::F16}) {
+    if (!be().supports_kv(t)) continue;
+    const size_t eb = kv_elem_bytes(t);
+    Dev<uint8_t> cache(be(), (size_t)ctx * width * eb, "kv cache");
+    Dev<float> dsrc(be(), src, "src");
+    be().kv_store(cache.p(), t, pos0, T, width, dsrc.p());
+    const auto got = cache.get();
+    std::vector<float> rounded(T * width);
+    for (int64_t i = 0; i < T * width; ++i) {
+      rounded[i] = t == KvType::F32 ? src[i] : fp16_to_f32(f32_to_fp16(src[i]));
+      float v;
+      if (t == KvType::F32)
+        std::memcpy(&v, &got[(pos0 * width + i) * 4], 4);
+      else {
+        uint16_t h;
+        std::memcpy(&h, &got[(pos0 * width + i) * 2], 2);
+        v = fp16_to_f32(h);
+      }
+      ASSERT_EQ(v, rounded[i]) << kv_type_name(t) << " element " << i;
+    }
+    for (size_t i = 0; i < (size_t)pos0 * width * eb; ++i)
+      ASSERT_EQ(got[i], kPoison) << "kv_store wrote before pos0";
+    for (size_t i = (size_t)(pos0 + T) * width * eb; i < got.size(); ++i)
+      ASSERT_EQ(got[i], kPoison) << "kv_store wrote past its rows";
+
+    // Attention over caches filled by two stores (an earlier chunk, then this one; src is the
+    // chunk's keys) matches the reference on the values the caches hold.
+    const auto k0 = randf(rng, pos0 * width, -1.5f, 1.5f), v0 = randf(rng, pos0 * width, -1.5f, 1.5f),
+               v1 = randf(rng, T * width, -1.5f, 1.5f), q = randf(rng, T * H * hd, -2.f, 2.f);
+    Dev<uint8_t> kc(be(), (size_t)ctx * width * eb, "k cache"), vc(be(), (size_t)ctx * width * eb, "v cache");
+    Dev<float> dk0(be(), k0, "k0"), dv0(be(), v0, "v0"), dv1(be(), v1, "v1"), dq(be(), q, "q");
+    Dev<float> out(be(), T * H * hd, "attn out");
+    be().kv_store(kc.p(), t, 0, pos0, width, dk0.p());
+    be().kv_store(kc.p(), t, pos0, T, width, dsrc.p());
+    be().kv_store(vc.p(), t, 0, pos0, width, dv0.p());
+    be().kv_store(vc.p(), t, pos0, T, width, dv1.p());
+    auto held = [&](const std::vector<float>& a, const std::vector<float>& b) {  // rows [0, pos0 + T)
+      std::vector<float> r(a);
+      r.insert(r.end(), b.begin(), b.end());
+      if (t == KvType::F16)
+        for (float& x : r) x = fp16_to_f32(f32_to_fp16(x));
+      return r;
+    };
+    const float scale = 1.0f / std::sqrt((float)hd);
+    be().attention(dq.p(), kc.p(), vc.p(), t, T, pos0, H, KV, hd, scale, out.p());
+    const auto want = ref::attention(q, held(k0, src), held(v0, v1), T, pos0, H, KV, hd, scale);
+    expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), bounds().attention,
+               str("attention over an ", kv_type_name(t), " cache"));
+  }
+}
+
+// A token's attention output does not depend on how the prompt was cut into chunks (DESIGN.md,
+// invariant 4): a chunk at once, the same queries in two chunks, and one at a time as in decode
+// give the same bits, on every KV type the backend keeps.
+TEST_P(AttentionOp, AttentionIndependentOfChunking) {
+  std::mt19937 rng(16);
+  struct Shape {
+    int64_t H, KV, hd;
+  };
+  // Query heads per kv head 4, 16 and 1; head dims of the GPU's decode kernel and one it leaves to the
+  // general kernel (72).
+  for (const Shape sh : {Shape{8, 2, 64}, Shape{32, 2, 128}, Shape{3, 3, 256}, Shape{4, 2, 72}})
+    for (KvType t : {KvType::F32, KvType::F16}) {
+      const int64_t H = sh.H, KV = sh.KV, hd = sh.hd, width = KV * hd, pos0 = 120, T = 19;  // crosses key 128
+      const int64_t ctx = pos0 + T, first = 7;
+      if (!be().supports_kv(t)) continue;
+      const size_t eb = kv_elem_bytes(t);
+      const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f),
+                 q = randf(rng, T * H * hd, -2.f, 2.f);
+      Dev<uint8_t> kc(be(), (size_t)ctx * width * eb, "k cache"),
+          vc(be(), (size_t)ctx * width * eb, "v cache");
+      Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q");
+      be().kv_store(kc.p(), t, 0, ctx, width, dk.p());
+      be().kv_store(vc.p(), t, 0, ctx, width, dv.p());
+      const float scale = 1.0f / std::sqrt((float)hd);
+      Dev<float> whole(be(), T * H * hd, "whole"), chunks(be(), T * H * hd, "chunks"),
+          tokens(be(), T * H * hd, "tokens");
+      be().attention(dq.p(), kc.p(), vc.p(), t, T, pos0, H, KV, hd, scale, whole.p());
+      be().attention(dq.p(), kc.p(), vc.p(), t, first, pos0, H, KV, hd, scale, chunks.p());
+      be().attention(dq.p() + first * H * hd, kc.p(), vc.p(), t, T - first, pos0 + first, H, KV, hd, scale,
+                     chunks.p() + first * H * hd);
+      for (int64_t i = 0; i < T; ++i)
+        be().attention(dq.p() + i * H * hd, kc.p(), vc.p(), t, 1, pos0 + i, H, KV, hd, scale,
+                       tokens.p() + i * H * hd);
+      const auto w = whole.get();
+      const std::string what = str(kv_type_name(t), ", H=", H, " KV=", KV, " hd=", hd);
+      expect_same(chunks.get(), w, "attention in two chunks vs one, " + what);
+      expect_same(tokens.get(), w, "attention token by token vs one chunk, " + what);
+    }
+}
+
+// A prompt's attention is the same bits whichever prompt kernel the backend picks: on CUDA the tile
+// kernel (head dims 64, 128, 256) against the general one (STRATA_CUDA_ATTN_TILE=0), over prompts of
+// several query tiles and key blocks, query heads per kv head 8, 16, 1 and 6, and chunks that start
+// inside a key block. (A backend with one prompt kernel runs it twice.)
+TEST_P(AttentionOp, AttentionTileKernelIsTheGeneralOne) {
+  std::mt19937 rng(61);
+  struct Shape {
+    int64_t H, KV, hd, T, pos0;
+  };
+  for (const Shape sh : {Shape{32, 4, 128, 300, 0}, Shape{16, 1, 64, 70, 200}, Shape{4, 4, 256, 140, 3},
+                         Shape{12, 2, 128, 41, 129}})
+    for (KvType t : {KvType::F32, KvType::F16}) {
+      if (!be().supports_kv(t)) continue;
+      const int64_t width = sh.KV * sh.hd, ctx = sh.pos0 + sh.T;
+      const size_t eb = kv_elem_bytes(t);
+      const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f),
+                 q = randf(rng, sh.T * sh.H * sh.hd, -2.f, 2.f);
+      Dev<uint8_t> kc(be(), (size_t)ctx * width * eb, "k cache"),
+          vc(be(), (size_t)ctx * width * eb, "v cache");
+      Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q");
+      be().kv_store(kc.p(), t, 0, ctx, width, dk.p());
+      be().kv_store(vc.p(), t, 0, ctx, width, dv.p());
+      const float scale = 1.0f / std::sqrt((float)sh.hd);
+      Dev<float> tile(be(), sh.T * sh.H * sh.hd, "tile"), general(be(), sh.T * sh.H * sh.hd, "general");
+      be().attention(dq.p(), kc.p(), vc.p(), t, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, tile.p());
+      setenv("STRATA_CUDA_ATTN_TILE", "0", 1);
+      be().attention(dq.p(), kc.p(), vc.p(), t, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, general.p());
+      unsetenv("STRATA_CUDA_ATTN_TILE");
+      const auto g = general.get();
+      const std::string what =
+          str(kv_type_name(t), ", H=", sh.H, " KV=", sh.KV, " hd=", sh.hd, " T=", sh.T, " pos0=", sh.pos0);
+      expect_same(tile.get(), g, "attention, tile kernel vs general, " + what);
+      // And each token of it as a decode step computes it (the split kernel).
+      Dev<float> one(be(), sh.H * sh.hd, "one");
+      for (const int64_t i : {int64_t{0}, sh.T / 2, sh.T - 1}) {
+        be().attention(dq.p() + i * sh.H * sh.hd, kc.p(), vc.p(), t, 1, sh.pos0 + i, sh.H, sh.KV, sh.hd,
+                       scale, one.p());
+        expect_same(one.get(),
+                    std::vector<float>(g.begin() + i * sh.H * sh.hd, g.begin() + (i + 1) * sh.H * sh.hd),
+                    str("attention, token ", i, " as a decode step, ", what));
+      }
+    }
+}
+
+// With a position source the position ops add the device's int32 to pos0 as they run: the same bits
+// as passing the position itself, for launches sized for any position below max_pos.
+TEST_P(AttentionOp, PositionSourceMatchesHostPositions) {
+  if (!be().supports_graphs()) {
+    std::vector<int32_t> p = {3};
+    Dev<int32_t> dp(be(), p, "pos");
+    EXPECT_THROW(be().set_position_source(dp.p(), 10), UnsupportedError);
+    return;
+  }
+  std::mt19937 rng(19);
+  const int64_t H = 6, KV = 2, hd = 64, width = KV * hd, ctx = 300;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  for (int32_t pos : {0, 5, 130, 299}) {
+    const auto q = randf(rng, H * hd, -2.f, 2.f), k = randf(rng, width, -1.f, 1.f);
+    auto kc = randf(rng, ctx * width, -1.f, 1.f), vc = randf(rng, ctx * width, -1.f, 1.f);
+    std::vector<int32_t> p = {pos};
+    Dev<int32_t> dp(be(), p, "pos");
+    Dev<float> dq1(be(), q, "q"), dq2(be(), q, "q"), dk(be(), k, "k");
+    Dev<float> kc1(be(), kc, "k cache"), kc2(be(), kc, "k cache"), dv(be(), vc, "v cache");
+    Dev<float> o1(be(), H * hd, "out"), o2(be(), H * hd, "out");
+    const RopeParams rope{hd, 1e6f, true};
+    be().head_norm_rope(dq1.p(), 1, H, hd, nullptr, 1e-6f, pos, rope);
+    be().kv_store(kc1.p(), KvType::F32, pos, 1, width, dk.p());
+    be().attention(dq1.p(), kc1.p(), dv.p(), KvType::F32, 1, pos, H, KV, hd, scale, o1.p());
+    be().set_position_source(dp.p(), ctx);
+    be().head_norm_rope(dq2.p(), 1, H, hd, nullptr, 1e-6f, 0, rope);
+    be().kv_store(kc2.p(), KvType::F32, 0, 1, width, dk.p());
+    be().attention(dq2.p(), kc2.p(), dv.p(), KvType::F32, 1, 0, H, KV, hd, scale, o2.p());
+    be().set_position_source(nullptr, 0);
+    expect_same(dq2.get(), dq1.get(), str("head_norm_rope from the position source at ", pos));
+    expect_same(kc2.get(), kc1.get(), str("kv_store from the position source at ", pos));
+    expect_same(o2.get(), o1.get(), str("attention from the position source at ", pos));
+  }
+}
+
+}  // namespace
