@@ -268,3 +268,40 @@ def test_ctrl_c_stops_a_batch_and_the_model_stays_usable(slow_model):
     fresh = strata.Model(slow_model, progress=False, ctx=4 * 1024, seqs=4)
     again = [c.tokens for c in m.generate_batch(prompts, max_tokens=6, **kw)]
     assert again == [c.tokens for c in fresh.generate_batch(prompts, max_tokens=6, **kw)]
+
+
+# A child in which SIGINT arrives while `strata` is being imported (a finder on sys.meta_path sends it when
+# the import of the package begins), then runs the `strata` command's entry point (or, `direct`, strata.cli's).
+_IMPORT_INTERRUPTED = """
+import os, signal, sys
+class SigintOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "strata":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, SigintOnImport())
+sys.argv = ["strata", "--version"]
+if {direct}:
+    from strata.cli import main
+else:
+    from _strata_cli import main
+main()
+"""
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line():
+    """The `strata` entry point (_strata_cli): Ctrl-C during the package's imports (~0.2 s, before strata.cli
+    can catch it) ends with strata's line and 130, not Python's traceback, which strata.cli alone gives."""
+    run = [sys.executable, "-c", _IMPORT_INTERRUPTED.format(direct=False)]
+    p = subprocess.run(run, env=_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 130 and p.stderr.strip() == "strata: interrupted" and not p.stdout, p.stderr
+    bare = subprocess.run([sys.executable, "-c", _IMPORT_INTERRUPTED.format(direct=True)], env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" in bare.stderr and "KeyboardInterrupt" in bare.stderr
+    # After the imports SIGINT is Python's again (strata.cli turns KeyboardInterrupt into the same line).
+    after = subprocess.run([sys.executable, "-c", "import signal, sys; sys.argv = ['strata', '--version']\n"
+                            "from _strata_cli import main\n"
+                            "import strata.cli; strata.cli.main = lambda: print(signal.getsignal(signal.SIGINT)"
+                            " is signal.default_int_handler)\nmain()"],
+                           env=_env(), capture_output=True, text=True, timeout=60)
+    assert after.stdout.strip() == "True", after.stderr
