@@ -62,9 +62,11 @@ def _bounded(path: str, slots: int, resolve: str = "host") -> dict:
 @pytest.mark.parametrize("cache", ["resident", "bounded", "per-expert"])
 @pytest.mark.parametrize("prefill", [16, 5])
 def test_qwen3moe_prompt_rows_equal_each_prompt_alone(make_mix, mix, cache, prefill):
-    """prefill 5: the 4 prompts' 26 rows run as 6 passes, some prompts split across two."""
+    """prefill 5: the 4 prompts' 46 rows (12, 1, 27 and 6 tokens) run as 10 passes of 5 rows, which cut
+    every prompt but the one-token one. The decode step after them gathers its experts (bounded: the
+    chunk's slots and 12 more, at least the 8 a step of 4 rows may name) or takes them expert by expert
+    (per-expert: the chunk's and 2 more)."""
     path = make_mix(mix)
-    kw = {"resident": {}, "bounded": _bounded(path, 12), "per-expert": _bounded(path, 5)}[cache]
     if cache == "resident":
         kw = dict(prefill=prefill)
     else:
