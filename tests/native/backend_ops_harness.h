@@ -43,6 +43,9 @@ struct Bounds {
   double matmul_q8 = 2e-6;         // measured 2.5e-7 (float scale products, sums)
   double head_norm_rope = 1.5e-6;  // measured 1.4e-7 at position 0; plus 3e-7 a position (see HeadNormRope)
   double attention = 1.5e-6;       // measured 1.7e-7
+  // Attention over an f16 cache at head dims 64 and 128 rounds q and p to fp16 (tensor cores): the
+  // test AttentionF16HeadDimsOfTheTensorCores derives its bound from those roundings.
+  bool attention_f16_tc = false;
 };
 
 struct BackendFactory {
@@ -74,6 +77,7 @@ std::vector<BackendFactory> backends_under_test() {
     gpu.matmul_q8 = 2e-6;
     gpu.head_norm_rope = 2.6e-6;
     gpu.attention = 2.3e-6;
+    gpu.attention_f16_tc = true;
     v.push_back({"cuda", [] { return make_cuda_backend(0); }, gpu});
   }
 #endif

@@ -154,6 +154,56 @@ TEST_P(AttentionOp, KvStoreAndAttentionPerKvType) {
   }
 }
 
+// Attention over an f16 cache at the head dims the GPU runs on tensor cores (64, 128), against the
+// reference on the values the cache holds: prompts of several 64-key blocks and query tiles, chunks
+// that start inside a block, decode steps, query heads per kv head 1 to 20 (more than a warp's 16
+// rows). Where the backend rounds q and p to fp16 (Bounds::attention_f16_tc), the reference takes
+// q rounded as the kernel rounds it (to nearest, clamped to +-65504; exact in the dot's fp32
+// products) and the bound adds what is left, derived:
+//   p rounded to fp16: |p16 - p| <= u p + 2^-25 (u = 2^-11; 2^-25 for subnormals), and l is the sum of
+//     the unrounded p (>= 1: every block's largest p is 1), so the output moves by at most
+//     (u + n 2^-25) max|v| over n keys;
+//   the tensor cores' fp32 sums: at most 17 roundings of 2^-23 relative a 16-term step, so a dot of d
+//     terms errs by at most 2 d^2 2^-23 max|term|: scores by Ds = scale 2 hd^2 2^-23 max|q| max|k|,
+//     which moves the softmax weights by a factor within exp(+-2 Ds), the output by 2 Ds max|v| (to
+//     first order, Ds << 1), and a block's p v sum (64 keys, p <= 1) by 2 64^2 2^-23 max|v|.
+TEST_P(AttentionOp, AttentionF16HeadDimsOfTheTensorCores) {
+  if (!be().supports_kv(KvType::F16)) GTEST_SKIP() << "no f16 cache on this backend";
+  std::mt19937 rng(62);
+  struct Shape {
+    int64_t H, KV, hd, T, pos0;
+  };
+  for (const Shape sh : {Shape{32, 4, 128, 150, 0}, Shape{16, 1, 64, 70, 200}, Shape{12, 2, 128, 41, 129},
+                         Shape{40, 2, 128, 5, 60}, Shape{8, 8, 64, 66, 1}, Shape{32, 4, 128, 1, 300},
+                         Shape{40, 2, 64, 1, 127}, Shape{6, 6, 128, 1, 0}}) {
+    const int64_t width = sh.KV * sh.hd, ctx = sh.pos0 + sh.T;
+    const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.5f, 1.5f);
+    const auto q = randf(rng, sh.T * sh.H * sh.hd, -2.f, 2.f);
+    Dev<uint8_t> kc(be(), (size_t)ctx * width * 2, "k cache"), vc(be(), (size_t)ctx * width * 2, "v cache");
+    Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q"), out(be(), sh.T * sh.H * sh.hd, "out");
+    be().kv_store(kc.p(), KvType::F16, 0, ctx, width, dk.p());
+    be().kv_store(vc.p(), KvType::F16, 0, ctx, width, dv.p());
+    const float scale = 1.0f / std::sqrt((float)sh.hd);
+    be().attention(dq.p(), kc.p(), vc.p(), KvType::F16, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, out.p());
+    const auto half = [](std::vector<float> x) {
+      for (float& e : x) e = fp16_to_f32(f32_to_fp16(std::clamp(e, -65504.0f, 65504.0f)));
+      return x;
+    };
+    const bool tc = bounds().attention_f16_tc;
+    const auto want =
+        ref::attention(tc ? half(q) : q, half(k), half(v), sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale);
+    double bound = bounds().attention;
+    if (tc) {
+      const double u = std::ldexp(1.0, -11), ulp = std::ldexp(1.0, -23), vmax = 1.5, n = (double)ctx;
+      const double ds = scale * 2.0 * (double)(sh.hd * sh.hd) * ulp * 2.0 * 1.0;
+      bound += vmax * (u + n * std::ldexp(1.0, -25) + 2.0 * ds + 2.0 * 64 * 64 * ulp);
+    }
+    expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), bound,
+               str("attention over an f16 cache, H=", sh.H, " KV=", sh.KV, " hd=", sh.hd, " T=", sh.T,
+                   " pos0=", sh.pos0));
+  }
+}
+
 // A token's attention output does not depend on how the prompt was cut into chunks (DESIGN.md,
 // invariant 4): a chunk at once, the same queries in two chunks, and one at a time as in decode
 // give the same bits, on every KV type the backend keeps.
@@ -194,12 +244,17 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
     }
 }
 
-// A prompt's attention is the same bits whichever prompt kernel the backend picks: on CUDA the tile
-// kernel (head dims 64, 128, 256) against the general one (STRATA_CUDA_ATTN_TILE=0), over prompts of
-// several query tiles and key blocks, query heads per kv head 8, 16, 1 and 6, and chunks that start
-// inside a key block. (A backend with one prompt kernel runs it twice.)
+// A prompt's attention is the same bits whichever CUDA-core prompt kernel the backend picks: on CUDA
+// the tile kernel (head dims 64, 128, 256) against the general one (STRATA_CUDA_ATTN_TILE=0), over
+// prompts of several query tiles and key blocks, query heads per kv head 8, 16, 1 and 6, and chunks
+// that start inside a key block; the tensor-core kernels, which f16 caches at head dims 64 and 128
+// take otherwise, are off (STRATA_CUDA_ATTN_MMA=0). (A backend with one prompt kernel runs it twice.)
 TEST_P(AttentionOp, AttentionTileKernelIsTheGeneralOne) {
   std::mt19937 rng(61);
+  setenv("STRATA_CUDA_ATTN_MMA", "0", 1);
+  struct MmaBackOn {
+    ~MmaBackOn() { unsetenv("STRATA_CUDA_ATTN_MMA"); }
+  } back_on;
   struct Shape {
     int64_t H, KV, hd, T, pos0;
   };
@@ -250,27 +305,35 @@ TEST_P(AttentionOp, PositionSourceMatchesHostPositions) {
   std::mt19937 rng(19);
   const int64_t H = 6, KV = 2, hd = 64, width = KV * hd, ctx = 300;
   const float scale = 1.0f / std::sqrt((float)hd);
-  for (int32_t pos : {0, 5, 130, 299}) {
-    const auto q = randf(rng, H * hd, -2.f, 2.f), k = randf(rng, width, -1.f, 1.f);
-    auto kc = randf(rng, ctx * width, -1.f, 1.f), vc = randf(rng, ctx * width, -1.f, 1.f);
-    std::vector<int32_t> p = {pos};
-    Dev<int32_t> dp(be(), p, "pos");
-    Dev<float> dq1(be(), q, "q"), dq2(be(), q, "q"), dk(be(), k, "k");
-    Dev<float> kc1(be(), kc, "k cache"), kc2(be(), kc, "k cache"), dv(be(), vc, "v cache");
-    Dev<float> o1(be(), H * hd, "out"), o2(be(), H * hd, "out");
-    const RopeParams rope{hd, 1e6f, true};
-    be().head_norm_rope(dq1.p(), 1, H, hd, nullptr, 1e-6f, pos, rope);
-    be().kv_store(kc1.p(), KvType::F32, pos, 1, width, dk.p());
-    be().attention(dq1.p(), kc1.p(), dv.p(), KvType::F32, 1, pos, H, KV, hd, scale, o1.p());
-    be().set_position_source(dp.p(), ctx);
-    be().head_norm_rope(dq2.p(), 1, H, hd, nullptr, 1e-6f, 0, rope);
-    be().kv_store(kc2.p(), KvType::F32, 0, 1, width, dk.p());
-    be().attention(dq2.p(), kc2.p(), dv.p(), KvType::F32, 1, 0, H, KV, hd, scale, o2.p());
-    be().set_position_source(nullptr, 0);
-    expect_same(dq2.get(), dq1.get(), str("head_norm_rope from the position source at ", pos));
-    expect_same(kc2.get(), kc1.get(), str("kv_store from the position source at ", pos));
-    expect_same(o2.get(), o1.get(), str("attention from the position source at ", pos));
-  }
+  for (KvType t : {KvType::F32, KvType::F16})
+    for (int32_t pos : {0, 5, 130, 299}) {
+      if (!be().supports_kv(t)) continue;
+      const size_t cb = (size_t)ctx * width * kv_elem_bytes(t);
+      const auto q = randf(rng, H * hd, -2.f, 2.f), k = randf(rng, width, -1.f, 1.f);
+      const auto kc = randf(rng, ctx * width, -1.f, 1.f), vc = randf(rng, ctx * width, -1.f, 1.f);
+      std::vector<int32_t> p = {pos};
+      Dev<int32_t> dp(be(), p, "pos");
+      Dev<float> dq1(be(), q, "q"), dq2(be(), q, "q"), dk(be(), k, "k"), dkc(be(), kc, "k rows"),
+          dvc(be(), vc, "v rows");
+      Dev<uint8_t> kc1(be(), cb, "k cache"), kc2(be(), cb, "k cache"), dv(be(), cb, "v cache");
+      be().kv_store(kc1.p(), t, 0, ctx, width, dkc.p());
+      be().kv_store(kc2.p(), t, 0, ctx, width, dkc.p());
+      be().kv_store(dv.p(), t, 0, ctx, width, dvc.p());
+      Dev<float> o1(be(), H * hd, "out"), o2(be(), H * hd, "out");
+      const RopeParams rope{hd, 1e6f, true};
+      be().head_norm_rope(dq1.p(), 1, H, hd, nullptr, 1e-6f, pos, rope);
+      be().kv_store(kc1.p(), t, pos, 1, width, dk.p());
+      be().attention(dq1.p(), kc1.p(), dv.p(), t, 1, pos, H, KV, hd, scale, o1.p());
+      be().set_position_source(dp.p(), ctx);
+      be().head_norm_rope(dq2.p(), 1, H, hd, nullptr, 1e-6f, 0, rope);
+      be().kv_store(kc2.p(), t, 0, 1, width, dk.p());
+      be().attention(dq2.p(), kc2.p(), dv.p(), t, 1, 0, H, KV, hd, scale, o2.p());
+      be().set_position_source(nullptr, 0);
+      const std::string at = str(" from the position source at ", pos, ", ", kv_type_name(t));
+      expect_same(dq2.get(), dq1.get(), "head_norm_rope" + at);
+      expect_same(kc2.get(), kc1.get(), "kv_store" + at);
+      expect_same(o2.get(), o1.get(), "attention" + at);
+    }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_impl.cuh"
@@ -283,10 +284,10 @@ __global__ void __launch_bounds__(kDecThreads)
 // The decode combine: per head, the key blocks' partials folded in key order, one thread per dim.
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
-                   int64_t H, int64_t hd, float* out) {
+                   int64_t H, int64_t hd, int64_t key_block, float* out) {
   grid_start();
   const int64_t h = blockIdx.x;
-  const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, kKeyBlock);
+  const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, key_block);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x)
     out[h * hd + d] = combine_one(part_ml, part_acc, nb, H, hd, h, d);
 }
@@ -386,6 +387,25 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
   const Shape s = make_shape(T, pos0, ps.dev, H, KV, hd, scale, split);
   const size_t smem = smem_bytes(s);
   const unsigned chunks = (unsigned)ceil_div(s.group, s.gr);
+  if constexpr (std::is_same_v<KvT, uint16_t>) {
+    if (mma_usable(hd, kc, vc)) {  // the tensor-core family, prompt and decode alike
+      if (!split) {
+        launch_mma_prompt(q, kc, vc, s, out, st);
+        STRATA_CUDA_LAUNCH_CHECK();
+        return;
+      }
+      const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kMmaKeyBlock) : ceil_div(pos0 + 1, kMmaKeyBlock);
+      float* part_ml = static_cast<float*>(scratch);
+      float* part_acc = part_ml + nb * H * 2;
+      launch_mma_decode(q, kc, vc, s, nb, part_ml, part_acc, st);
+      STRATA_CUDA_LAUNCH_CHECK();
+      launch_kernel(combine_kernel, grid_x(H),
+                    (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st, part_ml,
+                    part_acc, pos0, ps.dev, H, hd, (int64_t)kMmaKeyBlock, out);
+      STRATA_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
   if (split) {
     // With a position source the grid covers every position below max_pos; blocks past the keys return.
     const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kKeyBlock) : ceil_div(pos0 + 1, kKeyBlock);
@@ -402,7 +422,7 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
     }
     launch_kernel(combine_kernel, grid_x(H),
                   (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st, part_ml,
-                  part_acc, pos0, ps.dev, H, hd, out);
+                  part_acc, pos0, ps.dev, H, hd, (int64_t)kKeyBlock, out);
     STRATA_CUDA_LAUNCH_CHECK();
   } else if (launch_tile(q, kc, vc, s, out, st)) {
     STRATA_CUDA_LAUNCH_CHECK();
@@ -432,7 +452,9 @@ void launch_kv_store(void* cache, KvType t, int64_t pos0, const PosSource& ps, i
 
 size_t attention_scratch_bytes(int64_t T, int64_t pos0, int64_t n_head, int64_t head_dim) {
   if (!attention_should_split(T)) return 0;
-  return (size_t)(ceil_div(pos0 + 1, kKeyBlock) * n_head * (head_dim + 2)) * sizeof(float);
+  // Partials of the smaller of the two families' key blocks.
+  static_assert(kMmaKeyBlock <= kKeyBlock, "the scratch holds the finer blocks' partials");
+  return (size_t)(ceil_div(pos0 + 1, kMmaKeyBlock) * n_head * (head_dim + 2)) * sizeof(float);
 }
 
 size_t attention_scratch_max_bytes(int64_t max_pos, int64_t n_head, int64_t head_dim) {

@@ -190,4 +190,16 @@ __device__ __forceinline__ float2 block_softmax(float* sr, int nv, int lane) {
 template <class KvT>
 bool launch_tile(const float* q, const KvT* kc, const KvT* vc, const Shape& s, float* out, cudaStream_t st);
 
+// ---- the tensor-core kernels (attention_mma.cu): an f16 cache at head dims 64 and 128 ----
+constexpr int kMmaKeyBlock = 64;  // keys per softmax block of those kernels, by absolute position
+// Whether they run for this shape (16-byte aligned caches; STRATA_CUDA_ATTN_MMA=0 keeps the CUDA-core
+// kernels, read at each launch: the A/B of bench/NOTES.md). The choice depends on neither T nor pos0,
+// so a token's prompt and decode steps take the same family.
+bool mma_usable(int64_t hd, const void* kc, const void* vc);
+void launch_mma_prompt(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s, float* out,
+                       cudaStream_t st);
+// Key blocks [0, nb) (those past the position return): partials for combine_kernel, with kMmaKeyBlock.
+void launch_mma_decode(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s, int64_t nb,
+                       float* part_ml, float* part_acc, cudaStream_t st);
+
 }  // namespace strata::cuda::attn

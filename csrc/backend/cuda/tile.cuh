@@ -89,6 +89,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
                : "memory");
 }
 
+// The same four matrices transposed: r[j] holds, in thread t, elements (2 (t % 4) + {0, 1}, t / 4) of
+// matrix j (the B operand of mma_16816 from a row-major k x n tile).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
 // c += a b for a 16 x 16 fp16 tile a and a 16 x 8 fp16 tile b, c in fp32 (thread t = 4 g + q holds
 // c[0..1] = rows g, columns 2q, 2q + 1 and c[2..3] = row g + 8, the same columns).
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
