@@ -345,6 +345,12 @@ ExpertView ExpertCache::wait(int64_t layer, int64_t e) {
   return view(layer, slot_ptr(s));
 }
 
+bool ExpertCache::in_flight(int64_t layer, int64_t e) const {
+  if (!src_ || on_device_) return false;
+  const int32_t s = slot_of(layer, e);
+  return s >= 0 && landing_[s];
+}
+
 void ExpertCache::release(int64_t /*layer*/) {
   for (int32_t s : held_list_) {
     last_use_[s].record(Stream::Compute);

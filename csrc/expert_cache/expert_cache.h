@@ -74,6 +74,10 @@ class ExpertCache {
   int64_t prepare(int64_t layer, const int32_t* experts, int64_t n);
   // Phase 2: the compute stream waits for expert e's copy (when it was a miss); its matrices.
   ExpertView wait(int64_t layer, int64_t e);
+  // Between the two: whether prepared expert e was a miss whose copy the compute stream has not waited
+  // for yet (on a GPU it may still be crossing the link: work on experts before it can run meanwhile;
+  // the CPU's copies are done by now, but it answers alike, so the tests run the same pieces).
+  bool in_flight(int64_t layer, int64_t e) const;
   // Work reading the prepared experts is queued: records their slots' last use on the compute stream
   // and lets the next prepare evict them.
   void release(int64_t layer);

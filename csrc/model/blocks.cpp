@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "core/error.h"
@@ -100,18 +101,44 @@ Routed routed_experts(Backend& be, const PrefillBuffers& b, int64_t E) {
   return r;
 }
 
+// A batch of experts with copies still crossing to the device runs in pieces (8, of at least
+// kMinPiece experts; STRATA_PREFILL_PIECES=N for N, 1 for whole batches: the A/B switch): each piece's
+// compute waits only for its own copies, so it overlaps the copies of the pieces after it. More pieces
+// overlap more but launch more (a piece is ~4 launches on CUDA).
+constexpr int64_t kMinPiece = 8;
+int64_t pieces() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("STRATA_PREFILL_PIECES");
+    if (!e || !*e) return int64_t{8};
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    STRATA_CHECK(*end == 0 && v >= 1 && v <= 1024, ConfigError, "STRATA_PREFILL_PIECES=", e,
+                 " is not a number of pieces from 1 to 1024");
+    return static_cast<int64_t>(v);
+  }();
+  return n;
+}
+
 // Runs fn(e, first_row, n_rows, view) for every routed expert in ascending order, preparing as many
-// as the cache has room for at a time; after each batch, done(first_row, end_row) then release.
+// as the cache has room for at a time; done(first_row, end_row) after each piece of a batch (the whole
+// batch when none of its experts is in flight), then release. A row's result does not depend on the
+// pieces: every row is one expert's, and the callers' sums run in row order either way.
 template <class Fn, class Done>
 void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done) {
   const int64_t n = (int64_t)r.ids.size();
   for (int64_t i = 0; i < n;) {
     const int64_t got = cache.prepare(l, r.ids.data() + i, n - i);
-    for (int64_t j = i; j < i + got; ++j) {
-      const int32_t e = r.ids[j];
-      fn(e, (int64_t)r.off[e], (int64_t)(r.off[e + 1] - r.off[e]), cache.wait(l, e));
+    bool in_flight = false;
+    for (int64_t j = i; j < i + got && !in_flight; ++j) in_flight = cache.in_flight(l, r.ids[j]);
+    const int64_t piece = in_flight ? std::max(kMinPiece, (got + pieces() - 1) / pieces()) : got;
+    for (int64_t p = i; p < i + got; p += piece) {
+      const int64_t q = std::min(i + got, p + piece);
+      for (int64_t j = p; j < q; ++j) {
+        const int32_t e = r.ids[j];
+        fn(e, (int64_t)r.off[e], (int64_t)(r.off[e + 1] - r.off[e]), cache.wait(l, e));
+      }
+      done((int64_t)r.off[r.ids[p]], (int64_t)r.off[r.ids[q - 1] + 1]);
     }
-    done((int64_t)r.off[r.ids[i]], (int64_t)r.off[r.ids[i + got - 1] + 1]);
     cache.release(l);
     i += got;
   }
