@@ -205,6 +205,8 @@ struct Q8Act {
 //   q8_ints(w, x, iv): the block's integer sums against one activation block (exact);
 //   q8_iv(w, lo, hi, xlo, xhi, iv): the same sums from the dot products of the block's halves (lo: lanes
 //     0-15, hi: 16-31, as tensor cores form them) and the activation halves' lane sums;
+//   kWholeSums: q8_iv reads only lo + hi and xlo + xhi (one scale for the whole block), so
+//     q8_iv(w, lo + hi, 0, xlo + xhi, 0, iv) gives the same sums from one 32-lane product;
 //   q8_fma(w, dx, iv, a): the block's float steps onto the accumulator a, quant.h's formula. ----
 
 struct F32 {
@@ -259,6 +261,7 @@ struct Q8_0 {
   }
 
   static constexpr int kPairs = 1;
+  static constexpr bool kWholeSums = true;
   static constexpr bool kNeedsXSum = false;
   STRATA_HD static void q8_weights(const uint8_t* b, int, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));
@@ -302,6 +305,7 @@ struct Q4_K {
   }
 
   static constexpr int kPairs = 2;
+  static constexpr bool kWholeSums = true;
   static constexpr bool kNeedsXSum = true;
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));
@@ -361,6 +365,7 @@ struct Q6_K {
   }
 
   static constexpr int kPairs = 1;
+  static constexpr bool kWholeSums = false;
   static constexpr bool kNeedsXSum = false;
   STRATA_HD static void q8_weights(const uint8_t* b, int p, Q8Weights& w) {
     const Q6_KGroup g = q6_k_group(p);
@@ -417,6 +422,7 @@ struct IQ2_XS {
   }
 
   static constexpr int kPairs = 1;
+  static constexpr bool kWholeSums = false;
   static constexpr bool kNeedsXSum = false;
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));
@@ -478,6 +484,7 @@ struct Q2_K {
   }
 
   static constexpr int kPairs = 2;
+  static constexpr bool kWholeSums = false;
   static constexpr bool kNeedsXSum = false;  // the min term needs the sums of the halves: q8_ints
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));
@@ -544,6 +551,7 @@ struct IQ2_XXS {
   }
 
   static constexpr int kPairs = 1;
+  static constexpr bool kWholeSums = true;
   static constexpr bool kNeedsXSum = false;
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));

@@ -41,6 +41,7 @@ struct Q5_K {
   }
 
   static constexpr int kPairs = 2;
+  static constexpr bool kWholeSums = true;
   static constexpr bool kNeedsXSum = true;
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));
@@ -101,6 +102,7 @@ struct Q3_K {
   }
 
   static constexpr int kPairs = 1;
+  static constexpr bool kWholeSums = false;
   static constexpr bool kNeedsXSum = false;
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));
@@ -153,6 +155,7 @@ struct IQ4_XS {
   }
 
   static constexpr int kPairs = 1;
+  static constexpr bool kWholeSums = true;
   static constexpr bool kNeedsXSum = false;
   STRATA_HD static void q8_weights(const uint8_t* b, int j, Q8Weights& w) {
     w.d = half_float(ld16(b + kD));

@@ -43,6 +43,7 @@ STRATA_HD inline uint32_t lookup4(uint32_t codes, uint64_t lo, uint64_t hi) {
 // gives kBias (subtracted from q), kCode (a codebook or none), the scale d, the min (or none).
 template <class Self>
 struct Legacy32 {
+  static constexpr bool kWholeSums = true;  // q8_iv reads only lo + hi and xlo + xhi
   static constexpr int kBlock = kQK4;
   // Unit u's sixteen 5-bit (or 4-bit) codes, four to a word.
   STRATA_HD static void codes(const uint8_t* b, int u, uint32_t q[4]) {

@@ -65,6 +65,7 @@ STRATA_HD inline void signed_unit(const uint32_t mag[4], uint32_t signs, float d
 template <bool Halves>
 struct GridQ8 {
   static constexpr int kPairs = 1;
+  static constexpr bool kWholeSums = !Halves;
   static constexpr bool kNeedsXSum = false;
   STRATA_HD static void q8_ints(const Q8Weights& w, const Q8Act& x, int* iv) {
     int lo = 0, hi = 0;

@@ -282,8 +282,8 @@ TEST_P(MatmulOp, MatmulQ8RunsIsMatmulQ8OnEachRun) {
     const MmaQ8Env env(mma);
     std::mt19937 rng(41);
     ThreadPool pool(1);
-    const std::vector<int64_t> lens = {3, 1, 16, 17, 40};
-    const int64_t gap_after = 2;  // run 2 starts one row after run 1 ends
+    const std::vector<int64_t> lens = {3, 1, 16, 17, 40, 70};  // 70: two of the tensor-core tiles
+    const int64_t gap_after = 2;                               // run 2 starts one row after run 1 ends
     for (QType t : kAllTypes) {
       if (!uses_matmul_q8((uint32_t)t)) continue;
       for (const bool long_rows : {false, true}) {

@@ -175,6 +175,12 @@ void check_q8(int64_t cols, std::mt19937& rng) {
           for (int p = 0; p < F::kPairs; ++p)
             ASSERT_EQ(iv2[p], iv[p]) << quant_traits(F::kType).name << " q8_iv pair " << p << " block "
                                      << blk;
+          // A format of whole sums gets them from one 32-lane product (the k32 tensor-core form).
+          if constexpr (F::kWholeSums) {
+            F::q8_iv(wq, half[0] + half[1], 0, xhalf[0] + xhalf[1], 0, iv2);
+            for (int p = 0; p < F::kPairs; ++p)
+              ASSERT_EQ(iv2[p], iv[p]) << quant_traits(F::kType).name << " whole-sum q8_iv pair " << p;
+          }
           a = F::q8_fma(wq, dx, iv, a);
         }
         ASSERT_EQ(bits_from_f32(a), bits_from_f32(want[t * rows + r]))

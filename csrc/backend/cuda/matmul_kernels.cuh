@@ -80,7 +80,7 @@ struct ExpertsArgs {
 // by value (__grid_constant__): up to kMaxRuns runs a launch, the launcher splits longer lists.
 constexpr int kMaxRuns = 112;
 constexpr int64_t kRunsTileRows = 16;     // a run's rows a block (matmul_q8.cuh's LargeTile)
-constexpr int64_t kRunsMmaTileRows = 32;  // the same on tensor cores (matmul_q8_mma.cuh)
+constexpr int64_t kRunsMmaTileRows = 64;  // the same on tensor cores (matmul_q8_mma.cuh)
 struct RunsQ8Args {
   size_t rb;
   int64_t rows, cols;
