@@ -42,12 +42,14 @@ ExpertCache::ExpertCache(Backend& be, const ExpertLayout& layout, const ExpertSo
   lent_.assign(n_slots_, 0);
   held_.assign(n_slots_, 0);
   landing_.assign(n_slots_, 0);
+  ahead_.assign(n_slots_, 0);
   evictable_.assign(n_slots_, 0);
   for (int32_t s = 0; s < n_slots_; ++s) {
     ready_.emplace_back(be);
     last_use_.emplace_back(be);
   }
   policy_ = make_policy(policy, n_slots_);
+  lru_ = policy == "lru";
   if (!src_->page_locked() && !be.host_is_device()) {
     for (int i = 0; i < kStages; ++i)
       stages_.push_back(Stage{
@@ -124,6 +126,7 @@ void ExpertCache::to_device() {
   be_.upload(dev_pinned_.get(), pinned_.data(), S);
   be_.zero(dev_counters_.get(), kResolveCounters * 8);
   be_.zero(dev_pref_.get(), S);  // the host does not track prefetches: none is pending from before
+  std::fill(ahead_.begin(), ahead_.end(), 0);  // nor does the device track prefetch_layer's
   stats_at_device_ = stats_;
   on_device_ = true;
 }
@@ -254,6 +257,10 @@ void ExpertCache::evict(int32_t slot) {
     key_[slot] = -1;
     ++stats_.evictions;
   }
+  if (ahead_[slot]) {
+    ++stats_.prefetch_wasted;
+    ahead_[slot] = 0;
+  }
   policy_->on_clear(slot);
 }
 
@@ -304,6 +311,10 @@ int64_t ExpertCache::prepare(int64_t layer, const int32_t* experts, int64_t n) {
     if (s >= 0) {
       if (held_[s]) continue;  // named twice in one batch
       ++stats_.hits;
+      if (ahead_[s]) {
+        ++stats_.prefetch_used;
+        ahead_[s] = 0;
+      }
     } else {
       s = find_victim();
       if (s < 0) break;
@@ -349,6 +360,32 @@ bool ExpertCache::in_flight(int64_t layer, int64_t e) const {
   if (!src_ || on_device_) return false;
   const int32_t s = slot_of(layer, e);
   return s >= 0 && landing_[s];
+}
+
+int64_t ExpertCache::prefetch_layer(int64_t layer) {
+  STRATA_CHECK(layer >= 0 && layer < layout_.L, Error, "prefetch_layer: layer ", layer, " out of range");
+  if (!src_ || !lru_) return 0;
+  to_host();
+  int64_t free = 0;
+  for (int32_t s = 0; s < n_slots_; ++s) free += usable(s);
+  if (free < 2 * layout_.E) return 0;
+  policy_->on_layer(layer);
+  for (int64_t e = 0; e < layout_.E; ++e)
+    if (const int32_t s = slot_of(layer, e); s >= 0) policy_->on_use(s);
+  int64_t n = 0;
+  for (int64_t e = 0; e < layout_.E; ++e) {
+    if (slot_of(layer, e) >= 0) continue;
+    const int32_t s = find_victim();
+    if (s < 0) break;
+    evict(s);
+    fill(s, layer, e, false);
+    policy_->on_use(s);
+    ahead_[s] = 1;
+    ++n;
+  }
+  stats_.prefetch_fills += (uint64_t)n;
+  stats_.prefetch_bytes += (uint64_t)n * layout_.layers[layer].bytes;
+  return n;
 }
 
 void ExpertCache::release(int64_t /*layer*/) {

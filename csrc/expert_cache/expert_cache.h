@@ -81,6 +81,14 @@ class ExpertCache {
   // Work reading the prepared experts is queued: records their slots' last use on the compute stream
   // and lets the next prepare evict them.
   void release(int64_t layer);
+  // A prompt pass's look ahead: queues the copies of every expert of `layer` the cache lacks, behind the
+  // copies already queued, so they cross the link while the layers before it compute (a chunk of T
+  // tokens routed top-K of E names nearly every expert once T * K >= 8 E; the caller decides). Only under
+  // LRU, only while the slots neither pinned, lent nor held could hold two layers' experts; the layer's
+  // resident experts count as used first, so no fill evicts another expert of the same layer. Returns
+  // the copies queued (prefetch_fills); a later prepare's hit on one counts as prefetch_used, its
+  // eviction unused as prefetch_wasted.
+  int64_t prefetch_layer(int64_t layer);
 
   bool resident(int64_t layer, int64_t e);
   // A forward pass begins (its layers' prepares follow in ascending order): the policy's on_pass.
@@ -156,6 +164,8 @@ class ExpertCache {
   std::vector<int32_t> index_;  // (layer * E + e) -> slot, -1 if absent
   std::vector<int64_t> key_;    // slot -> layer * E + e, -1 if empty
   std::vector<uint8_t> pinned_, lent_, held_, landing_;  // held: prepared, not released; landing: copy queued
+  std::vector<uint8_t> ahead_;                           // filled by prefetch_layer, not used since
+  bool lru_ = false;                                     // the policy is LRU (prefetch_layer runs)
   std::vector<Event> ready_, last_use_;                  // per slot: copy landed; compute done reading
   std::vector<int32_t> held_list_;
   mutable std::vector<uint8_t> evictable_;  // find_victim's scratch

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -119,15 +120,31 @@ int64_t pieces() {
   return n;
 }
 
+// Whether a prompt pass queues the next layer's experts behind this layer's copies
+// (ExpertCache::prefetch_layer): on by default, STRATA_PROMPT_PREFETCH=0 off (the A/B switch).
+bool prompt_prefetch() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_PROMPT_PREFETCH");
+    if (!e || !*e) return true;
+    const std::string v = e;
+    STRATA_CHECK(v == "0" || v == "1", ConfigError, "STRATA_PROMPT_PREFETCH=", e, " is not 0 or 1");
+    return v == "1";
+  }();
+  return on;
+}
+
 // Runs fn(e, first_row, n_rows, view) for every routed expert in ascending order, preparing as many
 // as the cache has room for at a time; done(first_row, end_row) after each piece of a batch (the whole
 // batch when none of its experts is in flight), then release. A row's result does not depend on the
-// pieces: every row is one expert's, and the callers' sums run in row order either way.
+// pieces: every row is one expert's, and the callers' sums run in row order either way. With `ahead`
+// >= 0 and the whole layer prepared at once, layer `ahead`'s experts are prefetched right after this
+// layer's copies are queued, so the link stays busy while this layer computes.
 template <class Fn, class Done>
-void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done) {
+void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done, int64_t ahead = -1) {
   const int64_t n = (int64_t)r.ids.size();
   for (int64_t i = 0; i < n;) {
     const int64_t got = cache.prepare(l, r.ids.data() + i, n - i);
+    if (i == 0 && got == n && ahead >= 0) cache.prefetch_layer(ahead);
     bool in_flight = false;
     for (int64_t j = i; j < i + got && !in_flight; ++j) in_flight = cache.in_flight(l, r.ids[j]);
     const int64_t piece = in_flight ? std::max(kMinPiece, (got + pieces() - 1) / pieces()) : got;
@@ -273,6 +290,8 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
     return;
   }
   const Routed r = routed_experts(be, b, s.E);
+  // A chunk this large names nearly every expert of the next layer too: its copies go right behind ours.
+  const int64_t ahead = prompt_prefetch() && T * K >= 8 * s.E && l + 1 < ctx.experts.L ? l + 1 : -1;
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   if (b.moe == MoeLayout::Fused) {
     // Experts in ascending id, as many at a time as the buffers' rows (max(T, K): one expert's rows fit)
@@ -310,7 +329,8 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
           gu.push_back({v.gate, v.up, o - first, n});
           dn.push_back({v.down, nullptr, o - first, n});
         },
-        [&](int64_t, int64_t) { run_group(); });  // before the batch's experts are released
+        [&](int64_t, int64_t) { run_group(); },  // before the batch's experts are released
+        ahead);
     return;
   }
   // MMQ: every (token, k) row gathered in expert order, quantized to q8_0 for weights with an
@@ -365,7 +385,8 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
           be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
         mm(xl.down.type, 2, -1, D, F, b.hg, b.yd, nullptr);
         batch.clear();
-      });
+      },
+      ahead);
   be.scatter_add(b.yd, b.expert_rows, b.topk_w, K, n_rows, D, b.proj);
 }
 

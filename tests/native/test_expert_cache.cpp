@@ -173,6 +173,80 @@ TEST(ExpertCache, EvictsLeastRecentlyUsed) {
   EXPECT_TRUE(cache.resident(0, 0));
 }
 
+// prefetch_layer: the copies of every expert of the layer the cache lacks, queued behind those already
+// queued, evicting neither held slots nor the layer's own residents; the layer's prepare then hits them
+// (prefetch_used) and waits for their copies; one evicted before any use counts as wasted. Under other
+// policies, or with fewer free slots than two layers' experts, it does nothing.
+TEST(ExpertCache, PrefetchLayerFillsTheLayerAheadOfItsPrepare) {
+  Fixture fx(3, 4, 256);
+  TraceBackend be;
+  auto src = make_mmap_source(fx.layout);
+  const size_t slot = fx.layout.slot_bytes;
+  ExpertCache cache(be, fx.layout, src.get(), 12 * slot);
+  be.arena = const_cast<uint8_t*>(cache.wait_base_for_tests());
+  be.slot_bytes = slot;
+  be.n_slots = (size_t)cache.n_slots();
+  const int32_t all[] = {0, 1, 2, 3};
+  // Layer 1's expert 2 is resident and the least recent: a fill must not evict it.
+  ASSERT_EQ(cache.prepare(1, all + 2, 1), 1);
+  cache.wait(1, 2);
+  cache.release(1);
+  for (int64_t l : {0, 2}) {  // 8 more slots used, 3 left empty
+    ASSERT_EQ(cache.prepare(l, all, 4), 4);
+    for (int e = 0; e < 4; ++e) cache.wait(l, e);
+    cache.release(l);
+  }
+  // Layer 0 held (4 slots), 8 usable: exactly two layers' worth, so the prefetch runs.
+  ASSERT_EQ(cache.prepare(0, all, 4), 4);
+  be.log.clear();
+  EXPECT_EQ(cache.prefetch_layer(1), 3);
+  // Neither slot 0 (layer 1's resident expert 2) nor slot 1 (held by layer 0) refilled.
+  EXPECT_EQ(count(be.log, "record e1 copy") + count(be.log, "record e3 copy"), 0u);
+  EXPECT_EQ(cache.stats().prefetch_fills, 3u);
+  EXPECT_EQ(cache.stats().prefetch_bytes, 3u * fx.layout.layers[1].bytes);
+  for (int e = 0; e < 4; ++e) {
+    EXPECT_TRUE(cache.resident(0, e));
+    EXPECT_TRUE(cache.resident(1, e));
+  }
+  // Of the 3 fills, 3 took the empty slots: layer 2 is whole too.
+  for (int e = 0; e < 4; ++e) EXPECT_TRUE(cache.resident(2, e));
+  for (int e = 0; e < 4; ++e) cache.wait(0, e);
+  cache.release(0);
+  // Layer 1's prepare: all hits; the prefetched ones wait for their copies, once.
+  const uint64_t misses = cache.stats().misses;
+  be.log.clear();
+  ASSERT_EQ(cache.prepare(1, all, 4), 4);
+  EXPECT_EQ(cache.stats().misses, misses);
+  EXPECT_EQ(cache.stats().prefetch_used, 3u);
+  EXPECT_TRUE(cache.in_flight(1, 0) && !cache.in_flight(1, 2));
+  for (int e = 0; e < 4; ++e) EXPECT_EQ(cache.wait(1, e).gate[0], 16 + e);
+  size_t waits = 0;
+  for (const auto& s : be.log) waits += s.rfind("wait compute", 0) == 0;
+  EXPECT_EQ(waits, 3u);
+  cache.release(1);
+  // Fewer than 2 * E usable slots: nothing.
+  ASSERT_EQ(cache.prepare(0, all, 4), 4);
+  ASSERT_EQ(cache.prepare(2, all, 4), 4);
+  EXPECT_EQ(cache.prefetch_layer(1), 0);
+  cache.release(0);
+  // Every fill above was used; one evicted before its layer's prepare counts as wasted (here by a lend
+  // of every slot).
+  EXPECT_EQ(cache.stats().prefetch_wasted, 0u);
+  Fixture fy(3, 4, 256);
+  auto src2 = make_mmap_source(fy.layout);
+  ExpertCache c2(be, fy.layout, src2.get(), 12 * slot);
+  EXPECT_EQ(c2.prefetch_layer(2), 4);
+  c2.lend(12);
+  EXPECT_EQ(c2.stats().prefetch_wasted, 4u);
+  c2.give_back();
+  // Other policies: nothing.
+  for (const char* pol : {"lfu", "scan"}) {
+    ExpertCache c3(be, fy.layout, src2.get(), 12 * slot, pol);
+    EXPECT_EQ(c3.prefetch_layer(1), 0) << pol;
+    EXPECT_EQ(c3.stats().prefetch_fills, 0u) << pol;
+  }
+}
+
 // LFU: the least used expert goes (the least recent among equals), whatever its recency; counts
 // halve every 8 * slots uses, so old popularity fades.
 TEST(ExpertCache, LfuEvictsTheLeastUsedAndAges) {

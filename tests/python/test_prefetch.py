@@ -72,3 +72,82 @@ def test_prefetch_is_qwen3moe_only(tmp_path):
     path = str(make_gpt_oss(tmp_path / "oss.gguf", seed=5))
     with pytest.raises(strata.UnsupportedError, match="does not predict its next layer's experts"):
         strata.Model(path, device="cpu", expert_cache=64, prefetch=True, progress=False)
+
+
+# ---- a prompt pass's look ahead (ExpertCache::prefetch_layer) ----
+# A prompt chunk of T tokens routed top-K of E experts names nearly every expert of the next layer once
+# T * K >= 8 E: its copies are queued right behind this layer's, under LRU, when the cache has room for
+# two layers beside the one computing. On by default (STRATA_PROMPT_PREFETCH=0 turns it off).
+
+def _prompt_prefetch_file(tmp_path, quant):
+    from strata.testing import make_qwen3moe
+
+    path = str(tmp_path / f"pp-{quant}.gguf")
+    make_qwen3moe(path, layers=6, hidden=256, heads=4, kv_heads=2, head_dim=32, experts=8, top_k=2,
+                  expert_ffn=256, vocab=512, ctx=512, norm_std=0.2, seed=11,
+                  quant={"experts": "Q4_K"} if quant == "q4_k" else {})
+    return path
+
+
+@pytest.mark.parametrize("quant", ["q4_k", "f32"])
+@pytest.mark.parametrize("source", ["host", "mmap"])
+def test_prompt_prefetch_changes_residency_not_results(tmp_path, quant, source):
+    path = _prompt_prefetch_file(tmp_path, quant)
+    info = strata.ModelInfo(path)
+    spec = info.spec
+    E, K = spec["experts"], spec["top_k"]
+    T = 8 * E // K + 5  # 37 tokens: past the threshold
+    lay = info.layout(64, True)
+    prompt = [int(x) for x in np.random.default_rng(3).integers(1, 500, size=T)]
+
+    def model(extra_slots):
+        cache = f"{(lay['slots'] + extra_slots) * lay['slot_bytes']}b"
+        return strata.Model(path, device="cpu", expert_cache=cache, prefill=64, ctx=CTX, source=source,
+                            progress=False)
+
+    # The reference: a cache with room for one layer and a half beside the chunk's lent slots, too
+    # little to look ahead (the same layout: a streamed prompt's logits do not depend on the cache).
+    ref = model(E + E // 2)
+    want = ref.logits(prompt, seq=0)
+    assert ref.cache["prefetch_fills"] == 0 and ref.cache["misses"] > 0
+    # Room for three layers' experts of six: every pass streams, and looks ahead.
+    m = model(3 * E)
+    for _ in range(2):  # a cold cache, then one holding the previous pass's last layers
+        np.testing.assert_array_equal(m.logits(prompt, seq=0), want)
+    c = m.cache
+    # Layers 1..5 are looked ahead each pass (layer 0 has no layer before it); a fill is used unless no
+    # token of the chunk routed to its expert (on this file 2 of 80: its routers are not uniform).
+    assert c["prefetch_fills"] >= 5 and c["prefetch_used"] >= c["prefetch_fills"] // 2
+    assert c["prefetch_used"] + c["prefetch_wasted"] <= c["prefetch_fills"]
+    assert c["prefetch_bytes"] > 0 and c["bytes_streamed"] >= c["prefetch_bytes"]
+    # A short prompt (T * K < 8 E) prefetches nothing.
+    m2 = model(3 * E)
+    np.testing.assert_array_equal(m2.logits(prompt[:20], seq=0), ref.logits(prompt[:20], seq=0))
+    assert m2.cache["prefetch_fills"] == 0
+
+
+def test_prompt_prefetch_switch(tmp_path):
+    import subprocess
+    import sys
+
+    path = _prompt_prefetch_file(tmp_path, "q4_k")
+    code = (
+        "import strata, numpy as np, sys\n"
+        "info = strata.ModelInfo(sys.argv[1]); lay = info.layout(64, True)\n"
+        "cache = f\"{(lay['slots'] + 24) * lay['slot_bytes']}b\"\n"
+        "m = strata.Model(sys.argv[1], device='cpu', expert_cache=cache, prefill=64, ctx=160, progress=False)\n"
+        "try:\n"
+        "    m.logits(list(range(1, 41)), seq=0)\n"
+        "except strata.ConfigError as e:\n"
+        "    print('error:', e); sys.exit(3)\n"
+        "print(m.cache['prefetch_fills'])\n"
+    )
+    def run(v):
+        import os
+        env = {**os.environ, "STRATA_PROMPT_PREFETCH": v}
+        return subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env)
+
+    on, off, bad = run("1"), run("0"), run("yes")
+    assert on.returncode == 0 and int(on.stdout.split()[-1]) > 0, on.stderr
+    assert off.returncode == 0 and int(off.stdout.split()[-1]) == 0, off.stderr
+    assert bad.returncode == 3 and "STRATA_PROMPT_PREFETCH=yes is not 0 or 1" in bad.stdout, bad.stdout + bad.stderr
