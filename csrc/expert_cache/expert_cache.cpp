@@ -362,30 +362,33 @@ bool ExpertCache::in_flight(int64_t layer, int64_t e) const {
   return s >= 0 && landing_[s];
 }
 
-int64_t ExpertCache::prefetch_layer(int64_t layer) {
+int64_t ExpertCache::prefetch_layer(int64_t layer, const int32_t* experts, int64_t n) {
   STRATA_CHECK(layer >= 0 && layer < layout_.L, Error, "prefetch_layer: layer ", layer, " out of range");
-  if (!src_ || !lru_) return 0;
+  if (!src_ || !lru_ || n <= 0) return 0;
   to_host();
   int64_t free = 0;
   for (int32_t s = 0; s < n_slots_; ++s) free += usable(s);
   if (free < 2 * layout_.E) return 0;
   policy_->on_layer(layer);
-  for (int64_t e = 0; e < layout_.E; ++e)
-    if (const int32_t s = slot_of(layer, e); s >= 0) policy_->on_use(s);
-  int64_t n = 0;
-  for (int64_t e = 0; e < layout_.E; ++e) {
-    if (slot_of(layer, e) >= 0) continue;
+  for (int64_t i = 0; i < n; ++i) {
+    STRATA_CHECK(experts[i] >= 0 && experts[i] < layout_.E, Error, "prefetch_layer: expert ", experts[i],
+                 " out of range");
+    if (const int32_t s = slot_of(layer, experts[i]); s >= 0) policy_->on_use(s);
+  }
+  int64_t filled = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (slot_of(layer, experts[i]) >= 0) continue;  // resident, or named twice
     const int32_t s = find_victim();
     if (s < 0) break;
     evict(s);
-    fill(s, layer, e, false);
+    fill(s, layer, experts[i], false);
     policy_->on_use(s);
     ahead_[s] = 1;
-    ++n;
+    ++filled;
   }
-  stats_.prefetch_fills += (uint64_t)n;
-  stats_.prefetch_bytes += (uint64_t)n * layout_.layers[layer].bytes;
-  return n;
+  stats_.prefetch_fills += (uint64_t)filled;
+  stats_.prefetch_bytes += (uint64_t)filled * layout_.layers[layer].bytes;
+  return filled;
 }
 
 void ExpertCache::release(int64_t /*layer*/) {

@@ -81,14 +81,13 @@ class ExpertCache {
   // Work reading the prepared experts is queued: records their slots' last use on the compute stream
   // and lets the next prepare evict them.
   void release(int64_t layer);
-  // A prompt pass's look ahead: queues the copies of every expert of `layer` the cache lacks, behind the
-  // copies already queued, so they cross the link while the layers before it compute (a chunk of T
-  // tokens routed top-K of E names nearly every expert once T * K >= 8 E; the caller decides). Only under
-  // LRU, only while the slots neither pinned, lent nor held could hold two layers' experts; the layer's
-  // resident experts count as used first, so no fill evicts another expert of the same layer. Returns
-  // the copies queued (prefetch_fills); a later prepare's hit on one counts as prefetch_used, its
-  // eviction unused as prefetch_wasted.
-  int64_t prefetch_layer(int64_t layer);
+  // A prompt pass's look ahead: queues the copies of experts[0..n) of `layer` (each at most once) that
+  // the cache lacks, behind the copies already queued, so they cross the link while the layers before it
+  // compute. Only under LRU, only while the slots neither pinned, lent nor held could hold two layers'
+  // experts; the named experts already resident count as used first, so no fill evicts another of them.
+  // Returns the copies queued (prefetch_fills); a later prepare's hit on one counts as prefetch_used,
+  // its eviction unused as prefetch_wasted.
+  int64_t prefetch_layer(int64_t layer, const int32_t* experts, int64_t n);
 
   bool resident(int64_t layer, int64_t e);
   // A forward pass begins (its layers' prepares follow in ascending order): the policy's on_pass.

@@ -92,14 +92,38 @@ struct Routed {
   std::vector<int32_t> ids, off;  // off[e] .. off[e + 1] for e < E
 };
 
-Routed routed_experts(Backend& be, const PrefillBuffers& b, int64_t E) {
+// `expert_off`: E + 1 prefix offsets in device memory.
+Routed routed_experts(Backend& be, const int32_t* expert_off, int64_t E) {
   Routed r;
   r.off.resize(E + 1);
   // The host sees the layer's routing once: it walks experts by these offsets.
-  be.download(r.off.data(), b.expert_off, r.off.size() * sizeof(int32_t));
+  be.download(r.off.data(), expert_off, r.off.size() * sizeof(int32_t));
   for (int64_t e = 0; e < E; ++e)
     if (r.off[e + 1] > r.off[e]) r.ids.push_back((int32_t)e);
   return r;
+}
+
+Routed routed_experts(Backend& be, const PrefillBuffers& b, int64_t E) {
+  return routed_experts(be, b.expert_off, E);
+}
+
+// A prompt pass's guess of the experts layer l + 1 will route this chunk's tokens to: its router on this
+// layer's post-attention residual under its own FFN norm (R * grs * w', the decode prefetch's guess), into
+// scratch that is free until this layer's experts run: the input in yd (at least T x D floats in either
+// layout), the logits in hu, the top-K ids, weights and grouping in hg (each at least T x F floats).
+// Returns the guess's E + 1 expert offsets (device memory), or null when hu or hg is too small (a router
+// wider than the experts' F, which no supported model has).
+const int32_t* guess_next_experts(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, int64_t F,
+                                  int64_t K, int64_t E, const NextRouter& next) {
+  if (E > F || 3 * T * K + E + 1 > T * F) return nullptr;
+  be.apply_norm(b.R, b.grs, next.ffn_norm, D, nullptr, 1, T, b.yd);
+  auto* ids = reinterpret_cast<int32_t*>(b.hg);
+  float* w = b.hg + T * K;
+  int32_t* off = ids + 2 * T * K;
+  int32_t* rows = off + E + 1;
+  const DenseMatrix& r = *next.router;
+  be.route(r.type, r.data, r.rows, r.cols, b.yd, T, K, next.norm_topk, b.hu, ids, w, off, rows);
+  return off;
 }
 
 // A batch of experts with copies still crossing to the device runs in pieces (8, of at least
@@ -136,15 +160,17 @@ bool prompt_prefetch() {
 // Runs fn(e, first_row, n_rows, view) for every routed expert in ascending order, preparing as many
 // as the cache has room for at a time; done(first_row, end_row) after each piece of a batch (the whole
 // batch when none of its experts is in flight), then release. A row's result does not depend on the
-// pieces: every row is one expert's, and the callers' sums run in row order either way. With `ahead`
-// >= 0 and the whole layer prepared at once, layer `ahead`'s experts are prefetched right after this
+// pieces: every row is one expert's, and the callers' sums run in row order either way. When the whole
+// layer is prepared at once, the experts `ahead` names of layer l + 1 are prefetched right after this
 // layer's copies are queued, so the link stays busy while this layer computes.
 template <class Fn, class Done>
-void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done, int64_t ahead = -1) {
+void for_routed(ExpertCache& cache, int64_t l, const Routed& r, Fn fn, Done done,
+                const std::vector<int32_t>& ahead = {}) {
   const int64_t n = (int64_t)r.ids.size();
   for (int64_t i = 0; i < n;) {
     const int64_t got = cache.prepare(l, r.ids.data() + i, n - i);
-    if (i == 0 && got == n && ahead >= 0) cache.prefetch_layer(ahead);
+    if (i == 0 && got == n && !ahead.empty())
+      cache.prefetch_layer(l + 1, ahead.data(), (int64_t)ahead.size());
     bool in_flight = false;
     for (int64_t j = i; j < i + got && !in_flight; ++j) in_flight = cache.in_flight(l, r.ids[j]);
     const int64_t piece = in_flight ? std::max(kMinPiece, (got + pieces() - 1) / pieces()) : got;
@@ -289,9 +315,14 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
     moe_gathered(ctx, b, l, T, ffn_norm, var, path, next);
     return;
   }
+  // A chunk that routes many rows: the experts layer l + 1 will likely want, whose copies go right
+  // behind this layer's (queued before this layer's routing is downloaded: one wait for both).
+  const bool look_ahead =
+      prompt_prefetch() && next && b.HC == 1 && T * K >= 8 * s.E && !ctx.cache.all_resident();
+  const int32_t* guess_off = look_ahead ? guess_next_experts(be, b, T, D, F, K, s.E, *next) : nullptr;
   const Routed r = routed_experts(be, b, s.E);
-  // A chunk this large names nearly every expert of the next layer too: its copies go right behind ours.
-  const int64_t ahead = prompt_prefetch() && T * K >= 8 * s.E && l + 1 < ctx.experts.L ? l + 1 : -1;
+  std::vector<int32_t> ahead;
+  if (guess_off) ahead = routed_experts(be, guess_off, s.E).ids;
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   if (b.moe == MoeLayout::Fused) {
     // Experts in ascending id, as many at a time as the buffers' rows (max(T, K): one expert's rows fit)

@@ -173,9 +173,9 @@ TEST(ExpertCache, EvictsLeastRecentlyUsed) {
   EXPECT_TRUE(cache.resident(0, 0));
 }
 
-// prefetch_layer: the copies of every expert of the layer the cache lacks, queued behind those already
-// queued, evicting neither held slots nor the layer's own residents; the layer's prepare then hits them
-// (prefetch_used) and waits for their copies; one evicted before any use counts as wasted. Under other
+// prefetch_layer: the copies of the named experts of a layer the cache lacks, queued behind those already
+// queued, evicting neither held slots nor the named experts already resident; the layer's prepare then hits
+// them (prefetch_used) and waits for their copies; one evicted before any use counts as wasted. Under other
 // policies, or with fewer free slots than two layers' experts, it does nothing.
 TEST(ExpertCache, PrefetchLayerFillsTheLayerAheadOfItsPrepare) {
   Fixture fx(3, 4, 256);
@@ -199,7 +199,7 @@ TEST(ExpertCache, PrefetchLayerFillsTheLayerAheadOfItsPrepare) {
   // Layer 0 held (4 slots), 8 usable: exactly two layers' worth, so the prefetch runs.
   ASSERT_EQ(cache.prepare(0, all, 4), 4);
   be.log.clear();
-  EXPECT_EQ(cache.prefetch_layer(1), 3);
+  EXPECT_EQ(cache.prefetch_layer(1, all, 4), 3);
   // Neither slot 0 (layer 1's resident expert 2) nor slot 1 (held by layer 0) refilled.
   EXPECT_EQ(count(be.log, "record e1 copy") + count(be.log, "record e3 copy"), 0u);
   EXPECT_EQ(cache.stats().prefetch_fills, 3u);
@@ -227,7 +227,7 @@ TEST(ExpertCache, PrefetchLayerFillsTheLayerAheadOfItsPrepare) {
   // Fewer than 2 * E usable slots: nothing.
   ASSERT_EQ(cache.prepare(0, all, 4), 4);
   ASSERT_EQ(cache.prepare(2, all, 4), 4);
-  EXPECT_EQ(cache.prefetch_layer(1), 0);
+  EXPECT_EQ(cache.prefetch_layer(1, all, 4), 0);
   cache.release(0);
   // Every fill above was used; one evicted before its layer's prepare counts as wasted (here by a lend
   // of every slot).
@@ -235,14 +235,16 @@ TEST(ExpertCache, PrefetchLayerFillsTheLayerAheadOfItsPrepare) {
   Fixture fy(3, 4, 256);
   auto src2 = make_mmap_source(fy.layout);
   ExpertCache c2(be, fy.layout, src2.get(), 12 * slot);
-  EXPECT_EQ(c2.prefetch_layer(2), 4);
+  const int32_t some[] = {3, 1, 3};  // named twice: filled once
+  EXPECT_EQ(c2.prefetch_layer(2, some, 3), 2);
+  EXPECT_TRUE(c2.resident(2, 1) && c2.resident(2, 3) && !c2.resident(2, 0) && !c2.resident(2, 2));
   c2.lend(12);
-  EXPECT_EQ(c2.stats().prefetch_wasted, 4u);
+  EXPECT_EQ(c2.stats().prefetch_wasted, 2u);
   c2.give_back();
   // Other policies: nothing.
   for (const char* pol : {"lfu", "scan"}) {
     ExpertCache c3(be, fy.layout, src2.get(), 12 * slot, pol);
-    EXPECT_EQ(c3.prefetch_layer(1), 0) << pol;
+    EXPECT_EQ(c3.prefetch_layer(1, all, 4), 0) << pol;
     EXPECT_EQ(c3.stats().prefetch_fills, 0u) << pol;
   }
 }

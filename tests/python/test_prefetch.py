@@ -75,9 +75,10 @@ def test_prefetch_is_qwen3moe_only(tmp_path):
 
 
 # ---- a prompt pass's look ahead (ExpertCache::prefetch_layer) ----
-# A prompt chunk of T tokens routed top-K of E experts names nearly every expert of the next layer once
-# T * K >= 8 E: its copies are queued right behind this layer's, under LRU, when the cache has room for
-# two layers beside the one computing. On by default (STRATA_PROMPT_PREFETCH=0 turns it off).
+# A qwen3moe prompt chunk that routes many rows (T * K >= 8 E) with a bounded cache guesses layer l + 1's
+# experts (its router on layer l's post-attention residual) and queues their copies right behind layer
+# l's, under LRU, when the cache has room for two layers beside the one computing. On by default
+# (STRATA_PROMPT_PREFETCH=0 turns it off).
 
 def _prompt_prefetch_file(tmp_path, quant):
     from strata.testing import make_qwen3moe
@@ -115,9 +116,9 @@ def test_prompt_prefetch_changes_residency_not_results(tmp_path, quant, source):
     for _ in range(2):  # a cold cache, then one holding the previous pass's last layers
         np.testing.assert_array_equal(m.logits(prompt, seq=0), want)
     c = m.cache
-    # Layers 1..5 are looked ahead each pass (layer 0 has no layer before it); a fill is used unless no
-    # token of the chunk routed to its expert (on this file 2 of 80: its routers are not uniform).
-    assert c["prefetch_fills"] >= 5 and c["prefetch_used"] >= c["prefetch_fills"] // 2
+    # Layers 1..5 are looked ahead each pass (layer 0 has no layer before it); a fill is used unless the
+    # guess named an expert no token of the chunk chose.
+    assert c["prefetch_fills"] >= 5 and c["prefetch_used"] > 0
     assert c["prefetch_used"] + c["prefetch_wasted"] <= c["prefetch_fills"]
     assert c["prefetch_bytes"] > 0 and c["bytes_streamed"] >= c["prefetch_bytes"]
     # A short prompt (T * K < 8 E) prefetches nothing.
