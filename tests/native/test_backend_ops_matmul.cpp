@@ -182,7 +182,7 @@ TEST_P(MatmulOp, MatmulNIsItsCalls) {
     std::vector<Dev<uint8_t>> W;
     for (int64_t r : rows) W.emplace_back(be(), random_weights(t, r, cols, rng), "W");
     for (Phase ph : {Phase::Decode, Phase::Prompt})
-      for (int64_t T : {1, 3}) {
+      for (int64_t T : {1, 3, 130}) {  // 130: two token tiles of the tensor-core launch
         const int64_t ldx = cols + 4;
         Dev<float> dx(be(), randf(rng, T * ldx, -2.f, 2.f), "X");
         std::vector<Dev<float>> one, many;

@@ -51,6 +51,15 @@ bool mma_q8_on() {
   return capable && !(e && std::strcmp(e, "0") == 0);
 }
 
+namespace {
+// Whether matmul_n's matrices share one tensor-core launch (unless STRATA_CUDA_MMA_MULTI=0: the A/B
+// switch; the same bits either way). A decode step's one-token matmul_n is always one GEMV launch.
+bool mma_multi_on() {
+  const char* e = std::getenv("STRATA_CUDA_MMA_MULTI");
+  return !(e && std::strcmp(e, "0") == 0);
+}
+}  // namespace
+
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
@@ -76,9 +85,42 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
                      const Backend::MatmulOut* outs, int n, cudaStream_t s) {
   int64_t total = 0;
   for (int i = 0; i < n; ++i) total += outs[i].rows;
-  if (path != MatmulPath::Gemv || T != 1 || n < 1 || n > kGemvMulti || total == 0 || cols == 0) {
+  const bool one_launch =
+      n >= 1 && n <= kGemvMulti && total > 0 && cols > 0 && T > 0 &&
+      ((path == MatmulPath::Gemv && T == 1) || (path == MatmulPath::TensorCore && mma_multi_on()));
+  if (!one_launch) {
     for (int i = 0; i < n; ++i)
       launch_matmul_path(path, type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy, s);
+    return;
+  }
+  if (path == MatmulPath::TensorCore) {
+    dispatch_format(type, "matmul weight", [&](auto fmt) {
+      using F = decltype(fmt);
+      STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
+      STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
+                   " are not 4-byte aligned");
+      MmaMultiArgs g{};
+      g.n = n;
+      g.rb = row_bytes(F::kType, cols);
+      g.cols = cols;
+      g.X = X;
+      g.ldx = ldx;
+      g.T = T;
+      int64_t tiles = 0;
+      for (int i = 0; i < n; ++i) {
+        check_shape("matmul", outs[i].rows, cols, T, outs[i].ldy);
+        check_weights<F>(outs[i].W, g.rb, "matmul");
+        g.W[i] = static_cast<const uint8_t*>(outs[i].W);
+        g.rows[i] = outs[i].rows;
+        g.Y[i] = outs[i].Y;
+        g.ldy[i] = outs[i].ldy;
+        g.tile0[i] = static_cast<int32_t>(tiles);
+        tiles += ceil_div(outs[i].rows, kMmaTileRows);
+        STRATA_CHECK(tiles <= INT32_MAX, ConfigError, "matmul: ", total, " rows exceed one launch");
+      }
+      g.tile0[n] = static_cast<int32_t>(tiles);
+      launch_mma_multi<F>(g, s);
+    });
     return;
   }
   dispatch_format(type, "matmul weight", [&](auto fmt) {

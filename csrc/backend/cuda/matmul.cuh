@@ -53,7 +53,8 @@ enum class MatmulPath { Gemv, TensorCore };
 // launch_matmul's choice: GEMV up to 8 tokens (decode, small batches), tensor cores beyond.
 bool matmul_should_use_gemv(uint32_t type, int64_t rows, int64_t cols, int64_t T);
 // matmul_n: n matmuls of one activation, as launch_matmul_path of each, in one launch where the path is
-// GEMV and T is 1 (decode: the attention's q, k and v).
+// GEMV and T is 1 (decode: the attention's q, k and v) or the path is the tensor-core tile (a prompt's:
+// the small k and v no longer run as launches of their own that fill a fraction of the GPU).
 void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T,
                      const Backend::MatmulOut* outs, int n, cudaStream_t s);
 // launch_matmul with the kernel named rather than chosen (benchmarks; either takes any T).

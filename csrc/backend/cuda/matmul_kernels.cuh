@@ -43,6 +43,21 @@ struct GemvMultiArgs {
   const float* X;
 };
 
+// The same matmuls on the tensor-core tile (a prompt's q, k and v): grid x walks the matrices' row tiles
+// in order, matrix i's from tile0[i]; each block is launch_mma's block of that matrix.
+struct MmaMultiArgs {
+  const uint8_t* W[kGemvMulti];
+  int64_t rows[kGemvMulti];
+  float* Y[kGemvMulti];
+  int64_t ldy[kGemvMulti];
+  int32_t tile0[kGemvMulti + 1];
+  int n;
+  size_t rb;
+  int64_t cols;
+  const float* X;
+  int64_t ldx, T;
+};
+
 // As MatmulArgs with q8_0 activation rows: Xq holds T rows of cols / 32 blocks, xrb bytes apart.
 struct MatmulQ8Args {
   const uint8_t* W;
@@ -100,6 +115,7 @@ static_assert(sizeof(RunsQ8Args) <= 4000, "a kernel's parameters fit CUDA's 4 KB
 // matmul_runs on tensor cores as one launch: RunsQ8Args with float activation rows (X, ldx apart;
 // x_vec: 16-byte aligned rows, read 16 bytes at a time).
 constexpr int64_t kRunsF32TileRows = 128;  // a run's rows a block (matmul_mma.cuh's kBN)
+constexpr int64_t kMmaTileRows = 64;       // the fp16 tile's weight rows a block (matmul_mma.cuh's kBM)
 struct RunsF32Args {
   size_t rb;
   int64_t rows, cols;
@@ -167,6 +183,8 @@ template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s);
 template <class F>
 void launch_mma(const MatmulArgs& a, cudaStream_t s);
+template <class F>
+void launch_mma_multi(const MmaMultiArgs& g, cudaStream_t s);
 template <class F>
 void launch_mmq(const MatmulQ8Args& a, cudaStream_t s);
 template <class F>

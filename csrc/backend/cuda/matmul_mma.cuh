@@ -142,7 +142,7 @@ __device__ __forceinline__ void mma_block(const MatmulArgs& a, bool x_vec, int64
   const uint8_t* wrows = a.W + m0 * a.rb;
   const uint8_t* whi = a.W + a.rows * a.rb;
   const int64_t nsteps = ceil_div(a.cols, kBK);
-  static_assert(kBN == kRunsF32TileRows, "the launcher's tiles are the kernel's");
+  static_assert(kBN == kRunsF32TileRows && kBM == kMmaTileRows, "the launchers' tiles are the kernel's");
 
   auto stage = [&](int64_t chunk) {  // the weight bytes of columns [chunk * kRawK, ..)
     const int64_t k0 = chunk * C::kRawK, k1 = min64(a.cols, k0 + C::kRawK);
@@ -199,7 +199,36 @@ __global__ void __launch_bounds__(kThreads, 2) mma_runs_kernel(const __grid_cons
                static_cast<int64_t>(y - g.tile0[j]) * kBN);
 }
 
+// matmul_n: block x is mma_kernel's block (x - tile0[i], y) of matrix i, the one whose row tiles hold x;
+// every output is the single call's chain of mma steps.
+template <class F>
+__global__ void __launch_bounds__(kThreads, 2)
+    mma_multi_kernel(const __grid_constant__ MmaMultiArgs g, bool x_vec) {
+  grid_start();
+  const int x = static_cast<int>(blockIdx.x);
+  int i = 0;
+  while (i + 1 < g.n && x >= g.tile0[i + 1]) ++i;
+  const MatmulArgs a{g.W[i], g.rb, g.rows[i], g.cols, g.X, g.ldx, g.T, g.Y[i], g.ldy[i]};
+  mma_block<F>(a, x_vec, static_cast<int64_t>(x - g.tile0[i]) * kBM, static_cast<int64_t>(blockIdx.y) * kBN);
+}
+
 }  // namespace mma
+
+template <class F>
+void launch_mma_multi(const MmaMultiArgs& g, cudaStream_t s) {
+  using namespace mma;
+  const bool x_vec = x_rows_aligned(g.X, g.ldx);
+  const int64_t per_launch = kMaxGridY * kBN;  // tokens within CUDA's grid y limit
+  for (int64_t t0 = 0; t0 < g.T; t0 += per_launch) {
+    MmaMultiArgs h = g;
+    h.X = g.X + t0 * g.ldx;
+    for (int i = 0; i < g.n; ++i) h.Y[i] = g.Y[i] + t0 * g.ldy[i];
+    h.T = min64(per_launch, g.T - t0);
+    const dim3 grid(static_cast<unsigned>(g.tile0[g.n]), static_cast<unsigned>(ceil_div(h.T, kBN)));
+    launch_kernel(mma_multi_kernel<F>, grid, kThreads, 0, s, h, x_vec);
+    STRATA_CUDA_LAUNCH_CHECK();
+  }
+}
 
 template <class F>
 void launch_mma_runs(const RunsF32Args& g, cudaStream_t s) {

@@ -8,6 +8,7 @@ template void launch_gemv<unit::BF16>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::BF16>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::BF16>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::BF16>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::BF16>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::BF16>(const RunsF32Args&, cudaStream_t);
 
 }  // namespace strata::cuda

@@ -8,6 +8,7 @@ template void launch_gemv<unit::F16>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::F16>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::F16>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::F16>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::F16>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::F16>(const RunsF32Args&, cudaStream_t);
 
 }  // namespace strata::cuda

@@ -8,6 +8,7 @@ template void launch_gemv<unit::F32>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::F32>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::F32>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::F32>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::F32>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::F32>(const RunsF32Args&, cudaStream_t);
 
 }  // namespace strata::cuda

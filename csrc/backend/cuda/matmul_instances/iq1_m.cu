@@ -9,6 +9,7 @@ template void launch_gemv<unit::IQ1_M>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::IQ1_M>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ1_M>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ1_M>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::IQ1_M>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::IQ1_M>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::IQ1_M>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::IQ1_M>(const ExpertsArgs&, cudaStream_t);

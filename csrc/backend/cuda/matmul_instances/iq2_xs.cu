@@ -9,6 +9,7 @@ template void launch_gemv<unit::IQ2_XS>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::IQ2_XS>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ2_XS>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ2_XS>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::IQ2_XS>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::IQ2_XS>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::IQ2_XS>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::IQ2_XS>(const ExpertsArgs&, cudaStream_t);

@@ -9,6 +9,7 @@ template void launch_gemv<unit::IQ3_XXS>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::IQ3_XXS>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ3_XXS>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ3_XXS>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::IQ3_XXS>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::IQ3_XXS>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::IQ3_XXS>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::IQ3_XXS>(const ExpertsArgs&, cudaStream_t);

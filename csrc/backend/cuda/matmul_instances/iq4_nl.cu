@@ -9,6 +9,7 @@ template void launch_gemv<unit::IQ4_NL>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::IQ4_NL>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::IQ4_NL>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::IQ4_NL>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::IQ4_NL>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::IQ4_NL>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::IQ4_NL>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::IQ4_NL>(const ExpertsArgs&, cudaStream_t);

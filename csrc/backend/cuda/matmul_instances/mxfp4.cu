@@ -9,6 +9,7 @@ template void launch_gemv<unit::MXFP4>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::MXFP4>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::MXFP4>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::MXFP4>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::MXFP4>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::MXFP4>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::MXFP4>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::MXFP4>(const ExpertsArgs&, cudaStream_t);

@@ -9,6 +9,7 @@ template void launch_gemv<unit::Q5_1>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::Q5_1>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::Q5_1>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::Q5_1>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::Q5_1>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::Q5_1>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::Q5_1>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::Q5_1>(const ExpertsArgs&, cudaStream_t);

@@ -9,6 +9,7 @@ template void launch_gemv<unit::Q6_K>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::Q6_K>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::Q6_K>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::Q6_K>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::Q6_K>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::Q6_K>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::Q6_K>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::Q6_K>(const ExpertsArgs&, cudaStream_t);

@@ -9,6 +9,7 @@ template void launch_gemv<unit::Q8_0>(const MatmulArgs&, cudaStream_t);
 template void launch_gemv_multi<unit::Q8_0>(const GemvMultiArgs&, cudaStream_t);
 template void launch_gemv_experts<unit::Q8_0>(const ExpertsArgs&, cudaStream_t);
 template void launch_mma<unit::Q8_0>(const MatmulArgs&, cudaStream_t);
+template void launch_mma_multi<unit::Q8_0>(const MmaMultiArgs&, cudaStream_t);
 template void launch_mma_runs<unit::Q8_0>(const RunsF32Args&, cudaStream_t);
 template void launch_mmq<unit::Q8_0>(const MatmulQ8Args&, cudaStream_t);
 template void launch_mmq_experts<unit::Q8_0>(const ExpertsArgs&, cudaStream_t);
