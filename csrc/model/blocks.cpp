@@ -410,10 +410,14 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
           mm(xl.up.type, 1, -1, F, D, b.xg, b.hu, nullptr);
         }
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
-        // (gate/up have read them), then down.
-        expert_swiglu(be, b, b.expert_rows + r0, r1 - r0, F, b.hg + r0 * F, b.hu + r0 * F, var);
-        if (q8_down)
-          be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
+        // (gate/up have read them; one op for both where the activation is plain SwiGLU), then down.
+        if (q8_down && !var) {
+          be.swiglu_q8_0(b.hg + r0 * F, b.hu + r0 * F, r1 - r0, F, b.xq + r0 * xrb, xrb);
+        } else {
+          expert_swiglu(be, b, b.expert_rows + r0, r1 - r0, F, b.hg + r0 * F, b.hu + r0 * F, var);
+          if (q8_down)
+            be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
+        }
         mm(xl.down.type, 2, -1, D, F, b.hg, b.yd, nullptr);
         batch.clear();
       },
