@@ -93,55 +93,50 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
       launch_matmul_path(path, type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy, s);
     return;
   }
-  if (path == MatmulPath::TensorCore) {
-    dispatch_format(type, "matmul weight", [&](auto fmt) {
-      using F = decltype(fmt);
-      STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
-      STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
-                   " are not 4-byte aligned");
-      MmaMultiArgs g{};
-      g.n = n;
-      g.rb = row_bytes(F::kType, cols);
-      g.cols = cols;
-      g.X = X;
-      g.ldx = ldx;
-      g.T = T;
-      int64_t tiles = 0;
-      for (int i = 0; i < n; ++i) {
-        check_shape("matmul", outs[i].rows, cols, T, outs[i].ldy);
-        check_weights<F>(outs[i].W, g.rb, "matmul");
-        g.W[i] = static_cast<const uint8_t*>(outs[i].W);
-        g.rows[i] = outs[i].rows;
-        g.Y[i] = outs[i].Y;
-        g.ldy[i] = outs[i].ldy;
-        g.tile0[i] = static_cast<int32_t>(tiles);
-        tiles += ceil_div(outs[i].rows, kMmaTileRows);
-        STRATA_CHECK(tiles <= INT32_MAX, ConfigError, "matmul: ", total, " rows exceed one launch");
-      }
-      g.tile0[n] = static_cast<int32_t>(tiles);
-      launch_mma_multi<F>(g, s);
-    });
-    return;
-  }
   dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
     STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
     STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
                  " are not 4-byte aligned");
-    GemvMultiArgs g{};
-    g.n = n;
-    g.rb = row_bytes(F::kType, cols);
-    g.cols = cols;
-    g.X = X;
-    g.total = total;
+    const size_t rb = row_bytes(F::kType, cols);
     for (int i = 0; i < n; ++i) {
       check_shape("matmul", outs[i].rows, cols, T, outs[i].ldy);
-      check_weights<F>(outs[i].W, g.rb, "matmul");
+      check_weights<F>(outs[i].W, rb, "matmul");
+    }
+    if (path == MatmulPath::Gemv) {
+      GemvMultiArgs g{};
+      g.n = n;
+      g.rb = rb;
+      g.cols = cols;
+      g.X = X;
+      g.total = total;
+      for (int i = 0; i < n; ++i) {
+        g.W[i] = static_cast<const uint8_t*>(outs[i].W);
+        g.rows[i] = outs[i].rows;
+        g.Y[i] = outs[i].Y;
+      }
+      launch_gemv_multi<F>(g, s);
+      return;
+    }
+    MmaMultiArgs g{};
+    g.n = n;
+    g.rb = rb;
+    g.cols = cols;
+    g.X = X;
+    g.ldx = ldx;
+    g.T = T;
+    int64_t tiles = 0;
+    for (int i = 0; i < n; ++i) {
       g.W[i] = static_cast<const uint8_t*>(outs[i].W);
       g.rows[i] = outs[i].rows;
       g.Y[i] = outs[i].Y;
+      g.ldy[i] = outs[i].ldy;
+      g.tile0[i] = static_cast<int32_t>(tiles);
+      tiles += ceil_div(outs[i].rows, kMmaTileRows);
+      STRATA_CHECK(tiles <= INT32_MAX, ConfigError, "matmul: ", total, " rows exceed one launch");
     }
-    launch_gemv_multi<F>(g, s);
+    g.tile0[n] = static_cast<int32_t>(tiles);
+    launch_mma_multi<F>(g, s);
   });
 }
 
