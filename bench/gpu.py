@@ -314,6 +314,8 @@ def main() -> None:
     ap.add_argument("--only", default=None,
                     help="comma-separated starts of configuration labels to run (e.g. all,half,none)")
     ap.add_argument("--decode-only", action="store_true", help="leave out the prompt tests")
+    ap.add_argument("--prompt-only", action="store_true",
+                    help="leave out the decode tests (llama-bench's tg after an 8192-token depth is the slow part)")
     ap.add_argument("--hbm-gbps", type=float, default=4300, help="HBM bandwidth for the floor, GB/s")
     ap.add_argument("--link-gbps", type=float, default=54, help="host link bandwidth for the floor, GB/s")
     ap.add_argument("--device", default="cuda", help="strata's device (cpu: a smoke test of this script)")
@@ -324,6 +326,8 @@ def main() -> None:
                     help="decode with --prefetch (bounded caches): off, on, or both side by side")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.decode_only and a.prompt_only:
+        ap.error("--decode-only and --prompt-only leave nothing to run: pick one")
     hbm, link = a.hbm_gbps * 1e9, a.link_gbps * 1e9
 
     scenarios = [s for s in a.scenarios.split(",") if s]
@@ -371,6 +375,8 @@ def main() -> None:
         for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())
+            if a.prompt_only:
+                cfg = dataclasses.replace(cfg, decode_after=())
             t0 = time.monotonic()
             load = dict(cfg.load)
             os.environ["STRATA_CUDA_MMA_Q8"] = "1" if load.pop("_mma_q8", False) else "0"  # read at each launch
