@@ -208,7 +208,7 @@ def llama_config(binary: str, path: str, cfg: Config, gen: int, reps: int, log: 
     return out
 
 
-def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
+def configs(scenario: str, info: strata.ModelInfo, quick: bool, long_prompts: bool = False) -> list[Config]:
     L = info.spec["layers"]
     per_layer = expert_bytes_per_layer(info)
 
@@ -225,8 +225,11 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool) -> list[Config]:
                    (2048,), (512,)),
         ]
     if scenario == "235b":
-        return [Config("14900 MiB cache (-ncmoe 76)", 76, {"expert_cache": "14900", "prefill": "auto:32768"},
-                       (2048,), (512,))]
+        load = {"expert_cache": "14900", "prefill": "auto:32768"}
+        rows = [Config("14900 MiB cache (-ncmoe 76)", 76, load, (2048,), (512,))]
+        if long_prompts:  # strata alone: llama.cpp's pp32768 would take ~3 minutes at its pp2048 speed
+            rows.append(Config("14900 MiB cache, long prompts", None, load, (8192, 32768), ()))
+        return rows
     if scenario == "q36":
         return [
             Config("all on GPU", 0, {"expert_cache": "all"}, (512, 2048), (512,)),
@@ -311,6 +314,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions (-r)")
     ap.add_argument("--gen-tokens", type=int, default=128, help="decoded tokens per tg test (235b: a quarter)")
     ap.add_argument("--quick", action="store_true", help="leave out the 8192-token prompts")
+    ap.add_argument("--long-prompts", action="store_true",
+                    help="235b: also 8192- and 32768-token prompts with --prefill auto:32768, strata alone (its "
+                         "chunks, chunk size and link GB/s in the JSON)")
     ap.add_argument("--only", default=None,
                     help="comma-separated starts of configuration labels to run (e.g. all,half,none)")
     ap.add_argument("--decode-only", action="store_true", help="leave out the prompt tests")
@@ -358,7 +364,7 @@ def main() -> None:
         info = strata.ModelInfo(path)
         gen = max(8, a.gen_tokens // 4) if s in ("235b", "ds3") else a.gen_tokens
         chosen = []
-        for cfg in configs(s, info, a.quick):
+        for cfg in configs(s, info, a.quick, a.long_prompts):
             if a.only and not any(cfg.label.startswith(o) for o in a.only.split(",")):
                 continue
             bounded = cfg.load.get("expert_cache") != "all"
