@@ -107,6 +107,15 @@ Routed routed_experts(Backend& be, const PrefillBuffers& b, int64_t E) {
   return routed_experts(be, b.expert_off, E);
 }
 
+// Layer l + 1's router on this layer's post-attention residual R under layer l + 1's FFN norm (R * grs * w',
+// into yd): the guess of its experts that both prefetches make, into the given routing outputs.
+void route_next(Backend& be, const PrefillBuffers& b, const NextRouter& next, int64_t D, int64_t T, int64_t K,
+                float* logits, int32_t* ids, float* w, int32_t* off, int32_t* rows) {
+  be.apply_norm(b.R, b.grs, next.ffn_norm, D, nullptr, 1, T, b.yd);
+  const DenseMatrix& r = *next.router;
+  be.route(r.type, r.data, r.rows, r.cols, b.yd, T, K, next.norm_topk, logits, ids, w, off, rows);
+}
+
 // A prompt pass's guess of the experts layer l + 1 will route this chunk's tokens to: its router on this
 // layer's post-attention residual under its own FFN norm (R * grs * w', the decode prefetch's guess), into
 // scratch that is free until this layer's experts run: the input in yd (at least T x D floats in either
@@ -116,13 +125,9 @@ Routed routed_experts(Backend& be, const PrefillBuffers& b, int64_t E) {
 const int32_t* guess_next_experts(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, int64_t F,
                                   int64_t K, int64_t E, const NextRouter& next) {
   if (E > F || 3 * T * K + E + 1 > T * F) return nullptr;
-  be.apply_norm(b.R, b.grs, next.ffn_norm, D, nullptr, 1, T, b.yd);
   auto* ids = reinterpret_cast<int32_t*>(b.hg);
-  float* w = b.hg + T * K;
   int32_t* off = ids + 2 * T * K;
-  int32_t* rows = off + E + 1;
-  const DenseMatrix& r = *next.router;
-  be.route(r.type, r.data, r.rows, r.cols, b.yd, T, K, next.norm_topk, b.hu, ids, w, off, rows);
+  route_next(be, b, next, D, T, K, b.hu, ids, b.hg + T * K, off, off + E + 1);
   return off;
 }
 
@@ -218,6 +223,19 @@ void expert_swiglu(Backend& be, const PrefillBuffers& b, const int32_t* rows, in
     be.swiglu(g, u, n * F);
 }
 
+// The activation of n rows (expert_swiglu) and, for a down projection with an integer kernel, its q8_0
+// rows into xq (`xrb` bytes apart): one swiglu_q8_0 where the activation is plain SwiGLU.
+void expert_swiglu_q8(Backend& be, const PrefillBuffers& b, const int32_t* rows, int64_t n, int64_t F,
+                      float* g, const float* u, const MoeVariant* var, bool q8_down, uint8_t* xq,
+                      size_t xrb) {
+  if (q8_down && !var) {
+    be.swiglu_q8_0(g, u, n, F, xq, xrb);
+    return;
+  }
+  expert_swiglu(be, b, rows, n, F, g, u, var);
+  if (q8_down) be.quantize_q8_0(g, nullptr, nullptr, F, nullptr, 1, n, xq, xrb);
+}
+
 // A decode step's experts all at once: each matrix is one matmul_experts over the token's K rows,
 // the device finding every expert's weights by id (ExpertCache::table). The float operations per row
 // are the per-expert path's, in the same order (the rows are sorted by expert, so scatter_add adds
@@ -274,12 +292,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
       mm(xl.gate.type, 0, F, D, b.xg, b.hg);
       mm(xl.up.type, 1, F, D, b.xg, b.hu);
     }
-    if (uses_matmul_q8(xl.down.type) && !var) {
-      be.swiglu_q8_0(b.hg, b.hu, n, F, b.xq, xrb);
-    } else {
-      expert_swiglu(be, b, order, n, F, b.hg, b.hu, var);
-      if (uses_matmul_q8(xl.down.type)) be.quantize_q8_0(b.hg, nullptr, nullptr, F, nullptr, 1, n, b.xq, xrb);
-    }
+    expert_swiglu_q8(be, b, order, n, F, b.hg, b.hu, var, uses_matmul_q8(xl.down.type), b.xq, xrb);
     mm(xl.down.type, 2, D, F, b.hg, b.yd);
   }
   be.zero(b.proj, (size_t)T * D * sizeof(float));
@@ -289,10 +302,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     // The prefetch of layer l + 1's experts: its router on R * grs * (its norm), R being this layer's
     // post-attention residual (what this layer's router read, under this layer's norm). The router's
     // buffers and yd are free now, until the next layer's router.
-    be.apply_norm(b.R, b.grs, next->ffn_norm, D, nullptr, 1, T, b.yd);
-    const DenseMatrix& w = *next->router;
-    be.route(w.type, w.data, w.rows, w.cols, b.yd, T, K, next->norm_topk, b.router, b.topk_ids, b.topk_w,
-             b.expert_off, b.expert_rows);
+    route_next(be, b, *next, D, T, K, b.router, b.topk_ids, b.topk_w, b.expert_off, b.expert_rows);
     be.resolve_experts(cache.prefetch_args(l + 1, b.topk_ids, b.expert_rows, n));
   }
 }
@@ -410,14 +420,9 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
           mm(xl.up.type, 1, -1, F, D, b.xg, b.hu, nullptr);
         }
         // The batch's rows: SwiGLU, the down projection's input requantized into their xq rows
-        // (gate/up have read them; one op for both where the activation is plain SwiGLU), then down.
-        if (q8_down && !var) {
-          be.swiglu_q8_0(b.hg + r0 * F, b.hu + r0 * F, r1 - r0, F, b.xq + r0 * xrb, xrb);
-        } else {
-          expert_swiglu(be, b, b.expert_rows + r0, r1 - r0, F, b.hg + r0 * F, b.hu + r0 * F, var);
-          if (q8_down)
-            be.quantize_q8_0(b.hg + r0 * F, nullptr, nullptr, F, nullptr, 1, r1 - r0, b.xq + r0 * xrb, xrb);
-        }
+        // (gate/up have read them), then down.
+        expert_swiglu_q8(be, b, b.expert_rows + r0, r1 - r0, F, b.hg + r0 * F, b.hu + r0 * F, var, q8_down,
+                         b.xq + r0 * xrb, xrb);
         mm(xl.down.type, 2, -1, D, F, b.hg, b.yd, nullptr);
         batch.clear();
       },
