@@ -63,7 +63,7 @@ def _run(path: str, cache: str, clients: int, requests: int, tokens: int, turn: 
         s.stop()
     hits, misses = m1["hits"] - m0["hits"], m1["misses"] - m0["misses"]
     streamed = m1["bytes_streamed"] - m0["bytes_streamed"]
-    return {"mode": mode, "clients": clients, "requests": len(lat), "wall_s": wall,
+    return {"mode": mode, "device": m.device, "clients": clients, "requests": len(lat), "wall_s": wall,
             "tok_s": len(lat) * tokens / wall,
             "p50_s": statistics.median(lat), "p99_s": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))],
             "hit_rate": hits / max(1, hits + misses), "recomputed": counters.recomputed,
@@ -105,8 +105,8 @@ def main() -> None:
         pairs = [(_run(path, a.cache, 1, 8, a.tokens, a.turn, "batched", a.cache_policy),  # 8 in a row
                   _run(path, a.cache, 8, 1, a.tokens, a.turn, modes[0], a.cache_policy))  # 8 at once
                  for _ in range(max(1, a.repeat))]
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall-clock numbers need an idle machine); "
-          f"--cache-policy {a.cache_policy}")
+    print(f"device {pairs[0][0]['device']}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+          f"(wall-clock numbers need an idle machine); --cache-policy {a.cache_policy}")
     print(f"{'mode':>7} {'clients':>7} {'requests':>8} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'hit rate':>8} "
           f"{'lookups':>8} {'MiB/tok':>8} {'rows/pass':>9} {'re-run tok':>10}")
     for r in rows:

@@ -244,6 +244,34 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
     }
 }
 
+// The same at a long context, where a decode step's partials span many key blocks (47 of 64 keys, 24 of
+// 128: more than the combine loads at once, and not a multiple of it): each token alone equals the chunk.
+TEST_P(AttentionOp, AttentionDecodeAtLongContextsIsThePrompts) {
+  std::mt19937 rng(17);
+  for (const int64_t hd : {64, 128})
+    for (KvType t : {KvType::F32, KvType::F16}) {
+      if (!be().supports_kv(t)) continue;
+      const int64_t H = 16, KV = 4, width = KV * hd, pos0 = 2997, T = 3, ctx = pos0 + T;
+      const size_t eb = kv_elem_bytes(t);
+      const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f),
+                 q = randf(rng, T * H * hd, -2.f, 2.f);
+      Dev<uint8_t> kc(be(), (size_t)ctx * width * eb, "k cache"),
+          vc(be(), (size_t)ctx * width * eb, "v cache");
+      Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q");
+      be().kv_store(kc.p(), t, 0, ctx, width, dk.p());
+      be().kv_store(vc.p(), t, 0, ctx, width, dv.p());
+      const float scale = 1.0f / std::sqrt((float)hd);
+      Dev<float> whole(be(), T * H * hd, "whole"), tokens(be(), T * H * hd, "tokens");
+      be().attention(dq.p(), kc.p(), vc.p(), t, T, pos0, H, KV, hd, scale, whole.p());
+      for (int64_t i = 0; i < T; ++i)
+        be().attention(dq.p() + i * H * hd, kc.p(), vc.p(), t, 1, pos0 + i, H, KV, hd, scale,
+                       tokens.p() + i * H * hd);
+      expect_same(
+          tokens.get(), whole.get(),
+          str("attention token by token vs one chunk at ", ctx, " keys, ", kv_type_name(t), ", hd=", hd));
+    }
+}
+
 // A prompt's attention is the same bits whichever CUDA-core prompt kernel the backend picks: on CUDA
 // the tile kernel (head dims 64, 128, 256) against the general one (STRATA_CUDA_ATTN_TILE=0), over
 // prompts of several query tiles and key blocks, query heads per kv head 8, 16, 1 and 6, and chunks

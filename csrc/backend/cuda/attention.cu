@@ -292,6 +292,79 @@ __global__ void __launch_bounds__(kThreads)
     out[h * hd + d] = combine_one(part_ml, part_acc, nb, H, hd, h, d);
 }
 
+// combine_kernel's fold with its serial chains shortened, the same float operations: fold() at block j
+// computes M_j = fmaxf(M_{j-1}, m_j) (from M_{-1} = -inf), a_j = expf(M_{j-1} - M_j), b_j = expf(m_j - M_j),
+// then l = l a_j + l_j b_j and acc = acc a_j + x_j b_j. The running max is one chain of fmaxf (exact; a
+// zero's sign, the one thing its grouping could change, changes no difference fed to expf); every (a_j, b_j)
+// is then computed at once, by a thread each, and only the l and acc chains stay serial: one thread per dim
+// (threads hd .. hd + 31: the extra warp, its lane 0 taking l), each block's partials loaded ahead. Shared
+// memory: 5 nb_max floats.
+constexpr int kCombineBatch = 16;  // part_acc loads in flight a thread
+__global__ void __launch_bounds__(kThreads + kWarp)
+    combine_scan_kernel(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
+                        int64_t H, int64_t hd, int64_t key_block, float* out) {
+  grid_start();
+  extern __shared__ float sm[];
+  const int64_t h = blockIdx.x;
+  const int nb = (int)ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, key_block);
+  float *mb = sm, *lb = sm + nb, *mx = sm + 2 * nb, *fa = sm + 3 * nb, *fb = sm + 4 * nb;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int j = tid; j < nb; j += nt) {
+    const int64_t p = (int64_t)j * H + h;
+    mb[j] = __ldcg(part_ml + p * 2);
+    lb[j] = __ldcg(part_ml + p * 2 + 1);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float m = -INFINITY;
+    for (int j = 0; j < nb; ++j) mx[j] = m = fmaxf(m, mb[j]);
+  }
+  __syncthreads();
+  for (int j = tid; j < nb; j += nt) {
+    const float prev = j > 0 ? mx[j - 1] : -INFINITY;
+    fa[j] = expf(prev - mx[j]);
+    fb[j] = expf(mb[j] - mx[j]);
+  }
+  __syncthreads();
+  __shared__ float l_all;
+  if (tid == hd) {
+    float l = 0.0f;
+    for (int j = 0; j < nb; ++j) l = l * fa[j] + lb[j] * fb[j];
+    l_all = l;
+  }
+  float acc = 0.0f;
+  if (tid < hd) {
+    const float* x = part_acc + h * hd + tid;
+    const int64_t step = H * hd;
+    for (int j0 = 0; j0 < nb; j0 += kCombineBatch) {
+      float v[kCombineBatch];
+#pragma unroll
+      for (int k = 0; k < kCombineBatch; ++k)
+        v[k] = j0 + k < nb ? __ldcg(x + (int64_t)(j0 + k) * step) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kCombineBatch; ++k)
+        if (j0 + k < nb) acc = acc * fa[j0 + k] + v[k] * fb[j0 + k];
+    }
+  }
+  __syncthreads();
+  if (tid < hd) out[h * hd + tid] = acc * (1.0f / l_all);
+}
+
+// The decode combine of H heads over up to nb_max key blocks of key_block keys: combine_scan_kernel where its
+// shared memory fits (contexts up to ~150K keys), else combine_kernel.
+void launch_combine(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
+                    int64_t H, int64_t hd, int64_t key_block, int64_t nb_max, float* out, cudaStream_t st) {
+  const size_t smem = (size_t)nb_max * 5 * sizeof(float);
+  if (hd <= kThreads && smem <= 48 * 1024) {
+    launch_kernel(combine_scan_kernel, grid_x(H), (unsigned)(ceil_div(hd, kWarp) * kWarp + kWarp), smem, st,
+                  part_ml, part_acc, pos0, pos_dev, H, hd, key_block, out);
+  } else {
+    launch_kernel(combine_kernel, grid_x(H),
+                  (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st, part_ml,
+                  part_acc, pos0, pos_dev, H, hd, key_block, out);
+  }
+}
+
 __global__ void kv_store_f32_kernel(float* dst, const int32_t* pos_dev, int64_t width, const float* src,
                                     int64_t n) {
   grid_start();
@@ -399,9 +472,7 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
       float* part_acc = part_ml + nb * H * 2;
       launch_mma_decode(q, kc, vc, s, nb, part_ml, part_acc, st);
       STRATA_CUDA_LAUNCH_CHECK();
-      launch_kernel(combine_kernel, grid_x(H),
-                    (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st, part_ml,
-                    part_acc, pos0, ps.dev, H, hd, (int64_t)kMmaKeyBlock, out);
+      launch_combine(part_ml, part_acc, pos0, ps.dev, H, hd, (int64_t)kMmaKeyBlock, nb, out, st);
       STRATA_CUDA_LAUNCH_CHECK();
       return;
     }
@@ -420,9 +491,7 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
                     q, kc, vc, s, out, part_ml, part_acc);
       STRATA_CUDA_LAUNCH_CHECK();
     }
-    launch_kernel(combine_kernel, grid_x(H),
-                  (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st, part_ml,
-                  part_acc, pos0, ps.dev, H, hd, (int64_t)kKeyBlock, out);
+    launch_combine(part_ml, part_acc, pos0, ps.dev, H, hd, (int64_t)kKeyBlock, nb, out, st);
     STRATA_CUDA_LAUNCH_CHECK();
   } else if (launch_tile(q, kc, vc, s, out, st)) {
     STRATA_CUDA_LAUNCH_CHECK();

@@ -49,10 +49,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t c = i * F + b * 32 + lane;
     const float v = swiglu_one(g[c], u[c]);
     g[c] = v;
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.0f / d : 0.f;
-    q8_0_store(o + b * kQ8_0Bytes, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
+    q8_0_quantize_store(o + b * kQ8_0Bytes, lane, v);
   }
 }
 

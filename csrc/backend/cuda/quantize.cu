@@ -12,9 +12,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Blocks (output row, group of its 32-blocks), one warp per 32-block, one lane per element: d = max|v| / 127
-// (the max is exact in any order), id = 1 / d (0 for an all-zero block), q = lroundf(v * id), d stored as
-// fp16 rounded to nearest even.
+// Blocks (output row, group of its 32-blocks), one warp per 32-block, one lane per element
+// (q8_0_quantize_store).
 __global__ void __launch_bounds__(kThreads)
     quantize_q8_0_kernel(const float* x, const float* grs, const float* w, int64_t D, const int32_t* rows,
                          int64_t div, uint8_t* out, size_t out_row_bytes) {
@@ -28,11 +27,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t b = blockIdx.y * (int64_t)(blockDim.x / kWarp) + threadIdx.x / kWarp; b < D / 32;
        b += (int64_t)gridDim.y * (blockDim.x / kWarp)) {
     const int64_t c = b * 32 + lane;
-    const float v = grs ? __fmul_rn(__fmul_rn(r[c], g), w[c]) : r[c];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.0f / d : 0.f;
-    q8_0_store(o + b * kQ8_0Bytes, lane, __half_as_ushort(__float2half_rn(d)), (int)lroundf(v * id));
+    q8_0_quantize_store(o + b * kQ8_0Bytes, lane, grs ? __fmul_rn(__fmul_rn(r[c], g), w[c]) : r[c]);
   }
 }
 
