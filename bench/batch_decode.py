@@ -6,7 +6,7 @@ per token. The model is the serve bench's synthetic Qwen3-MoE (8
 layers, 32 experts top-4, Q4_K). Prints a table and writes bench/out/batch_decode.json.
 
     PYTHONPATH=python python3 bench/batch_decode.py [--batches 1,4,16] [--tokens 32] [--cache half] \
-        [--cache-policy lru|lfu|scan]
+        [--cache-policy lru|lfu|scan] [--device cuda] [--decode-graph on|off]
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ def _model(d: str) -> str:
     return path
 
 
-def _run(path: str, cache: str, policy: str, B: int, tokens: int, batched: bool) -> dict:
+def _run(path: str, cache: str, policy: str, B: int, tokens: int, batched: bool, device: str = "auto",
+         graph: bool = True) -> dict:
     if cache == "half":
         cache = f"{strata.ModelInfo(path).spec['expert_bytes'] // 2}b"
     m = strata.Model(path, progress=False, ctx=256 * B, seqs=B, expert_cache=cache, prefill="auto:256",
-                     source="host", cache_policy=policy)
+                     source="host", cache_policy=policy, device=device, decode_graph=graph)
     prompts = [f"Sequence {i}: the experts of layer {i % 8} are" for i in range(B)]
     kw = dict(max_tokens=tokens, temperature=0, ignore_eos=True)
     m.reset_stats()
@@ -62,21 +63,24 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="tokens per sequence")
     ap.add_argument("--cache", default="half", help="--expert-cache; half: half the experts' bytes, so they stream")
     ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu", "scan"])
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    ap.add_argument("--decode-graph", default="on", choices=["on", "off"],
+                    help="off: every decode step op by op (what a batched step without a graph costs)")
     ap.add_argument("--out", default="bench/out/batch_decode.json")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as d:
         path = _model(d)
         for B in (int(x) for x in a.batches.split(",")):
-            one = _run(path, a.cache, a.cache_policy, B, a.tokens, False)
+            one = _run(path, a.cache, a.cache_policy, B, a.tokens, False, a.device, a.decode_graph == "on")
             rows.append(one)
             if B > 1:
-                rows.append(_run(path, a.cache, a.cache_policy, B, a.tokens, True))
+                rows.append(_run(path, a.cache, a.cache_policy, B, a.tokens, True, a.device, a.decode_graph == "on"))
                 # Greedy: the batch gives each sequence its tokens alone (a check, not a timing).
                 if rows[-1]["texts"] != one["texts"]:
                     raise SystemExit(f"B={B}: batched texts differ from the sequences alone")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall-clock numbers need an idle machine); "
-          f"--cache {a.cache}, --cache-policy {a.cache_policy}")
+          f"--cache {a.cache}, --cache-policy {a.cache_policy}, --device {a.device}, --decode-graph {a.decode_graph}")
     print(f"{'B':>3} {'mode':>10} {'tokens':>6} {'tok/s':>8} {'wall s':>7} {'cpu s':>7} {'prompt ms':>9} "
           f"{'hit rate':>8} {'lookups':>8} {'MiB/tok':>8}")
     for r in rows:

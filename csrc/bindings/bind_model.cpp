@@ -280,6 +280,13 @@ void bind_model(py::module_& m) {
       .def_property_readonly(
           "config", [](const Model& mo) { return mo.config(); }, "The options as loaded (auto resolved).")
       .def_property_readonly("decode_graph_active", &Model::decode_graph_active)
+      .def_property_readonly(
+          "batch_steps",
+          [](const Model& mo) {
+            return py::dict(py::arg("replayed") = mo.batch_steps_replayed(),
+                            py::arg("op_by_op") = mo.batch_steps_op_by_op());
+          },
+          "Batched decode steps so far: replayed from a recorded graph, and run op by op.")
       .def_property_readonly("decode_resolution", &Model::decode_resolution)
       .def_property_readonly("plan", &Model::plan, py::return_value_policy::reference_internal)
       .def("cache_stats", &cache_dict)

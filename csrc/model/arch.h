@@ -52,11 +52,18 @@ struct ForwardContext {
 // step has one row a region; a pass of several prompts has each prompt's rows in order, at consecutive
 // positions. `pick` (ascending row indices, n_pick of them; host memory) names the rows whose logits
 // the pass writes, in that order; null: every row's.
+//
+// A recorded batched decode step (Model::decode_batch's graph) reads the rows' positions on the device
+// instead: `pos_dev` (device memory, one int32 a row) set, every row is a span of its own at pos0 0 and
+// its ops add pos_dev[row] (Backend::set_position_source, positions below max_pos), so one recording
+// serves every step of the same regions.
 struct SeqRows {
   const int64_t* pos = nullptr;
   const int32_t* seq = nullptr;
   const int32_t* pick = nullptr;
   int64_t n_pick = 0;
+  const int32_t* pos_dev = nullptr;
+  int64_t max_pos = 0;
 };
 
 // A span of a pass's rows that belong to one KV region at consecutive positions: rows first ..
@@ -67,8 +74,25 @@ struct RowRun {
   int64_t first = 0, n = 0, pos0 = 0;
   int32_t seq = 0;
 };
-// The maximal spans of rows[0 .. T), in row order.
+// The maximal spans of rows[0 .. T), in row order (with rows.pos_dev, each row alone at pos0 0).
 std::vector<RowRun> row_runs(const SeqRows& rows, int64_t T);
+// Runs fn(span) for the spans of rows[0 .. T) in row order; with rows.pos_dev, each span's ops read its
+// row's position from the device (the backend's position source, set around fn and cleared after).
+template <class Fn>
+void for_row_runs(Backend& be, const SeqRows& rows, int64_t T, Fn&& fn) {
+  if (!rows.pos_dev) {
+    for (const RowRun& r : row_runs(rows, T)) fn(r);
+    return;
+  }
+  struct Clear {
+    Backend& be;
+    ~Clear() { be.set_position_source(nullptr, 0); }
+  } clear{be};
+  for (const RowRun& r : row_runs(rows, T)) {
+    be.set_position_source(rows.pos_dev + r.first, rows.max_pos);
+    fn(r);
+  }
+}
 
 class ForwardPass {
  public:

@@ -63,14 +63,14 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
   if (rows) {
     // Each span of one sequence as a chunk of it, in its region.
     const int64_t qw = a.n_head * a.head_dim, kw = a.n_kv_head * a.head_dim;
-    for (const RowRun& r : row_runs(*rows, T)) {
+    for_row_runs(be, *rows, T, [&](const RowRun& r) {
       void* kc = ctx.kv.k(l, r.seq);
       void* vc = ctx.kv.v(l, r.seq);
       be.qk_rope_store(q + r.first * qw, k + r.first * kw, v + r.first * kw, r.n, a.n_head, a.n_kv_head,
                        a.head_dim, w.q_norm, w.k_norm, a.eps, r.pos0, a.rope, kc, vc, kt);
       be.attention(q + r.first * qw, kc, vc, kt, r.n, r.pos0, a.n_head, a.n_kv_head, a.head_dim, scale,
                    out + r.first * qw);
-    }
+    });
   } else {
     be.qk_rope_store(q, k, v, T, a.n_head, a.n_kv_head, a.head_dim, w.q_norm, w.k_norm, a.eps, pos0, a.rope,
                      ctx.kv.k(l), ctx.kv.v(l), kt);
@@ -463,6 +463,10 @@ int64_t final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& he
 std::vector<RowRun> row_runs(const SeqRows& rows, int64_t T) {
   std::vector<RowRun> runs;
   for (int64_t t = 0; t < T; ++t) {
+    if (rows.pos_dev) {
+      runs.push_back(RowRun{t, 1, 0, rows.seq[t]});
+      continue;
+    }
     RowRun* r = runs.empty() ? nullptr : &runs.back();
     if (r && r->seq == rows.seq[t] && r->pos0 + r->n == rows.pos[t])
       ++r->n;

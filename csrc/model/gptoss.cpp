@@ -255,7 +255,7 @@ class GptOssForward final : public RowsForwardPass {
     const float scale = 1.0f / std::sqrt((float)hd);
     const int64_t window = sliding(l) ? d.window : 0;
     if (rows) {
-      for (const RowRun& r : row_runs(*rows, T)) {
+      for_row_runs(be, *rows, T, [&](const RowRun& r) {
         const int64_t t = r.first, p = r.pos0, n = r.n;
         float *qt = q + t * H * hd, *kt_ = k + t * KV * hd, *vt = v + t * KV * hd;
         void* kc = ctx_.kv.k(l, r.seq);
@@ -265,7 +265,7 @@ class GptOssForward final : public RowsForwardPass {
         be.kv_store(kc, kt, p, n, KV * hd, kt_);
         be.kv_store(vc, kt, p, n, KV * hd, vt);
         ops_.attention_sinks(qt, kc, vc, kt, n, p, H, KV, hd, scale, w.sinks, window, out + t * H * hd);
-      }
+      });
     } else {
       ops_.rope_neox(q, T, H, hd, inv_freq_, d.mscale, pos0);
       ops_.rope_neox(k, T, KV, hd, inv_freq_, d.mscale, pos0);

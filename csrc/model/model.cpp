@@ -464,8 +464,94 @@ void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* 
     cache_->to_device();
   else
     cache_->to_host();
-  forward_->run_rows(b, ids, SeqRows{pos, seqs}, B, logits);
-  if (path == ExpertPath::Device) cache_->read_device_counters();
+  // As decode's: a graph reads nothing the host decides per step but the rows' ids and positions.
+  const bool graphable = (path == ExpertPath::Resident || path == ExpertPath::Device) &&
+                         forward_->graphable() && cfg_.decode_graph && be_->supports_graphs() &&
+                         !graph_failed_;
+  // The rows in ascending region order (each row's logits do not depend on the batch, so the order
+  // is free): one recording serves a set of regions whatever order its callers name them in.
+  std::vector<int32_t> order((size_t)B);
+  for (int64_t i = 0; i < B; ++i) order[(size_t)i] = (int32_t)i;
+  std::sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return seqs[x] < seqs[y]; });
+  std::vector<int32_t> key((size_t)B);
+  for (int64_t i = 0; i < B; ++i) key[(size_t)i] = seqs[order[(size_t)i]];
+  BatchGraph* g = nullptr;
+  if (graphable) {
+    for (BatchGraph& c : batch_graphs_)
+      if (c.seqs == key) g = &c;
+    if (!g && key == last_batch_) {
+      try {
+        Graph rec = record_batch(b, key);
+        if (batch_graphs_.size() >= kBatchGraphs)
+          batch_graphs_.erase(std::min_element(batch_graphs_.begin(), batch_graphs_.end(),
+                                               [](const BatchGraph& x, const BatchGraph& y) { return x.used < y.used; }));
+        batch_graphs_.push_back(BatchGraph{key, std::move(rec), 0});
+        g = &batch_graphs_.back();
+      } catch (const Interrupted&) {
+        throw;
+      } catch (const std::exception& e) {
+        graph_failed_ = true;
+        log(LogLevel::Warn, "decode: recording a batched step as one graph failed (", e.what(),
+            "); decoding op by op, which is slower");
+      }
+    }
+  }
+  last_batch_ = key;
+  if (!g) {
+    ++batch_op_by_op_;
+    forward_->run_rows(b, ids, SeqRows{pos, seqs}, B, logits);
+    if (path == ExpertPath::Device) cache_->read_device_counters();
+    return;
+  }
+  ++batch_replayed_;
+  g->used = batch_replayed_;
+  auto* io = reinterpret_cast<int32_t*>(batch_io_.get());
+  for (int64_t i = 0; i < B; ++i) {
+    io[i] = ids[order[(size_t)i]];
+    io[cfg_.seqs + i] = (int32_t)pos[order[(size_t)i]];
+  }
+  g->graph.launch();
+  be_->sync();
+  if (cache_->all_resident())
+    cache_->count_hits((uint64_t)plan_.experts.L * s.K * (uint64_t)B);
+  else
+    cache_->read_device_counters();
+  if (logits) {
+    const auto* out = reinterpret_cast<const float*>(batch_logits_.get());
+    for (int64_t i = 0; i < B; ++i)
+      std::memcpy(logits + (size_t)order[(size_t)i] * s.V, out + (size_t)i * s.V, (size_t)s.V * sizeof(float));
+  }
+}
+
+Graph Model::record_batch(const PrefillBuffers& b, const std::vector<int32_t>& seqs) {
+  const ModelSpec& s = plan_.spec;
+  const int64_t N = cfg_.seqs, B = (int64_t)seqs.size();
+  if (!batch_io_.get()) {
+    batch_io_ = PinnedBuffer(*be_, 2 * (size_t)N * sizeof(int32_t), "the batched decode step's ids and positions");
+    batch_logits_ = PinnedBuffer(*be_, (size_t)N * s.V * sizeof(float), "the batched decode step's logits");
+    batch_pos_ = DeviceBuffer(*be_, (size_t)N * sizeof(int32_t), "the batched decode step's positions");
+  }
+  auto* io = reinterpret_cast<int32_t*>(batch_io_.get());
+  // Host positions of 0: the recording's ops add the device's copy (SeqRows::pos_dev) instead.
+  const std::vector<int64_t> zero((size_t)B, 0);
+  const CacheStats stats = cache_->stats();  // the recording computes nothing: the replays count
+  be_->sync();
+  be_->capture_begin();
+  try {
+    be_->upload(batch_pos_.get(), io + N, (size_t)B * sizeof(int32_t));
+    SeqRows rows{zero.data(), seqs.data()};
+    rows.pos_dev = batch_pos_.as<int32_t>();
+    rows.max_pos = seq_ctx();
+    forward_->run_rows(b, io, rows, B, reinterpret_cast<float*>(batch_logits_.get()));
+    Graph g(*be_, be_->capture_end());
+    cache_->set_stats(stats);
+    return g;
+  } catch (...) {
+    be_->set_position_source(nullptr, 0);
+    be_->capture_abort();
+    cache_->set_stats(stats);
+    throw;
+  }
 }
 
 void Model::record_decode(const PrefillBuffers& b) {

@@ -162,8 +162,12 @@ class Model {
   bool decode_graph_active() const {
     for (const Graph& g : graphs_)
       if (g) return true;
-    return false;
+    return !batch_graphs_.empty();
   }
+  // How many batched decode steps replayed a recorded graph, and how many ran op by op (a first or
+  // changed set of regions, a host-resolved step, or a backend without graphs).
+  int64_t batch_steps_replayed() const { return batch_replayed_; }
+  int64_t batch_steps_op_by_op() const { return batch_op_by_op_; }
   // "resident", "device" or "host": how the next decode step finds its experts.
   const char* decode_resolution() const;
 
@@ -175,6 +179,9 @@ class Model {
   // gathered (min(rows * K, E) distinct experts at most).
   ExpertPath decode_path(int64_t rows) const;
   void record_decode(const PrefillBuffers& b);
+  // Records the batched step of regions `seqs` (B of them, ascending) as a graph reading its ids and
+  // positions from batch_io_ and writing its logits to batch_logits_.
+  Graph record_batch(const PrefillBuffers& b, const std::vector<int32_t>& seqs);
   // A prompt pass of T rows on scratch carved from cache slots lent for it: run(scratch).
   void run_borrowed(int64_t T, const std::function<void(const PrefillBuffers&)>& run);
   // A prompt pass of T rows on the scratch that fits: own_region_ (all resident) or borrowed slots.
@@ -197,6 +204,22 @@ class Model {
   std::vector<Graph> graphs_;
   PinnedBuffer step_io_, step_logits_;
   DeviceBuffer step_pos_;  // the position the graph's ops add (Backend::set_position_source)
+  // Recorded batched decode steps, one per set of regions (their KV addresses are in it; rows in
+  // ascending region order), the least recently used dropped past kBatchGraphs. A set is recorded the
+  // second step in a row it decodes (a continuous batch keeps its set for many steps; one that changes
+  // every step would pay a recording a step). Ids and positions are read from batch_io_ (pinned: seqs
+  // ids, then seqs positions, int32), copied to batch_pos_ for the ops; logits land in batch_logits_.
+  struct BatchGraph {
+    std::vector<int32_t> seqs;
+    Graph graph;
+    int64_t used = 0;
+  };
+  static constexpr size_t kBatchGraphs = 8;
+  std::vector<BatchGraph> batch_graphs_;
+  std::vector<int32_t> last_batch_;
+  PinnedBuffer batch_io_, batch_logits_;
+  DeviceBuffer batch_pos_;
+  int64_t batch_replayed_ = 0, batch_op_by_op_ = 0;
   bool graph_failed_ = false;
   LayerHook layer_hook_;
   // The plan of the forward call running (the blocks read it through ForwardContext::step), and the

@@ -173,7 +173,9 @@ def test_gpu_batched_decode_rows_equal_alone(mix_path, cache):
     depend on the token count; each row's attention runs alone) gives each row the bits of its
     sequence decoded alone (whose step replays the region's recorded graph where it can), with the
     f16 KV cache, every expert resident or a bounded cache resolved on the device, on the host or
-    expert by expert."""
+    expert by expert. Where the experts are found on the device (all resident, or resolved there)
+    the batch's steps from the second on replay one recorded graph (the same four regions, named in
+    two orders), whose rows read their positions on the device: still each row's bits alone."""
     path = mix_path("q4_k")
     probe = gpu(path, expert_cache="all")
     slot, E = probe.spec["slot_bytes"], probe.spec["experts"]
@@ -198,6 +200,34 @@ def test_gpu_batched_decode_rows_equal_alone(mix_path, cache):
             together[i].append(lg[r])
     for i in range(4):
         assert np.array_equal(np.array(together[i]).view(np.uint32), alone[i].view(np.uint32)), i
+    steps = m._m.batch_steps
+    assert steps == ({"replayed": 5, "op_by_op": 1} if cache in ("all", "device") else {"replayed": 0, "op_by_op": 6})
+
+
+def test_gpu_batched_decode_graph_regions_change(mix_path):
+    """The recorded batched steps across changing sets of regions (rows leaving and joining, as a
+    server's clients do): every step's rows equal decode_graph=False's bits, each set recorded the
+    second step in a row it decodes."""
+    path = mix_path("q4_k")
+    logs = {}
+    for graph in (True, False):
+        m = gpu(path, ctx=4 * 64, seqs=4, expert_cache="all", decode_graph=graph)
+        for i in range(4):
+            m.logits(PROMPT[: 4 + i], seq=i)
+        pos = [4 + i for i in range(4)]
+        sets = [[0, 1, 2, 3]] * 3 + [[1, 3]] * 3 + [[0, 1, 2, 3]] * 2 + [[3, 2, 0]] * 3
+        out = []
+        for j, seqs in enumerate(sets):
+            lg = m.decode_batch([(7 * j + r) % 50 + 1 for r in seqs], [pos[r] for r in seqs], seqs)
+            for r in seqs:
+                pos[r] += 1
+            out.append(lg)
+        logs[graph] = (out, m._m.batch_steps)
+    for a, b in zip(logs[True][0], logs[False][0], strict=True):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    # Recorded at the second step of each set (the set of four once: it comes back recorded).
+    assert logs[True][1] == {"replayed": 8, "op_by_op": 3}
+    assert logs[False][1] == {"replayed": 0, "op_by_op": 11}
 
 
 @pytest.mark.parametrize("cache", ["all", "host"])

@@ -101,3 +101,26 @@ def test_gpu_gpt_oss_logits_do_not_depend_on_chunks_or_cache(oss):
             if ref_out is None:
                 ref_out = out
             assert np.array_equal(out, ref_out), (prefill, cache)
+
+
+@pytest.mark.parametrize("cache", ["all", "device"])
+def test_gpu_gpt_oss_batched_decode_rows_equal_alone(oss, cache):
+    """gpt-oss's batched decode steps (its sliding and full layers, sinks; the steps from the second
+    on replay one recorded graph whose rows read their positions on the device) give each row the
+    bits of its sequence decoded alone, every expert resident or resolved on the device."""
+    path = oss("mxfp4")
+    kw = dict(expert_cache="all") if cache == "all" else dict(expert_cache=64, source="host")
+    m = gpu(path, ctx=3 * 128, seqs=3, **kw)
+    prompts = [PROMPT[: 8 + 9 * i] for i in range(3)]  # past the window and not
+    conts = [[(31 * i + 7 * j) % 500 + 3 for j in range(5)] for i in range(3)]
+    alone = []
+    for i, (p, c) in enumerate(zip(prompts, conts, strict=True)):
+        m.logits(p, seq=i)
+        alone.append(np.concatenate([m.decode_batch([t], [len(p) + j], [i]) for j, t in enumerate(c)]))
+    for i, p in enumerate(prompts):
+        m.logits(p, seq=2 - i)
+    together = np.stack([m.decode_batch([conts[i][j] for i in range(3)], [len(prompts[i]) + j for i in range(3)],
+                                        [2 - i for i in range(3)]) for j in range(5)], axis=1)
+    for i in range(3):
+        assert np.array_equal(together[i].view(np.uint32), alone[i].view(np.uint32)), i
+    assert m._m.batch_steps == {"replayed": 4, "op_by_op": 1}

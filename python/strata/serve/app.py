@@ -189,11 +189,17 @@ class Service:
         # The expert cache's counters are read on the engine thread between steps; when a long step
         # (a prompt) holds it, the last reading serves.
         try:
-            cache = await asyncio.wait_for(asyncio.wrap_future(self.engine.call(lambda: dict(self.model.cache))), 1.0)
+            cache = await asyncio.wait_for(asyncio.wrap_future(self.engine.call(self._engine_counters)), 1.0)
             self.engine.counters.cache = cache
         except (asyncio.TimeoutError, Stopped):
             cache = self.engine.counters.cache
         return Response(self._metrics_text(cache), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _engine_counters(self) -> dict[str, Any]:
+        """The expert cache's counters and the batched passes' graph replays (on the engine thread)."""
+        d = dict(self.model.cache)
+        d["batch_steps_replayed"] = self.model._m.batch_steps["replayed"]
+        return d
 
     def _metrics_text(self, cache: dict[str, Any]) -> str:
         c = self.engine.counters
@@ -226,6 +232,9 @@ class Service:
                [("", c.batched_steps)])
         metric("batched_decode_rows_total", "counter", "Sequences those passes advanced, all together.",
                [("", c.batched_rows)])
+        metric("batched_decode_passes_replayed_total", "counter",
+               "Of all batched decode passes, those replayed from a recorded graph (a GPU; the same sequences "
+               "two steps in a row are recorded once).", [("", cache.get("batch_steps_replayed", 0))])
         metric("queue_depth", "gauge", "Requests waiting for a slot.", [("", st["queue"])])
         metric("queue_capacity", "gauge", "Requests that may wait before 429.", [("", st["queue_max"])])
         metric("slots_busy", "gauge", "Slots holding a request.", [("", st["slots_busy"])])
