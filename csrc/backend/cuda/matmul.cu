@@ -60,6 +60,22 @@ bool mma_multi_on() {
 }
 }  // namespace
 
+bool mmvq_sb_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_MMVQ_SB");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+bool gemv_xs_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_GEMV_XS");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,

@@ -198,14 +198,29 @@ __device__ __forceinline__ void row_x(const float* x, int64_t cols, int64_t col,
   }
 }
 
+// F::decode of a whole unit; float weights 16-byte aligned as four 16-byte loads (F32::decode reads
+// 4 bytes at a time: 16 loads a unit, the router's GEMV was bound by their issue). The same values.
+template <class F>
+__device__ __forceinline__ void decode_unit(const uint8_t* p, int idx, float w[unit::kUnit]) {
+  if constexpr (F::kType == QType::F32) {
+    if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+#pragma unroll
+      for (int q = 0; q < unit::kUnit / 4; ++q)
+        *reinterpret_cast<float4*>(w + 4 * q) = __ldg(reinterpret_cast<const float4*>(p) + q);
+      return;
+    }
+  }
+  F::decode(p, idx, w);
+}
+
 // W row . x, on every lane of the warp. The lane's whole units go kRowBatch at a time with all their
 // weights decoded (their loads in flight together) before the first product: a branch-free batch
 // costs one memory round trip where a unit at a time cost one each. The products are added in the
 // same order either way; a float row's last, partial unit goes alone.
 constexpr int kRowBatch = 4;
-template <class F>
-__device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec,
-                                         int lane) {
+// load_x(u, v): the 16 activations of unit u (zeros past the last column).
+template <class F, class LoadX>
+__device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, int lane, LoadX&& load_x) {
   float acc = 0.0f;
   const int64_t full = cols / unit::kUnit, units = ceil_div(cols, unit::kUnit);
   auto unit_at = [&](int64_t u) { return row + u * unit::kUnit / F::kBlock * F::kBytes; };
@@ -214,11 +229,11 @@ __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int
   for (; u + (kRowBatch - 1) * kWarp < full; u += kRowBatch * kWarp) {
     float w[kRowBatch][unit::kUnit];
 #pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) F::decode(unit_at(u + i * kWarp), unit_index(u + i * kWarp), w[i]);
+    for (int i = 0; i < kRowBatch; ++i) decode_unit<F>(unit_at(u + i * kWarp), unit_index(u + i * kWarp), w[i]);
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
       float v[unit::kUnit];
-      row_x(x, cols, (u + i * kWarp) * unit::kUnit, x_vec, v);
+      load_x(u + i * kWarp, v);
 #pragma unroll
       for (int e = 0; e < unit::kUnit; ++e) acc = fmaf(w[i][e], v[e], acc);
     }
@@ -226,11 +241,17 @@ __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int
   for (; u < units; u += kWarp) {
     float w[unit::kUnit], v[unit::kUnit];
     row_unit<F>(row, cols, u * unit::kUnit, w);
-    row_x(x, cols, u * unit::kUnit, x_vec, v);
+    load_x(u, v);
 #pragma unroll
     for (int e = 0; e < unit::kUnit; ++e) acc = fmaf(w[e], v[e], acc);
   }
   return warp_sum(acc);
+}
+
+template <class F>
+__device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec,
+                                         int lane) {
+  return row_dot_with<F>(row, cols, lane, [&](int64_t u, float* v) { row_x(x, cols, u * unit::kUnit, x_vec, v); });
 }
 
 template <class F>
@@ -270,6 +291,99 @@ __global__ void __launch_bounds__(kRowThreads) gemv_row_experts_kernel(ExpertsAr
   if (lane == 0) g.Y[i * g.ldy + r] = s;
 }
 
+// ---- one token, its activations staged once a block ----
+// row_dot reads each lane's 16 activations of a unit straight from memory: lanes 64 bytes apart, so a
+// 16-byte load of the warp touches 16 cache lines and the activations cost L1 about twice what the
+// weights do (ncu: Q8_0 GEMV L1-bound at ~85%, DRAM far from its peak). Here a block of kXsWarps warps
+// copies the row of activations into shared memory once, unit u at xs + u * kXStride (the padding
+// keeps the lanes' 16-byte reads free of bank conflicts), and each warp takes one weight row as
+// row_dot does: the same units per lane in the same order, the same float operations, so the bits
+// are gemv_row_kernel's (and gemv_block's). The warp's first weights are prefetched into L2 before
+// grid_start: they do not depend on the kernel before it.
+constexpr int kXsWarps = 8, kXsThreads = kXsWarps * kWarp;
+constexpr int64_t kXsMaxUnits = kSmemBudget / (kXStride * 4);  // activations that fit: 614 units
+
+inline bool xs_fits(int64_t cols) { return ceil_div(cols, unit::kUnit) <= kXsMaxUnits; }
+inline size_t xs_bytes(int64_t cols) {
+  return static_cast<size_t>(ceil_div(cols, unit::kUnit)) * kXStride * sizeof(float);
+}
+
+// The row x (cols floats) into xs, zeros past the last column; every thread of the block takes part.
+__device__ __forceinline__ void stage_x_row(float* xs, const float* x, int64_t cols, bool x_vec) {
+  const int64_t quads = ceil_div(cols, unit::kUnit) * (unit::kUnit / 4);
+  for (int64_t i = threadIdx.x; i < quads; i += blockDim.x) {
+    const int64_t u = i / 4, c = 4 * i;
+    float4 v;
+    if (x_vec && c + 4 <= cols) {
+      v = __ldg(reinterpret_cast<const float4*>(x + c));
+    } else {
+      v.x = c < cols ? x[c] : 0.0f;
+      v.y = c + 1 < cols ? x[c + 1] : 0.0f;
+      v.z = c + 2 < cols ? x[c + 2] : 0.0f;
+      v.w = c + 3 < cols ? x[c + 3] : 0.0f;
+    }
+    *reinterpret_cast<float4*>(xs + u * kXStride + 4 * (i % 4)) = v;
+  }
+}
+
+// The first kRowBatch units of the lane into L2 (no register is written: a hint).
+template <class F>
+__device__ __forceinline__ void prefetch_row(const uint8_t* row, int64_t cols, int lane) {
+  const int64_t units = ceil_div(cols, unit::kUnit);
+#pragma unroll
+  for (int i = 0; i < kRowBatch; ++i) {
+    const int64_t u = lane + i * kWarp;
+    if (u < units) {
+      const uint8_t* p = row + u * unit::kUnit / F::kBlock * F::kBytes;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+  }
+}
+
+// row_dot with the activations in shared memory (stage_x_row's layout).
+template <class F>
+__device__ __forceinline__ float row_dot_xs(const uint8_t* row, const float* xs, int64_t cols, int lane) {
+  return row_dot_with<F>(row, cols, lane, [&](int64_t u, float* v) {
+#pragma unroll
+    for (int q = 0; q < unit::kUnit / 4; ++q)
+      *reinterpret_cast<float4*>(v + 4 * q) = reinterpret_cast<const float4*>(xs + u * kXStride)[q];
+  });
+}
+
+// The block's dynamic shared memory (xs_bytes(cols)).
+extern __shared__ __align__(16) float gemv_xs[];
+
+template <class F>
+__global__ void __launch_bounds__(kXsThreads) gemv_row_xs_kernel(MatmulArgs a, bool x_vec) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
+  if (r < a.rows) prefetch_row<F>(a.W + r * a.rb, a.cols, lane);
+  grid_start();
+  stage_x_row(gemv_xs, a.X, a.cols, x_vec);
+  __syncthreads();
+  if (r >= a.rows) return;
+  const float s = row_dot_xs<F>(a.W + r * a.rb, gemv_xs, a.cols, lane);
+  if (lane == 0) a.Y[r] = s;
+}
+
+template <class F>
+__global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs g, bool x_vec) {
+  const int lane = threadIdx.x % kWarp;
+  int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
+  int i = 0;
+  const bool live = r < g.total;
+  if (live) {
+    while (i + 1 < g.n && r >= g.rows[i]) r -= g.rows[i++];
+    prefetch_row<F>(g.W[i] + r * g.rb, g.cols, lane);
+  }
+  grid_start();
+  stage_x_row(gemv_xs, g.X, g.cols, x_vec);
+  __syncthreads();
+  if (!live) return;
+  const float s = row_dot_xs<F>(g.W[i] + r * g.rb, gemv_xs, g.cols, lane);
+  if (lane == 0) g.Y[i][r] = s;
+}
+
 template <class F, int Tn>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec) {
   grid_start();
@@ -288,7 +402,10 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.X = a.X + t0 * a.ldx;
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
-    if (g.T == 1)
+    if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols))
+      launch_kernel(gemv_row_xs_kernel<F>, grid_x(ceil_div(a.rows, kXsWarps)), kXsThreads, xs_bytes(a.cols), s,
+                    g, x_vec);
+    else if (g.T == 1)
       launch_kernel(gemv_row_kernel<F>, grid_x(ceil_div(a.rows, kRowWarps)), kRowThreads, 0, s, g, x_vec);
     else if (g.T == 2)
       launch_kernel(gemv_kernel<F, 2>, grid, kThreads, 0, s, g, x_vec);
@@ -303,8 +420,12 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
 template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   using namespace gemv;
-  launch_kernel(gemv_multi_kernel<F>, grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s, g,
-                x_rows_aligned(g.X, 4));
+  if (gemv_xs_on() && xs_fits(g.cols))
+    launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols), s,
+                  g, x_rows_aligned(g.X, 4));
+  else
+    launch_kernel(gemv_multi_kernel<F>, grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s, g,
+                  x_rows_aligned(g.X, 4));
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -171,6 +171,13 @@ __device__ __forceinline__ const uint8_t* expert_matrix_dev(const ExpertTable& t
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Activation rows 16-byte aligned (X and ldx): the kernels read them 16 bytes at a time.
+// Whether one token's GEMV stages its activations in shared memory (gemv_row_xs_kernel; the same bits
+// as gemv_row_kernel): STRATA_CUDA_GEMV_XS=0 turns it off, to measure the difference.
+bool gemv_xs_on();
+// Whether the Q4_K MMVQ kernel's integer phase goes a superblock a thread (the same bits):
+// STRATA_CUDA_MMVQ_SB=0 turns it off, to measure the difference.
+bool mmvq_sb_on();
+
 inline bool x_rows_aligned(const float* X, int64_t ldx) {
   return reinterpret_cast<uintptr_t>(X) % 16 == 0 && ldx % 4 == 0;
 }

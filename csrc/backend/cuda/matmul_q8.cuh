@@ -187,10 +187,61 @@ template <class F>
 __host__ __device__ constexpr int64_t rows_per_block() {
   return Cfg<F>::kRows;
 }
+// Whether F's phase 1 goes a superblock a thread in mmvq_kernel (one token against a dense matrix: Q4_K
+// attention projections; STRATA_CUDA_MMVQ_SB=0 turns it off, to measure).
+template <class F>
+bool sb_on() {
+  if constexpr (F::kType == QType::Q4_K) {
+    return mmvq_sb_on();
+  } else {
+    return false;
+  }
+}
+
+// Q4_K's phase 1 a superblock a thread (mmvq_block with SB): the generic phase 1 decodes each 32-element
+// block's scales, d and dmin and reads its quants from unaligned words once per (row, block), ~100
+// instructions a block; ncu had the expert GEMV issue-bound (0.57 issued a cycle, DRAM idle half the
+// time). Here thread (row, superblock) decodes the superblock's d, dmin and 8 scale pairs once and
+// reads its 128 quant bytes as 16-byte words, against the activation blocks restaged once a chunk as
+// aligned words with their sums (xal, xsum: kXsbStride words a superblock, the padding spreading the
+// superblocks' reads over the banks). The integer sums are exact, so they are those of the generic
+// phase 1, and d, dmin and the activation scales are the same halves made floats the same way: phase
+// 2 applies the same float steps to the same values. Needs the staged rows 16-byte aligned (rows and
+// their stride a multiple of 16 bytes, as expert slots and GGUF tensors are); otherwise the generic
+// phase 1 runs.
+constexpr int kXsbStride = 8 * 8 + 4;  // words of a superblock's 8 activation blocks, padded
+__device__ __forceinline__ void q4k_superblock(const uint8_t* blk, const uint32_t* xal, const int* xsum,
+                                               int* iv, float* wd, float* wdmin) {
+  const float d = unit::half_float(unit::ld16(blk + unit::Q4_K::kD));
+  const float dmin = unit::half_float(unit::ld16(blk + unit::Q4_K::kDmin));
+  uint8_t scs[8], mins[8];
+  q4_k_scales_mins(blk + unit::Q4_K::kScales, scs, mins);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {  // quant bytes 32 p ..: sub-blocks 2 p (low nibbles) and 2 p + 1 (high)
+    const uint4* qp = reinterpret_cast<const uint4*>(blk + unit::Q4_K::kQs + 32 * p);
+    const uint4 qa = qp[0], qb = qp[1];
+    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = 2 * p + h;
+      const uint4* xw = reinterpret_cast<const uint4*>(xal + j * 8);
+      const uint4 xa = xw[0], xb = xw[1];
+      const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      int acc = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc = unit::dp4a((q[i] >> (4 * h)) & unit::Q4_K::kMask, xv[i], acc);
+      iv[2 * j] = scs[j] * acc;
+      iv[2 * j + 1] = mins[j] * xsum[j];
+      wd[j] = d;
+      wdmin[j] = dmin;
+    }
+  }
+}
 
 // Rows r0 .. r0 + kRows of W (rows x cols, rows rb bytes apart, readable up to W + rows * rb) against
-// the q8_0 row xq, whose readable extent is [xlo, xhi).
-template <class F>
+// the q8_0 row xq, whose readable extent is [xlo, xhi). SB: Q4_K's phase 1 a superblock a thread where
+// the rows allow (q4k_superblock).
+template <class F, bool SB = false>
 __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t rows, int64_t cols,
                                            const uint8_t* xq, const uint8_t* xlo, const uint8_t* xhi,
                                            float* y, int64_t r0) {
@@ -204,6 +255,8 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
   const int64_t nblk = cols / kQK;
   const uint8_t* wrows = W + r0 * rb;
   const uint8_t* whi = W + rows * rb;
+  // SB's condition: every staged row starts 16-byte aligned (stage_head 0), so its quants are words.
+  const bool sb_rows = SB && (reinterpret_cast<uintptr_t>(wrows) % 16 == 0) && rb % 16 == 0;
   float acc = 0.0f;
   for (int64_t c0 = 0; c0 < nblk; c0 += kNB) {
     const int nb = static_cast<int>(min64(kNB, nblk - c0));
@@ -216,6 +269,31 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
     cp_async_wait<0>();
     __syncthreads();
 
+    bool phase1_done = false;
+    if constexpr (SB) {
+      if (sb_rows) {
+        __shared__ __align__(16) uint32_t xal[kNB / 8 * kXsbStride];
+        __shared__ int xsum[kNB];
+        for (int b = tid; b < nb; b += kThreads) {
+          unit::Q8Act xa;
+          dxs[b] = unit::q8_act<F>(xraw + stage_head(xq + xoff) + b * kXBlock, xa);
+          xsum[b] = xa.sum;
+          uint4* d = reinterpret_cast<uint4*>(xal + b / 8 * kXsbStride + b % 8 * 8);
+          d[0] = make_uint4(xa.q[0], xa.q[1], xa.q[2], xa.q[3]);
+          d[1] = make_uint4(xa.q[4], xa.q[5], xa.q[6], xa.q[7]);
+        }
+        __syncthreads();
+        const int nsb = nb / 8;
+        for (int it = tid; it < nrows * nsb; it += kThreads) {
+          const int row = it / nsb, sb = it % nsb;
+          q4k_superblock(wraw + row * C::kWStride + sb * F::kBytes, xal + sb * kXsbStride, xsum + 8 * sb,
+                         iv + row * C::kIvRow + 16 * sb, wd + row * C::kWdRow + 8 * sb,
+                         wdmin + row * C::kWdRow + 8 * sb);
+        }
+        phase1_done = true;
+      }
+    }
+    if (!phase1_done) {
     // Thread (b, g): block b of the activation, decoded once, against rows g * per .. of it. A chunk of
     // fewer than kNB blocks (a short row) spreads its rows over more groups, so no thread idles while
     // another decodes many rows.
@@ -240,6 +318,7 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
         wdmin[row * C::kWdRow + b] = w.dmin;
       }
     }
+    }
     __syncthreads();
     if (tid < nrows) {
 #pragma unroll 4  // the shared-memory loads of several blocks ahead of the one accumulator's chain
@@ -258,16 +337,16 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
   if (tid < nrows) y[r0 + tid] = acc;
 }
 
-template <class F>
+template <class F, bool SB>
 __global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
   grid_start();
   const int64_t nblk = a.cols / kQK;
-  mmvq_block<F>(a.W, a.rb, a.rows, a.cols, a.Xq, a.Xq, a.Xq + nblk * kXBlock, a.Y,
+  mmvq_block<F, SB>(a.W, a.rb, a.rows, a.cols, a.Xq, a.Xq, a.Xq + nblk * kXBlock, a.Y,
                 static_cast<int64_t>(blockIdx.x) * rows_per_block<F>());
 }
 
 // matmul_q8_experts: block (x, i) is mmvq_kernel's block x on row i's expert matrix against q8_0 row i.
-template <class F>
+template <class F, bool SB = false>
 __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
   grid_start();
   const bool second = blockIdx.y >= g.n;  // grid rows n .. 2 n - 1: matrix m2 (a pair launch)
@@ -281,7 +360,7 @@ __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
     return;
   }
   const int64_t nblk = g.cols / kQK;
-  mmvq_block<F>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq, g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y,
+  mmvq_block<F, SB>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq, g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y,
                 r0);
 }
 }  // namespace vec
@@ -334,8 +413,8 @@ template <class F>
 void launch_mmq(const MatmulQ8Args& a, cudaStream_t s) {
   using namespace mmq;
   if (a.T == 1) {
-    launch_kernel(vec::mmvq_kernel<F>, grid_x(ceil_div(a.rows, vec::rows_per_block<F>())), vec::kThreads, 0,
-                  s, a);
+    launch_kernel(vec::sb_on<F>() ? vec::mmvq_kernel<F, true> : vec::mmvq_kernel<F, false>,
+                  grid_x(ceil_div(a.rows, vec::rows_per_block<F>())), vec::kThreads, 0, s, a);
     STRATA_CUDA_LAUNCH_CHECK();
   } else if (a.T == 2)
     launch_tile<F, SmallTile<2>>(a, s);
@@ -354,7 +433,9 @@ void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace mmq;
   const dim3 grid(grid_x(ceil_div(g.rows, vec::rows_per_block<F>())),
                   static_cast<unsigned>(g.m2 >= 0 ? 2 * g.n : g.n));
-  launch_kernel(vec::mmvq_experts_kernel<F>, grid, vec::kThreads, 0, s, g);
+  // The experts' GEMV keeps the generic phase 1: with SB its extra shared memory costs a block an SM and
+  // the 30B decode measured ~1% slower (bench/NOTES.md, 2026-12-06 evening).
+  launch_kernel(vec::mmvq_experts_kernel<F, false>, grid, vec::kThreads, 0, s, g);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
