@@ -77,6 +77,9 @@ class Ds4Moe final : public MoeVariant {
 
 class Ds4Forward final : public ForwardPass {
  public:
+  // Its ops take each step's position from the host (RoPE, the rings, the compressor, attention, the
+  // indexer): a recorded step would replay the recording's position.
+  bool graphable() const override { return false; }
   explicit Ds4Forward(const ForwardContext& ctx, Ds4Ops& ops)
       : ctx_(ctx), ops_(ops), d_(ds4_spec(ctx.spec)), w_(ctx.be) {
     const ModelSpec& s = ctx.spec;
@@ -220,6 +223,11 @@ std::string no_v4_ops(const Backend& be) {
 
 void check_deepseek4_backend(Backend& be, const std::string& path) {
   STRATA_CHECK(ds4_ops(be), UnsupportedError, path, ": ", no_v4_ops(be));
+  // The CUDA backend has the V4 ops (cuda/ds4.cu, in the op harness), but the whole model on the GPU
+  // (its KV layers, the prompt plan, logits against the CPU) has not been checked there yet.
+  STRATA_CHECK(be.name() != std::string("cuda"), UnsupportedError, path,
+               ": DeepSeek V4 on the GPU is not released yet: its ops are in, the model's GPU checks (logits "
+               "against the CPU backend, chunked prompts, decode) have not run. Run it with --device cpu");
 }
 
 std::unique_ptr<ForwardPass> make_deepseek4(const ForwardContext& ctx) {

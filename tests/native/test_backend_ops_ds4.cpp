@@ -346,7 +346,7 @@ TEST_P(Ds4Op, SwigluClamp) {
   }
 }
 
-// A backend without the V4 ops (the CUDA backend; here one that forwards the shared surface to the CPU)
+// A backend without the V4 ops (here one that forwards the shared surface to the CPU)
 // is refused for a V4 model before anything is allocated: UnsupportedError naming the file, the
 // backend and the fix, in one line. The CPU backend is accepted.
 TEST(Ds4Ops, BackendWithoutThemIsRefused) {

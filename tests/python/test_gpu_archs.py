@@ -127,3 +127,14 @@ def test_gpu_logits_independent_of_chunking(files, arch):
     whole = gpu(path, expert_cache=64, prefill=150).logits(PROMPT)
     for chunk in (1, 37, 64):
         np.testing.assert_array_equal(gpu(path, expert_cache=64, prefill=chunk).logits(PROMPT), whole)
+
+
+def test_gpu_deepseek4_load_is_refused_until_checked(tmp_path):
+    """DeepSeek V4's ops are on CUDA (the op harness holds them to the CPU's), but the model's GPU checks
+    have not run: a load on the GPU is a clear UnsupportedError naming the fix, not an unchecked run."""
+    from strata.testing.deepseek4 import make_deepseek4
+
+    path = str(tmp_path / "v4.gguf")
+    make_deepseek4(path, seed=1)
+    with pytest.raises(strata.UnsupportedError, match="not released yet.*--device cpu"):
+        strata.Model(path, device="cuda", progress=False, ctx=64)

@@ -14,6 +14,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/deepseek2.cuh"
+#include "backend/cuda/ds4.cuh"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embed.cuh"
 #include "backend/cuda/expert_resolve.cuh"
@@ -25,6 +26,7 @@
 #include "backend/cuda/qwen35.cuh"
 #include "backend/cuda/router.cuh"
 #include "backend/deepseek2_ops.h"
+#include "backend/ds4_ops.h"
 #include "backend/gemma4_ops.h"
 #include "backend/gptoss_ops.h"
 #include "backend/qwen35_ops.h"
@@ -91,7 +93,8 @@ class CudaBackend final : public Backend,
                           public GptOssOps,
                           public Qwen35Ops,
                           public Gemma4Ops,
-                          public Deepseek2Ops {
+                          public Deepseek2Ops,
+                          public Ds4Ops {
  public:
   explicit CudaBackend(int device) : device_(device) {
     require_device(device);
@@ -479,6 +482,77 @@ class CudaBackend final : public Backend,
     use();
     cuda::launch_router_grouped(logits, T, E, K, sigmoid, bias, groups, groups_used, norm, scale, ids,
                                 weights, compute_);
+  }
+
+  // Ds4Ops (backend/ds4_ops.h), in ds4.cu.
+  void apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                     const int32_t* rows, int64_t div, int64_t n, float* out) override {
+    use();
+    cuda::launch_apply_norm_hc(x, grs, w, D, HC, rows, div, n, out, compute_);
+  }
+  void quantize_q8_0_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                        const int32_t* rows, int64_t div, int64_t n, uint8_t* out,
+                        size_t out_row_bytes) override {
+    use();
+    cuda::launch_quantize_q8_0_hc(x, grs, w, D, HC, rows, div, n, out, out_row_bytes, compute_);
+  }
+  void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
+              const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
+              float* comb) override {
+    use();
+    cuda::launch_hc_pre(mix, x, T, HC, D, eps, scale, base, hc_eps, iters, grs, post, comb, compute_);
+  }
+  void hc_post(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
+               int64_t D) override {
+    use();
+    cuda::launch_hc_post(x, y, post, comb, T, HC, D, compute_);
+  }
+  void hc_expand(const float* y, int64_t T, int64_t HC, int64_t D, float* x) override {
+    use();
+    cuda::launch_hc_expand(y, T, HC, D, x, compute_);
+  }
+  void rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps) override {
+    use();
+    cuda::launch_ds4_rms_norm(x, rows, D, w, eps, compute_);
+  }
+  void rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs, const float* inv_freq,
+                 float mscale, int64_t pos0, int64_t pos_step, bool inverse) override {
+    use();
+    cuda::launch_rope_tail(x, rows, n_heads, hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse, compute_);
+  }
+  void ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T,
+                  const float* src) override {
+    use();
+    cuda::launch_ring_store(ring, slots, width, pos0, T, src, compute_);
+  }
+  void compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
+                     const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
+                     float* out) override {
+    use();
+    cuda::launch_compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out, compute_);
+  }
+  void attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
+                      int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
+                      int64_t pos0, int64_t H, int64_t hd, float scale, float* out) override {
+    use();
+    cuda::launch_attention_sink(q, kv, win, window, comp, ratio, sel, topk, sinks, T, pos0, H, hd, scale, out,
+                                compute_);
+  }
+  void indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
+                    int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale,
+                    int32_t* sel) override {
+    use();
+    cuda::launch_indexer_topk(q, w, keys, T, pos0, n_heads, dim, ratio, topk, scale, sel, compute_);
+  }
+  void router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
+                 const int32_t* table, const int32_t* tokens, bool norm, float scale, int32_t* ids,
+                 float* weights) override {
+    use();
+    cuda::launch_router_v4(logits, T, E, K, bias, table, tokens, norm, scale, ids, weights, compute_);
+  }
+  void swiglu_clamp(float* g, const float* u, int64_t n, float limit) override {
+    use();
+    cuda::launch_swiglu_clamp(g, u, n, limit, compute_);
   }
 
   // Gemma4Ops (backend/gemma4_ops.h), in gemma4.cu (the windowed attention: gptoss.cu's without sinks).

@@ -1,0 +1,631 @@
+// DeepSeek V4's ops on CUDA (ds4.cuh; backend/ds4_ops.h says what each computes). Each output is computed
+// by its own thread or block the same way whatever T is and wherever its inputs live (a chunk or a ring),
+// so the logits do not depend on the prompt's chunking. The products and sums the CPU forms one after
+// another are formed here in the same order with unfused roundings (__fmul_rn, __fadd_rn), so the GR
+// read and its q8_0 rows are the CPU's bits, and the indexer ranks the CPU's scores; sums the CPU forms
+// over thousands of values (the norms' squares, softmax denominators of attention) are block sums in a
+// fixed tree, within the op harness's bounds.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ds4.cuh"
+#include "backend/cuda/quantize.cuh"
+#include "core/error.h"
+#include "quant/formats.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256, kRowThreads = 128;
+
+unsigned blocks_for(int64_t n) {
+  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, kThreads), 4096)));
+}
+
+__device__ __forceinline__ float sigmoid(float v) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v))); }
+
+// The GR read's column c over HC streams at xs: (sum over j in order of xs[j D + c] g[j]) * w[c].
+__device__ __forceinline__ float collapse(const float* xs, const float* g, const float* w, int64_t D, int64_t HC,
+                                          int64_t c) {
+  float acc = __fmul_rn(xs[c], g[0]);
+  for (int64_t j = 1; j < HC; ++j) acc = __fadd_rn(acc, __fmul_rn(xs[j * D + c], g[j]));
+  return __fmul_rn(acc, w[c]);
+}
+
+// a . b as the CPU's dot8: eight lanes over the first n / 8 * 8 elements, a fixed reduction, the tail.
+__device__ __forceinline__ float dot8(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(a[i + j], b[i + j]));
+  float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[2], acc[6])),
+                      __fadd_rn(__fadd_rn(acc[1], acc[5]), __fadd_rn(acc[3], acc[7])));
+  for (; i < n; ++i) s = __fadd_rn(s, __fmul_rn(a[i], b[i]));
+  return s;
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nwarps ? scratch[lane] : -INFINITY;
+    v = warp_max(v);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+// Exclusive prefix sum of v over the block (whole warps); *total gets the sum. scratch: 32 ints.
+__device__ __forceinline__ int block_scan(int v, int* scratch, int* total) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
+  int inc = v;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const int n = __shfl_up_sync(kFullMask, inc, o);
+    if (lane >= o) inc += n;
+  }
+  __syncthreads();
+  if (lane == kWarp - 1) scratch[warp] = inc;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    if (w < warp) before += scratch[w];
+    all += scratch[w];
+  }
+  *total = all;
+  return before + inc - v;
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    apply_norm_hc_kernel(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                         const int32_t* rows, int64_t div, float* out) {
+  grid_start();
+  const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i;
+  const float* xs = x + s * HC * D;
+  const float* g = grs + s * HC;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) out[i * D + c] = collapse(xs, g, w, D, HC, c);
+}
+
+// Warp w of the block: q8_0 blocks w, w + warps, .. of row i.
+__global__ void __launch_bounds__(kRowThreads)
+    quantize_q8_0_hc_kernel(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                            const int32_t* rows, int64_t div, uint8_t* out, size_t rb) {
+  grid_start();
+  const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i;
+  const float* xs = x + s * HC * D;
+  const float* g = grs + s * HC;
+  const int lane = threadIdx.x % kWarp;
+  for (int64_t b = threadIdx.x / kWarp; b < D / kQK8_0; b += blockDim.x / kWarp)
+    q8_0_quantize_store(out + i * rb + b * kQ8_0Bytes, lane, collapse(xs, g, w, D, HC, b * kQK8_0 + lane));
+}
+
+// Block t: token t's mixing weights (thread 0, HC <= kHcMax), the RMS sums by the whole block.
+__global__ void __launch_bounds__(kThreads)
+    hc_pre_kernel(const float* mix, const float* x, int64_t HC, int64_t D, float eps, const float* scale,
+                  const float* base, float hc_eps, int64_t iters, float* grs, float* post, float* comb) {
+  grid_start();
+  __shared__ float red[kWarp], g[kHcMax], c[kHcMax * kHcMax];
+  const int64_t t = blockIdx.x, M = comb ? (2 + HC) * HC : HC;
+  const float* xt = x + t * HC * D;
+  const float* mt = mix + t * M;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < HC * D; i += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(xt[i], xt[i]));
+  ss = block_sum(ss, red);
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(HC * D)), eps)));
+  if (threadIdx.x == 0) {
+    for (int64_t j = 0; j < HC; ++j)
+      g[j] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[j], r), scale[0]), base[j])), hc_eps);
+    if (post) {
+      for (int64_t j = 0; j < HC; ++j)
+        post[t * HC + j] =
+            __fmul_rn(2.0f, sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[HC + j], r), scale[1]), base[HC + j])));
+    }
+    if (comb) {
+      for (int64_t j = 0; j < HC; ++j) {
+        float* row = c + j * HC;
+        float mx = -INFINITY;
+        for (int64_t k = 0; k < HC; ++k) {
+          row[k] = __fadd_rn(__fmul_rn(__fmul_rn(mt[2 * HC + j * HC + k], r), scale[2]), base[2 * HC + j * HC + k]);
+          mx = fmaxf(mx, row[k]);
+        }
+        float sum = 0.0f;
+        for (int64_t k = 0; k < HC; ++k) {
+          row[k] = expf(__fsub_rn(row[k], mx));
+          sum = __fadd_rn(sum, row[k]);
+        }
+        for (int64_t k = 0; k < HC; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], sum), hc_eps);
+      }
+      auto norm_cols = [&] {
+        for (int64_t k = 0; k < HC; ++k) {
+          float s = 0.0f;
+          for (int64_t j = 0; j < HC; ++j) s = __fadd_rn(s, c[j * HC + k]);
+          for (int64_t j = 0; j < HC; ++j) c[j * HC + k] = __fdiv_rn(c[j * HC + k], __fadd_rn(s, hc_eps));
+        }
+      };
+      auto norm_rows = [&] {
+        for (int64_t j = 0; j < HC; ++j) {
+          float s = 0.0f;
+          for (int64_t k = 0; k < HC; ++k) s = __fadd_rn(s, c[j * HC + k]);
+          for (int64_t k = 0; k < HC; ++k) c[j * HC + k] = __fdiv_rn(c[j * HC + k], __fadd_rn(s, hc_eps));
+        }
+      };
+      norm_cols();
+      for (int64_t it = 1; it < iters; ++it) {
+        norm_rows();
+        norm_cols();
+      }
+      for (int64_t e = 0; e < HC * HC; ++e) comb[t * HC * HC + e] = c[e];
+    }
+  }
+  __syncthreads();
+  // The RMS scale of the collapsed input, folded into the collapse weights.
+  float cs = 0.0f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = __fmul_rn(xt[d], g[0]);
+    for (int64_t j = 1; j < HC; ++j) v = __fadd_rn(v, __fmul_rn(xt[j * D + d], g[j]));
+    cs = __fadd_rn(cs, __fmul_rn(v, v));
+  }
+  cs = block_sum(cs, red);
+  const float rr = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(cs, static_cast<float>(D)), eps)));
+  if (threadIdx.x < HC) grs[t * HC + threadIdx.x] = __fmul_rn(g[threadIdx.x], rr);
+}
+
+// Thread (t, d): column d of token t's streams, in place.
+__global__ void __launch_bounds__(kThreads)
+    hc_post_kernel(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
+                   int64_t D) {
+  grid_start();
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * D; e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = e / D, d = e % D;
+    float* xt = x + t * HC * D;
+    const float* p = post + t * HC;
+    const float* cm = comb + t * HC * HC;
+    float old[kHcMax];
+    for (int64_t j = 0; j < HC; ++j) old[j] = xt[j * D + d];
+    const float yv = y[t * D + d];
+    for (int64_t k = 0; k < HC; ++k) {
+      float v = __fmul_rn(yv, p[k]);
+      for (int64_t j = 0; j < HC; ++j) v = __fadd_rn(v, __fmul_rn(old[j], cm[j * HC + k]));
+      xt[k * D + d] = v;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) hc_expand_kernel(const float* y, int64_t T, int64_t HC, int64_t D,
+                                                             float* x) {
+  grid_start();
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * HC * D;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = e / (HC * D), d = e % D;
+    x[e] = y[t * D + d];
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(float* x, int64_t D, const float* w, float eps) {
+  grid_start();
+  __shared__ float red[kWarp];
+  float* v = x + blockIdx.x * D;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(v[i], v[i]));
+  ss = block_sum(ss, red);
+  const float g = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(D)), eps)));
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+    v[i] = w ? __fmul_rn(__fmul_rn(v[i], g), w[i]) : __fmul_rn(v[i], g);
+}
+
+// Thread (r, i): pair i of every head of row r.
+__global__ void __launch_bounds__(kThreads)
+    rope_tail_kernel(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs, const float* inv_freq,
+                     float mscale, int64_t pos0, int64_t pos_step, bool inverse) {
+  grid_start();
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < rows * n_pairs;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = e / n_pairs, i = e % n_pairs;
+    const float theta = __fmul_rn(static_cast<float>(pos0 + r * pos_step), inv_freq[i]);
+    float sn, cs;
+    sincosf(theta, &sn, &cs);
+    cs = __fmul_rn(cs, mscale);
+    sn = __fmul_rn(__fmul_rn(sn, mscale), inverse ? -1.0f : 1.0f);
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (r * n_heads + h) * hd + hd - 2 * n_pairs + 2 * i;
+      const float x0 = v[0], x1 = v[1];
+      v[0] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+      v[1] = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ring_store_kernel(float* ring, int64_t slots, int64_t width, int64_t p0, int64_t n, int64_t pos0,
+                      const float* src) {
+  grid_start();
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n * width;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t p = p0 + e / width, c = e % width;
+    ring[(p % slots) * width + c] = src[(p - pos0) * width + c];
+  }
+}
+
+// Thread (window w - first, d).
+__global__ void __launch_bounds__(kThreads)
+    compress_pool_kernel(const float* kv, const float* score, const float* state_kv, const float* state_score,
+                         const float* ape, int64_t pos0, int64_t first, int64_t n_win, int64_t ratio,
+                         int64_t lanes, int64_t hd, float* out) {
+  grid_start();
+  const int64_t width = lanes * hd, slots = lanes * ratio;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n_win * hd;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t w = first + e / hd, d = e % hd;
+    // The window's slots in order: the previous window's (lanes 2, w > 0; column 0), then its own.
+    const int64_t n_prev = lanes == 2 && w > 0 ? ratio : 0, own_col = lanes == 2 ? hd : 0;
+    auto slot = [&](int64_t k, int64_t& q, int64_t& col, int64_t& i) {
+      if (k < n_prev) {
+        q = (w - 1) * ratio + k, col = 0, i = k;
+      } else {
+        q = w * ratio + (k - n_prev), col = own_col, i = k - n_prev;
+      }
+    };
+    auto sc_at = [&](int64_t q, int64_t col, int64_t i) {
+      const float* sr = q >= pos0 ? score + (q - pos0) * width : state_score + (q % slots) * width;
+      return __fadd_rn(sr[col + d], ape[i * width + col + d]);
+    };
+    float mx = -INFINITY;
+    for (int64_t k = 0; k < n_prev + ratio; ++k) {
+      int64_t q, col, i;
+      slot(k, q, col, i);
+      mx = fmaxf(mx, sc_at(q, col, i));
+    }
+    float sum = 0.0f, acc = 0.0f;
+    for (int64_t k = 0; k < n_prev + ratio; ++k) {
+      int64_t q, col, i;
+      slot(k, q, col, i);
+      const float p = expf(__fsub_rn(sc_at(q, col, i), mx));
+      const float* vr = q >= pos0 ? kv + (q - pos0) * width : state_kv + (q % slots) * width;
+      sum = __fadd_rn(sum, p);
+      acc = __fadd_rn(acc, __fmul_rn(p, vr[col + d]));
+    }
+    out[(w - first) * hd + d] = __fdiv_rn(acc, sum);
+  }
+}
+
+// Block (t, h): its keys' logits and row pointers in dynamic shared memory (attention_sink_smem).
+__global__ void __launch_bounds__(kRowThreads)
+    attention_sink_kernel(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
+                          int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t pos0,
+                          int64_t H, int64_t hd, float scale, float* out) {
+  grid_start();
+  extern __shared__ __align__(16) unsigned char ds4_smem[];
+  __shared__ float red[kWarp];
+  const int64_t t = blockIdx.x / H, h = blockIdx.x % H, p = pos0 + t;
+  const int64_t j0 = p - window + 1 > 0 ? p - window + 1 : 0, n_win = p - j0 + 1;
+  int64_t n_comp = 0;
+  if (ratio > 0) {
+    if (sel) {
+      while (n_comp < topk && sel[t * topk + n_comp] >= 0) ++n_comp;
+    } else {
+      n_comp = (p + 1) / ratio;
+    }
+  }
+  const int64_t nk = n_win + n_comp;
+  const float** keys = reinterpret_cast<const float**>(ds4_smem);
+  float* lg = reinterpret_cast<float*>(ds4_smem + nk * sizeof(const float*));
+  const float* qh = q + (t * H + h) * hd;
+  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) {
+    const float* key;
+    if (k < n_win) {
+      const int64_t j = j0 + k;
+      key = j >= pos0 ? kv + (j - pos0) * hd : win + (j % window) * hd;
+    } else {
+      key = comp + (sel ? sel[t * topk + (k - n_win)] : k - n_win) * hd;
+    }
+    keys[k] = key;
+    lg[k] = __fmul_rn(dot8(qh, key, hd), scale);
+  }
+  float m = sinks[h];
+  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) m = fmaxf(m, lg[k]);
+  m = block_max(m, red);  // exact in any order
+  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) lg[k] = expf(__fsub_rn(lg[k], m));
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the denominator in key order, as the CPU adds it
+    float den = expf(__fsub_rn(sinks[h], m));
+    for (int64_t k = 0; k < nk; ++k) den = __fadd_rn(den, lg[k]);
+    red[0] = den;
+  }
+  __syncthreads();
+  const float den = red[0];
+  float* o = out + (t * H + h) * hd;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < nk; ++k) acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(lg[k], den), keys[k][d]));
+    o[d] = acc;
+  }
+}
+
+// The score's order as an unsigned key: a larger float, a larger key (scores are never -0 or NaN).
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Block t: the scores of the visible compressed rows (dynamic shared memory, one key each), the
+// topk-th largest by a radix select over the keys, then the picked rows in ascending order: every
+// key above it, and of those equal to it the lowest rows first (the CPU's ties to the lower row).
+__global__ void __launch_bounds__(kThreads)
+    indexer_topk_kernel(const float* q, const float* w, const float* keys, int64_t pos0, int64_t n_heads,
+                        int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel) {
+  grid_start();
+  extern __shared__ __align__(16) unsigned char ds4_smem[];
+  __shared__ int hist[256], scan[kWarp];
+  __shared__ uint32_t s_prefix;
+  __shared__ int s_want;
+  uint32_t* key = reinterpret_cast<uint32_t*>(ds4_smem);
+  const int64_t t = blockIdx.x, n_vis = (pos0 + t + 1) / ratio, k = topk < n_vis ? topk : n_vis;
+  int32_t* st = sel + t * topk;
+  for (int64_t i = threadIdx.x; i < topk; i += blockDim.x) st[i] = -1;
+  for (int64_t s = threadIdx.x; s < n_vis; s += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float d = dot8(q + (t * n_heads + h) * dim, keys + s * dim, dim);
+      acc = __fadd_rn(acc, __fmul_rn(fmaxf(d, 0.0f), __fmul_rn(w[t * n_heads + h], scale)));
+    }
+    key[s] = order_key(acc);
+  }
+  if (k == 0) return;
+  if (threadIdx.x == 0) {
+    s_prefix = 0;
+    s_want = static_cast<int>(k);
+  }
+  // Radix select, 8 bits a pass from the top: the k-th largest key, and how many equal to it to take.
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = s_prefix;
+    for (int64_t s = threadIdx.x; s < n_vis; s += blockDim.x)
+      if ((key[s] & mask) == prefix) atomicAdd(&hist[(key[s] >> shift) & 0xFF], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int want = s_want, b = 255;
+      for (; b > 0 && hist[b] < want; --b) want -= hist[b];
+      s_want = want;
+      s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+    }
+    mask |= 0xFFu << shift;
+    __syncthreads();
+  }
+  const uint32_t thr = s_prefix;
+  const int want_eq = s_want;
+  // The picks in ascending row order: a block scan over the rows, a chunk of blockDim at a time.
+  int eq_seen = 0, picked = 0;
+  for (int64_t base = 0; base < n_vis; base += blockDim.x) {
+    const int64_t s = base + threadIdx.x;
+    const uint32_t ks = s < n_vis ? key[s] : 0;
+    const int eq = s < n_vis && ks == thr;
+    int eq_total, sel_total;
+    const int eq_before = block_scan(eq, scan, &eq_total);
+    const int take = s < n_vis && (ks > thr || (eq && eq_seen + eq_before < want_eq));
+    const int at = block_scan(take, scan, &sel_total);
+    if (take) st[picked + at] = static_cast<int32_t>(s);
+    eq_seen += eq_total;
+    picked += sel_total;
+  }
+}
+
+constexpr int kRouterThreads = 256;
+
+// Whether (va, a) ranks before (vb, b): the higher value, ties to the lower index.
+__device__ __forceinline__ bool before(float va, int a, float vb, int b) {
+  return va > vb || (va == vb && a < b);
+}
+
+__device__ __forceinline__ void block_best(float& v, int& idx, float* rv, int* ri) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, v, o);
+    const int oi = __shfl_xor_sync(kFullMask, idx, o);
+    if (before(ov, oi, v, idx)) v = ov, idx = oi;
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) rv[warp] = v, ri[warp] = idx;
+  __syncthreads();
+  v = rv[0];
+  idx = ri[0];
+  for (int w = 1; w < kRouterThreads / kWarp; ++w)
+    if (before(rv[w], ri[w], v, idx)) v = rv[w], idx = ri[w];
+}
+
+// Block t: token t's routing.
+__global__ void __launch_bounds__(kRouterThreads)
+    router_v4_kernel(const float* logits, int64_t E, int64_t K, const float* bias, const int32_t* table,
+                     const int32_t* tokens, bool norm, float scale, int32_t* ids, float* weights) {
+  grid_start();
+  __shared__ float s[kRouterV4MaxE], sc[kRouterV4MaxE];
+  __shared__ float rv[kRouterThreads / kWarp];
+  __shared__ int ri[kRouterThreads / kWarp];
+  const int64_t t = blockIdx.x;
+  const float* lg = logits + t * E;
+  const int tid = threadIdx.x;
+  for (int64_t i = tid; i < E; i += kRouterThreads) {
+    // softplus as torch computes it: the identity above 20
+    const float sp = lg[i] > 20.0f ? lg[i] : log1pf(expf(lg[i]));
+    s[i] = __fsqrt_rn(sp);
+    sc[i] = bias ? __fadd_rn(s[i], bias[i]) : s[i];
+  }
+  __syncthreads();
+  int32_t* id = ids + t * K;
+  if (table) {
+    for (int64_t k = tid; k < K; k += kRouterThreads) id[k] = table[static_cast<int64_t>(tokens[t]) * K + k];
+  } else {
+    for (int64_t k = 0; k < K; ++k) {
+      float v = -INFINITY;
+      int idx = 0x7fffffff;
+      for (int64_t i = tid; i < E; i += kRouterThreads)
+        if (before(sc[i], static_cast<int>(i), v, idx)) v = sc[i], idx = static_cast<int>(i);
+      block_best(v, idx, rv, ri);
+      __syncthreads();
+      if (tid == 0) {
+        id[k] = idx;
+        sc[idx] = -INFINITY;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float sum = 0.0f;
+    for (int64_t k = 0; k < K; ++k) sum = __fadd_rn(sum, s[id[k]]);
+    for (int64_t k = 0; k < K; ++k)
+      weights[t * K + k] = __fmul_rn(norm ? __fdiv_rn(s[id[k]], __fadd_rn(sum, 1e-20f)) : s[id[k]], scale);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) swiglu_clamp_kernel(float* g, const float* u, int64_t n, float limit) {
+  grid_start();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float x = g[i], y = u[i];
+    if (limit > 0) {
+      x = fminf(x, limit);
+      y = fminf(fmaxf(y, -limit), limit);
+    }
+    g[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), y);
+  }
+}
+
+// Dynamic shared memory of a kernel past 48 KB: asked for once per size, refused past the device's limit.
+template <class K>
+void allow_smem(K kernel, size_t bytes, const char* what) {
+  constexpr size_t kDefault = 48 * 1024;
+  if (bytes <= kDefault) return;
+  int dev = 0, max_optin = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&dev));
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  STRATA_CHECK(bytes <= static_cast<size_t>(max_optin), UnsupportedError, what, " on CUDA needs ", bytes,
+               " bytes of shared memory a block; this GPU gives ", max_optin, " (a shorter context)");
+  STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+}  // namespace
+
+void launch_apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                          const int32_t* rows, int64_t div, int64_t n, float* out, cudaStream_t s) {
+  if (n <= 0) return;
+  launch_kernel(apply_norm_hc_kernel, grid_x(n), kRowThreads, 0, s, x, grs, w, D, HC, rows, div, out);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_quantize_q8_0_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
+                             const int32_t* rows, int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes,
+                             cudaStream_t s) {
+  STRATA_CHECK(D % kQK8_0 == 0, ConfigError, "quantize_q8_0_hc: D=", D, " is not a multiple of ", kQK8_0);
+  if (n <= 0) return;
+  launch_kernel(quantize_q8_0_hc_kernel, grid_x(n), kRowThreads, 0, s, x, grs, w, D, HC, rows, div, out,
+                out_row_bytes);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
+                   const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
+                   float* comb, cudaStream_t s) {
+  STRATA_CHECK(HC >= 1 && HC <= kHcMax, UnsupportedError, "hc_pre on CUDA: ", HC, " streams; at most ", kHcMax);
+  if (T <= 0) return;
+  launch_kernel(hc_pre_kernel, grid_x(T), kThreads, 0, s, mix, x, HC, D, eps, scale, base, hc_eps, iters, grs,
+                post, comb);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_hc_post(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
+                    int64_t D, cudaStream_t s) {
+  STRATA_CHECK(HC >= 1 && HC <= kHcMax, UnsupportedError, "hc_post: at most ", kHcMax, " streams, got ", HC);
+  if (T <= 0 || D <= 0) return;
+  launch_kernel(hc_post_kernel, blocks_for(T * D), kThreads, 0, s, x, y, post, comb, T, HC, D);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_hc_expand(const float* y, int64_t T, int64_t HC, int64_t D, float* x, cudaStream_t s) {
+  if (T <= 0 || HC <= 0 || D <= 0) return;
+  launch_kernel(hc_expand_kernel, blocks_for(T * HC * D), kThreads, 0, s, y, T, HC, D, x);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_ds4_rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps, cudaStream_t s) {
+  if (rows <= 0) return;
+  launch_kernel(rms_norm_kernel, grid_x(rows), kRowThreads, 0, s, x, D, w, eps);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
+                      const float* inv_freq, float mscale, int64_t pos0, int64_t pos_step, bool inverse,
+                      cudaStream_t s) {
+  if (rows <= 0 || n_pairs <= 0) return;
+  launch_kernel(rope_tail_kernel, blocks_for(rows * n_pairs), kThreads, 0, s, x, rows, n_heads, hd, n_pairs,
+                inv_freq, mscale, pos0, pos_step, inverse);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T, const float* src,
+                       cudaStream_t s) {
+  const int64_t p0 = std::max(pos0, pos0 + T - slots), n = pos0 + T - p0;
+  if (n <= 0 || width <= 0) return;
+  launch_kernel(ring_store_kernel, blocks_for(n * width), kThreads, 0, s, ring, slots, width, p0, n, pos0, src);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
+                          const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
+                          float* out, cudaStream_t s) {
+  STRATA_CHECK(ratio >= 1 && (lanes == 1 || lanes == 2), ConfigError, "compress_pool: ratio ", ratio, ", lanes ",
+               lanes);
+  const int64_t first = pos0 / ratio, n_win = (pos0 + T) / ratio - first;
+  if (n_win <= 0) return;
+  launch_kernel(compress_pool_kernel, blocks_for(n_win * hd), kThreads, 0, s, kv, score, state_kv, state_score,
+                ape, pos0, first, n_win, ratio, lanes, hd, out);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
+                           int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
+                           int64_t pos0, int64_t H, int64_t hd, float scale, float* out, cudaStream_t s) {
+  if (T <= 0 || H <= 0) return;
+  // The most keys a query sees: its window, and the compressed rows (the selected ones, or all visible).
+  const int64_t n_comp = ratio > 0 ? (sel ? topk : (pos0 + T) / ratio) : 0;
+  const size_t smem = static_cast<size_t>(std::min(window, pos0 + T) + n_comp) * (sizeof(const float*) + sizeof(float));
+  allow_smem(attention_sink_kernel, smem, "attention_sink");
+  launch_kernel(attention_sink_kernel, grid_x(T * H), kRowThreads, smem, s, q, kv, win, window, comp, ratio, sel,
+                topk, sinks, pos0, H, hd, scale, out);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
+                         int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel,
+                         cudaStream_t s) {
+  STRATA_CHECK(ratio >= 1 && topk >= 1, ConfigError, "indexer_topk: ratio ", ratio, ", topk ", topk);
+  if (T <= 0) return;
+  const size_t smem = static_cast<size_t>(std::max<int64_t>(1, (pos0 + T) / ratio)) * sizeof(uint32_t);
+  allow_smem(indexer_topk_kernel, smem, "indexer_topk");
+  launch_kernel(indexer_topk_kernel, grid_x(T), kThreads, smem, s, q, w, keys, pos0, n_heads, dim, ratio, topk,
+                scale, sel);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
+                      const int32_t* table, const int32_t* tokens, bool norm, float scale, int32_t* ids,
+                      float* weights, cudaStream_t s) {
+  STRATA_CHECK(E >= 1 && E <= kRouterV4MaxE && K >= 1 && K <= E, UnsupportedError, "router_v4 on CUDA: ", E,
+               " experts (top ", K, "); the kernel takes up to ", kRouterV4MaxE);
+  if (T <= 0) return;
+  launch_kernel(router_v4_kernel, grid_x(T), kRouterThreads, 0, s, logits, E, K, bias, table, tokens, norm, scale,
+                ids, weights);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_swiglu_clamp(float* g, const float* u, int64_t n, float limit, cudaStream_t s) {
+  if (n <= 0) return;
+  launch_kernel(swiglu_clamp_kernel, blocks_for(n), kThreads, 0, s, g, u, n, limit);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace strata::cuda
