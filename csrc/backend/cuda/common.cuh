@@ -74,6 +74,30 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Whether (va, a) ranks before (vb, b): the higher value, ties to the lower index.
+__device__ __forceinline__ bool ranks_before(float va, int a, float vb, int b) {
+  return va > vb || (va == vb && a < b);
+}
+
+// The best (value, index) of a block of NT threads (every thread gets it), over the candidates each
+// thread offers; rv and ri hold NT / 32 entries of shared memory.
+template <int NT>
+__device__ __forceinline__ void block_best(float& v, int& idx, float* rv, int* ri) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, v, o);
+    const int oi = __shfl_xor_sync(kFullMask, idx, o);
+    if (ranks_before(ov, oi, v, idx)) v = ov, idx = oi;
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();  // rv, ri free again
+  if (lane == 0) rv[warp] = v, ri[warp] = idx;
+  __syncthreads();
+  v = rv[0];
+  idx = ri[0];
+  for (int w = 1; w < NT / kWarp; ++w)
+    if (ranks_before(rv[w], ri[w], v, idx)) v = rv[w], idx = ri[w];
+}
+
 // Sum over a block of whole warps (blockDim.x <= 1024): per-warp sums, then warp 0 reduces those
 // with the same fixed tree. `scratch` holds 32 floats of shared memory. Every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

@@ -57,28 +57,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Whether (va, a) ranks before (vb, b): the higher value, ties to the lower index.
-__device__ __forceinline__ bool before(float va, int a, float vb, int b) {
-  return va > vb || (va == vb && a < b);
-}
-
-// The best (value, index) of the block (every thread gets it), over the candidates each thread offers.
-__device__ __forceinline__ void block_best(float& v, int& idx, float* rv, int* ri) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, v, o);
-    const int oi = __shfl_xor_sync(kFullMask, idx, o);
-    if (before(ov, oi, v, idx)) v = ov, idx = oi;
-  }
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  __syncthreads();  // rv, ri free again
-  if (lane == 0) rv[warp] = v, ri[warp] = idx;
-  __syncthreads();
-  v = rv[0];
-  idx = ri[0];
-  for (int w = 1; w < kRouterThreads / kWarp; ++w)
-    if (before(rv[w], ri[w], v, idx)) v = rv[w], idx = ri[w];
-}
-
 // Block t: token t's routing (deepseek2_ops.h). Shared: p and s per expert, the eligible flags, the
 // group scores.
 __global__ void __launch_bounds__(kRouterThreads)
@@ -100,7 +78,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     float mx = -INFINITY;
     for (int64_t i = tid; i < E; i += kRouterThreads) mx = fmaxf(mx, lg[i]);
     int unused = 0;
-    block_best(mx, unused, rv, ri);
+    block_best<kRouterThreads>(mx, unused, rv, ri);
     for (int64_t i = tid; i < E; i += kRouterThreads) p[i] = expf(__fsub_rn(lg[i], mx));
     __syncthreads();
     if (tid == 0) {
@@ -139,8 +117,8 @@ __global__ void __launch_bounds__(kRouterThreads)
       float v = -INFINITY;
       int idx = 0x7fffffff;
       for (int64_t g = tid; g < groups; g += kRouterThreads)
-        if (before(gscore[g], (int)g, v, idx)) v = gscore[g], idx = (int)g;
-      block_best(v, idx, rv, ri);
+        if (ranks_before(gscore[g], (int)g, v, idx)) v = gscore[g], idx = (int)g;
+      block_best<kRouterThreads>(v, idx, rv, ri);
       __syncthreads();
       if (tid == 0) gscore[idx] = -INFINITY;  // taken (a score of -inf itself ranks after every index)
       for (int64_t i = idx * per + tid; i < (idx + 1) * per; i += kRouterThreads) ok[i] = 1;
@@ -152,8 +130,8 @@ __global__ void __launch_bounds__(kRouterThreads)
     float v = -INFINITY;
     int idx = 0x7fffffff;
     for (int64_t i = tid; i < E; i += kRouterThreads)
-      if (ok[i] && before(s[i], (int)i, v, idx)) v = s[i], idx = (int)i;
-    block_best(v, idx, rv, ri);
+      if (ok[i] && ranks_before(s[i], (int)i, v, idx)) v = s[i], idx = (int)i;
+    block_best<kRouterThreads>(v, idx, rv, ri);
     __syncthreads();
     if (tid == 0) {
       ids[t * K + k] = idx;

@@ -417,27 +417,6 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kRouterThreads = 256;
 
-// Whether (va, a) ranks before (vb, b): the higher value, ties to the lower index.
-__device__ __forceinline__ bool before(float va, int a, float vb, int b) {
-  return va > vb || (va == vb && a < b);
-}
-
-__device__ __forceinline__ void block_best(float& v, int& idx, float* rv, int* ri) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, v, o);
-    const int oi = __shfl_xor_sync(kFullMask, idx, o);
-    if (before(ov, oi, v, idx)) v = ov, idx = oi;
-  }
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  __syncthreads();
-  if (lane == 0) rv[warp] = v, ri[warp] = idx;
-  __syncthreads();
-  v = rv[0];
-  idx = ri[0];
-  for (int w = 1; w < kRouterThreads / kWarp; ++w)
-    if (before(rv[w], ri[w], v, idx)) v = rv[w], idx = ri[w];
-}
-
 // Block t: token t's routing.
 __global__ void __launch_bounds__(kRouterThreads)
     router_v4_kernel(const float* logits, int64_t E, int64_t K, const float* bias, const int32_t* table,
@@ -464,8 +443,8 @@ __global__ void __launch_bounds__(kRouterThreads)
       float v = -INFINITY;
       int idx = 0x7fffffff;
       for (int64_t i = tid; i < E; i += kRouterThreads)
-        if (before(sc[i], static_cast<int>(i), v, idx)) v = sc[i], idx = static_cast<int>(i);
-      block_best(v, idx, rv, ri);
+        if (ranks_before(sc[i], static_cast<int>(i), v, idx)) v = sc[i], idx = static_cast<int>(i);
+      block_best<kRouterThreads>(v, idx, rv, ri);
       __syncthreads();
       if (tid == 0) {
         id[k] = idx;
