@@ -483,8 +483,9 @@ void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* 
       try {
         Graph rec = record_batch(b, key);
         if (batch_graphs_.size() >= kBatchGraphs)
-          batch_graphs_.erase(std::min_element(batch_graphs_.begin(), batch_graphs_.end(),
-                                               [](const BatchGraph& x, const BatchGraph& y) { return x.used < y.used; }));
+          batch_graphs_.erase(
+              std::min_element(batch_graphs_.begin(), batch_graphs_.end(),
+                               [](const BatchGraph& x, const BatchGraph& y) { return x.used < y.used; }));
         batch_graphs_.push_back(BatchGraph{key, std::move(rec), 0});
         g = &batch_graphs_.back();
       } catch (const Interrupted&) {
@@ -519,7 +520,8 @@ void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* 
   if (logits) {
     const auto* out = reinterpret_cast<const float*>(batch_logits_.get());
     for (int64_t i = 0; i < B; ++i)
-      std::memcpy(logits + (size_t)order[(size_t)i] * s.V, out + (size_t)i * s.V, (size_t)s.V * sizeof(float));
+      std::memcpy(logits + (size_t)order[(size_t)i] * s.V, out + (size_t)i * s.V,
+                  (size_t)s.V * sizeof(float));
   }
 }
 
@@ -527,7 +529,8 @@ Graph Model::record_batch(const PrefillBuffers& b, const std::vector<int32_t>& s
   const ModelSpec& s = plan_.spec;
   const int64_t N = cfg_.seqs, B = (int64_t)seqs.size();
   if (!batch_io_.get()) {
-    batch_io_ = PinnedBuffer(*be_, 2 * (size_t)N * sizeof(int32_t), "the batched decode step's ids and positions");
+    batch_io_ =
+        PinnedBuffer(*be_, 2 * (size_t)N * sizeof(int32_t), "the batched decode step's ids and positions");
     batch_logits_ = PinnedBuffer(*be_, (size_t)N * s.V * sizeof(float), "the batched decode step's logits");
     batch_pos_ = DeviceBuffer(*be_, (size_t)N * sizeof(int32_t), "the batched decode step's positions");
   }

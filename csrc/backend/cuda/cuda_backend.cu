@@ -518,7 +518,8 @@ class CudaBackend final : public Backend,
   void rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs, const float* inv_freq,
                  float mscale, int64_t pos0, int64_t pos_step, bool inverse) override {
     use();
-    cuda::launch_rope_tail(x, rows, n_heads, hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse, compute_);
+    cuda::launch_rope_tail(x, rows, n_heads, hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse,
+                           compute_);
   }
   void ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T,
                   const float* src) override {
@@ -529,7 +530,8 @@ class CudaBackend final : public Backend,
                      const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
                      float* out) override {
     use();
-    cuda::launch_compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out, compute_);
+    cuda::launch_compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out,
+                               compute_);
   }
   void attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
                       int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,

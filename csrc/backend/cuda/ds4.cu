@@ -25,8 +25,8 @@ unsigned blocks_for(int64_t n) {
 __device__ __forceinline__ float sigmoid(float v) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v))); }
 
 // The GR read's column c over HC streams at xs: (sum over j in order of xs[j D + c] g[j]) * w[c].
-__device__ __forceinline__ float collapse(const float* xs, const float* g, const float* w, int64_t D, int64_t HC,
-                                          int64_t c) {
+__device__ __forceinline__ float collapse(const float* xs, const float* g, const float* w, int64_t D,
+                                          int64_t HC, int64_t c) {
   float acc = __fmul_rn(xs[c], g[0]);
   for (int64_t j = 1; j < HC; ++j) acc = __fadd_rn(acc, __fmul_rn(xs[j * D + c], g[j]));
   return __fmul_rn(acc, w[c]);
@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(kThreads)
         float* row = c + j * HC;
         float mx = -INFINITY;
         for (int64_t k = 0; k < HC; ++k) {
-          row[k] = __fadd_rn(__fmul_rn(__fmul_rn(mt[2 * HC + j * HC + k], r), scale[2]), base[2 * HC + j * HC + k]);
+          row[k] = __fadd_rn(__fmul_rn(__fmul_rn(mt[2 * HC + j * HC + k], r), scale[2]),
+                             base[2 * HC + j * HC + k]);
           mx = fmaxf(mx, row[k]);
         }
         float sum = 0.0f;
@@ -179,7 +180,8 @@ __global__ void __launch_bounds__(kThreads)
     hc_post_kernel(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
                    int64_t D) {
   grid_start();
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * D; e += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * D;
+       e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t t = e / D, d = e % D;
     float* xt = x + t * HC * D;
     const float* p = post + t * HC;
@@ -195,8 +197,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void __launch_bounds__(kThreads) hc_expand_kernel(const float* y, int64_t T, int64_t HC, int64_t D,
-                                                             float* x) {
+__global__ void __launch_bounds__(kThreads)
+    hc_expand_kernel(const float* y, int64_t T, int64_t HC, int64_t D, float* x) {
   grid_start();
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * HC * D;
        e += (int64_t)gridDim.x * blockDim.x) {
@@ -205,7 +207,8 @@ __global__ void __launch_bounds__(kThreads) hc_expand_kernel(const float* y, int
   }
 }
 
-__global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(float* x, int64_t D, const float* w, float eps) {
+__global__ void __launch_bounds__(kRowThreads)
+    rms_norm_kernel(float* x, int64_t D, const float* w, float eps) {
   grid_start();
   __shared__ float red[kWarp];
   float* v = x + blockIdx.x * D;
@@ -219,8 +222,8 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(float* x, int64_t
 
 // Thread (r, i): pair i of every head of row r.
 __global__ void __launch_bounds__(kThreads)
-    rope_tail_kernel(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs, const float* inv_freq,
-                     float mscale, int64_t pos0, int64_t pos_step, bool inverse) {
+    rope_tail_kernel(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
+                     const float* inv_freq, float mscale, int64_t pos0, int64_t pos_step, bool inverse) {
   grid_start();
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < rows * n_pairs;
        e += (int64_t)gridDim.x * blockDim.x) {
@@ -294,9 +297,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // Block (t, h): its keys' logits and row pointers in dynamic shared memory (attention_sink_smem).
 __global__ void __launch_bounds__(kRowThreads)
-    attention_sink_kernel(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
-                          int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t pos0,
-                          int64_t H, int64_t hd, float scale, float* out) {
+    attention_sink_kernel(const float* q, const float* kv, const float* win, int64_t window,
+                          const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
+                          const float* sinks, int64_t pos0, int64_t H, int64_t hd, float scale, float* out) {
   grid_start();
   extern __shared__ __align__(16) unsigned char ds4_smem[];
   __shared__ float red[kWarp];
@@ -462,9 +465,11 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
 }
 
-__global__ void __launch_bounds__(kThreads) swiglu_clamp_kernel(float* g, const float* u, int64_t n, float limit) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_clamp_kernel(float* g, const float* u, int64_t n, float limit) {
   grid_start();
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
     float x = g[i], y = u[i];
     if (limit > 0) {
       x = fminf(x, limit);
@@ -484,7 +489,8 @@ void allow_smem(K kernel, size_t bytes, const char* what) {
   STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   STRATA_CHECK(bytes <= static_cast<size_t>(max_optin), UnsupportedError, what, " on CUDA needs ", bytes,
                " bytes of shared memory a block; this GPU gives ", max_optin, " (a shorter context)");
-  STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  STRATA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 }  // namespace
@@ -507,9 +513,10 @@ void launch_quantize_q8_0_hc(const float* x, const float* grs, const float* w, i
 }
 
 void launch_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
-                   const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
-                   float* comb, cudaStream_t s) {
-  STRATA_CHECK(HC >= 1 && HC <= kHcMax, UnsupportedError, "hc_pre on CUDA: ", HC, " streams; at most ", kHcMax);
+                   const float* scale, const float* base, float hc_eps, int64_t iters, float* grs,
+                   float* post, float* comb, cudaStream_t s) {
+  STRATA_CHECK(HC >= 1 && HC <= kHcMax, UnsupportedError, "hc_pre on CUDA: ", HC, " streams; at most ",
+               kHcMax);
   if (T <= 0) return;
   launch_kernel(hc_pre_kernel, grid_x(T), kThreads, 0, s, mix, x, HC, D, eps, scale, base, hc_eps, iters, grs,
                 post, comb);
@@ -549,32 +556,35 @@ void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, 
                        cudaStream_t s) {
   const int64_t p0 = std::max(pos0, pos0 + T - slots), n = pos0 + T - p0;
   if (n <= 0 || width <= 0) return;
-  launch_kernel(ring_store_kernel, blocks_for(n * width), kThreads, 0, s, ring, slots, width, p0, n, pos0, src);
+  launch_kernel(ring_store_kernel, blocks_for(n * width), kThreads, 0, s, ring, slots, width, p0, n, pos0,
+                src);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
-void launch_compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
-                          const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
-                          float* out, cudaStream_t s) {
-  STRATA_CHECK(ratio >= 1 && (lanes == 1 || lanes == 2), ConfigError, "compress_pool: ratio ", ratio, ", lanes ",
-               lanes);
+void launch_compress_pool(const float* kv, const float* score, const float* state_kv,
+                          const float* state_score, const float* ape, int64_t pos0, int64_t T, int64_t ratio,
+                          int64_t lanes, int64_t hd, float* out, cudaStream_t s) {
+  STRATA_CHECK(ratio >= 1 && (lanes == 1 || lanes == 2), ConfigError, "compress_pool: ratio ", ratio,
+               ", lanes ", lanes);
   const int64_t first = pos0 / ratio, n_win = (pos0 + T) / ratio - first;
   if (n_win <= 0) return;
-  launch_kernel(compress_pool_kernel, blocks_for(n_win * hd), kThreads, 0, s, kv, score, state_kv, state_score,
-                ape, pos0, first, n_win, ratio, lanes, hd, out);
+  launch_kernel(compress_pool_kernel, blocks_for(n_win * hd), kThreads, 0, s, kv, score, state_kv,
+                state_score, ape, pos0, first, n_win, ratio, lanes, hd, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
-void launch_attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
-                           int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
-                           int64_t pos0, int64_t H, int64_t hd, float scale, float* out, cudaStream_t s) {
+void launch_attention_sink(const float* q, const float* kv, const float* win, int64_t window,
+                           const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
+                           const float* sinks, int64_t T, int64_t pos0, int64_t H, int64_t hd, float scale,
+                           float* out, cudaStream_t s) {
   if (T <= 0 || H <= 0) return;
   // The most keys a query sees: its window, and the compressed rows (the selected ones, or all visible).
   const int64_t n_comp = ratio > 0 ? (sel ? topk : (pos0 + T) / ratio) : 0;
-  const size_t smem = static_cast<size_t>(std::min(window, pos0 + T) + n_comp) * (sizeof(const float*) + sizeof(float));
+  const size_t smem =
+      static_cast<size_t>(std::min(window, pos0 + T) + n_comp) * (sizeof(const float*) + sizeof(float));
   allow_smem(attention_sink_kernel, smem, "attention_sink");
-  launch_kernel(attention_sink_kernel, grid_x(T * H), kRowThreads, smem, s, q, kv, win, window, comp, ratio, sel,
-                topk, sinks, pos0, H, hd, scale, out);
+  launch_kernel(attention_sink_kernel, grid_x(T * H), kRowThreads, smem, s, q, kv, win, window, comp, ratio,
+                sel, topk, sinks, pos0, H, hd, scale, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -585,8 +595,8 @@ void launch_indexer_topk(const float* q, const float* w, const float* keys, int6
   if (T <= 0) return;
   const size_t smem = static_cast<size_t>(std::max<int64_t>(1, (pos0 + T) / ratio)) * sizeof(uint32_t);
   allow_smem(indexer_topk_kernel, smem, "indexer_topk");
-  launch_kernel(indexer_topk_kernel, grid_x(T), kThreads, smem, s, q, w, keys, pos0, n_heads, dim, ratio, topk,
-                scale, sel);
+  launch_kernel(indexer_topk_kernel, grid_x(T), kThreads, smem, s, q, w, keys, pos0, n_heads, dim, ratio,
+                topk, scale, sel);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -596,8 +606,8 @@ void launch_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, cons
   STRATA_CHECK(E >= 1 && E <= kRouterV4MaxE && K >= 1 && K <= E, UnsupportedError, "router_v4 on CUDA: ", E,
                " experts (top ", K, "); the kernel takes up to ", kRouterV4MaxE);
   if (T <= 0) return;
-  launch_kernel(router_v4_kernel, grid_x(T), kRouterThreads, 0, s, logits, E, K, bias, table, tokens, norm, scale,
-                ids, weights);
+  launch_kernel(router_v4_kernel, grid_x(T), kRouterThreads, 0, s, logits, E, K, bias, table, tokens, norm,
+                scale, ids, weights);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -15,8 +15,8 @@ void launch_quantize_q8_0_hc(const float* x, const float* grs, const float* w, i
 // Streams per token at most kHcMax (a block keeps a token's mixing weights in shared memory).
 constexpr int64_t kHcMax = 16;
 void launch_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
-                   const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
-                   float* comb, cudaStream_t s);
+                   const float* scale, const float* base, float hc_eps, int64_t iters, float* grs,
+                   float* post, float* comb, cudaStream_t s);
 void launch_hc_post(float* x, const float* y, const float* post, const float* comb, int64_t T, int64_t HC,
                     int64_t D, cudaStream_t s);
 void launch_hc_expand(const float* y, int64_t T, int64_t HC, int64_t D, float* x, cudaStream_t s);
@@ -26,12 +26,13 @@ void launch_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64
                       cudaStream_t s);
 void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T, const float* src,
                        cudaStream_t s);
-void launch_compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
-                          const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
-                          float* out, cudaStream_t s);
-void launch_attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
-                           int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
-                           int64_t pos0, int64_t H, int64_t hd, float scale, float* out, cudaStream_t s);
+void launch_compress_pool(const float* kv, const float* score, const float* state_kv,
+                          const float* state_score, const float* ape, int64_t pos0, int64_t T, int64_t ratio,
+                          int64_t lanes, int64_t hd, float* out, cudaStream_t s);
+void launch_attention_sink(const float* q, const float* kv, const float* win, int64_t window,
+                           const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
+                           const float* sinks, int64_t T, int64_t pos0, int64_t H, int64_t hd, float scale,
+                           float* out, cudaStream_t s);
 void launch_indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
                          int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel,
                          cudaStream_t s);

@@ -229,7 +229,8 @@ __device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, 
   for (; u + (kRowBatch - 1) * kWarp < full; u += kRowBatch * kWarp) {
     float w[kRowBatch][unit::kUnit];
 #pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) decode_unit<F>(unit_at(u + i * kWarp), unit_index(u + i * kWarp), w[i]);
+    for (int i = 0; i < kRowBatch; ++i)
+      decode_unit<F>(unit_at(u + i * kWarp), unit_index(u + i * kWarp), w[i]);
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
       float v[unit::kUnit];
@@ -251,7 +252,8 @@ __device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, 
 template <class F>
 __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec,
                                          int lane) {
-  return row_dot_with<F>(row, cols, lane, [&](int64_t u, float* v) { row_x(x, cols, u * unit::kUnit, x_vec, v); });
+  return row_dot_with<F>(row, cols, lane,
+                         [&](int64_t u, float* v) { row_x(x, cols, u * unit::kUnit, x_vec, v); });
 }
 
 template <class F>
@@ -403,8 +405,8 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
     if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols))
-      launch_kernel(gemv_row_xs_kernel<F>, grid_x(ceil_div(a.rows, kXsWarps)), kXsThreads, xs_bytes(a.cols), s,
-                    g, x_vec);
+      launch_kernel(gemv_row_xs_kernel<F>, grid_x(ceil_div(a.rows, kXsWarps)), kXsThreads, xs_bytes(a.cols),
+                    s, g, x_vec);
     else if (g.T == 1)
       launch_kernel(gemv_row_kernel<F>, grid_x(ceil_div(a.rows, kRowWarps)), kRowThreads, 0, s, g, x_vec);
     else if (g.T == 2)
@@ -421,8 +423,8 @@ template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   using namespace gemv;
   if (gemv_xs_on() && xs_fits(g.cols))
-    launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols), s,
-                  g, x_rows_aligned(g.X, 4));
+    launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols),
+                  s, g, x_rows_aligned(g.X, 4));
   else
     launch_kernel(gemv_multi_kernel<F>, grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s, g,
                   x_rows_aligned(g.X, 4));

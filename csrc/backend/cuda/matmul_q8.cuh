@@ -294,30 +294,30 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
       }
     }
     if (!phase1_done) {
-    // Thread (b, g): block b of the activation, decoded once, against rows g * per .. of it. A chunk of
-    // fewer than kNB blocks (a short row) spreads its rows over more groups, so no thread idles while
-    // another decodes many rows.
-    const int groups = min(kThreads / nb, nrows), per = (nrows + groups - 1) / groups;
-    const int b = tid % nb, g = tid / nb;
-    if (g < groups) {
-      unit::Q8Act xa;
-      const float dx = unit::q8_act<F>(xraw + stage_head(xq + xoff) + b * kXBlock, xa);
-      if (g == 0) dxs[b] = dx;
+      // Thread (b, g): block b of the activation, decoded once, against rows g * per .. of it. A chunk of
+      // fewer than kNB blocks (a short row) spreads its rows over more groups, so no thread idles while
+      // another decodes many rows.
+      const int groups = min(kThreads / nb, nrows), per = (nrows + groups - 1) / groups;
+      const int b = tid % nb, g = tid / nb;
+      if (g < groups) {
+        unit::Q8Act xa;
+        const float dx = unit::q8_act<F>(xraw + stage_head(xq + xoff) + b * kXBlock, xa);
+        if (g == 0) dxs[b] = dx;
 #pragma unroll 2
-      for (int j = 0; j < per; ++j) {
-        const int row = g * per + j;
-        if (row >= nrows) break;
-        const uint8_t* wr = wraw + row * C::kWStride + stage_head(wrows + row * rb + woff);
-        unit::Q8Weights w;
-        F::q8_weights(wr + b * kQK / F::kBlock * F::kBytes, b * kQK % F::kBlock / kQK, w);
-        int v[F::kPairs];
-        F::q8_ints(w, xa, v);
+        for (int j = 0; j < per; ++j) {
+          const int row = g * per + j;
+          if (row >= nrows) break;
+          const uint8_t* wr = wraw + row * C::kWStride + stage_head(wrows + row * rb + woff);
+          unit::Q8Weights w;
+          F::q8_weights(wr + b * kQK / F::kBlock * F::kBytes, b * kQK % F::kBlock / kQK, w);
+          int v[F::kPairs];
+          F::q8_ints(w, xa, v);
 #pragma unroll
-        for (int q = 0; q < F::kPairs; ++q) iv[row * C::kIvRow + b * F::kPairs + q] = v[q];
-        wd[row * C::kWdRow + b] = w.d;
-        wdmin[row * C::kWdRow + b] = w.dmin;
+          for (int q = 0; q < F::kPairs; ++q) iv[row * C::kIvRow + b * F::kPairs + q] = v[q];
+          wd[row * C::kWdRow + b] = w.d;
+          wdmin[row * C::kWdRow + b] = w.dmin;
+        }
       }
-    }
     }
     __syncthreads();
     if (tid < nrows) {
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
   grid_start();
   const int64_t nblk = a.cols / kQK;
   mmvq_block<F, SB>(a.W, a.rb, a.rows, a.cols, a.Xq, a.Xq, a.Xq + nblk * kXBlock, a.Y,
-                static_cast<int64_t>(blockIdx.x) * rows_per_block<F>());
+                    static_cast<int64_t>(blockIdx.x) * rows_per_block<F>());
 }
 
 // matmul_q8_experts: block (x, i) is mmvq_kernel's block x on row i's expert matrix against q8_0 row i.
@@ -360,8 +360,8 @@ __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
     return;
   }
   const int64_t nblk = g.cols / kQK;
-  mmvq_block<F, SB>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq, g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y,
-                r0);
+  mmvq_block<F, SB>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq,
+                    g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y, r0);
 }
 }  // namespace vec
 
