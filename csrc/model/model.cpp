@@ -422,12 +422,7 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   auto* io = reinterpret_cast<int32_t*>(step_io_.get());
   io[0] = id;
   io[1] = (int32_t)pos;
-  graph.launch();
-  be_->sync();
-  if (cache_->all_resident())
-    cache_->count_hits((uint64_t)plan_.experts.L * plan_.spec.K);
-  else
-    cache_->read_device_counters();
+  replay(graph, 1);
   if (logits) std::memcpy(logits, step_logits_.get(), (size_t)plan_.spec.V * sizeof(float));
 }
 
@@ -511,18 +506,24 @@ void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* 
     io[i] = ids[order[(size_t)i]];
     io[cfg_.seqs + i] = (int32_t)pos[order[(size_t)i]];
   }
-  g->graph.launch();
-  be_->sync();
-  if (cache_->all_resident())
-    cache_->count_hits((uint64_t)plan_.experts.L * s.K * (uint64_t)B);
-  else
-    cache_->read_device_counters();
+  replay(g->graph, B);
   if (logits) {
     const auto* out = reinterpret_cast<const float*>(batch_logits_.get());
     for (int64_t i = 0; i < B; ++i)
       std::memcpy(logits + (size_t)order[(size_t)i] * s.V, out + (size_t)i * s.V,
                   (size_t)s.V * sizeof(float));
   }
+}
+
+void Model::replay(const Graph& g, int64_t rows) {
+  g.launch();
+  be_->sync();
+  // The recording counted nothing: with every expert resident a step's rows count as hits (as
+  // moe_gathered counts them op by op), else the device's counters of the step are read.
+  if (cache_->all_resident())
+    cache_->count_hits((uint64_t)plan_.experts.L * plan_.spec.K * (uint64_t)rows);
+  else
+    cache_->read_device_counters();
 }
 
 Graph Model::record_batch(const PrefillBuffers& b, const std::vector<int32_t>& seqs) {

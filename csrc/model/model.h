@@ -179,6 +179,8 @@ class Model {
   // gathered (min(rows * K, E) distinct experts at most).
   ExpertPath decode_path(int64_t rows) const;
   void record_decode(const PrefillBuffers& b);
+  // Launches a recorded decode step of `rows` rows, waits for it and counts its expert lookups.
+  void replay(const Graph& g, int64_t rows);
   // Records the batched step of regions `seqs` (B of them, ascending) as a graph reading its ids and
   // positions from batch_io_ and writing its logits to batch_logits_.
   Graph record_batch(const PrefillBuffers& b, const std::vector<int32_t>& seqs);
