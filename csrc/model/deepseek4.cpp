@@ -216,18 +216,13 @@ class Ds4Forward final : public ForwardPass {
 };
 
 std::string no_v4_ops(const Backend& be) {
-  return str("DeepSeek V4 runs on the CPU backend only; the ", be.name(),
+  return str("DeepSeek V4 runs on the CPU and CUDA backends; the ", be.name(),
              " backend has no V4 ops (hyper-connections, compressed attention, V4 routing). Run it with "
              "--device cpu");
 }
 
 void check_deepseek4_backend(Backend& be, const std::string& path) {
   STRATA_CHECK(ds4_ops(be), UnsupportedError, path, ": ", no_v4_ops(be));
-  // The CUDA backend has the V4 ops (cuda/ds4.cu, in the op harness), but the whole model on the GPU
-  // (its KV layers, the prompt plan, logits against the CPU) has not been checked there yet.
-  STRATA_CHECK(be.name() != std::string("cuda"), UnsupportedError, path,
-               ": DeepSeek V4 on the GPU is not released yet: its ops are in, the model's GPU checks (logits "
-               "against the CPU backend, chunked prompts, decode) have not run. Run it with --device cpu");
 }
 
 std::unique_ptr<ForwardPass> make_deepseek4(const ForwardContext& ctx) {

@@ -363,7 +363,7 @@ TEST(Ds4Ops, BackendWithoutThemIsRefused) {
     ADD_FAILURE() << "a backend without the V4 ops was accepted";
   } catch (const UnsupportedError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("v4.gguf: DeepSeek V4 runs on the CPU backend only; the bare backend"),
+    EXPECT_NE(m.find("v4.gguf: DeepSeek V4 runs on the CPU and CUDA backends; the bare backend"),
               std::string::npos)
         << m;
     EXPECT_NE(m.find("--device cpu"), std::string::npos) << m;

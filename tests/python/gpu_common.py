@@ -16,6 +16,10 @@ Tolerances follow from what the GPU path rounds differently from the CPU:
 
 from __future__ import annotations
 
+import os
+import shutil
+
+import gguf
 import numpy as np
 
 import strata
@@ -35,3 +39,20 @@ def has_gpu() -> bool:
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def fp16_movement(path: str, tmp_dir, prompt: list[int], ctx: int, **kw) -> float:
+    """How far the CPU's logits of `path` over `prompt` move when every float matrix of the file is rounded
+    to fp16 (as the GPU's prompt tiles round weights and activations alike)."""
+    rounded = tmp_dir / (os.path.basename(path) + ".fp16")
+    shutil.copy(path, rounded)
+    r = gguf.GGUFReader(rounded, "r+")
+    for t in r.tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.F32 and len(t.shape) >= 2:
+            t.data[...] = t.data.astype(np.float16).astype(np.float32)
+    del r
+
+    def cpu(p) -> np.ndarray:
+        return strata.Model(str(p), device="cpu", ctx=ctx, progress=False, **kw).logits(prompt)
+
+    return rel(cpu(rounded), cpu(path))

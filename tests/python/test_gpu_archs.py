@@ -14,20 +14,16 @@ there is none, and what is left is the rounding itself. Its size on each file is
 (`fp16_movement`: the logits when every float matrix is rounded to fp16, as the GPU's prompt tiles round
 weights and activations alike), and the GPU may move them 3x that (two operands rounded, and the order of
 its sums) or gpu_common's bound, whichever is larger. Top-3 routing on the GPU is covered by the greedy
-tokens and the chunking tests below. deepseek2 (first run on a GPU pending when this was written) decodes op
-by op too: its RoPE takes each step's position from the host."""
+tokens and the chunking tests below. deepseek2 decodes op by op too: its RoPE takes each step's position from the
+host. DeepSeek V4 has its own file, test_gpu_deepseek4.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
-import gguf
 import numpy as np
 import pytest
 
 import strata
-from gpu_common import F16_KV_VS_CPU, F32_KV_VS_CPU, MMQ_VS_CPU, has_gpu, rel
+from gpu_common import F16_KV_VS_CPU, F32_KV_VS_CPU, MMQ_VS_CPU, fp16_movement, has_gpu, rel
 from strata.testing import make_gemma4, make_qwen35moe
 from strata.testing.deepseek2 import make_deepseek2
 
@@ -79,25 +75,13 @@ def cpu(path: str, **kw) -> strata.Model:
     return strata.Model(path, device="cpu", ctx=CTX, progress=False, **kw)
 
 
-def fp16_movement(path: str, tmp_dir, **kw) -> float:
-    """How far the CPU's logits of `path` move when every float matrix of the file is rounded to fp16."""
-    rounded = tmp_dir / (os.path.basename(path) + ".fp16")
-    shutil.copy(path, rounded)
-    r = gguf.GGUFReader(rounded, "r+")
-    for t in r.tensors:
-        if t.tensor_type == gguf.GGMLQuantizationType.F32 and len(t.shape) >= 2:
-            t.data[...] = t.data.astype(np.float16).astype(np.float32)
-    del r
-    return rel(cpu(str(rounded), **kw).logits(PROMPT), cpu(path, **kw).logits(PROMPT))
-
-
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("mix", ["f32", "quant"])
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_gpu_logits_match_cpu(files, tmp_path, arch, mix, kv):
     path = files(arch, mix, all_experts=True)
     want = cpu(path, expert_cache=64).logits(PROMPT)
-    moved = fp16_movement(path, tmp_path, expert_cache=64)
+    moved = fp16_movement(path, tmp_path, PROMPT, CTX, expert_cache=64)
     e = rel(gpu(path, kv_type=kv, expert_cache=64).logits(PROMPT), want)
     print(f"{arch} {mix} kv={kv}: vs cpu {e:.2e} (fp16 weights on the cpu: {moved:.2e})")
     assert e <= max(F32_KV_VS_CPU if kv == "f32" else F16_KV_VS_CPU, 3 * moved)
@@ -106,7 +90,7 @@ def test_gpu_logits_match_cpu(files, tmp_path, arch, mix, kv):
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_gpu_mmq_layout_matches_cpu_mmq(files, tmp_path, arch):
     path = files(arch, "quant", all_experts=True)
-    moved = fp16_movement(path, tmp_path, expert_cache="all")
+    moved = fp16_movement(path, tmp_path, PROMPT, CTX, expert_cache="all")
     e = rel(gpu(path, kv_type="f32", expert_cache="all").logits(PROMPT), cpu(path, expert_cache="all").logits(PROMPT))
     print(f"{arch} MMQ: vs cpu {e:.2e} (fp16 weights on the cpu: {moved:.2e})")
     assert e <= max(MMQ_VS_CPU, 3 * moved)
@@ -127,14 +111,3 @@ def test_gpu_logits_independent_of_chunking(files, arch):
     whole = gpu(path, expert_cache=64, prefill=150).logits(PROMPT)
     for chunk in (1, 37, 64):
         np.testing.assert_array_equal(gpu(path, expert_cache=64, prefill=chunk).logits(PROMPT), whole)
-
-
-def test_gpu_deepseek4_load_is_refused_until_checked(tmp_path):
-    """DeepSeek V4's ops are on CUDA (the op harness holds them to the CPU's), but the model's GPU checks
-    have not run: a load on the GPU is a clear UnsupportedError naming the fix, not an unchecked run."""
-    from strata.testing.deepseek4 import make_deepseek4
-
-    path = str(tmp_path / "v4.gguf")
-    make_deepseek4(path, seed=1)
-    with pytest.raises(strata.UnsupportedError, match="not released yet.*--device cpu"):
-        strata.Model(path, device="cuda", progress=False, ctx=64)
