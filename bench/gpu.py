@@ -18,6 +18,10 @@ Scenarios (each a cache configuration of one file):
            Q8_0 dense; written to --shm-dir) with 23 of V3's 61 layers unless --layers (3 dense, 20 MoE:
            ~70 GB): the caches a 14,900 MiB and a 24 GiB cache are on the 61-layer model, scaled to the
            file's MoE layers and rounded to whole layers for -ncmoe; a 2048-token prompt, decode after 512
+  v4flash  the v4-flash preset (deepseek4: hyper-connections, compressed attention, 256 experts top-6,
+           IQ2_XXS / Q2_K experts, Q8_0 dense; written to --shm-dir) with 24 of its 43 layers unless --layers
+           (~48 GB): every expert on the GPU, and the cache a 14,900 MiB cache is on the 43-layer model, scaled
+           as for ds3; a 2048-token prompt, decode after 512
 
 How the caches are matched: llama.cpp's `-ncmoe N` keeps the experts of layers N..L-1 on the GPU, i.e.
 (L - N) x E experts; strata gets an `--expert-cache` of exactly those bytes ((L - N) x E x the expert's
@@ -51,6 +55,7 @@ from strata import _core
 from strata.model import sampling_params
 from strata.testing import GPT_OSS_PRESETS, QWEN35MOE_PRESETS, make_gpt_oss_preset, make_preset, make_qwen35moe_preset
 from strata.testing.deepseek2 import DEEPSEEK2_PRESETS, make_deepseek2_preset
+from strata.testing.deepseek4 import DEEPSEEK4_PRESETS, make_deepseek4_preset
 
 MiB = 1 << 20
 
@@ -90,11 +95,14 @@ def write_model(directory: str, preset: str, layers: int | None, workers: int, s
     if not os.path.exists(path):
         t0 = time.monotonic()
         kw: dict[str, float] = {"layers": layers} if layers else {}
-        if preset in GPT_OSS_PRESETS or preset in QWEN35MOE_PRESETS or preset in DEEPSEEK2_PRESETS:
+        others = {**dict.fromkeys(GPT_OSS_PRESETS, make_gpt_oss_preset),
+                  **dict.fromkeys(QWEN35MOE_PRESETS, make_qwen35moe_preset),
+                  **dict.fromkeys(DEEPSEEK2_PRESETS, make_deepseek2_preset),
+                  **dict.fromkeys(DEEPSEEK4_PRESETS, make_deepseek4_preset)}
+        if preset in others:
             if routing:
                 raise SystemExit("--route-skew / --route-locality shape qwen3moe files only")
-            make = (make_gpt_oss_preset if preset in GPT_OSS_PRESETS else
-                    make_qwen35moe_preset if preset in QWEN35MOE_PRESETS else make_deepseek2_preset)
+            make = others[preset]
             make(preset, path + ".tmp", seed=0, workers=workers, **kw)
         else:
             if routing:
@@ -235,18 +243,22 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool, long_prompts: bo
             Config("all on GPU", 0, {"expert_cache": "all"}, (512, 2048), (512,)),
             Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,), (512,)),
         ]
-    if scenario == "ds3":
-        # llama.cpp's -ncmoe counts every block, the leading dense ones first. V3 has 58 MoE layers: each cache
-        # is its share of them, in whole MoE layers of this file.
-        blocks = int(info.metadata["deepseek2.block_count"])
-        moe = blocks - int(info.metadata.get("deepseek2.leading_dense_block_count", 0))
+    if scenario in ("ds3", "v4flash"):
+        # llama.cpp's -ncmoe counts every block, the leading dense ones first. V3 has 58 MoE layers of 61, V4
+        # Flash 43 of 43: each cache is its share of them, in whole MoE layers of this file.
+        arch = info.spec["arch"]
+        blocks = int(info.metadata[f"{arch}.block_count"])
+        moe = blocks - int(info.metadata.get(f"{arch}.leading_dense_block_count", 0))
         per_moe = info.spec["expert_bytes"] // moe
+        full_blocks, full_moe = (61, DS3_MOE_LAYERS) if scenario == "ds3" else (43, 43)
 
         def scaled(mib: int, label: str) -> Config:
-            cached = min(moe, max(1, round(mib * 2**20 * moe / DS3_MOE_LAYERS / per_moe)))
-            return Config(f"{label} @61 layers (-ncmoe {blocks - cached})", blocks - cached,
+            cached = min(moe, max(1, round(mib * 2**20 * moe / full_moe / per_moe)))
+            return Config(f"{label} @{full_blocks} layers (-ncmoe {blocks - cached})", blocks - cached,
                           {"expert_cache": f"{cached * per_moe}b", "prefill": "auto:8192"}, (2048,), (512,))
 
+        if scenario == "v4flash":
+            return [Config("all on GPU", 0, {"expert_cache": "all"}, (2048,), (512,)), scaled(14900, "14,900 MiB")]
         return [scaled(14900, "14,900 MiB"), scaled(24 * 1024, "24 GiB")]
     if scenario == "oss120b":
         return [Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,),
@@ -264,9 +276,11 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool, long_prompts: bo
 # The file each scenario runs on, and whether it is written to --shm-dir (too large for the disk's page cache).
 SCENARIO_PRESETS = {"30b": ("qwen3-30b-a3b", False), "designs": ("qwen3-30b-a3b", False),
                     "235b": ("qwen3-235b-a22b", True), "oss120b": ("gpt-oss-120b", True),
-                    "q36": ("qwen3.6-35b-a3b", False), "ds3": ("deepseek-v3", True)}
+                    "q36": ("qwen3.6-35b-a3b", False), "ds3": ("deepseek-v3", True),
+                    "v4flash": ("v4-flash", True)}
 DS3_MOE_LAYERS = 58  # DeepSeek V3: 61 blocks, the first 3 dense
 DS3_LAYERS = 23  # the ds3 file's blocks unless --layers: 3 dense and 20 MoE, ~70 GB with IQ2_XS experts
+V4F_LAYERS = 24  # the v4flash file's blocks unless --layers: ~48 GB with IQ2_XXS / Q2_K experts
 
 
 def wait_for(binary: str, seconds: float) -> bool:
@@ -299,7 +313,7 @@ def print_table(rows: list[Row], hbm: float, link: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="30b",
-                    help="comma-separated: 30b, 235b, designs, oss120b, q36, ds3 (default: 30b)")
+                    help="comma-separated: 30b, 235b, designs, oss120b, q36, ds3, v4flash (default: 30b)")
     ap.add_argument("--dir", default="/tmp/strata-bench", help="where the 30B file is written (once)")
     ap.add_argument("--shm-dir", default="/dev/shm/strata-bench",
                     help="where the 235B and gpt-oss-120b files are written (once)")
@@ -348,7 +362,7 @@ def main() -> None:
             raise SystemExit(f"unknown scenario {s!r}: {', '.join(SCENARIO_PRESETS)}")
         preset, shm = SCENARIO_PRESETS[s]
         if preset not in files:
-            layers = a.layers or (DS3_LAYERS if s == "ds3" else None)
+            layers = a.layers or {"ds3": DS3_LAYERS, "v4flash": V4F_LAYERS}.get(s)
             files[preset] = write_model(a.shm_dir if shm else a.dir, preset, layers, a.workers, a.route_skew,
                                         a.route_locality)
     llama_state: dict[str, str | None] = {}
@@ -367,7 +381,7 @@ def main() -> None:
     for s in scenarios:
         path = files[SCENARIO_PRESETS[s][0]]
         info = strata.ModelInfo(path)
-        gen = max(8, a.gen_tokens // 4) if s in ("235b", "ds3") else a.gen_tokens
+        gen = max(8, a.gen_tokens // 4) if s in ("235b", "ds3", "v4flash") else a.gen_tokens
         chosen = []
         for cfg in configs(s, info, a.quick, a.long_prompts):
             if a.only and not any(cfg.label.startswith(o) for o in a.only.split(",")):

@@ -104,6 +104,7 @@ def make_deepseek4(
     quant: dict[str, str] | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> Path:
     """Write a `deepseek4` GGUF as llama.cpp's converter lays it out, with random weights and a real BPE
     tokenizer (deepseek-v3 pre-tokenization).
@@ -120,7 +121,8 @@ def make_deepseek4(
     (none) with beta 24 / 2 (32 / 1) and an original context unlike context_length, normalized routing
     weights (not), key_length and rope.dimension_count unlike hidden / heads, and a shared experts' SwiGLU
     limit (swiglu_limit_shared; None: 0.75 x swiglu_limit) unlike the routed one (the fallback).
-    rope_scaling: "yarn" or "none" (no YaRN keys written).
+    rope_scaling: "yarn" or "none" (no YaRN keys written). `workers` > 1 writes the tensors from that many
+    processes (the same bytes; a V4-Flash-shaped file is tens of GB).
     """
     ratios = [int(r) for r in compress_ratios]
     dims = dict(layers=layers, hidden=hidden, heads=heads, head_dim=head_dim, rope_dim=rope_dim, q_lora=q_lora,
@@ -201,7 +203,7 @@ def make_deepseek4(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    return _write_tensors(w, path, tensors, seed, progress=progress,
+    return _write_tensors(w, path, tensors, seed, workers, progress,
                           gen=functools.partial(_generate, n_experts=experts))
 
 
@@ -211,6 +213,7 @@ def make_deepseek4_preset(
     quant: dict[str, str] | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    workers: int = 1,
     **overrides,
 ) -> Path:
     """`make_deepseek4` with the shapes of DEEPSEEK4_PRESETS[name] (any overridden, e.g. layers=4 with
@@ -222,7 +225,7 @@ def make_deepseek4_preset(
         dims["compress_ratios"] = tuple(dims["compress_ratios"][: dims["layers"]])
     if quant is None and name == "v4-flash":
         quant = FLASH_QUANT
-    return make_deepseek4(path, **dims, quant=quant, seed=seed, progress=progress)
+    return make_deepseek4(path, **dims, quant=quant, seed=seed, progress=progress, workers=workers)
 
 
 @dataclass(frozen=True)
