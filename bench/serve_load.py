@@ -74,7 +74,10 @@ def _run(path: str, cache: str, clients: int, requests: int, tokens: int, turn: 
             "lookups": hits + misses, "streamed_bytes": streamed,
             "mib_per_token": streamed / 2**20 / (len(lat) * tokens),
             # the requests' own time in prompts and decode passes, summed (a batched pass counts for every row)
-            "engine_s": counters.prompt_seconds + counters.decode_seconds}
+            "engine_s": counters.prompt_seconds + counters.decode_seconds,
+            # the engine thread's steps: their wall clock, and the part in the decode passes' native calls
+            "steps": counters.steps, "step_ms": 1e3 * counters.step_seconds / max(1, counters.steps),
+            "pass_ms": 1e3 * counters.pass_seconds / max(1, counters.steps)}
 
 
 def main() -> None:
@@ -123,6 +126,9 @@ def main() -> None:
           f"8 at once ({modes[0]}) {eight['wall_s']:.2f} s (engine {eight['engine_s']:.2f} s, hit rate "
           f"{eight['hit_rate']:.3f}): {speedup:.2f}x, the median of {len(ratios)} "
           f"({', '.join(f'{r:.2f}' for r in ratios)})")
+    for what, r in (("in a row", one), ("at once", eight)):
+        print(f"  {what}: {r['steps']} engine steps of {r['step_ms']:.3f} ms, {r['pass_ms']:.3f} ms of it in the "
+              f"decode passes; {r['wall_s'] * 1e3 / max(1, r['steps']):.3f} ms of wall clock a step")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"rows": rows, "in_a_row": one, "at_once": eight, "speedup_8": speedup, "speedups_8": ratios,

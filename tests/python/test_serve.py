@@ -269,6 +269,10 @@ def test_models_health_metrics(server, client):
     assert (after["strata_prompt_tokens_total"] - before["strata_prompt_tokens_total"]) == r.usage.prompt_tokens
     assert after["strata_expert_cache_hits_total"] > before["strata_expert_cache_hits_total"]
     assert after['strata_http_requests_total{route="/v1/chat/completions",code="200"}'] > 0
+    # 3 tokens: the prompt's step gives the first, two decode passes the rest, all inside the steps' time
+    passes = after["strata_decode_pass_seconds_total"] - before["strata_decode_pass_seconds_total"]
+    steps = after["strata_step_seconds_total"] - before["strata_step_seconds_total"]
+    assert 0 < passes <= steps
     for name in ("queue_depth", "slots_busy", "slots", "expert_cache_misses_total", "expert_cache_streamed_bytes_total",
                  'requests_total{outcome="finished"}'):
         assert f"strata_{name}" in after

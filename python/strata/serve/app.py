@@ -227,6 +227,12 @@ class Service:
         metric("prompt_seconds_total", "counter", "Seconds spent on prompts.", [("", c.prompt_seconds)])
         metric("decode_seconds_total", "counter", "Seconds spent on decode passes.", [("", c.decode_seconds)])
         metric("steps_total", "counter", "Engine steps run.", [("", c.steps)])
+        metric("step_seconds_total", "counter",
+               "Wall-clock seconds of the engine's steps (passes, sampling, detokenizing, emitting).",
+               [("", c.step_seconds)])
+        metric("decode_pass_seconds_total", "counter",
+               "Of the steps' seconds, those in the decode passes' native calls (one a step when batched).",
+               [("", c.pass_seconds)])
         metric("batched_decode_passes_total", "counter",
                "Decode passes that advanced several sequences at once (continuous batching).",
                [("", c.batched_steps)])

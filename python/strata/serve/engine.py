@@ -140,6 +140,8 @@ class Counters:
     batched_rows: int = 0  # the sequences those passes advanced
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
+    step_seconds: float = 0.0  # the engine thread's steps, wall clock (passes, sampling, text, emitting)
+    pass_seconds: float = 0.0  # of which in the decode passes' native calls
     cache: dict[str, Any] = field(default_factory=dict)
 
 
@@ -279,9 +281,11 @@ class Engine:
             except Exception as e:  # handed to the caller, who answers its client
                 fut.set_exception(e)
         if batch:
+            t0 = time.perf_counter()
             self._run_step(batch)
             with self._cv:
                 self.counters.steps += 1
+                self.counters.step_seconds += time.perf_counter() - t0
         return True
 
     @property
@@ -366,6 +370,7 @@ class Engine:
         if not decoding:
             return
         if self.batched and len(decoding) > 1:
+            t0 = time.perf_counter()
             try:
                 toks = _core.next_tokens(self.model._m, [j.gen for j in decoding])
             except Exception as e:
@@ -373,6 +378,7 @@ class Engine:
                     self._fail(j, _failure(e))
                 return
             with self._cv:
+                self.counters.pass_seconds += time.perf_counter() - t0
                 self.counters.batched_steps += 1
                 self.counters.batched_rows += len(decoding)
             for j, tok in zip(decoding, toks, strict=True):
@@ -381,7 +387,15 @@ class Engine:
         else:
             for j in decoding:
                 self._ran(j)
-                self._guarded(j, lambda j=j: self._take(j, j.gen.next()))  # type: ignore[union-attr]
+                self._guarded(j, lambda j=j: self._take(j, self._next(j)))
+
+    def _next(self, j: Job) -> int:
+        """`j`'s next token from one native pass of its own, timed."""
+        t0 = time.perf_counter()
+        tok = j.gen.next()  # type: ignore[union-attr]
+        with self._cv:
+            self.counters.pass_seconds += time.perf_counter() - t0
+        return tok
 
     def _guarded(self, j: Job, fn: Callable[[], None]) -> bool:
         """Runs fn for `j`; an error fails `j` alone (400 for a request the native checks refuse,
