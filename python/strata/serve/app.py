@@ -293,8 +293,14 @@ class Service:
         p = await run_in_threadpool(parse, body, self.model)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        pieces: list[str] = []  # a whole answer's text (not streamed): kept here by the engine's thread
 
         def emit(ev: Any) -> None:
+            if not p.stream and isinstance(ev, Piece):
+                # Nothing to send before the end: no wake-up of the event loop a token (it would take the
+                # GIL from the engine's thread every step). The end's event is queued after the last piece.
+                pieces.append(ev.text)
+                return
             try:
                 loop.call_soon_threadsafe(q.put_nowait, ev)
             except RuntimeError:  # the loop has closed: the server is gone, and the client with it
@@ -314,16 +320,13 @@ class Service:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         gone = asyncio.ensure_future(_wait_disconnect(request.receive))
-        pieces: list[str] = []
         try:
             while True:
                 ev = await _next(q, gone)
                 if ev is None:  # the client left: its slot is freed before the next step
                     self.engine.cancel(job)
                     return Response(status_code=499)
-                if isinstance(ev, Piece):
-                    pieces.append(ev.text)
-                elif isinstance(ev, Done):
+                if isinstance(ev, Done):
                     make = api.chat_response if kind == "chat" else api.completion_response
                     return JSONResponse(make(rid, self.model_id, "".join(pieces), ev.finish_reason, ev.stats))
                 elif isinstance(ev, Failed):
