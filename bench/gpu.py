@@ -344,6 +344,10 @@ def main() -> None:
     ap.add_argument("--mma-q8", choices=("off", "on", "both"), default="on",
                     help="the integer prompt tile on tensor cores (strata's default; off: STRATA_CUDA_MMA_Q8=0, the "
                          "dp4a tile) for the prompt rows: on, off, or both side by side")
+    ap.add_argument("--source", default=None,
+                    help="strata's --source for the bounded caches' rows (host, registered, mmap; default: strata's "
+                         "choice); with --source-both the default's rows and this source's side by side")
+    ap.add_argument("--source-both", action="store_true", help="see --source")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
                     help="decode with --prefetch (bounded caches): off, on, or both side by side")
     ap.add_argument("--json", default=None)
@@ -392,6 +396,12 @@ def main() -> None:
             if a.prefetch != "off" and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
                 chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch", load={**cfg.load,
                               "prefetch": True}, prompts=(), ncmoe=None if a.prefetch == "both" else cfg.ncmoe))
+        if a.source:  # the chosen source's rows for the bounded caches (decode and prompt, no llama.cpp again)
+            sourced = [dataclasses.replace(c, label=f"{c.label}, {a.source}", load={**c.load, "source": a.source},
+                                           ncmoe=None if a.source_both else c.ncmoe)
+                       for c in chosen if c.load.get("expert_cache") != "all"]
+            chosen = (list(chosen) if a.source_both else
+                      [c for c in chosen if c.load.get("expert_cache") == "all"]) + sourced
         if a.mma_q8 != "off":
             chosen = [dataclasses.replace(c, load={**c.load, "_mma_q8": True}) for c in chosen]
         if a.mma_q8 == "both":  # the dp4a integer tile's own rows: prompts, no llama.cpp again
