@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -24,6 +25,12 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 inline unsigned grid_x(int64_t n) {
   STRATA_CHECK(n >= 0 && n <= 0x7fffffff, ConfigError, "kernel grid of ", n, " blocks exceeds CUDA's limit");
   return static_cast<unsigned>(n);
+}
+
+// Blocks of `threads` for a grid-stride loop over n elements: at least one, at most 4096 (the loop
+// covers the rest).
+inline unsigned stride_blocks(int64_t n, int threads) {
+  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, threads), 4096)));
 }
 
 // Programmatic dependent launch (sm_90 and later). Every kernel of the backend is launched by

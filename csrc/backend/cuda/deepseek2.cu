@@ -14,10 +14,6 @@ namespace {
 
 constexpr int kThreads = 256, kNormThreads = 128, kRouterThreads = 256;
 
-unsigned blocks_for(int64_t n) {
-  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, kThreads), 4096)));
-}
-
 // Block r: the first D floats of row r (rows `stride` apart), in place.
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_rows_kernel(float* x, int64_t D, int64_t stride, const float* w, float eps) {
@@ -162,8 +158,8 @@ void launch_rope_pairs(const float* x, int64_t x_row, int64_t x_head, float* y, 
                        int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0,
                        cudaStream_t s) {
   if (T <= 0 || n_pairs <= 0) return;
-  launch_kernel(rope_pairs_kernel, blocks_for(T * n_pairs), kThreads, 0, s, x, x_row, x_head, y, y_row,
-                y_head, T, n_heads, n_pairs, inv_freq, pos0);
+  launch_kernel(rope_pairs_kernel, stride_blocks(T * n_pairs, kThreads), kThreads, 0, s, x, x_row, x_head, y,
+                y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -18,10 +18,6 @@ namespace {
 
 constexpr int kThreads = 256, kRowThreads = 128;
 
-unsigned blocks_for(int64_t n) {
-  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, kThreads), 4096)));
-}
-
 __device__ __forceinline__ float sigmoid(float v) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v))); }
 
 // The GR read's column c over HC streams at xs: (sum over j in order of xs[j D + c] g[j]) * w[c].
@@ -527,13 +523,13 @@ void launch_hc_post(float* x, const float* y, const float* post, const float* co
                     int64_t D, cudaStream_t s) {
   STRATA_CHECK(HC >= 1 && HC <= kHcMax, UnsupportedError, "hc_post: at most ", kHcMax, " streams, got ", HC);
   if (T <= 0 || D <= 0) return;
-  launch_kernel(hc_post_kernel, blocks_for(T * D), kThreads, 0, s, x, y, post, comb, T, HC, D);
+  launch_kernel(hc_post_kernel, stride_blocks(T * D, kThreads), kThreads, 0, s, x, y, post, comb, T, HC, D);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_hc_expand(const float* y, int64_t T, int64_t HC, int64_t D, float* x, cudaStream_t s) {
   if (T <= 0 || HC <= 0 || D <= 0) return;
-  launch_kernel(hc_expand_kernel, blocks_for(T * HC * D), kThreads, 0, s, y, T, HC, D, x);
+  launch_kernel(hc_expand_kernel, stride_blocks(T * HC * D, kThreads), kThreads, 0, s, y, T, HC, D, x);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -547,8 +543,8 @@ void launch_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64
                       const float* inv_freq, float mscale, int64_t pos0, int64_t pos_step, bool inverse,
                       cudaStream_t s) {
   if (rows <= 0 || n_pairs <= 0) return;
-  launch_kernel(rope_tail_kernel, blocks_for(rows * n_pairs), kThreads, 0, s, x, rows, n_heads, hd, n_pairs,
-                inv_freq, mscale, pos0, pos_step, inverse);
+  launch_kernel(rope_tail_kernel, stride_blocks(rows * n_pairs, kThreads), kThreads, 0, s, x, rows, n_heads,
+                hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -556,8 +552,8 @@ void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, 
                        cudaStream_t s) {
   const int64_t p0 = std::max(pos0, pos0 + T - slots), n = pos0 + T - p0;
   if (n <= 0 || width <= 0) return;
-  launch_kernel(ring_store_kernel, blocks_for(n * width), kThreads, 0, s, ring, slots, width, p0, n, pos0,
-                src);
+  launch_kernel(ring_store_kernel, stride_blocks(n * width, kThreads), kThreads, 0, s, ring, slots, width, p0,
+                n, pos0, src);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -568,8 +564,8 @@ void launch_compress_pool(const float* kv, const float* score, const float* stat
                ", lanes ", lanes);
   const int64_t first = pos0 / ratio, n_win = (pos0 + T) / ratio - first;
   if (n_win <= 0) return;
-  launch_kernel(compress_pool_kernel, blocks_for(n_win * hd), kThreads, 0, s, kv, score, state_kv,
-                state_score, ape, pos0, first, n_win, ratio, lanes, hd, out);
+  launch_kernel(compress_pool_kernel, stride_blocks(n_win * hd, kThreads), kThreads, 0, s, kv, score,
+                state_kv, state_score, ape, pos0, first, n_win, ratio, lanes, hd, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -613,7 +609,7 @@ void launch_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, cons
 
 void launch_swiglu_clamp(float* g, const float* u, int64_t n, float limit, cudaStream_t s) {
   if (n <= 0) return;
-  launch_kernel(swiglu_clamp_kernel, blocks_for(n), kThreads, 0, s, g, u, n, limit);
+  launch_kernel(swiglu_clamp_kernel, stride_blocks(n, kThreads), kThreads, 0, s, g, u, n, limit);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

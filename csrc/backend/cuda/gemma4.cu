@@ -12,10 +12,6 @@ namespace {
 
 constexpr int kThreads = 256, kNormThreads = 128;
 
-unsigned blocks_for(int64_t n) {
-  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, kThreads), 4096)));
-}
-
 // Block r: the head row r of hd.
 __global__ void __launch_bounds__(kNormThreads)
     head_norm_kernel(float* x, int64_t hd, const float* w, float eps) {
@@ -97,26 +93,26 @@ void launch_rope_freqs(float* x, int64_t T, int64_t n_heads, int64_t hd, const f
                        cudaStream_t s) {
   STRATA_CHECK(hd % 2 == 0, ConfigError, "rope_freqs: head_dim ", hd, " is odd");
   if (T * (hd / 2) == 0) return;
-  launch_kernel(rope_freqs_kernel, blocks_for(T * (hd / 2)), kThreads, 0, s, x, T, n_heads, hd, inv_freq,
-                pos0);
+  launch_kernel(rope_freqs_kernel, stride_blocks(T * (hd / 2), kThreads), kThreads, 0, s, x, T, n_heads, hd,
+                inv_freq, pos0);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_geglu(float* g, const float* u, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  launch_kernel(geglu_kernel, blocks_for(n), kThreads, 0, s, g, u, n);
+  launch_kernel(geglu_kernel, stride_blocks(n, kThreads), kThreads, 0, s, g, u, n);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_scale(float* x, int64_t n, const float* sc, cudaStream_t s) {
   if (n <= 0) return;
-  launch_kernel(scale_kernel, blocks_for(n), kThreads, 0, s, x, n, sc);
+  launch_kernel(scale_kernel, stride_blocks(n, kThreads), kThreads, 0, s, x, n, sc);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_expert_scale(float* w, const int32_t* ids, const float* sc, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  launch_kernel(expert_scale_kernel, blocks_for(n), kThreads, 0, s, w, ids, sc, n);
+  launch_kernel(expert_scale_kernel, stride_blocks(n, kThreads), kThreads, 0, s, w, ids, sc, n);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

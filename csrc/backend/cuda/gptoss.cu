@@ -14,10 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned blocks_for(int64_t n) {
-  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, kThreads), 4096)));
-}
-
 __global__ void __launch_bounds__(kThreads)
     add_bias_kernel(float* y, const float* bias, int64_t n, int64_t total) {
   grid_start();
@@ -150,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStream_t s) {
   if (T <= 0 || n <= 0) return;
-  launch_kernel(add_bias_kernel, blocks_for(T * n), kThreads, 0, s, y, bias, n, T * n);
+  launch_kernel(add_bias_kernel, stride_blocks(T * n, kThreads), kThreads, 0, s, y, bias, n, T * n);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -158,8 +154,8 @@ void launch_rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const fl
                       int64_t pos0, const int32_t* pos_dev, cudaStream_t s) {
   STRATA_CHECK(hd % 2 == 0, ConfigError, "rope_neox: head_dim ", hd, " is odd");
   if (T <= 0 || hd <= 0) return;
-  launch_kernel(rope_neox_kernel, blocks_for(T * hd / 2), kThreads, 0, s, x, T, n_heads, hd, inv_freq, mscale,
-                pos0, pos_dev);
+  launch_kernel(rope_neox_kernel, stride_blocks(T * hd / 2, kThreads), kThreads, 0, s, x, T, n_heads, hd,
+                inv_freq, mscale, pos0, pos_dev);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -189,15 +185,15 @@ void launch_swiglu_oai(float* g, const float* u, const int32_t* ids, const int32
                        int64_t F, const float* gate_b, const float* up_b, float alpha, float limit,
                        cudaStream_t s) {
   if (n <= 0 || F <= 0) return;
-  launch_kernel(swiglu_oai_kernel, blocks_for(n * F), kThreads, 0, s, g, u, ids, rows, n, F, gate_b, up_b,
-                alpha, limit);
+  launch_kernel(swiglu_oai_kernel, stride_blocks(n * F, kThreads), kThreads, 0, s, g, u, ids, rows, n, F,
+                gate_b, up_b, alpha, limit);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_expert_bias(float* y, const int32_t* ids, const float* w, const float* bias, int64_t T, int64_t K,
                         int64_t D, cudaStream_t s) {
   if (T <= 0 || D <= 0) return;
-  launch_kernel(expert_bias_kernel, blocks_for(T * D), kThreads, 0, s, y, ids, w, bias, T, K, D);
+  launch_kernel(expert_bias_kernel, stride_blocks(T * D, kThreads), kThreads, 0, s, y, ids, w, bias, T, K, D);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

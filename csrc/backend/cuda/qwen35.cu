@@ -14,10 +14,6 @@ namespace {
 
 constexpr int kThreads = 256, kDeltaThreads = 128;
 
-unsigned blocks_for(int64_t n) {
-  return grid_x(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, kThreads), 4096)));
-}
-
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf(float x) { return x * sigmoidf(x); }
 // torch's softplus (beta 1, threshold 20).
@@ -214,7 +210,8 @@ void launch_conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const 
   STRATA_CHECK(T >= 0 && C >= 0 && Kc >= 1, ConfigError, "conv1d_silu: bad shape T=", T, " C=", C,
                " Kc=", Kc);
   if (C == 0) return;
-  launch_kernel(conv1d_silu_kernel, blocks_for(C), kThreads, 0, s, x, T, C, Kc, w, state_in, state_out, y);
+  launch_kernel(conv1d_silu_kernel, stride_blocks(C, kThreads), kThreads, 0, s, x, T, C, Kc, w, state_in,
+                state_out, y);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -246,20 +243,21 @@ void launch_gated_rms_norm(float* x, const float* z, const float* w, int64_t row
 void launch_split_q_gate(const float* qg, int64_t T, int64_t H, int64_t hd, float* q, float* gate,
                          cudaStream_t s) {
   if (T * H * hd == 0) return;
-  launch_kernel(split_q_gate_kernel, blocks_for(T * H * 2 * hd), kThreads, 0, s, qg, T * H, hd, q, gate);
+  launch_kernel(split_q_gate_kernel, stride_blocks(T * H * 2 * hd, kThreads), kThreads, 0, s, qg, T * H, hd,
+                q, gate);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_sigmoid_mul(float* x, const float* g, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  launch_kernel(sigmoid_mul_kernel, blocks_for(n), kThreads, 0, s, x, g, n);
+  launch_kernel(sigmoid_mul_kernel, stride_blocks(n, kThreads), kThreads, 0, s, x, g, n);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_add_sigmoid_scaled(float* y, const float* x, const float* sc, int64_t T, int64_t D,
                                cudaStream_t s) {
   if (T * D == 0) return;
-  launch_kernel(add_sigmoid_scaled_kernel, blocks_for(T * D), kThreads, 0, s, y, x, sc, T, D);
+  launch_kernel(add_sigmoid_scaled_kernel, stride_blocks(T * D, kThreads), kThreads, 0, s, y, x, sc, T, D);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
