@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 
 #include "core/error.h"
+#include "expert_cache/scan_rank.h"
 
 namespace strata {
 
@@ -29,11 +30,28 @@ const uint8_t* expert_matrix(const ExpertTable& t, int m, int64_t e) {
 
 void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const void*, size_t)) {
   const int64_t base = r.layer * r.E;
+  const bool scan = r.pass != nullptr;
+  if (scan && !r.prefetch) {
+    if ((int64_t)r.scan_now[1] >= r.layer) ++r.scan_now[0];
+    r.scan_now[1] = (uint64_t)r.layer;
+  }
+  auto key = [&](int32_t s) {
+    return scan ? scan_key(r.last[s], r.pass[s], r.pass_layer[s], r.scan_now[0], r.layer)
+                : ScanKey{r.last[s], 0};
+  };
   auto victim = [&]() {
     int32_t best = -1;
-    for (int32_t s = 0; s < (int32_t)r.n_slots; ++s)
-      if (!r.pinned[s] && !r.held[s] && (best < 0 || r.last[s] < r.last[best])) best = s;
+    ScanKey kb{};
+    for (int32_t s = 0; s < (int32_t)r.n_slots; ++s) {
+      if (r.pinned[s] || r.held[s]) continue;
+      const ScanKey k = key(s);
+      if (best < 0 || scan_less(k, kb)) best = s, kb = k;
+    }
     return best;
+  };
+  auto stamp = [&](int32_t s) {
+    r.last[s] = ++*r.tick;
+    if (scan) r.pass[s] = r.scan_now[0], r.pass_layer[s] = r.layer;
   };
   int32_t& jobs = r.jobs[0];
   jobs = 0;
@@ -81,7 +99,7 @@ void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const
       ++jobs;
     }
     r.held[s] = 1;
-    r.last[s] = ++*r.tick;
+    stamp(s);
   }
   for (int32_t j = 0; j < jobs; ++j) {
     uint8_t* dst = r.arena + (size_t)r.jobs[1 + 2 * j] * r.slot_bytes;

@@ -83,6 +83,12 @@ struct ExpertResolve {
   // GPU it goes on the copy stream, and the next resolve_experts waits for it first.
   bool prefetch = false;
   uint8_t* pref = nullptr;  // slot -> filled by a prefetch and not used since (null: no accounting)
+  // The scan policy's state (null pass: LRU, the smallest tick goes): slot -> the pass and the layer of
+  // its last use, and scan_now = {the pass now, the layer the last call resolved}. A call (not a
+  // prefetch) for a layer no later than that one begins a pass. Victims go in scan_key's order.
+  uint64_t* pass = nullptr;
+  int64_t* pass_layer = nullptr;
+  uint64_t* scan_now = nullptr;
 };
 constexpr int kResolveCounters = 9;
 // The plain sequential resolve_experts over memory the host reads (the CPU backend's, and the

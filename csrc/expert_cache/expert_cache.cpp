@@ -82,11 +82,15 @@ void ExpertCache::setup_device_resolution() {
     }
     ds[l] = d;
   }
-  std::vector<uint64_t> last;
-  uint64_t tick = 0;
-  if (!policy_->get_lru(&last, &tick)) return;
+  PolicyState st;
+  if (!policy_->get_state(&st)) return;
   const size_t S = (size_t)n_slots_;
   const char* what = "the expert cache's device state";
+  if (st.scan) {
+    dev_pass_ = DeviceBuffer(be_, S * 8, what);
+    dev_pass_layer_ = DeviceBuffer(be_, S * 8, what);
+    dev_scan_now_ = DeviceBuffer(be_, 16, what);
+  }
   dev_key_ = DeviceBuffer(be_, S * 4, what);
   dev_last_ = DeviceBuffer(be_, S * 8, what);
   dev_tick_ = DeviceBuffer(be_, 8, what);
@@ -118,11 +122,16 @@ void ExpertCache::to_device() {
   auto* k = reinterpret_cast<int32_t*>(st);
   for (size_t s = 0; s < S; ++s) k[s] = (int32_t)key_[s];
   be_.upload(dev_key_.get(), st, S * 4);
-  std::vector<uint64_t> last;
-  uint64_t tick = 0;
-  policy_->get_lru(&last, &tick);
-  be_.upload(dev_last_.get(), last.data(), S * 8);
-  be_.upload(dev_tick_.get(), &tick, 8);
+  PolicyState pst;
+  policy_->get_state(&pst);
+  be_.upload(dev_last_.get(), pst.last.data(), S * 8);
+  be_.upload(dev_tick_.get(), &pst.tick, 8);
+  if (pst.scan) {
+    const uint64_t now[2] = {pst.pass_now, (uint64_t)pst.layer_now};
+    be_.upload(dev_pass_.get(), pst.pass.data(), S * 8);
+    be_.upload(dev_pass_layer_.get(), pst.layer.data(), S * 8);
+    be_.upload(dev_scan_now_.get(), now, sizeof now);
+  }
   be_.upload(dev_pinned_.get(), pinned_.data(), S);
   be_.zero(dev_counters_.get(), kResolveCounters * 8);
   be_.zero(dev_pref_.get(), S);  // the host does not track prefetches: none is pending from before
@@ -153,11 +162,19 @@ void ExpertCache::to_host() {
   read_device_counters();
   const size_t S = (size_t)n_slots_;
   std::vector<int32_t> k(S);
-  std::vector<uint64_t> last(S);
-  uint64_t tick = 0;
+  PolicyState pst;
+  policy_->get_state(&pst);
   be_.download(k.data(), dev_key_.get(), S * 4);
-  be_.download(last.data(), dev_last_.get(), S * 8);
-  be_.download(&tick, dev_tick_.get(), 8);
+  be_.download(pst.last.data(), dev_last_.get(), S * 8);
+  be_.download(&pst.tick, dev_tick_.get(), 8);
+  if (pst.scan) {
+    uint64_t now[2];
+    be_.download(pst.pass.data(), dev_pass_.get(), S * 8);
+    be_.download(pst.layer.data(), dev_pass_layer_.get(), S * 8);
+    be_.download(now, dev_scan_now_.get(), sizeof now);
+    pst.pass_now = now[0];
+    pst.layer_now = (int64_t)now[1];
+  }
   auto* table = reinterpret_cast<int32_t*>(table_host_.get());
   std::fill(index_.begin(), index_.end(), -1);
   std::fill_n(table, index_.size(), -1);
@@ -166,7 +183,7 @@ void ExpertCache::to_host() {
     if (k[s] >= 0) index_[k[s]] = table[k[s]] = (int32_t)s;
     last_use_[s].record(Stream::Compute);  // the decode steps' reads of every slot
   }
-  policy_->set_lru(last, tick);
+  policy_->set_state(pst);
   on_device_ = false;
 }
 
@@ -198,6 +215,11 @@ ExpertResolve ExpertCache::resolve_args(int64_t layer, const int32_t* ids, const
   }
   r.layer_bytes = layout_.layers[layer].bytes;
   r.pref = dev_pref_.as<uint8_t>();
+  if (dev_scan_now_) {
+    r.pass = dev_pass_.as<uint64_t>();
+    r.pass_layer = dev_pass_layer_.as<int64_t>();
+    r.scan_now = dev_scan_now_.as<uint64_t>();
+  }
   return r;
 }
 

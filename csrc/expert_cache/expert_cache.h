@@ -91,16 +91,17 @@ class ExpertCache {
 
   bool resident(int64_t layer, int64_t e);
   // A forward pass begins (its layers' prepares follow in ascending order): the policy's on_pass.
-  // The scan policy places its experts by it (between_layers calls it before layer 0).
+  // The scan policy places its experts by it (between_layers calls it before layer 0). While the state
+  // is on the device, the device counts the passes it resolves (ExpertResolve::scan_now).
   void begin_pass() {
-    if (policy_) policy_->on_pass();
+    if (policy_ && !on_device_) policy_->on_pass();
   }
 
   // ---- decode steps resolved on the device (design (b) of bench/NOTES.md) ----
-  // Whether Backend::resolve_experts can serve this cache: slots, an LRU policy and every source
-  // byte readable by the device (pinned or registered host memory on a GPU).
+  // Whether Backend::resolve_experts can serve this cache: slots, a policy the device runs (LRU or
+  // scan) and every source byte readable by the device (pinned or registered host memory on a GPU).
   bool can_resolve_on_device() const { return !dev_src_.empty(); }
-  // Moves the cache's state (slot table, slot keys, LRU ticks, pins) into device memory: from now
+  // Moves the cache's state (slot table, slot keys, the policy's stamps, pins) into device memory: from now
   // on decode steps resolve there, without the host. No expert may be held or slot lent.
   void to_device();
   // Brings the state back to the host; every host-side method (prepare, lend, pin, ...) calls it.
@@ -190,7 +191,8 @@ class ExpertCache {
   };
   std::vector<DevSrc> dev_src_;  // per layer; empty: no device resolution
   DeviceBuffer dev_key_, dev_last_, dev_tick_, dev_held_, dev_pinned_, dev_counters_, dev_jobs_, dev_pref_;
-  PinnedBuffer dev_stage_;  // staging of the uploads and downloads above
+  DeviceBuffer dev_pass_, dev_pass_layer_, dev_scan_now_;  // the scan policy's (empty under LRU)
+  PinnedBuffer dev_stage_;                                 // staging of the uploads and downloads above
   bool on_device_ = false;
   CacheStats stats_at_device_;
   bool trace_on_ = false;

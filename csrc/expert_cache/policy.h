@@ -7,8 +7,22 @@
 #include <vector>
 
 #include "core/error.h"
+#include "expert_cache/scan_rank.h"
 
 namespace strata {
+
+// What a device mirrors to make a policy's choices itself (Backend::resolve_experts): each slot's tick
+// of last use and the clock; for the scan policy also each slot's pass and layer of last use, the pass
+// now and the last layer it resolved.
+struct PolicyState {
+  std::vector<uint64_t> last;
+  uint64_t tick = 0;
+  bool scan = false;
+  std::vector<uint64_t> pass;
+  std::vector<int64_t> layer;
+  uint64_t pass_now = 0;
+  int64_t layer_now = 0;
+};
 
 class EvictionPolicy {
  public:
@@ -23,10 +37,9 @@ class EvictionPolicy {
   virtual int32_t victim(const std::vector<uint8_t>& evictable) const = 0;
   // How much keeping the expert in `slot` is worth (higher is more valuable); 0 for an empty slot.
   virtual uint64_t value(int32_t slot) const = 0;
-  // LRU's state (each slot's last tick, the clock), for a device that runs the same choice
-  // (Backend::resolve_experts); false for a policy that has none.
-  virtual bool get_lru(std::vector<uint64_t>* /*last*/, uint64_t* /*tick*/) const { return false; }
-  virtual void set_lru(const std::vector<uint64_t>& /*last*/, uint64_t /*tick*/) {}
+  // The state a device runs the same choices from; false for a policy no device runs (LFU).
+  virtual bool get_state(PolicyState* /*st*/) const { return false; }
+  virtual void set_state(const PolicyState& /*st*/) {}
 };
 
 class LruPolicy final : public EvictionPolicy {
@@ -41,14 +54,15 @@ class LruPolicy final : public EvictionPolicy {
     return best;
   }
   uint64_t value(int32_t slot) const override { return last_[slot]; }
-  bool get_lru(std::vector<uint64_t>* last, uint64_t* tick) const override {
-    *last = last_;
-    *tick = tick_;
+  bool get_state(PolicyState* st) const override {
+    *st = PolicyState{};
+    st->last = last_;
+    st->tick = tick_;
     return true;
   }
-  void set_lru(const std::vector<uint64_t>& last, uint64_t tick) override {
-    last_ = last;
-    tick_ = tick;
+  void set_state(const PolicyState& st) override {
+    last_ = st.last;
+    tick_ = st.tick;
   }
 
  private:
@@ -95,8 +109,9 @@ class LfuPolicy final : public EvictionPolicy {
 // is the farthest); else one the previous pass used at a layer still ahead (the farthest layer
 // first). While a pass's experts fit the cache a stale slot always exists and it is LRU; when they
 // outgrow it, LRU evicts each expert just before its next use (a cyclic scan: every lookup misses)
-// while this keeps part of the pass's experts resident. It needs the host to see every pass (no
-// device resolution, no prefetch: check_config).
+// while this keeps part of the pass's experts resident. The order is scan_key's (scan_rank.h), which a
+// decode step resolved on the device runs too; it counts the passes itself there (a call for a layer no
+// later than the last one's begins a pass). No prefetch (check_config): its fills come before their pass.
 class ScanPolicy final : public EvictionPolicy {
  public:
   explicit ScanPolicy(int32_t n_slots) : last_(n_slots, 0), pass_(n_slots, 0), layer_(n_slots, 0) {}
@@ -113,29 +128,29 @@ class ScanPolicy final : public EvictionPolicy {
   void on_clear(int32_t slot) override { last_[slot] = pass_[slot] = 0, layer_[slot] = 0; }
   int32_t victim(const std::vector<uint8_t>& evictable) const override {
     int32_t best = -1;
-    Rank rb{};
+    ScanKey kb{};
     for (int32_t s = 0; s < (int32_t)last_.size(); ++s) {
       if (!evictable[s]) continue;
-      const Rank r = rank(s);
-      if (best < 0 || r < rb) best = s, rb = r;
+      const ScanKey k = scan_key(last_[s], pass_[s], layer_[s], pass_now_, layer_now_);
+      if (best < 0 || scan_less(k, kb)) best = s, kb = k;
     }
     return best;
   }
   uint64_t value(int32_t slot) const override { return last_[slot]; }
+  bool get_state(PolicyState* st) const override {
+    *st = PolicyState{last_, tick_, true, pass_, layer_, pass_now_, layer_now_};
+    return true;
+  }
+  void set_state(const PolicyState& st) override {
+    last_ = st.last;
+    tick_ = st.tick;
+    pass_ = st.pass;
+    layer_ = st.layer;
+    pass_now_ = st.pass_now;
+    layer_now_ = st.layer_now;
+  }
 
  private:
-  // Smaller goes first: (class, key) with class 0 stale, 1 this pass, 2 ahead.
-  struct Rank {
-    int cls;
-    int64_t a, b;
-    bool operator<(const Rank& o) const { return cls != o.cls ? cls < o.cls : a != o.a ? a < o.a : b < o.b; }
-  };
-  Rank rank(int32_t s) const {
-    const int64_t t = (int64_t)last_[s];
-    if (pass_[s] == pass_now_) return {1, -t, 0};
-    if (pass_[s] + 1 < pass_now_ || layer_[s] < layer_now_) return {0, t, 0};
-    return {2, -layer_[s], -t};
-  }
   std::vector<uint64_t> last_, pass_;
   std::vector<int64_t> layer_;
   uint64_t tick_ = 0, pass_now_ = 2;  // pass 0 (an empty slot's) is always stale

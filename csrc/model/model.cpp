@@ -81,23 +81,18 @@ void check_config(const ModelConfig& c) {
                "decode_resolve must be auto, device or host, got '", c.decode_resolve, "'");
   STRATA_CHECK(one_of(c.cache_policy, {"lru", "lfu", "scan"}), ConfigError, "--cache-policy must be one of ",
                cache_policy_names(), ", got '", c.cache_policy, "'");
-  // The scan policy places experts by the passes and layers the host resolves; a step resolved on the
-  // device (and a prefetch, which needs one) would bypass it.
-  STRATA_CHECK(c.cache_policy != "scan" || c.decode_resolve != "device", ConfigError,
-               "--cache-policy scan places experts by the layers of each pass the host resolves, and "
-               "decode_resolve 'device' resolves a decode step on the device by LRU: use decode_resolve "
-               "'auto' or 'host' with scan, or --cache-policy lru");
+  // A prefetch fills layer l + 1's experts before its pass reaches it, which the scan policy's ranks
+  // (by the pass and layer of each slot's use) do not place.
   STRATA_CHECK(c.cache_policy != "scan" || !c.prefetch, ConfigError,
-               "--prefetch on fills the next layer's experts from a decode step resolved on the device, "
-               "which runs the LRU policy, and --cache-policy scan resolves on the host: use --prefetch off "
-               "with scan, or --cache-policy lru");
-  STRATA_CHECK(c.decode_resolve != "device" || c.cache_policy == "lru", ConfigError,
-               "decode_resolve 'device' runs the LRU policy on the device; --cache-policy ", c.cache_policy,
-               " resolves a decode step's experts on the host (decode_resolve 'host' or 'auto')");
+               "--prefetch on fills the next layer's experts ahead of their layer, which --cache-policy scan "
+               "does not rank: use --prefetch off with scan, or --cache-policy lru");
+  STRATA_CHECK(c.decode_resolve != "device" || c.cache_policy != "lfu", ConfigError,
+               "decode_resolve 'device' runs the LRU or scan policy on the device; --cache-policy lfu "
+               "resolves a decode step's experts on the host (decode_resolve 'host' or 'auto')");
   STRATA_CHECK(
       !c.prefetch || (c.cache_policy == "lru" && c.decode_resolve != "host"), ConfigError,
-      "--prefetch on fills the next layer's experts from a decode step resolved on the device, "
-      "which runs the LRU policy: it needs --cache-policy lru and decode_resolve 'auto' or 'device'");
+      "--prefetch on fills the next layer's experts from a decode step resolved on the device: it needs "
+      "--cache-policy lru and decode_resolve 'auto' or 'device'");
 }
 
 std::shared_ptr<Backend> make_backend(const std::string& device, int threads) {

@@ -155,8 +155,8 @@ def _load_options(ctx_default: int | None = LOAD["ctx"]) -> Decorator:
                      show_default=True,
                      help="Expert cache eviction: lru (least recently used), lfu (least frequently used, counts "
                           "halving as they age) or scan (LRU until one pass needs more experts than the cache "
-                          "holds, e.g. a large batch; then it keeps part of them). lfu and scan resolve decode "
-                          "on the host. Logits are the same."),
+                          "holds, e.g. a large batch; then it keeps part of them). lfu resolves decode on the "
+                          "host. Logits are the same."),
         click.option("--prefetch", type=click.Choice(["on", "off"]), default="on" if LOAD["prefetch"] else "off",
                      show_default=True,
                      help="Decode on a GPU with a bounded cache: fill the experts the next layer's router predicts "

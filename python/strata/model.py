@@ -152,8 +152,8 @@ class Model:
     where the source allows it). cache_policy: the expert cache's eviction policy, 'lru' (least
     recently used), 'lfu' (least frequently used, counts halving as they age) or 'scan' (LRU until a
     pass needs more experts than the cache holds, as a large batched decode step does; then it keeps
-    part of the pass's experts instead of evicting each before its next use); with lfu or scan a
-    decode step resolves its experts on the host. The logits are the same under each; the hit rate is not.
+    part of the pass's experts instead of evicting each before its next use); with lfu a decode step
+    resolves its experts on the host. The logits are the same under each; the hit rate is not.
     prefetch: while a decode layer resolved on the device runs, fill the experts that the next layer's
     router picks from this layer's state (qwen3moe; needs cache_policy 'lru' and a source the device
     reads). Wrong guesses cost link time only; the logits are the same on and off.

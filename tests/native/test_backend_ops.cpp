@@ -383,8 +383,11 @@ TEST_P(Op, GraphReplaysWithNewInputs) {
 TEST_P(Op, ResolveExpertsMatchesReference) {
   std::mt19937 rng(20);
   const int64_t L = 3, E = 11, S = 9;
-  // Each expert of the source: 3 segments of the slot image, 16-byte multiples and not.
-  for (const bool odd : {false, true}) {
+  // Each expert of the source: 3 segments of the slot image, 16-byte multiples and not; LRU, and the
+  // scan policy (its ranks from slots used in this pass, the previous one at layers behind and ahead,
+  // and earlier ones; calls for a lower layer begin passes).
+  for (const auto& [odd, scan] :
+       std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}, {true, true}}) {
     const size_t seg[3] = {odd ? 37u : 64u, odd ? 101u : 128u, odd ? 3u : 48u};
     const size_t off[3] = {0, 80, 224}, slot_bytes = 288;
     const size_t stride = seg[0] + seg[1] + seg[2];
@@ -392,7 +395,8 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
     for (size_t i = 0; i < L * E * stride + 64; ++i) src.get()[i] = (uint8_t)rng();
     // Host state, mirrored on the device.
     std::vector<int32_t> table(L * E, -1), key(S, -1);
-    std::vector<uint64_t> last(S, 0);
+    std::vector<uint64_t> last(S, 0), pass(S, 0), scan_now{5, 1};
+    std::vector<int64_t> pass_layer(S, 0);
     std::vector<uint8_t> held(S, 0), pinned(S, 0), pref(S, 0), arena(S * slot_bytes, 0);
     for (int32_t s = 0; s < (int32_t)S; ++s) {
       if (s % 4 == 3) continue;  // empty
@@ -402,6 +406,8 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       table[k] = s;
       key[s] = k;
       last[s] = 1 + rng() % 5;  // ties
+      pass[s] = 3 + rng() % 3;  // stale, the previous pass, this one
+      pass_layer[s] = (int64_t)(rng() % L);
     }
     pinned[1] = 1;
     uint64_t tick = 10, counters[kResolveCounters] = {};
@@ -410,6 +416,8 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
         dcounters(be(), std::vector<uint64_t>(kResolveCounters, 0), "counters");
     Dev<uint8_t> dheld(be(), held, "held"), dpinned(be(), pinned, "pinned"), dpref(be(), pref, "pref"),
         darena(be(), arena, "arena");
+    Dev<uint64_t> dpass(be(), pass, "pass"), dscan_now(be(), scan_now, "scan_now");
+    Dev<int64_t> dpass_layer(be(), pass_layer, "pass_layer");
     Dev<int32_t> djobs(be(), std::vector<int32_t>(1 + 2 * E, 0), "jobs");
     const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
     ASSERT_NE(view, nullptr) << "pinned memory has no device view";
@@ -457,6 +465,7 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       h.jobs = jobs.data();
       h.pref = pref.data();
       h.arena = arena.data();
+      if (scan) h.pass = pass.data(), h.pass_layer = pass_layer.data(), h.scan_now = scan_now.data();
       size_t o = layer * E * stride;
       for (int m = 0; m < 3; ++m) h.src[m] = src.get() + o, o += seg[m];
       resolve_experts_reference(h, [](void* d, const void* x, size_t k) { std::memcpy(d, x, k); });
@@ -474,11 +483,12 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       d.jobs = djobs.p();
       d.pref = dpref.p();
       d.arena = darena.p();
+      if (scan) d.pass = dpass.p(), d.pass_layer = dpass_layer.p(), d.scan_now = dscan_now.p();
       o = layer * E * stride;
       for (int m = 0; m < 3; ++m) d.src[m] = view + o, o += seg[m];
       be().resolve_experts(d);
       const std::string what = str("resolve_experts call ", call, prefetch ? " (prefetch)" : "",
-                                   odd ? " (unaligned segments)" : "");
+                                   odd ? " (unaligned segments)" : "", scan ? " (scan)" : "");
       expect_same(dpref.get(), pref, what + ": prefetched slots");
       expect_same(dtable.get(), table, what + ": table");
       expect_same(dkey.get(), key, what + ": keys");
@@ -491,7 +501,13 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       expect_same(std::vector<int32_t>(dj.begin(), dj.begin() + 1 + 2 * jobs[0]),
                   std::vector<int32_t>(jobs.begin(), jobs.begin() + 1 + 2 * jobs[0]), what + ": jobs");
       expect_same(darena.get(), arena, what + ": slot bytes");
+      if (scan) {
+        expect_same(dpass.get(), pass, what + ": passes");
+        expect_same(dpass_layer.get(), pass_layer, what + ": layers");
+        expect_same(dscan_now.get(), scan_now, what + ": pass and layer now");
+      }
     }
+    if (scan) EXPECT_GT(scan_now[0], 5u) << "no call began a pass";
     EXPECT_GT(counters[1], 0u) << "no miss: the fill was not exercised";
     EXPECT_GT(counters[3], 0u) << "no eviction";
     EXPECT_GT(counters[5], 0u) << "no prefetch fill";

@@ -1,9 +1,9 @@
 """A bounded cache's decode step, resolved on the device (Backend::resolve_experts, design (b) of
-bench/NOTES.md) or on the host (ExpertCache::prepare, design (a)): the same choice of slots, so the
-same tokens, the same stats and the same slot table after every call, through prompts (which take
-the state back to the host) and decode steps (which move it to the device), on both sources. On the
-CPU resolve_experts is the sequential reference; the GPU's kernels are checked against it in the op
-harness (ResolveExpertsMatchesReference) and end to end in test_gpu.py.
+bench/NOTES.md) or on the host (ExpertCache::prepare, design (a)): the same choice of slots under the
+LRU and the scan policy, so the same tokens, the same stats and the same slot table after every call,
+through prompts (which take the state back to the host) and decode steps (which move it to the device),
+on both sources. On the CPU resolve_experts is the sequential reference; the GPU's kernels are checked
+against it in the op harness (ResolveExpertsMatchesReference) and end to end in test_gpu.py.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def caches(path) -> dict[str, int]:
 
 @pytest.mark.parametrize("mix", ["q4_k", "q8_0"])
 @pytest.mark.parametrize("source", ["host", "mmap"])
-def test_device_resolution_equals_host_resolution(make_mix, prompts, mix, source):
+@pytest.mark.parametrize("policy", ["lru", "scan"])
+def test_device_resolution_equals_host_resolution(make_mix, prompts, mix, source, policy):
     path = make_mix(mix)
     slot = strata.ModelInfo(path).layout(PREFILL, True)["slot_bytes"]
     for name, n in caches(path).items():
@@ -41,7 +42,7 @@ def test_device_resolution_equals_host_resolution(make_mix, prompts, mix, source
         for how in ("host", "device"):
             # The CPU's resolve_experts is the sequential reference (the GPU's: test_gpu.py).
             m = strata.Model(path, device="cpu", expert_cache=f"{n * slot}b", prefill=PREFILL, ctx=CTX,
-                             source=source, decode_resolve=how, progress=False)
+                             source=source, decode_resolve=how, cache_policy=policy, progress=False)
             assert m._m.decode_resolution == how
             got = []
             for p in prompts:  # the second prompt runs after decode steps left the state on the device
@@ -51,8 +52,8 @@ def test_device_resolution_equals_host_resolution(make_mix, prompts, mix, source
                             m._m.slot_index()))
             runs[how] = got
         for (ta, *sa), (tb, *sb) in zip(runs["host"], runs["device"], strict=True):
-            assert ta == tb, (name, source)
-            assert sa == sb, (name, source)
+            assert ta == tb, (name, source, policy)
+            assert sa == sb, (name, source, policy)
         assert runs["device"][0][2] > 0, "the cache must miss during decode for this test to mean anything"
 
 

@@ -141,11 +141,12 @@ def test_gpu_decode_graph_matches_op_by_op(mix_path, mix):
 
 
 @pytest.mark.parametrize("source", ["host", "mmap"])
-def test_gpu_bounded_cache_decode_device_and_host_resolution_match(mix_path, source):
+@pytest.mark.parametrize("policy", ["lru", "scan"])
+def test_gpu_bounded_cache_decode_device_and_host_resolution_match(mix_path, source, policy):
     """A bounded cache's decode resolved on the GPU (design (b): resolve_experts and the zero-copy
-    fill, replayed as one graph) and on the host (design (a)) choose the same slots: the same tokens,
-    stats and slot table, as a cache holding every expert gives the same tokens. The mmap source
-    cannot be read by kernels, so there both run design (a)."""
+    fill, replayed as one graph) and on the host (design (a)) choose the same slots under either policy
+    that runs on the device: the same tokens, stats and slot table, as a cache holding every expert gives
+    the same tokens. The mmap source cannot be read by kernels, so there both run design (a)."""
     path = mix_path("q4_k")
     probe = gpu(path, expert_cache="all")
     slot = probe.spec["slot_bytes"]
@@ -155,7 +156,7 @@ def test_gpu_bounded_cache_decode_device_and_host_resolution_match(mix_path, sou
     runs = {}
     for how in ("device", "host"):
         m = gpu(path, expert_cache=f"{(region + probe.spec['top_k'] + 1) * slot}b", prefill=16, source=source,
-                decode_resolve="auto" if how == "device" else "host")
+                decode_resolve="auto" if how == "device" else "host", cache_policy=policy)
         want = "device" if how == "device" and source == "host" else "host"
         assert m._m.decode_resolution == want
         out = m.generate(PROMPT[:8], **kw)
@@ -167,13 +168,13 @@ def test_gpu_bounded_cache_decode_device_and_host_resolution_match(mix_path, sou
     assert runs["device"] == runs["host"]
 
 
-@pytest.mark.parametrize("cache", ["all", "host", "device", "per-expert"])
+@pytest.mark.parametrize("cache", ["all", "host", "device", "device-scan", "per-expert"])
 def test_gpu_batched_decode_rows_equal_alone(mix_path, cache):
     """A batched decode step on the GPU (Phase::Decode keeps every matmul on GEMV, whose rows do not
     depend on the token count; each row's attention runs alone) gives each row the bits of its
     sequence decoded alone (whose step replays the region's recorded graph where it can), with the
-    f16 KV cache, every expert resident or a bounded cache resolved on the device, on the host or
-    expert by expert. Where the experts are found on the device (all resident, or resolved there)
+    f16 KV cache, every expert resident or a bounded cache resolved on the device (LRU or scan), on the
+    host or expert by expert. Where the experts are found on the device (all resident, or resolved there)
     the batch's steps from the second on replay one recorded graph (the same four regions, named in
     two orders), whose rows read their positions on the device: still each row's bits alone."""
     path = mix_path("q4_k")
@@ -182,7 +183,7 @@ def test_gpu_batched_decode_rows_equal_alone(mix_path, cache):
     region = probe.info.layout(16, True)["slots"]
     kw = dict(expert_cache="all") if cache == "all" else dict(
         expert_cache=f"{(region + (E if cache != 'per-expert' else 2) + 1) * slot}b", prefill=16, source="host",
-        decode_resolve="host" if cache == "host" else "auto")
+        decode_resolve="host" if cache == "host" else "auto", cache_policy="scan" if cache == "device-scan" else "lru")
     m = gpu(path, ctx=4 * 64, seqs=4, **kw)
     prompts = [PROMPT[: 5 + 3 * i] for i in range(4)]
     conts = [[int(x) for x in np.random.default_rng(i).integers(0, m.spec["vocab"], 6)] for i in range(4)]
@@ -201,7 +202,8 @@ def test_gpu_batched_decode_rows_equal_alone(mix_path, cache):
     for i in range(4):
         assert np.array_equal(np.array(together[i]).view(np.uint32), alone[i].view(np.uint32)), i
     steps = m._m.batch_steps
-    assert steps == ({"replayed": 5, "op_by_op": 1} if cache in ("all", "device") else {"replayed": 0, "op_by_op": 6})
+    replays = cache in ("all", "device", "device-scan")
+    assert steps == ({"replayed": 5, "op_by_op": 1} if replays else {"replayed": 0, "op_by_op": 6})
 
 
 def test_gpu_batched_decode_graph_regions_change(mix_path):

@@ -1,17 +1,18 @@
 // resolve_experts on the GPU (see expert_resolve.cuh and Backend::resolve_experts for the contract).
 //
 // resolve_kernel: one block walks the experts in order as the host's prepare does. A hit stamps its
-// slot with the next tick; a miss takes the slot with the smallest (tick, slot) among those neither
-// pinned nor held, found by the whole block (each thread scans a stride, then a tree), and thread 0
-// updates the table, the slot's key and tick, the counters and the job list. Every step ends in a
-// barrier, so the next expert sees it (global memory is coherent within a block across
-// __syncthreads).
+// slot with the next tick (and, under the scan policy, the pass and layer); a miss takes the slot with
+// the smallest (key, slot) among those neither pinned nor held (LRU: the key is the tick; scan: its
+// scan_key), found by the whole block (each thread scans a stride, then a tree), and thread 0 updates
+// the table, the slot's key and stamps, the counters and the job list. Every step ends in a barrier, so
+// the next expert sees it (global memory is coherent within a block across __syncthreads).
 //
 // fill_kernel: a few blocks copy each job's segments from host memory (device views of pinned or
 // registered pages) to the slot, each thread keeping 8 16-byte loads in flight: the device notes
 // measured ~50 GB/s from 8-16 such blocks on the H200's PCIe Gen5 link.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/expert_resolve.cuh"
+#include "expert_cache/scan_rank.h"
 
 namespace strata::cuda {
 namespace {
@@ -19,21 +20,35 @@ namespace {
 constexpr int kResolveThreads = 256;
 constexpr int kFillBlocks = 16, kFillThreads = 256, kInFlight = 8;
 
-// (tick, slot) ordered lexicographically; slot < 0 is "none", larger than any candidate.
-__device__ __forceinline__ bool better(uint64_t v, int32_t s, uint64_t bv, int32_t bs) {
+// (key, slot) ordered lexicographically; slot < 0 is "none", larger than any candidate.
+__device__ __forceinline__ bool better(ScanKey v, int32_t s, ScanKey bv, int32_t bs) {
   if (s < 0) return false;
   if (bs < 0) return true;
-  return v < bv || (v == bv && s < bs);
+  return scan_less(v, bv) || (!scan_less(bv, v) && s < bs);
 }
 
 __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve r) {
   grid_start();
-  __shared__ uint64_t red_v[kResolveThreads / kWarp];
+  __shared__ ScanKey red_v[kResolveThreads / kWarp];
   __shared__ int32_t red_s[kResolveThreads / kWarp];
   __shared__ int32_t jobs;
+  __shared__ uint64_t pass_now;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int64_t base = r.layer * r.E;
-  if (tid == 0) jobs = 0;
+  const bool scan = r.pass != nullptr;
+  if (tid == 0) {
+    jobs = 0;
+    if (scan && !r.prefetch) {  // a layer no later than the last call's begins a pass
+      if (static_cast<int64_t>(r.scan_now[1]) >= r.layer) ++r.scan_now[0];
+      r.scan_now[1] = static_cast<uint64_t>(r.layer);
+    }
+    pass_now = scan ? r.scan_now[0] : 0;
+  }
+  __syncthreads();
+  auto stamp = [&](int32_t s) {
+    r.last[s] = ++*r.tick;
+    if (scan) r.pass[s] = pass_now, r.pass_layer[s] = r.layer;
+  };
   for (int64_t i = 0; i < r.n; ++i) {
     __syncthreads();  // the previous expert's updates are visible to every thread
     const int32_t e = r.ids[r.order[i]];
@@ -47,7 +62,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
         r.held[hit] = 1;
         if (!r.prefetch) {  // a prefetch leaves a resident expert as it is (held: no victim of this call)
           ++r.counters[0];
-          r.last[hit] = ++*r.tick;
+          stamp(hit);
           if (r.pref && r.pref[hit]) {
             ++r.counters[6];
             r.pref[hit] = 0;
@@ -56,12 +71,16 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
       }
       continue;
     }
-    uint64_t bv = 0;
+    ScanKey bv{};
     int32_t bs = -1;
-    for (int32_t s = tid; s < r.n_slots; s += kResolveThreads)
-      if (!r.pinned[s] && !r.held[s] && better(r.last[s], s, bv, bs)) bv = r.last[s], bs = s;
+    for (int32_t s = tid; s < r.n_slots; s += kResolveThreads) {
+      if (r.pinned[s] || r.held[s]) continue;
+      const ScanKey k =
+          scan ? scan_key(r.last[s], r.pass[s], r.pass_layer[s], pass_now, r.layer) : ScanKey{r.last[s], 0};
+      if (better(k, s, bv, bs)) bv = k, bs = s;
+    }
     for (int o = kWarp / 2; o > 0; o /= 2) {
-      const uint64_t ov = __shfl_down_sync(0xffffffffu, bv, o);
+      const ScanKey ov{__shfl_down_sync(0xffffffffu, bv.a, o), __shfl_down_sync(0xffffffffu, bv.b, o)};
       const int32_t os = __shfl_down_sync(0xffffffffu, bs, o);
       if (better(ov, os, bv, bs)) bv = ov, bs = os;
     }
@@ -94,7 +113,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
         r.jobs[2 + 2 * jobs] = e;
         ++jobs;
         r.held[bs] = 1;
-        r.last[bs] = ++*r.tick;
+        stamp(bs);
       }
     }
   }
