@@ -7,7 +7,9 @@ decoding sequence advances in one pass a step) and turns (one KV region: the seq
 --turn tokens, the engine before batching). Prints a table and writes bench/out/serve_load.json.
 
     PYTHONPATH=python python3 bench/serve_load.py [--clients 1,4,16] [--requests 2] [--tokens 32] \
-        [--cache-policy lru|lfu|scan] [--repeat 3]
+        [--cache-policy auto|lru|lfu|scan] [--repeat 3]
+
+--cache-policy auto (the default) is `strata serve`'s: scan where several slots decode together, else lru.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 
 import strata
+from strata.cli import _serve_policy
 from strata.serve import Server
 from strata.testing import make_qwen3moe
 
@@ -36,12 +39,12 @@ def _model(d: str) -> str:
 
 
 def _run(path: str, cache: str, clients: int, requests: int, tokens: int, turn: int, mode: str,
-         policy: str = "lru") -> dict:
+         policy: str = "auto") -> dict:
     if cache == "half":  # half the experts' bytes: a cache that streams
         cache = f"{strata.ModelInfo(path).spec['expert_bytes'] // 2}b"
     seqs = clients if mode == "batched" else 1
     m = strata.Model(path, progress=False, ctx=256 * clients, seqs=seqs, expert_cache=cache, prefill="auto:256",
-                     source="host", cache_policy=policy)
+                     source="host", cache_policy=_serve_policy(policy, seqs, False))
     s = Server(m, port=0, parallel=clients, queue=clients * requests, turn=turn).start()
     c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=600)
 
@@ -87,7 +90,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="tokens per request")
     ap.add_argument("--turn", type=int, default=16)
     ap.add_argument("--cache", default="half", help="--expert-cache; half: half the experts' bytes, so they stream")
-    ap.add_argument("--cache-policy", default="lru", choices=["lru", "lfu", "scan"])
+    ap.add_argument("--cache-policy", default="auto", choices=["auto", "lru", "lfu", "scan"])
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of 8 in a row against 8 at once, interleaved (on a shared machine one pair is noise)")
     ap.add_argument("--modes", default="batched,turns", help="batched (N KV regions) and/or turns (one)")

@@ -31,6 +31,19 @@ def test_load_flags_are_generates():
     for name in load:
         g, s = gen[name], srv[name]
         assert (s.opts, s.default, s.help, type(s.type)) == (g.opts, g.default, g.help, type(g.type)), name
+    # --cache-policy: generate's values, and serve's auto (its default)
+    g, s = gen["cache_policy"], srv["cache_policy"]
+    assert s.opts == g.opts and s.default == "auto" and list(s.type.choices) == ["auto", *g.type.choices]
+    assert s.help.startswith(g.help) and "auto: scan with --parallel > 1" in s.help
+
+
+def test_serve_policy_auto():
+    from strata.cli import _serve_policy
+
+    assert _serve_policy("auto", 1, False) == "lru"
+    assert _serve_policy("auto", 4, False) == "scan"
+    assert _serve_policy("auto", 4, True) == "lru"  # --prefetch on is LRU's
+    assert all(_serve_policy(p, 4, False) == p for p in ("lru", "lfu", "scan"))
 
 
 SERVE_FLAGS = [
