@@ -182,6 +182,9 @@ class Backend {
   // `dev` (device memory, read when the op runs) to their pos0, and size their launches for
   // positions below `max_pos`: a recorded decode step then serves every position.
   virtual void set_position_source(const int32_t* dev, int64_t max_pos);
+  // The position source set now (null: none); a pass that must choose its ops by position (DeepSeek V4's
+  // compressor) leaves the choice to the device while it is set.
+  virtual const int32_t* position_source() const { return nullptr; }
 
   // ---- ops; all pointers are device memory, all run on the compute stream ----
   // out[t, :] = dequantized row ids[t] of a [rows, D] table of ggml type `type`.

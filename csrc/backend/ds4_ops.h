@@ -4,6 +4,9 @@
 // backend/cpu/ds4_*.cpp and hyper_connection.cpp); V4's forward pass finds it with ds4_ops(), and a V4
 // load on a backend without it is refused before anything is allocated (kDeepseek4's check_backend).
 // As Backend's ops: every pointer is device memory of that backend, every op runs on its compute stream.
+// While the backend's position source is set (Backend::set_position_source: a recorded decode step), the ops
+// that take pos0 add the device's int32 to it, and T is 1; compress_pool then pools the one window that
+// closes at that position, if one does, into out's first row, and window_commit moves it into its row.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -63,6 +66,10 @@ class Ds4Ops {
   virtual void compress_pool(const float* kv, const float* score, const float* state_kv,
                              const float* state_score, const float* ape, int64_t pos0, int64_t T,
                              int64_t ratio, int64_t lanes, int64_t hd, float* out) = 0;
+  // One token at position pos0: rows[w] = row (hd floats) when window w of `ratio` positions closes there
+  // ((pos0 + 1) % ratio == 0, w = (pos0 + 1) / ratio - 1); else nothing. T must be 1.
+  virtual void window_commit(const float* row, float* rows, int64_t hd, int64_t ratio, int64_t pos0,
+                             int64_t T) = 0;
   // DeepSeek V4 attention of T queries q (T x H x hd) at positions p = pos0 + t over one head used as
   // key and value: the window's positions max(0, p - window + 1) .. p (row p - pos0 of kv when
   // >= pos0, else row p % window of the ring win), then the compressed rows s < (p + 1) / ratio of comp

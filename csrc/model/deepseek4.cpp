@@ -77,9 +77,10 @@ class Ds4Moe final : public MoeVariant {
 
 class Ds4Forward final : public ForwardPass {
  public:
-  // Its ops take each step's position from the host (RoPE, the rings, the compressor, attention, the
-  // indexer): a recorded step would replay the recording's position.
-  bool graphable() const override { return false; }
+  // A decode step records as one graph: its ops that take a position (RoPE, the rings, attention, the
+  // indexer) add the device's while the position source is set, and the compressor's one choice (does a
+  // window close at this position?) is made on the device then (compress in deepseek4_attention.cpp).
+  bool graphable() const override { return true; }
   explicit Ds4Forward(const ForwardContext& ctx, Ds4Ops& ops)
       : ctx_(ctx), ops_(ops), d_(ds4_spec(ctx.spec)), w_(ctx.be) {
     const ModelSpec& s = ctx.spec;

@@ -20,11 +20,13 @@ void mm(Backend& be, const DenseMatrix& m, const float* x, int64_t T, float* y) 
 // One compressor of layer l (the attention's or the indexer's): the kv and score projections of the
 // chunk's tokens into kv / score, the rows of the windows closing in the chunk pooled, normalized and
 // rotated into the cache tensor `rows`, then the chunk's projections kept in the state rings for the
-// windows still open.
+// windows still open. With the backend's position source set (a recorded decode step: one token whose
+// position only the device knows) the device decides: the window that closes at it, if one does, is
+// pooled, normalized and rotated in `row` (hd floats of scratch) by the same ops, then moved to its row.
 void compress(const ForwardContext& ctx, Ds4Ops& ops, int64_t l, const std::string& name,
               const DenseMatrix& wkv, const DenseMatrix& wgate, const float* ape, const float* norm,
               int64_t ratio, int64_t lanes, int64_t hd, const Ds4RopeDev& rope, const float* x, int64_t T,
-              int64_t pos0, float* kv, float* score) {
+              int64_t pos0, float* kv, float* score, float* row) {
   Backend& be = ctx.be;
   const Ds4Spec& d = ds4_spec(ctx.spec);
   float* rows = ctx.kv.tensor(l, name);
@@ -33,7 +35,14 @@ void compress(const ForwardContext& ctx, Ds4Ops& ops, int64_t l, const std::stri
   mm(be, wkv, x, T, kv);
   mm(be, wgate, x, T, score);
   const int64_t first = pos0 / ratio, n_new = (pos0 + T) / ratio - first;
-  if (n_new > 0) {
+  if (be.position_source()) {
+    STRATA_CHECK(T == 1, Error, "internal error: a V4 pass at a device position of ", T, " tokens");
+    ops.compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, row);
+    ops.rms_norm(row, 1, hd, norm, ctx.spec.rms_eps);
+    // The window's first position, w * ratio = p + 1 - ratio when it closes at p.
+    ops.rope_tail(row, 1, 1, hd, d.rope_dim / 2, rope.inv_freq, rope.mscale, pos0 + 1 - ratio, ratio, false);
+    ops.window_commit(row, rows, hd, ratio, pos0, T);
+  } else if (n_new > 0) {
     float* out = rows + first * hd;
     ops.compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out);
     ops.rms_norm(out, n_new, hd, norm, ctx.spec.rms_eps);
@@ -72,14 +81,14 @@ void ds4_attention(const ForwardContext& ctx, Ds4Ops& ops, const PrefillBuffers&
   if (w.ratio > 0) {
     const int64_t lanes = w.ratio == 4 ? 2 : 1;
     compress(ctx, ops, l, "comp", w.comp_kv, w.comp_gate, w.comp_ape, w.comp_norm, w.ratio, lanes, hd,
-             compress_rope, x, T, pos0, b[sc.comp_kv], b[sc.comp_score]);
+             compress_rope, x, T, pos0, b[sc.comp_kv], b[sc.comp_score], out);
     comp = ctx.kv.tensor(l, "comp");
   }
   if (w.ratio == 4) {
     // The lightning indexer: its own compressed keys, queries from the low-rank Q, per-head weights.
     const int64_t ih = d.idx_heads, idim = d.idx_dim;
     compress(ctx, ops, l, "index", w.idx_kv, w.idx_gate, w.idx_ape, w.idx_norm, 4, 2, idim, compress_rope, x,
-             T, pos0, b[sc.idx_kv], b[sc.idx_score]);
+             T, pos0, b[sc.idx_kv], b[sc.idx_score], out);
     mm(be, w.idx_q_b, qa, T, b[sc.idx_q]);
     ops.rope_tail(b[sc.idx_q], T, ih, idim, pairs, compress_rope.inv_freq, compress_rope.mscale, pos0, 1,
                   false);

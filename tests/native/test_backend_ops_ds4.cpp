@@ -212,6 +212,89 @@ TEST_P(Ds4Op, CompressPoolAcrossChunks) {
     }
 }
 
+// One token at a time, the compressor as a decode step runs it: pool into a scratch row, then
+// window_commit moves it to its row when a window closes at the token (and leaves the rows alone when
+// none does). Host positions, on every backend; the device's (a recorded step) in PositionSource below.
+TEST_P(Ds4Op, WindowCommitOneTokenAtATime) {
+  std::mt19937 rng(40);
+  const int64_t hd = 11, ratio = 4, n_rows = 5;
+  const auto rows0 = randf(rng, n_rows * hd, -1.f, 1.f), row = randf(rng, hd, -1.f, 1.f);
+  for (int64_t pos = 0; pos < n_rows * ratio; ++pos) {
+    Dev<float> dr(be(), rows0, "rows"), drow(be(), row, "row");
+    ops().window_commit(drow.p(), dr.p(), hd, ratio, pos, 1);
+    auto want = rows0;
+    if ((pos + 1) % ratio == 0)
+      std::copy(row.begin(), row.end(), want.begin() + ((pos + 1) / ratio - 1) * hd);
+    expect_same(dr.get(), want, str("window_commit at ", pos));
+  }
+}
+
+// With a position source (a recorded decode step), the V4 ops that take a position add the device's
+// int32 to pos0 as they run: the same bits as passing the position itself. The compressor's pooling
+// then pools the window that closes at the position, if any, into its output's first row (the
+// rotation of that row at the window's first position, pos0 1 - ratio plus the device's), and
+// window_commit moves it to its row: the rows a host-position pass writes.
+TEST_P(Ds4Op, PositionSourceMatchesHostPositions) {
+  if (!be().supports_graphs()) GTEST_SKIP() << "no position source without graphs";
+  std::mt19937 rng(41);
+  const int64_t H = 3, hd = 24, window = 5, ratio = 4, lanes = 2, ctx = 64, topk = 3, nh = 2, idim = 16;
+  const int64_t width = lanes * hd, slots = lanes * ratio, n_pairs = 4;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const auto inv = randf(rng, n_pairs, 1e-3f, 1.f), sinks = randf(rng, H, -1.f, 2.f);
+  const auto ape = randf(rng, ratio * width, -1.f, 1.f), norm = randf(rng, hd, .5f, 1.5f);
+  Dev<float> di(be(), inv, "inv_freq"), dsink(be(), sinks, "sinks"), dape(be(), ape, "ape"),
+      dn(be(), norm, "norm");
+  for (int32_t pos : {0, 3, 6, 7, 11, 40, 63}) {
+    std::vector<int32_t> pv = {pos};
+    Dev<int32_t> dp(be(), pv, "pos");
+    const auto x = randf(rng, H * hd, -2.f, 2.f), kv1 = randf(rng, hd, -1.f, 1.f);
+    const auto win = randf(rng, window * hd, -1.f, 1.f), comp = randf(rng, (ctx / ratio) * hd, -1.f, 1.f);
+    const auto ck = randf(rng, width, -2.f, 2.f), cs = randf(rng, width, -3.f, 3.f);
+    const auto skv = randf(rng, slots * width, -2.f, 2.f), ssc = randf(rng, slots * width, -3.f, 3.f);
+    const auto iq = randf(rng, nh * idim, -1.f, 1.f), iw = randf(rng, nh, -1.f, 1.f);
+    const auto ikeys = randf(rng, (ctx / ratio) * idim, -1.f, 1.f);
+    Dev<float> dck(be(), ck, "comp kv"), dcs(be(), cs, "comp score"), dskv(be(), skv, "state kv"),
+        dssc(be(), ssc, "state score"), dik(be(), ikeys, "index keys"), diq(be(), iq, "index q"),
+        diw(be(), iw, "index w"), dwin(be(), win, "win"), dcomp(be(), comp, "comp"), dkv(be(), kv1, "kv");
+    // Host positions.
+    Dev<float> x1(be(), x, "x"), ring1(be(), win, "ring"), rows1(be(), comp, "rows"), o1(be(), H * hd, "out");
+    Dev<int32_t> sel1(be(), topk, "sel");
+    ops().rope_tail(x1.p(), 1, H, hd, n_pairs, di.p(), 1.1f, pos, 1, false);
+    ops().ring_store(ring1.p(), window, hd, pos, 1, dkv.p());
+    const bool closes = (pos + 1) % ratio == 0;
+    if (closes) {
+      float* r = rows1.p() + ((pos + 1) / ratio - 1) * hd;
+      ops().compress_pool(dck.p(), dcs.p(), dskv.p(), dssc.p(), dape.p(), pos, 1, ratio, lanes, hd, r);
+      ops().rms_norm(r, 1, hd, dn.p(), 1e-5f);
+      ops().rope_tail(r, 1, 1, hd, n_pairs, di.p(), 1.1f, pos + 1 - ratio, ratio, false);
+    }
+    ops().indexer_topk(diq.p(), diw.p(), dik.p(), 1, pos, nh, idim, ratio, topk, 0.3f, sel1.p());
+    ops().attention_sink(x1.p(), dkv.p(), dwin.p(), window, dcomp.p(), ratio, sel1.p(), topk, dsink.p(), 1,
+                         pos, H, hd, scale, o1.p());
+    // The device's position.
+    Dev<float> x2(be(), x, "x"), ring2(be(), win, "ring"), rows2(be(), comp, "rows"), o2(be(), H * hd, "out"),
+        row(be(), hd, "row");
+    Dev<int32_t> sel2(be(), topk, "sel");
+    be().set_position_source(dp.p(), ctx);
+    ops().rope_tail(x2.p(), 1, H, hd, n_pairs, di.p(), 1.1f, 0, 1, false);
+    ops().ring_store(ring2.p(), window, hd, 0, 1, dkv.p());
+    ops().compress_pool(dck.p(), dcs.p(), dskv.p(), dssc.p(), dape.p(), 0, 1, ratio, lanes, hd, row.p());
+    ops().rms_norm(row.p(), 1, hd, dn.p(), 1e-5f);
+    ops().rope_tail(row.p(), 1, 1, hd, n_pairs, di.p(), 1.1f, 1 - ratio, ratio, false);
+    ops().window_commit(row.p(), rows2.p(), hd, ratio, 0, 1);
+    ops().indexer_topk(diq.p(), diw.p(), dik.p(), 1, 0, nh, idim, ratio, topk, 0.3f, sel2.p());
+    ops().attention_sink(x2.p(), dkv.p(), dwin.p(), window, dcomp.p(), ratio, sel2.p(), topk, dsink.p(), 1, 0,
+                         H, hd, scale, o2.p());
+    be().set_position_source(nullptr, 0);
+    const std::string at = str(" from the position source at ", pos);
+    expect_same(x2.get(), x1.get(), "rope_tail" + at);
+    expect_same(ring2.get(), ring1.get(), "ring_store" + at);
+    expect_same(rows2.get(), rows1.get(), "compress_pool, rms_norm, rope_tail, window_commit" + at);
+    expect_same(sel2.get(), sel1.get(), "indexer_topk" + at);
+    expect_same(o2.get(), o1.get(), "attention_sink" + at);
+  }
+}
+
 TEST_P(Ds4Op, AttentionSinkWindowAndCompressed) {
   std::mt19937 rng(37);
   const int64_t H = 3, hd = 24, window = 5, N = 41, pos0 = 29, T = N - pos0, topk = 3;

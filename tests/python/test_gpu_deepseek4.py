@@ -1,8 +1,9 @@
 """DeepSeek V4 on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU backend
 (F32, Q8_0 and the IQ2_XXS + Q2_K pack, streamed in the fused layout and with every expert resident in the
 MMQ one), greedy decode across the first ratio-128 block, and the invariants the CPU holds: logits
-byte-identical across cache sizes, chunk sizes, sources and the GR read fused or not; the KV cache reused
-across turns only for a true prefix. The CPU's logits are checked against transformers in test_deepseek4.py.
+byte-identical across cache sizes, chunk sizes, sources and the GR read fused or not, and a decode step
+replayed from its recorded graph equal to the step op by op; the KV cache reused across turns only for a
+true prefix. The CPU's logits are checked against transformers in test_deepseek4.py.
 
 The logits comparisons use files that route every token to all experts and whose indexer keeps every
 compressed block (top_k = experts, index_topk past the prompt's blocks): with top-2 of 8 and the indexer's
@@ -107,7 +108,26 @@ def test_gpu_greedy_decode_matches_cpu_across_compressed_blocks(files):
     m = build(path, "cuda")
     got = m.generate(ids, max_tokens=32, temperature=0)
     assert got.tokens == want.tokens
-    assert not m._m.decode_graph_active  # V4's decode runs op by op (Ds4Forward::graphable)
+    assert m._m.decode_graph_active  # each step replayed one recorded graph
+
+
+@pytest.mark.parametrize("cache", ["all", "streamed"])
+def test_gpu_decode_graph_matches_op_by_op(files, cache):
+    """A decode step replayed from one recorded graph (its positions read on the device, the compressor's
+    choice made there) computes the logits the step queued op by op does, bit for bit, at every position
+    from 100 to 139: across ratio-4 windows closing and not, and the first ratio-128 block (position 127);
+    every expert resident, or a bounded cache resolved on the device."""
+    path = files("tiny")
+    ids = [int(x) for x in np.random.default_rng(4).integers(1, 500, 100)]
+    cont = [int(x) for x in np.random.default_rng(5).integers(1, 500, 40)]
+    kw = dict(expert_cache="all") if cache == "all" else dict(expert_cache=streamed_cache(path, 32), prefill=32)
+    runs = {}
+    for graph in (True, False):
+        m = build(path, "cuda", decode_graph=graph, **kw)
+        m.logits(ids)
+        runs[graph] = np.concatenate([m.decode_batch([t], [len(ids) + j], [0]) for j, t in enumerate(cont)])
+        assert m._m.decode_graph_active == graph
+    assert same(runs[True], runs[False])
 
 
 def test_gpu_logits_identical_across_cache_chunk_source_and_gr(files):

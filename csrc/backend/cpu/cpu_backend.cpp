@@ -360,6 +360,12 @@ class CpuBackend final : public Backend,
                      float* out) override {
     cpu_compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out, pool_);
   }
+  void window_commit(const float* row, float* rows, int64_t hd, int64_t ratio, int64_t pos0,
+                     int64_t T) override {
+    STRATA_CHECK(T == 1 && ratio >= 1, ConfigError, "window_commit: one token, got T ", T, ", ratio ", ratio);
+    if ((pos0 + 1) % ratio == 0)
+      std::memcpy(rows + ((pos0 + 1) / ratio - 1) * hd, row, (size_t)hd * sizeof(float));
+  }
   void attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
                       int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
                       int64_t pos0, int64_t H, int64_t hd, float scale, float* out) override {

@@ -329,6 +329,7 @@ class CudaBackend final : public Backend,
   void set_position_source(const int32_t* dev, int64_t max_pos) override {
     pos_ = cuda::PosSource{dev, max_pos};
   }
+  const int32_t* position_source() const override { return pos_.dev; }
   void reserve_scratch(int64_t ctx, int64_t max_rows, int64_t n_head, int64_t head_dim) override {
     scratch(std::max(cuda::attention_scratch_max_bytes(ctx, n_head, head_dim),
                      cuda::scatter_add_scratch_bytes(max_rows)));
@@ -518,33 +519,38 @@ class CudaBackend final : public Backend,
   void rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs, const float* inv_freq,
                  float mscale, int64_t pos0, int64_t pos_step, bool inverse) override {
     use();
-    cuda::launch_rope_tail(x, rows, n_heads, hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse,
+    cuda::launch_rope_tail(x, rows, n_heads, hd, n_pairs, inv_freq, mscale, pos0, pos_, pos_step, inverse,
                            compute_);
   }
   void ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T,
                   const float* src) override {
     use();
-    cuda::launch_ring_store(ring, slots, width, pos0, T, src, compute_);
+    cuda::launch_ring_store(ring, slots, width, pos0, pos_, T, src, compute_);
   }
   void compress_pool(const float* kv, const float* score, const float* state_kv, const float* state_score,
                      const float* ape, int64_t pos0, int64_t T, int64_t ratio, int64_t lanes, int64_t hd,
                      float* out) override {
     use();
-    cuda::launch_compress_pool(kv, score, state_kv, state_score, ape, pos0, T, ratio, lanes, hd, out,
+    cuda::launch_compress_pool(kv, score, state_kv, state_score, ape, pos0, pos_, T, ratio, lanes, hd, out,
                                compute_);
+  }
+  void window_commit(const float* row, float* rows, int64_t hd, int64_t ratio, int64_t pos0,
+                     int64_t T) override {
+    use();
+    cuda::launch_window_commit(row, rows, hd, ratio, pos0, pos_, T, compute_);
   }
   void attention_sink(const float* q, const float* kv, const float* win, int64_t window, const float* comp,
                       int64_t ratio, const int32_t* sel, int64_t topk, const float* sinks, int64_t T,
                       int64_t pos0, int64_t H, int64_t hd, float scale, float* out) override {
     use();
-    cuda::launch_attention_sink(q, kv, win, window, comp, ratio, sel, topk, sinks, T, pos0, H, hd, scale, out,
-                                compute_);
+    cuda::launch_attention_sink(q, kv, win, window, comp, ratio, sel, topk, sinks, T, pos0, pos_, H, hd,
+                                scale, out, compute_);
   }
   void indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
                     int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale,
                     int32_t* sel) override {
     use();
-    cuda::launch_indexer_topk(q, w, keys, T, pos0, n_heads, dim, ratio, topk, scale, sel, compute_);
+    cuda::launch_indexer_topk(q, w, keys, T, pos0, pos_, n_heads, dim, ratio, topk, scale, sel, compute_);
   }
   void router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
                  const int32_t* table, const int32_t* tokens, bool norm, float scale, int32_t* ids,

@@ -219,8 +219,10 @@ __global__ void __launch_bounds__(kRowThreads)
 // Thread (r, i): pair i of every head of row r.
 __global__ void __launch_bounds__(kThreads)
     rope_tail_kernel(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
-                     const float* inv_freq, float mscale, int64_t pos0, int64_t pos_step, bool inverse) {
+                     const float* inv_freq, float mscale, int64_t pos0, const int32_t* pos_dev,
+                     int64_t pos_step, bool inverse) {
   grid_start();
+  if (pos_dev) pos0 += *pos_dev;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < rows * n_pairs;
        e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = e / n_pairs, i = e % n_pairs;
@@ -240,8 +242,9 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     ring_store_kernel(float* ring, int64_t slots, int64_t width, int64_t p0, int64_t n, int64_t pos0,
-                      const float* src) {
+                      const int32_t* pos_dev, const float* src) {
   grid_start();
+  if (pos_dev) p0 += *pos_dev, pos0 += *pos_dev;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n * width;
        e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t p = p0 + e / width, c = e % width;
@@ -252,9 +255,15 @@ __global__ void __launch_bounds__(kThreads)
 // Thread (window w - first, d).
 __global__ void __launch_bounds__(kThreads)
     compress_pool_kernel(const float* kv, const float* score, const float* state_kv, const float* state_score,
-                         const float* ape, int64_t pos0, int64_t first, int64_t n_win, int64_t ratio,
-                         int64_t lanes, int64_t hd, float* out) {
+                         const float* ape, int64_t pos0, const int32_t* pos_dev, int64_t first, int64_t n_win,
+                         int64_t ratio, int64_t lanes, int64_t hd, float* out) {
   grid_start();
+  // With a device position (one token): the window that closes at it, if one does (else nothing).
+  if (pos_dev) {
+    pos0 += *pos_dev;
+    if ((pos0 + 1) % ratio != 0) return;
+    first = (pos0 + 1) / ratio - 1;
+  }
   const int64_t width = lanes * hd, slots = lanes * ratio;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n_win * hd;
        e += (int64_t)gridDim.x * blockDim.x) {
@@ -291,14 +300,30 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// rows[w] = row for the window w that closes at the position (one token; pos0, plus the device's), if one
+// does.
+__global__ void __launch_bounds__(kThreads)
+    window_commit_kernel(const float* row, float* rows, int64_t hd, int64_t ratio, int64_t pos0,
+                         const int32_t* pos_dev) {
+  grid_start();
+  const int64_t p = pos0 + (pos_dev ? *pos_dev : 0);
+  if ((p + 1) % ratio != 0) return;
+  float* dst = rows + ((p + 1) / ratio - 1) * hd;
+  for (int64_t d = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; d < hd;
+       d += (int64_t)gridDim.x * blockDim.x)
+    dst[d] = row[d];
+}
+
 // Block (t, h): its keys' logits and row pointers in dynamic shared memory (attention_sink_smem).
 __global__ void __launch_bounds__(kRowThreads)
     attention_sink_kernel(const float* q, const float* kv, const float* win, int64_t window,
                           const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
-                          const float* sinks, int64_t pos0, int64_t H, int64_t hd, float scale, float* out) {
+                          const float* sinks, int64_t pos0, const int32_t* pos_dev, int64_t H, int64_t hd,
+                          float scale, float* out) {
   grid_start();
   extern __shared__ __align__(16) unsigned char ds4_smem[];
   __shared__ float red[kWarp];
+  if (pos_dev) pos0 += *pos_dev;
   const int64_t t = blockIdx.x / H, h = blockIdx.x % H, p = pos0 + t;
   const int64_t j0 = p - window + 1 > 0 ? p - window + 1 : 0, n_win = p - j0 + 1;
   int64_t n_comp = 0;
@@ -354,9 +379,11 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 // topk-th largest by a radix select over the keys, then the picked rows in ascending order: every
 // key above it, and of those equal to it the lowest rows first (the CPU's ties to the lower row).
 __global__ void __launch_bounds__(kThreads)
-    indexer_topk_kernel(const float* q, const float* w, const float* keys, int64_t pos0, int64_t n_heads,
-                        int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel) {
+    indexer_topk_kernel(const float* q, const float* w, const float* keys, int64_t pos0,
+                        const int32_t* pos_dev, int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk,
+                        float scale, int32_t* sel) {
   grid_start();
+  if (pos_dev) pos0 += *pos_dev;
   extern __shared__ __align__(16) unsigned char ds4_smem[];
   __shared__ int hist[256], scan[kWarp];
   __shared__ uint32_t s_prefix;
@@ -540,59 +567,72 @@ void launch_ds4_rms_norm(float* x, int64_t rows, int64_t D, const float* w, floa
 }
 
 void launch_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
-                      const float* inv_freq, float mscale, int64_t pos0, int64_t pos_step, bool inverse,
-                      cudaStream_t s) {
+                      const float* inv_freq, float mscale, int64_t pos0, const PosSource& ps,
+                      int64_t pos_step, bool inverse, cudaStream_t s) {
   if (rows <= 0 || n_pairs <= 0) return;
   launch_kernel(rope_tail_kernel, stride_blocks(rows * n_pairs, kThreads), kThreads, 0, s, x, rows, n_heads,
-                hd, n_pairs, inv_freq, mscale, pos0, pos_step, inverse);
+                hd, n_pairs, inv_freq, mscale, pos0, ps.dev, pos_step, inverse);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
-void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T, const float* src,
-                       cudaStream_t s) {
+void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, const PosSource& ps,
+                       int64_t T, const float* src, cudaStream_t s) {
   const int64_t p0 = std::max(pos0, pos0 + T - slots), n = pos0 + T - p0;
   if (n <= 0 || width <= 0) return;
   launch_kernel(ring_store_kernel, stride_blocks(n * width, kThreads), kThreads, 0, s, ring, slots, width, p0,
-                n, pos0, src);
+                n, pos0, ps.dev, src);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_compress_pool(const float* kv, const float* score, const float* state_kv,
-                          const float* state_score, const float* ape, int64_t pos0, int64_t T, int64_t ratio,
-                          int64_t lanes, int64_t hd, float* out, cudaStream_t s) {
+                          const float* state_score, const float* ape, int64_t pos0, const PosSource& ps,
+                          int64_t T, int64_t ratio, int64_t lanes, int64_t hd, float* out, cudaStream_t s) {
   STRATA_CHECK(ratio >= 1 && (lanes == 1 || lanes == 2), ConfigError, "compress_pool: ratio ", ratio,
                ", lanes ", lanes);
-  const int64_t first = pos0 / ratio, n_win = (pos0 + T) / ratio - first;
+  STRATA_CHECK(!ps.dev || T == 1, ConfigError, "compress_pool: a device position takes one token, got ", T);
+  // A device position: the one window that may close at it (the kernel decides), into out.
+  const int64_t first = pos0 / ratio, n_win = ps.dev ? 1 : (pos0 + T) / ratio - first;
   if (n_win <= 0) return;
   launch_kernel(compress_pool_kernel, stride_blocks(n_win * hd, kThreads), kThreads, 0, s, kv, score,
-                state_kv, state_score, ape, pos0, first, n_win, ratio, lanes, hd, out);
+                state_kv, state_score, ape, pos0, ps.dev, first, n_win, ratio, lanes, hd, out);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_window_commit(const float* row, float* rows, int64_t hd, int64_t ratio, int64_t pos0,
+                          const PosSource& ps, int64_t T, cudaStream_t s) {
+  STRATA_CHECK(T == 1 && ratio >= 1, ConfigError, "window_commit: one token, got T ", T, ", ratio ", ratio);
+  launch_kernel(window_commit_kernel, stride_blocks(hd, kThreads), kThreads, 0, s, row, rows, hd, ratio, pos0,
+                ps.dev);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_attention_sink(const float* q, const float* kv, const float* win, int64_t window,
                            const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
-                           const float* sinks, int64_t T, int64_t pos0, int64_t H, int64_t hd, float scale,
-                           float* out, cudaStream_t s) {
+                           const float* sinks, int64_t T, int64_t pos0, const PosSource& ps, int64_t H,
+                           int64_t hd, float scale, float* out, cudaStream_t s) {
   if (T <= 0 || H <= 0) return;
-  // The most keys a query sees: its window, and the compressed rows (the selected ones, or all visible).
-  const int64_t n_comp = ratio > 0 ? (sel ? topk : (pos0 + T) / ratio) : 0;
+  // The most keys a query sees: its window, and the compressed rows (the selected ones, or all visible);
+  // with a device position, those of the last position below max_pos.
+  const int64_t end = ps.dev ? std::max<int64_t>(pos0 + T, ps.max_pos) : pos0 + T;
+  const int64_t n_comp = ratio > 0 ? (sel ? topk : end / ratio) : 0;
   const size_t smem =
-      static_cast<size_t>(std::min(window, pos0 + T) + n_comp) * (sizeof(const float*) + sizeof(float));
+      static_cast<size_t>(std::min(window, end) + n_comp) * (sizeof(const float*) + sizeof(float));
   allow_smem(attention_sink_kernel, smem, "attention_sink");
   launch_kernel(attention_sink_kernel, grid_x(T * H), kRowThreads, smem, s, q, kv, win, window, comp, ratio,
-                sel, topk, sinks, pos0, H, hd, scale, out);
+                sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
 void launch_indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
-                         int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel,
-                         cudaStream_t s) {
+                         const PosSource& ps, int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk,
+                         float scale, int32_t* sel, cudaStream_t s) {
   STRATA_CHECK(ratio >= 1 && topk >= 1, ConfigError, "indexer_topk: ratio ", ratio, ", topk ", topk);
   if (T <= 0) return;
-  const size_t smem = static_cast<size_t>(std::max<int64_t>(1, (pos0 + T) / ratio)) * sizeof(uint32_t);
+  const int64_t end = ps.dev ? std::max<int64_t>(pos0 + T, ps.max_pos) : pos0 + T;
+  const size_t smem = static_cast<size_t>(std::max<int64_t>(1, end / ratio)) * sizeof(uint32_t);
   allow_smem(indexer_topk_kernel, smem, "indexer_topk");
-  launch_kernel(indexer_topk_kernel, grid_x(T), kThreads, smem, s, q, w, keys, pos0, n_heads, dim, ratio,
-                topk, scale, sel);
+  launch_kernel(indexer_topk_kernel, grid_x(T), kThreads, smem, s, q, w, keys, pos0, ps.dev, n_heads, dim,
+                ratio, topk, scale, sel);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/attention.cuh"
+
 namespace strata::cuda {
 
 void launch_apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
@@ -21,21 +23,27 @@ void launch_hc_post(float* x, const float* y, const float* post, const float* co
                     int64_t D, cudaStream_t s);
 void launch_hc_expand(const float* y, int64_t T, int64_t HC, int64_t D, float* x, cudaStream_t s);
 void launch_ds4_rms_norm(float* x, int64_t rows, int64_t D, const float* w, float eps, cudaStream_t s);
+// The ops that take a position add the int32 at ps.dev (device memory) to pos0 when it is set, and size
+// their shared memory for positions below ps.max_pos (a recorded decode step serves every position).
 void launch_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
-                      const float* inv_freq, float mscale, int64_t pos0, int64_t pos_step, bool inverse,
-                      cudaStream_t s);
-void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int64_t T, const float* src,
-                       cudaStream_t s);
+                      const float* inv_freq, float mscale, int64_t pos0, const PosSource& ps,
+                      int64_t pos_step, bool inverse, cudaStream_t s);
+void launch_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, const PosSource& ps,
+                       int64_t T, const float* src, cudaStream_t s);
+// With a device position (T = 1): the window that closes at it, if one does, into out's first row.
 void launch_compress_pool(const float* kv, const float* score, const float* state_kv,
-                          const float* state_score, const float* ape, int64_t pos0, int64_t T, int64_t ratio,
-                          int64_t lanes, int64_t hd, float* out, cudaStream_t s);
+                          const float* state_score, const float* ape, int64_t pos0, const PosSource& ps,
+                          int64_t T, int64_t ratio, int64_t lanes, int64_t hd, float* out, cudaStream_t s);
+// rows[w] = row when window w (of `ratio` positions) closes at position pos0 (+ *ps.dev; T = 1).
+void launch_window_commit(const float* row, float* rows, int64_t hd, int64_t ratio, int64_t pos0,
+                          const PosSource& ps, int64_t T, cudaStream_t s);
 void launch_attention_sink(const float* q, const float* kv, const float* win, int64_t window,
                            const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
-                           const float* sinks, int64_t T, int64_t pos0, int64_t H, int64_t hd, float scale,
-                           float* out, cudaStream_t s);
+                           const float* sinks, int64_t T, int64_t pos0, const PosSource& ps, int64_t H,
+                           int64_t hd, float scale, float* out, cudaStream_t s);
 void launch_indexer_topk(const float* q, const float* w, const float* keys, int64_t T, int64_t pos0,
-                         int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk, float scale, int32_t* sel,
-                         cudaStream_t s);
+                         const PosSource& ps, int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk,
+                         float scale, int32_t* sel, cudaStream_t s);
 // Experts per token at most kRouterV4MaxE (a block keeps a row of scores in shared memory).
 constexpr int64_t kRouterV4MaxE = 1024;
 void launch_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
