@@ -243,6 +243,16 @@ class Backend {
     for (int i = 0; i < n; ++i)
       matmul(type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy);
   }
+  // n matmuls of one shape at fixed strides, bit for bit these calls: matmul(type, W + i * w_stride, rows,
+  // cols, X + i * x_stride, ldx, T, Y + i * y_stride, ldy) for i < n (the per-head products of latent
+  // attention; a backend may run them as one launch). w_stride is in bytes, the others in floats.
+  virtual void matmul_strided(uint32_t type, const void* W, size_t w_stride, int64_t rows, int64_t cols,
+                              const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y,
+                              int64_t y_stride, int64_t ldy, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      matmul(type, static_cast<const uint8_t*>(W) + i * w_stride, rows, cols, X + i * x_stride, ldx, T,
+             Y + i * y_stride, ldy);
+  }
   // In place per head: x = rmsnorm(x) * w (if w), then rotary embedding at positions pos0 + t.
   virtual void head_norm_rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, const float* w,
                               float eps, int64_t pos0, const RopeParams& rope) = 0;

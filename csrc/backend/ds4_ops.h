@@ -27,6 +27,12 @@ class Ds4Ops {
   virtual void quantize_q8_0_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
                                 const int32_t* rows, int64_t div, int64_t n, uint8_t* out,
                                 size_t out_row_bytes) = 0;
+  // The hyper-connection mix of T tokens: mix[t, m] = fn[m, :] . x[t, :] over K = HC * D values, fn M rows
+  // of ggml type `type` (a site's few rows against a long input). Backend::matmul's result where the
+  // backend sums in matmul's order (the CPU); a backend may sum each (t, m) in its own fixed order, the
+  // same whatever T (CUDA: F32 fn a block per (t, m), the block's fixed tree).
+  virtual void hc_mix(uint32_t type, const void* fn, int64_t M, int64_t K, const float* x, int64_t T,
+                      float* mix) = 0;
   // Hyper-connection weights of T tokens from mix = fn . x[t] (T x M, M = (2 + HC) HC) and the streams
   // x (T x HC x D): with r = 1 / sqrt(mean(x[t]^2) + eps) over all HC * D values and m = mix[t] * r,
   //   pre_j  = sigmoid(m_j * scale[0] + base_j) + hc_eps,

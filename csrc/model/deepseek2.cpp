@@ -383,9 +383,7 @@ class Deepseek2Forward final : public RowsForwardPass {
     }
     matmul(w.kv_a, x, T, kv);
     ops_.rms_norm_rows(kv, T, C, W, w.kv_a_norm, s.rms_eps);
-    for (int64_t h = 0; h < H; ++h)
-      be.matmul(w.k_b.type, static_cast<const uint8_t*>(w.k_b.data) + h * w.k_b_head, C, dn, q + h * dk,
-                H * dk, T, ql + h * W, H * W);
+    be.matmul_strided(w.k_b.type, w.k_b.data, w.k_b_head, C, dn, q, dk, H * dk, T, ql, W, H * W, H);
     const KvType kt = ctx_.kv.type();
     if (rows) {
       for (const RowRun& r : row_runs(*rows, T)) {
@@ -404,9 +402,7 @@ class Deepseek2Forward final : public RowsForwardPass {
       be.kv_store(kc, kt, pos0, T, W, kv);
       be.attention(ql, kc, kc, kt, T, pos0, H, 1, W, d.kq_scale, ol);
     }
-    for (int64_t h = 0; h < H; ++h)
-      be.matmul(w.v_b.type, static_cast<const uint8_t*>(w.v_b.data) + h * w.v_b_head, d.dv, C, ol + h * W,
-                H * W, T, out + h * d.dv, H * d.dv);
+    be.matmul_strided(w.v_b.type, w.v_b.data, w.v_b_head, d.dv, C, ol, W, H * W, T, out, d.dv, H * d.dv, H);
     matmul(w.o, out, T, b.proj);
   }
 

@@ -30,7 +30,9 @@ const float* gr_read_hc(Backend& be, Ds4Ops& ops, const PrefillBuffers& b, const
   const float* R = b.R + first * HC * D;
   float* grs = b.grs + first * HC;
   float* mix = b[sc.hc_mix];
-  be.matmul(site.fn.type, site.fn.data, site.fn.rows, site.fn.cols, R, HC * D, n, mix, site.fn.rows);
+  STRATA_CHECK(site.fn.cols == HC * D, ConfigError, "hc_mix: fn of ", site.fn.cols, " columns, streams of ",
+               HC * D);
+  ops.hc_mix(site.fn.type, site.fn.data, site.fn.rows, site.fn.cols, R, n, mix);
   ops.hc_pre(mix, R, n, HC, D, eps, site.scale, site.base, site.hc_eps, site.iters, grs,
              head ? nullptr : b[sc.hc_post], head ? nullptr : b[sc.hc_comb]);
   float* out = b.xn ? b.xn : stage;

@@ -89,6 +89,35 @@ TEST_P(Ds4Op, HcPreWeightsAndSinkhorn) {
       }
 }
 
+// The mix of a site's few F32 rows against long stream rows, against a float64 reference: any order of
+// the K products' float sums is within K * 2^-24 of sum |fn x| (the bound of a serial chain, the worst
+// order); and a token's row is the same bits whatever T (the decode step's and a prompt's).
+TEST_P(Ds4Op, HcMixAnyTokenCount) {
+  std::mt19937 rng(37);
+  for (int64_t K : {57 * 4, 1030, 16384}) {
+    const int64_t M = 24, T = 5;
+    const auto fn = randf(rng, M * K, -1.f, 1.f), x = randf(rng, T * K, -3.f, 3.f);
+    Dev<float> dfn(be(), fn, "fn"), dx(be(), x, "x"), mix(be(), T * M, "mix"), one(be(), M, "mix t=2");
+    ops().hc_mix(static_cast<uint32_t>(QType::F32), dfn.p(), M, K, dx.p(), T, mix.p());
+    std::vector<double> want(T * M), scale(T * M);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t m = 0; m < M; ++m) {
+        double v = 0, a = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          v += (double)fn[m * K + k] * x[t * K + k];
+          a += std::fabs((double)fn[m * K + k] * x[t * K + k]);
+        }
+        want[t * M + m] = v;
+        scale[t * M + m] = a;
+      }
+    const auto got = mix.get();
+    expect_err(max_err(got, want, scale), K * std::ldexp(1.0, -24), str("hc_mix K=", K));
+    ops().hc_mix(static_cast<uint32_t>(QType::F32), dfn.p(), M, K, dx.p() + 2 * K, 1, one.p());
+    expect_same(one.get(), std::vector<float>(got.begin() + 2 * M, got.begin() + 3 * M),
+                str("hc_mix K=", K, " T=1"));
+  }
+}
+
 TEST_P(Ds4Op, HcPostAndExpand) {
   std::mt19937 rng(33);
   for (int64_t HC : {1, 4})

@@ -332,6 +332,10 @@ class CpuBackend final : public Backend,
                         size_t out_row_bytes) override {
     cpu_quantize_q8_0_hc(x, grs, w, D, HC, rows, div, n, out, out_row_bytes, pool_);
   }
+  void hc_mix(uint32_t type, const void* fn, int64_t M, int64_t K, const float* x, int64_t T,
+              float* mix) override {
+    matmul(type, fn, M, K, x, K, T, mix, M);
+  }
   void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
               const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
               float* comb) override {

@@ -403,6 +403,13 @@ class CudaBackend final : public Backend,
     use();
     cuda::launch_matmul_n(matmul_path(type, 0, cols, T), type, cols, X, ldx, T, outs, n, compute_);
   }
+  void matmul_strided(uint32_t type, const void* W, size_t w_stride, int64_t rows, int64_t cols,
+                      const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y, int64_t y_stride,
+                      int64_t ldy, int64_t n) override {
+    use();
+    cuda::launch_matmul_strided(matmul_path(type, rows, cols, T), type, W, w_stride, rows, cols, X, x_stride,
+                                ldx, T, Y, y_stride, ldy, n, compute_);
+  }
   void matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                       const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
                       float* Y, int64_t ldy) override {
@@ -496,6 +503,15 @@ class CudaBackend final : public Backend,
                         size_t out_row_bytes) override {
     use();
     cuda::launch_quantize_q8_0_hc(x, grs, w, D, HC, rows, div, n, out, out_row_bytes, compute_);
+  }
+  void hc_mix(uint32_t type, const void* fn, int64_t M, int64_t K, const float* x, int64_t T,
+              float* mix) override {
+    use();
+    if (type == static_cast<uint32_t>(QType::F32)) {
+      cuda::launch_hc_mix(static_cast<const float*>(fn), M, K, x, T, mix, compute_);
+    } else {  // another type of fn: the weight matmul
+      cuda::launch_matmul_path(matmul_path(type, M, K, T), type, fn, M, K, x, K, T, mix, M, compute_);
+    }
   }
   void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
               const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,

@@ -31,25 +31,23 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) v[i] = __fmul_rn(__fmul_rn(v[i], g), w[i]);
 }
 
-// Thread (t, i): pair (2i, 2i + 1) of every head of token t. x and y may be the same memory: each pair is
-// read and written by one thread.
+// Thread (t, h, i): pair (2i, 2i + 1) of head h of token t (each thread forms its own angle: the same
+// float). x and y may be the same memory: each pair is read and written by one thread.
 __global__ void __launch_bounds__(kThreads)
     rope_pairs_kernel(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row, int64_t y_head,
                       int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0) {
   grid_start();
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * n_pairs;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * n_heads * n_pairs;
        e += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t t = e / n_pairs, i = e % n_pairs;
+    const int64_t th = e / n_pairs, i = e % n_pairs, t = th / n_heads, h = th % n_heads;
     const float a = __fmul_rn(static_cast<float>(pos0 + t), inv_freq[i]);
     float sn, cs;
     sincosf(a, &sn, &cs);
-    for (int64_t h = 0; h < n_heads; ++h) {
-      const float* xv = x + t * x_row + h * x_head + 2 * i;
-      float* yv = y + t * y_row + h * y_head + 2 * i;
-      const float x0 = xv[0], x1 = xv[1];
-      yv[0] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-      yv[1] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-    }
+    const float* xv = x + t * x_row + h * x_head + 2 * i;
+    float* yv = y + t * y_row + h * y_head + 2 * i;
+    const float x0 = xv[0], x1 = xv[1];
+    yv[0] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    yv[1] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
   }
 }
 
@@ -157,9 +155,9 @@ void launch_rms_norm_rows(float* x, int64_t rows, int64_t D, int64_t stride, con
 void launch_rope_pairs(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row, int64_t y_head,
                        int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0,
                        cudaStream_t s) {
-  if (T <= 0 || n_pairs <= 0) return;
-  launch_kernel(rope_pairs_kernel, stride_blocks(T * n_pairs, kThreads), kThreads, 0, s, x, x_row, x_head, y,
-                y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0);
+  if (T <= 0 || n_pairs <= 0 || n_heads <= 0) return;
+  launch_kernel(rope_pairs_kernel, stride_blocks(T * n_heads * n_pairs, kThreads), kThreads, 0, s, x, x_row,
+                x_head, y, y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

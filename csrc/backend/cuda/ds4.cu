@@ -28,17 +28,21 @@ __device__ __forceinline__ float collapse(const float* xs, const float* g, const
   return __fmul_rn(acc, w[c]);
 }
 
-// a . b as the CPU's dot8: eight lanes over the first n / 8 * 8 elements, a fixed reduction, the tail.
-__device__ __forceinline__ float dot8(const float* a, const float* b, int64_t n) {
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(a[i + j], b[i + j]));
-  float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[2], acc[6])),
-                      __fadd_rn(__fadd_rn(acc[1], acc[5]), __fadd_rn(acc[3], acc[7])));
-  for (; i < n; ++i) s = __fadd_rn(s, __fmul_rn(a[i], b[i]));
-  return s;
+// The CPU's dot8 of a and b (eight lanes over the first n / 8 * 8 elements, a fixed reduction, the
+// tail) by the eight lanes of a group (j = lane % 8, the whole warp converged): lane j forms the
+// CPU's acc[j] over elements j, j + 8, .., the xor shuffles by 4, 2 and 1 add them in dot8's tree
+// ((0+4)+(2+6)) + ((1+5)+(3+7)), each lane adds the tail. Bit for bit dot8, in every lane of the group.
+__device__ __forceinline__ float dot8_group(const float* __restrict__ a, const float* __restrict__ b,
+                                            int64_t n, int j) {
+  const int64_t n8 = n / 8 * 8;
+  float acc = 0.0f;
+#pragma unroll 8
+  for (int64_t i = j; i < n8; i += 8) acc = __fadd_rn(acc, __fmul_rn(a[i], b[i]));
+  acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 4));
+  acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 2));
+  acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 1));
+  for (int64_t i = n8; i < n; ++i) acc = __fadd_rn(acc, __fmul_rn(a[i], b[i]));
+  return acc;
 }
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
@@ -76,88 +80,116 @@ __device__ __forceinline__ int block_scan(int v, int* scratch, int* total) {
   return before + inc - v;
 }
 
+// Block (i, y): columns y * blockDim .. of row i (one token's row spans D / blockDim blocks).
 __global__ void __launch_bounds__(kRowThreads)
     apply_norm_hc_kernel(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
                          const int32_t* rows, int64_t div, float* out) {
   grid_start();
-  const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i;
-  const float* xs = x + s * HC * D;
-  const float* g = grs + s * HC;
-  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) out[i * D + c] = collapse(xs, g, w, D, HC, c);
+  const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i,
+                c = blockIdx.y * (int64_t)blockDim.x + threadIdx.x;
+  if (c < D) out[i * D + c] = collapse(x + s * HC * D, grs + s * HC, w, D, HC, c);
 }
 
-// Warp w of the block: q8_0 blocks w, w + warps, .. of row i.
+// Block (i, y), warp w: q8_0 block y * warps + w of row i.
 __global__ void __launch_bounds__(kRowThreads)
     quantize_q8_0_hc_kernel(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
                             const int32_t* rows, int64_t div, uint8_t* out, size_t rb) {
   grid_start();
   const int64_t i = blockIdx.x, s = rows ? rows[i] / div : i;
-  const float* xs = x + s * HC * D;
-  const float* g = grs + s * HC;
+  const int64_t b = blockIdx.y * (int64_t)(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (b >= D / kQK8_0) return;  // whole warps
   const int lane = threadIdx.x % kWarp;
-  for (int64_t b = threadIdx.x / kWarp; b < D / kQK8_0; b += blockDim.x / kWarp)
-    q8_0_quantize_store(out + i * rb + b * kQ8_0Bytes, lane, collapse(xs, g, w, D, HC, b * kQK8_0 + lane));
+  q8_0_quantize_store(out + i * rb + b * kQ8_0Bytes, lane,
+                      collapse(x + s * HC * D, grs + s * HC, w, D, HC, b * kQK8_0 + lane));
 }
 
-// Block t: token t's mixing weights (thread 0, HC <= kHcMax), the RMS sums by the whole block.
+// Token t's mixing weights from its mix row mt scaled by r, into g (HC), post (HC) and comb (HC x HC):
+// one thread, in the CPU's order. kHC > 0: HC is kHC and the arrays live in registers (the Sinkhorn
+// iterations are V4's decode-critical serial part); kHC == 0: any HC <= kHcMax, in local memory.
+template <int kHC>
+__device__ __forceinline__ void hc_weights(const float* mt, float r, int64_t HC_, const float* scale,
+                                           const float* base, float hc_eps, int64_t iters, float* g,
+                                           float* post, float* comb) {
+  constexpr int kN = kHC > 0 ? kHC : static_cast<int>(kHcMax);
+  const int HC = kHC > 0 ? kHC : static_cast<int>(HC_);
+  float c[kN * kN];
+#pragma unroll
+  for (int j = 0; j < HC; ++j)
+    g[j] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[j], r), scale[0]), base[j])), hc_eps);
+  if (post) {
+#pragma unroll
+    for (int j = 0; j < HC; ++j)
+      post[j] =
+          __fmul_rn(2.0f, sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[HC + j], r), scale[1]), base[HC + j])));
+  }
+  if (!comb) return;
+#pragma unroll
+  for (int j = 0; j < HC; ++j) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < HC; ++k) {
+      c[j * kN + k] =
+          __fadd_rn(__fmul_rn(__fmul_rn(mt[2 * HC + j * HC + k], r), scale[2]), base[2 * HC + j * HC + k]);
+      mx = fmaxf(mx, c[j * kN + k]);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HC; ++k) {
+      c[j * kN + k] = expf(__fsub_rn(c[j * kN + k], mx));
+      sum = __fadd_rn(sum, c[j * kN + k]);
+    }
+#pragma unroll
+    for (int k = 0; k < HC; ++k) c[j * kN + k] = __fadd_rn(__fdiv_rn(c[j * kN + k], sum), hc_eps);
+  }
+  auto norm_cols = [&] {
+#pragma unroll
+    for (int k = 0; k < HC; ++k) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) sum = __fadd_rn(sum, c[j * kN + k]);
+      const float den = __fadd_rn(sum, hc_eps);
+#pragma unroll
+      for (int j = 0; j < HC; ++j) c[j * kN + k] = __fdiv_rn(c[j * kN + k], den);
+    }
+  };
+  auto norm_rows = [&] {
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < HC; ++k) sum = __fadd_rn(sum, c[j * kN + k]);
+      const float den = __fadd_rn(sum, hc_eps);
+#pragma unroll
+      for (int k = 0; k < HC; ++k) c[j * kN + k] = __fdiv_rn(c[j * kN + k], den);
+    }
+  };
+  norm_cols();
+  for (int64_t it = 1; it < iters; ++it) {
+    norm_rows();
+    norm_cols();
+  }
+#pragma unroll
+  for (int j = 0; j < HC; ++j)
+#pragma unroll
+    for (int k = 0; k < HC; ++k) comb[j * HC + k] = c[j * kN + k];
+}
+
+// Block t: token t's mixing weights (thread 0: hc_weights), the RMS sums by the whole block.
+template <int kHC>
 __global__ void __launch_bounds__(kThreads)
     hc_pre_kernel(const float* mix, const float* x, int64_t HC, int64_t D, float eps, const float* scale,
                   const float* base, float hc_eps, int64_t iters, float* grs, float* post, float* comb) {
   grid_start();
-  __shared__ float red[kWarp], g[kHcMax], c[kHcMax * kHcMax];
+  __shared__ float red[kWarp], g[kHcMax];
   const int64_t t = blockIdx.x, M = comb ? (2 + HC) * HC : HC;
   const float* xt = x + t * HC * D;
-  const float* mt = mix + t * M;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < HC * D; i += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(xt[i], xt[i]));
   ss = block_sum(ss, red);
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(HC * D)), eps)));
-  if (threadIdx.x == 0) {
-    for (int64_t j = 0; j < HC; ++j)
-      g[j] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[j], r), scale[0]), base[j])), hc_eps);
-    if (post) {
-      for (int64_t j = 0; j < HC; ++j)
-        post[t * HC + j] =
-            __fmul_rn(2.0f, sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[HC + j], r), scale[1]), base[HC + j])));
-    }
-    if (comb) {
-      for (int64_t j = 0; j < HC; ++j) {
-        float* row = c + j * HC;
-        float mx = -INFINITY;
-        for (int64_t k = 0; k < HC; ++k) {
-          row[k] = __fadd_rn(__fmul_rn(__fmul_rn(mt[2 * HC + j * HC + k], r), scale[2]),
-                             base[2 * HC + j * HC + k]);
-          mx = fmaxf(mx, row[k]);
-        }
-        float sum = 0.0f;
-        for (int64_t k = 0; k < HC; ++k) {
-          row[k] = expf(__fsub_rn(row[k], mx));
-          sum = __fadd_rn(sum, row[k]);
-        }
-        for (int64_t k = 0; k < HC; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], sum), hc_eps);
-      }
-      auto norm_cols = [&] {
-        for (int64_t k = 0; k < HC; ++k) {
-          float s = 0.0f;
-          for (int64_t j = 0; j < HC; ++j) s = __fadd_rn(s, c[j * HC + k]);
-          for (int64_t j = 0; j < HC; ++j) c[j * HC + k] = __fdiv_rn(c[j * HC + k], __fadd_rn(s, hc_eps));
-        }
-      };
-      auto norm_rows = [&] {
-        for (int64_t j = 0; j < HC; ++j) {
-          float s = 0.0f;
-          for (int64_t k = 0; k < HC; ++k) s = __fadd_rn(s, c[j * HC + k]);
-          for (int64_t k = 0; k < HC; ++k) c[j * HC + k] = __fdiv_rn(c[j * HC + k], __fadd_rn(s, hc_eps));
-        }
-      };
-      norm_cols();
-      for (int64_t it = 1; it < iters; ++it) {
-        norm_rows();
-        norm_cols();
-      }
-      for (int64_t e = 0; e < HC * HC; ++e) comb[t * HC * HC + e] = c[e];
-    }
-  }
+  if (threadIdx.x == 0)
+    hc_weights<kHC>(mix + t * M, r, HC, scale, base, hc_eps, iters, g, post ? post + t * HC : nullptr,
+                    comb ? comb + t * HC * HC : nullptr);
   __syncthreads();
   // The RMS scale of the collapsed input, folded into the collapse weights.
   float cs = 0.0f;
@@ -169,6 +201,33 @@ __global__ void __launch_bounds__(kThreads)
   cs = block_sum(cs, red);
   const float rr = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(cs, static_cast<float>(D)), eps)));
   if (threadIdx.x < HC) grs[t * HC + threadIdx.x] = __fmul_rn(g[threadIdx.x], rr);
+}
+
+// Block (t, m): mix[t, m] = fn[m, :] . x[t, :]; thread i sums k = i, i + blockDim, .. (float4 where both
+// rows are 16-byte aligned), then the block's fixed tree: the same float operations whatever T.
+__global__ void __launch_bounds__(kThreads)
+    hc_mix_kernel(const float* fn, int64_t M, int64_t K, const float* x, float* mix, bool vec) {
+  grid_start();
+  __shared__ float red[kWarp];
+  const int64_t t = blockIdx.y, m = blockIdx.x;
+  const float* w = fn + m * K;
+  const float* xt = x + t * K;
+  float acc = 0.0f;
+  if (vec) {
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    const float4* x4 = reinterpret_cast<const float4*>(xt);
+    for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
+      const float4 a = __ldg(w4 + i), b = x4[i];
+      acc = fmaf(a.x, b.x, acc);
+      acc = fmaf(a.y, b.y, acc);
+      acc = fmaf(a.z, b.z, acc);
+      acc = fmaf(a.w, b.w, acc);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) acc = fmaf(w[i], xt[i], acc);
+  }
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) mix[t * M + m] = acc;
 }
 
 // Thread (t, d): column d of token t's streams, in place.
@@ -216,27 +275,25 @@ __global__ void __launch_bounds__(kRowThreads)
     v[i] = w ? __fmul_rn(__fmul_rn(v[i], g), w[i]) : __fmul_rn(v[i], g);
 }
 
-// Thread (r, i): pair i of every head of row r.
+// Thread (r, h, i): pair i of head h of row r (each thread forms its own angle: the same float).
 __global__ void __launch_bounds__(kThreads)
     rope_tail_kernel(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64_t n_pairs,
                      const float* inv_freq, float mscale, int64_t pos0, const int32_t* pos_dev,
                      int64_t pos_step, bool inverse) {
   grid_start();
   if (pos_dev) pos0 += *pos_dev;
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < rows * n_pairs;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < rows * n_heads * n_pairs;
        e += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = e / n_pairs, i = e % n_pairs;
+    const int64_t rh = e / n_pairs, i = e % n_pairs, r = rh / n_heads;
     const float theta = __fmul_rn(static_cast<float>(pos0 + r * pos_step), inv_freq[i]);
     float sn, cs;
     sincosf(theta, &sn, &cs);
     cs = __fmul_rn(cs, mscale);
     sn = __fmul_rn(__fmul_rn(sn, mscale), inverse ? -1.0f : 1.0f);
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (r * n_heads + h) * hd + hd - 2 * n_pairs + 2 * i;
-      const float x0 = v[0], x1 = v[1];
-      v[0] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-      v[1] = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
-    }
+    float* v = x + rh * hd + hd - 2 * n_pairs + 2 * i;
+    const float x0 = v[0], x1 = v[1];
+    v[0] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    v[1] = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
   }
 }
 
@@ -314,8 +371,12 @@ __global__ void __launch_bounds__(kThreads)
     dst[d] = row[d];
 }
 
-// Block (t, h): its keys' logits and row pointers in dynamic shared memory (attention_sink_smem).
-__global__ void __launch_bounds__(kRowThreads)
+constexpr int kAttnThreads = 256;
+
+// Block (t, h): its keys' logits and row pointers in dynamic shared memory (launch_attention_sink sizes
+// it). A group of eight lanes forms one key's logit (dot8_group: the CPU's dot8); the denominator adds in
+// key order, as the CPU does; each key's weight is divided once, then every column sums the keys in order.
+__global__ void __launch_bounds__(kAttnThreads)
     attention_sink_kernel(const float* q, const float* kv, const float* win, int64_t window,
                           const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
                           const float* sinks, int64_t pos0, const int32_t* pos_dev, int64_t H, int64_t hd,
@@ -339,16 +400,23 @@ __global__ void __launch_bounds__(kRowThreads)
   float* lg = reinterpret_cast<float*>(ds4_smem + nk * sizeof(const float*));
   const float* qh = q + (t * H + h) * hd;
   for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) {
-    const float* key;
     if (k < n_win) {
       const int64_t j = j0 + k;
-      key = j >= pos0 ? kv + (j - pos0) * hd : win + (j % window) * hd;
+      keys[k] = j >= pos0 ? kv + (j - pos0) * hd : win + (j % window) * hd;
     } else {
-      key = comp + (sel ? sel[t * topk + (k - n_win)] : k - n_win) * hd;
+      keys[k] = comp + (sel ? sel[t * topk + (k - n_win)] : k - n_win) * hd;
     }
-    keys[k] = key;
-    lg[k] = __fmul_rn(dot8(qh, key, hd), scale);
   }
+  __syncthreads();
+  {  // the logits: warp w's groups take keys w * 4 .., every lane of a warp in the loop together
+    const int lane = threadIdx.x % kWarp, groups = blockDim.x / 8;
+    for (int64_t base = threadIdx.x / kWarp * (kWarp / 8); base < nk; base += groups) {
+      const int64_t k = base + lane / 8;
+      const float d = dot8_group(qh, keys[k < nk ? k : 0], hd, lane % 8);
+      if (k < nk && lane % 8 == 0) lg[k] = __fmul_rn(d, scale);
+    }
+  }
+  __syncthreads();
   float m = sinks[h];
   for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) m = fmaxf(m, lg[k]);
   m = block_max(m, red);  // exact in any order
@@ -361,10 +429,20 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   __syncthreads();
   const float den = red[0];
+  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) lg[k] = __fdiv_rn(lg[k], den);
+  __syncthreads();
   float* o = out + (t * H + h) * hd;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t k = 0; k < nk; ++k) acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(lg[k], den), keys[k][d]));
+    int64_t k = 0;
+    for (; k + 8 <= nk; k += 8) {  // eight rows' loads in flight, added in key order
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = keys[k + i][d];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc = __fadd_rn(acc, __fmul_rn(lg[k + i], v[i]));
+    }
+    for (; k < nk; ++k) acc = __fadd_rn(acc, __fmul_rn(lg[k], keys[k][d]));
     o[d] = acc;
   }
 }
@@ -375,10 +453,14 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+constexpr int kIdxThreads = 1024, kIdxTile = 4096;
+
 // Block t: the scores of the visible compressed rows (dynamic shared memory, one key each), the
 // topk-th largest by a radix select over the keys, then the picked rows in ascending order: every
 // key above it, and of those equal to it the lowest rows first (the CPU's ties to the lower row).
-__global__ void __launch_bounds__(kThreads)
+// The scores go a tile of rows at a time: a group of eight lanes per (row, head) forms the CPU's dot8
+// (dot8_group), then a thread per row adds its heads in order, as the CPU does.
+__global__ void __launch_bounds__(kIdxThreads)
     indexer_topk_kernel(const float* q, const float* w, const float* keys, int64_t pos0,
                         const int32_t* pos_dev, int64_t n_heads, int64_t dim, int64_t ratio, int64_t topk,
                         float scale, int32_t* sel) {
@@ -388,17 +470,30 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int hist[256], scan[kWarp];
   __shared__ uint32_t s_prefix;
   __shared__ int s_want;
+  __shared__ float dots[kIdxTile];
   uint32_t* key = reinterpret_cast<uint32_t*>(ds4_smem);
   const int64_t t = blockIdx.x, n_vis = (pos0 + t + 1) / ratio, k = topk < n_vis ? topk : n_vis;
   int32_t* st = sel + t * topk;
   for (int64_t i = threadIdx.x; i < topk; i += blockDim.x) st[i] = -1;
-  for (int64_t s = threadIdx.x; s < n_vis; s += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      const float d = dot8(q + (t * n_heads + h) * dim, keys + s * dim, dim);
-      acc = __fadd_rn(acc, __fmul_rn(fmaxf(d, 0.0f), __fmul_rn(w[t * n_heads + h], scale)));
+  const int lane = threadIdx.x % kWarp, groups = blockDim.x / 8;
+  const float* qt = q + t * n_heads * dim;
+  const float* wt = w + t * n_heads;
+  const int64_t tile_rows = kIdxTile / n_heads;
+  for (int64_t s0 = 0; s0 < n_vis; s0 += tile_rows) {
+    const int64_t rows = n_vis - s0 < tile_rows ? n_vis - s0 : tile_rows, pairs = rows * n_heads;
+    for (int64_t base = threadIdx.x / kWarp * (kWarp / 8); base < pairs; base += groups) {
+      const int64_t e = base + lane / 8, ee = e < pairs ? e : 0, r = ee / n_heads, h = ee % n_heads;
+      const float d = dot8_group(qt + h * dim, keys + (s0 + r) * dim, dim, lane % 8);
+      if (e < pairs && lane % 8 == 0) dots[e] = d;
     }
-    key[s] = order_key(acc);
+    __syncthreads();
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+      float acc = 0.0f;
+      for (int64_t h = 0; h < n_heads; ++h)
+        acc = __fadd_rn(acc, __fmul_rn(fmaxf(dots[r * n_heads + h], 0.0f), __fmul_rn(wt[h], scale)));
+      key[s0 + r] = order_key(acc);
+    }
+    __syncthreads();
   }
   if (k == 0) return;
   if (threadIdx.x == 0) {
@@ -502,15 +597,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Dynamic shared memory of a kernel past 48 KB: asked for once per size, refused past the device's limit.
+// Shared memory of a kernel (its static part and `bytes` of dynamic) past 48 KB: asked for, refused past
+// the device's limit.
 template <class K>
 void allow_smem(K kernel, size_t bytes, const char* what) {
   constexpr size_t kDefault = 48 * 1024;
-  if (bytes <= kDefault) return;
+  cudaFuncAttributes fa{};
+  STRATA_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  const size_t total = bytes + fa.sharedSizeBytes;
+  if (total <= kDefault) return;
   int dev = 0, max_optin = 0;
   STRATA_CUDA_CHECK(cudaGetDevice(&dev));
   STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  STRATA_CHECK(bytes <= static_cast<size_t>(max_optin), UnsupportedError, what, " on CUDA needs ", bytes,
+  STRATA_CHECK(total <= static_cast<size_t>(max_optin), UnsupportedError, what, " on CUDA needs ", total,
                " bytes of shared memory a block; this GPU gives ", max_optin, " (a shorter context)");
   STRATA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
@@ -520,8 +619,11 @@ void allow_smem(K kernel, size_t bytes, const char* what) {
 
 void launch_apply_norm_hc(const float* x, const float* grs, const float* w, int64_t D, int64_t HC,
                           const int32_t* rows, int64_t div, int64_t n, float* out, cudaStream_t s) {
-  if (n <= 0) return;
-  launch_kernel(apply_norm_hc_kernel, grid_x(n), kRowThreads, 0, s, x, grs, w, D, HC, rows, div, out);
+  if (n <= 0 || D <= 0) return;
+  const int64_t cols = ceil_div(D, kRowThreads);
+  STRATA_CHECK(cols <= 65535, UnsupportedError, "apply_norm_hc on CUDA: rows of ", D, " columns");
+  launch_kernel(apply_norm_hc_kernel, dim3(grid_x(n), static_cast<unsigned>(cols)), kRowThreads, 0, s, x, grs,
+                w, D, HC, rows, div, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -529,9 +631,23 @@ void launch_quantize_q8_0_hc(const float* x, const float* grs, const float* w, i
                              const int32_t* rows, int64_t div, int64_t n, uint8_t* out, size_t out_row_bytes,
                              cudaStream_t s) {
   STRATA_CHECK(D % kQK8_0 == 0, ConfigError, "quantize_q8_0_hc: D=", D, " is not a multiple of ", kQK8_0);
-  if (n <= 0) return;
-  launch_kernel(quantize_q8_0_hc_kernel, grid_x(n), kRowThreads, 0, s, x, grs, w, D, HC, rows, div, out,
-                out_row_bytes);
+  if (n <= 0 || D <= 0) return;
+  const int64_t groups = ceil_div(D / kQK8_0, kRowThreads / kWarp);
+  STRATA_CHECK(groups <= 65535, UnsupportedError, "quantize_q8_0_hc on CUDA: rows of ", D, " columns");
+  launch_kernel(quantize_q8_0_hc_kernel, dim3(grid_x(n), static_cast<unsigned>(groups)), kRowThreads, 0, s, x,
+                grs, w, D, HC, rows, div, out, out_row_bytes);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_hc_mix(const float* fn, int64_t M, int64_t K, const float* x, int64_t T, float* mix,
+                   cudaStream_t s) {
+  STRATA_CHECK(M >= 0 && M <= 0x7fffffff && T <= 65535, UnsupportedError, "hc_mix on CUDA: ", M, " rows, ", T,
+               " tokens (at most 65535 a launch)");
+  if (M <= 0 || T <= 0) return;
+  const bool vec =
+      K % 4 == 0 && reinterpret_cast<uintptr_t>(fn) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  launch_kernel(hc_mix_kernel, dim3(grid_x(M), static_cast<unsigned>(T)), kThreads, 0, s, fn, M, K, x, mix,
+                vec);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -541,8 +657,8 @@ void launch_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int6
   STRATA_CHECK(HC >= 1 && HC <= kHcMax, UnsupportedError, "hc_pre on CUDA: ", HC, " streams; at most ",
                kHcMax);
   if (T <= 0) return;
-  launch_kernel(hc_pre_kernel, grid_x(T), kThreads, 0, s, mix, x, HC, D, eps, scale, base, hc_eps, iters, grs,
-                post, comb);
+  launch_kernel(HC == 4 ? hc_pre_kernel<4> : hc_pre_kernel<0>, grid_x(T), kThreads, 0, s, mix, x, HC, D, eps,
+                scale, base, hc_eps, iters, grs, post, comb);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -570,8 +686,9 @@ void launch_rope_tail(float* x, int64_t rows, int64_t n_heads, int64_t hd, int64
                       const float* inv_freq, float mscale, int64_t pos0, const PosSource& ps,
                       int64_t pos_step, bool inverse, cudaStream_t s) {
   if (rows <= 0 || n_pairs <= 0) return;
-  launch_kernel(rope_tail_kernel, stride_blocks(rows * n_pairs, kThreads), kThreads, 0, s, x, rows, n_heads,
-                hd, n_pairs, inv_freq, mscale, pos0, ps.dev, pos_step, inverse);
+  if (n_heads <= 0) return;
+  launch_kernel(rope_tail_kernel, stride_blocks(rows * n_heads * n_pairs, kThreads), kThreads, 0, s, x, rows,
+                n_heads, hd, n_pairs, inv_freq, mscale, pos0, ps.dev, pos_step, inverse);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -618,7 +735,7 @@ void launch_attention_sink(const float* q, const float* kv, const float* win, in
   const size_t smem =
       static_cast<size_t>(std::min(window, end) + n_comp) * (sizeof(const float*) + sizeof(float));
   allow_smem(attention_sink_kernel, smem, "attention_sink");
-  launch_kernel(attention_sink_kernel, grid_x(T * H), kRowThreads, smem, s, q, kv, win, window, comp, ratio,
+  launch_kernel(attention_sink_kernel, grid_x(T * H), kAttnThreads, smem, s, q, kv, win, window, comp, ratio,
                 sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
@@ -631,7 +748,9 @@ void launch_indexer_topk(const float* q, const float* w, const float* keys, int6
   const int64_t end = ps.dev ? std::max<int64_t>(pos0 + T, ps.max_pos) : pos0 + T;
   const size_t smem = static_cast<size_t>(std::max<int64_t>(1, end / ratio)) * sizeof(uint32_t);
   allow_smem(indexer_topk_kernel, smem, "indexer_topk");
-  launch_kernel(indexer_topk_kernel, grid_x(T), kThreads, smem, s, q, w, keys, pos0, ps.dev, n_heads, dim,
+  STRATA_CHECK(n_heads >= 1 && n_heads <= kIdxTile, UnsupportedError, "indexer_topk on CUDA: ", n_heads,
+               " heads; the kernel takes up to ", kIdxTile);
+  launch_kernel(indexer_topk_kernel, grid_x(T), kIdxThreads, smem, s, q, w, keys, pos0, ps.dev, n_heads, dim,
                 ratio, topk, scale, sel);
   STRATA_CUDA_LAUNCH_CHECK();
 }

@@ -16,6 +16,9 @@ void launch_quantize_q8_0_hc(const float* x, const float* grs, const float* w, i
                              cudaStream_t s);
 // Streams per token at most kHcMax (a block keeps a token's mixing weights in shared memory).
 constexpr int64_t kHcMax = 16;
+// Ds4Ops::hc_mix of F32 fn: a block per (t, m), its threads' strided partials summed in the block's tree.
+void launch_hc_mix(const float* fn, int64_t M, int64_t K, const float* x, int64_t T, float* mix,
+                   cudaStream_t s);
 void launch_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
                    const float* scale, const float* base, float hc_eps, int64_t iters, float* grs,
                    float* post, float* comb, cudaStream_t s);

@@ -22,25 +22,24 @@ __global__ void __launch_bounds__(kThreads)
     y[i] = __fadd_rn(y[i], bias[i % n]);
 }
 
-// Thread (t, i): the angle of pair (i, i + hd / 2) at token t, then that pair in every head.
+// Thread (t, h, i): pair (i, i + hd / 2) of head h at token t (each thread forms its own angle: the
+// same float).
 __global__ void __launch_bounds__(kThreads)
     rope_neox_kernel(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, float mscale,
                      int64_t pos0, const int32_t* pos_dev) {
   grid_start();
   const int64_t half = hd / 2, base = pos0 + (pos_dev ? *pos_dev : 0);
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * half;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * n_heads * half;
        e += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t t = e / half, i = e % half;
+    const int64_t th = e / half, i = e % half, t = th / n_heads;
     const float a = __fmul_rn((float)(base + t), inv_freq[i]);
     float sn, cs;
     sincosf(a, &sn, &cs);
     const float c = __fmul_rn(cs, mscale), s = __fmul_rn(sn, mscale);
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * hd;
-      const float x0 = v[i], x1 = v[i + half];
-      v[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-      v[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-    }
+    float* v = x + th * hd;
+    const float x0 = v[i], x1 = v[i + half];
+    v[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    v[i + half] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
   }
 }
 
@@ -79,6 +78,7 @@ __global__ void __launch_bounds__(kAttThreads)
     if (tid < nk) {
       const KvT* kr = kc + (c0 + tid) * stride + kvh * hd;
       float dot = 0.0f;
+#pragma unroll 8
       for (int64_t d = 0; d < hd; ++d) dot = fmaf(qs[d], kv_at(kr + d), dot);
       sc = dot * scale;
     }
@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(kAttThreads)
       if (d >= hd) break;
       float s = acc[i] * a;
       const KvT* vcol = vc + c0 * stride + kvh * hd + d;
+#pragma unroll 8
       for (int j = 0; j < nk; ++j) s = fmaf(ps[j], kv_at(vcol + j * stride), s);
       acc[i] = s;
     }
@@ -153,9 +154,9 @@ void launch_add_bias(float* y, const float* bias, int64_t T, int64_t n, cudaStre
 void launch_rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, float mscale,
                       int64_t pos0, const int32_t* pos_dev, cudaStream_t s) {
   STRATA_CHECK(hd % 2 == 0, ConfigError, "rope_neox: head_dim ", hd, " is odd");
-  if (T <= 0 || hd <= 0) return;
-  launch_kernel(rope_neox_kernel, stride_blocks(T * hd / 2, kThreads), kThreads, 0, s, x, T, n_heads, hd,
-                inv_freq, mscale, pos0, pos_dev);
+  if (T <= 0 || hd <= 0 || n_heads <= 0) return;
+  launch_kernel(rope_neox_kernel, stride_blocks(T * n_heads * hd / 2, kThreads), kThreads, 0, s, x, T,
+                n_heads, hd, inv_freq, mscale, pos0, pos_dev);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

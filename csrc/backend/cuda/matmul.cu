@@ -156,6 +156,35 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
   });
 }
 
+void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t w_stride, int64_t rows,
+                           int64_t cols, const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y,
+                           int64_t y_stride, int64_t ldy, int64_t n, cudaStream_t s) {
+  STRATA_CHECK(n >= 0, ConfigError, "matmul_strided: ", n, " products");
+  if (path != MatmulPath::Gemv || T != 1 || n <= 1 || n > 65535) {  // a prompt's products: their own launches
+    for (int64_t i = 0; i < n; ++i)
+      launch_matmul_path(path, type, static_cast<const uint8_t*>(W) + i * w_stride, rows, cols,
+                         X + i * x_stride, ldx, T, Y + i * y_stride, ldy, s);
+    return;
+  }
+  dispatch_format(type, "matmul weight", [&](auto fmt) {
+    using F = decltype(fmt);
+    const size_t rb = row_bytes(F::kType, cols);
+    check_shape("matmul_strided", rows, cols, T, ldy);
+    STRATA_CHECK(ldx >= cols, ConfigError, "matmul_strided: ldx=", ldx, " is smaller than cols=", cols);
+    check_weights<F>(W, rb, "matmul_strided");
+    check_weights<F>(W, w_stride, "matmul_strided (the products' stride)");
+    STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul_strided: activations at ", X,
+                 " are not 4-byte aligned");
+    if (rows == 0) return;
+    MatmulArgs a{static_cast<const uint8_t*>(W), rb, rows, cols, X, ldx, T, Y, ldy};
+    a.batch = n;
+    a.w_stride = w_stride;
+    a.x_stride = x_stride;
+    a.y_stride = y_stride;
+    launch_gemv<F>(a, s);
+  });
+}
+
 void launch_matmul(uint32_t type, const void* W, int64_t rows, int64_t cols, const float* X, int64_t ldx,
                    int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
   const MatmulPath path =

@@ -259,10 +259,11 @@ __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int
 template <class F>
 __global__ void __launch_bounds__(kRowThreads) gemv_row_kernel(MatmulArgs a, bool x_vec) {
   grid_start();
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp, b = blockIdx.y;
   if (r >= a.rows) return;
-  const float s = row_dot<F>(a.W + r * a.rb, a.X, a.cols, x_vec, threadIdx.x % kWarp);
-  if (threadIdx.x % kWarp == 0) a.Y[r] = s;
+  const float s =
+      row_dot<F>(a.W + b * a.w_stride + r * a.rb, a.X + b * a.x_stride, a.cols, x_vec, threadIdx.x % kWarp);
+  if (threadIdx.x % kWarp == 0) a.Y[b * a.y_stride + r] = s;
 }
 
 // Several matrices' rows against one activation row (matmul_n): row r of the stacked row space.
@@ -358,14 +359,15 @@ extern __shared__ __align__(16) float gemv_xs[];
 template <class F>
 __global__ void __launch_bounds__(kXsThreads) gemv_row_xs_kernel(MatmulArgs a, bool x_vec) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
-  if (r < a.rows) prefetch_row<F>(a.W + r * a.rb, a.cols, lane);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp, b = blockIdx.y;
+  const uint8_t* W = a.W + b * a.w_stride;
+  if (r < a.rows) prefetch_row<F>(W + r * a.rb, a.cols, lane);
   grid_start();
-  stage_x_row(gemv_xs, a.X, a.cols, x_vec);
+  stage_x_row(gemv_xs, a.X + b * a.x_stride, a.cols, x_vec);
   __syncthreads();
   if (r >= a.rows) return;
-  const float s = row_dot_xs<F>(a.W + r * a.rb, gemv_xs, a.cols, lane);
-  if (lane == 0) a.Y[r] = s;
+  const float s = row_dot_xs<F>(W + r * a.rb, gemv_xs, a.cols, lane);
+  if (lane == 0) a.Y[b * a.y_stride + r] = s;
 }
 
 template <class F>
@@ -397,18 +399,22 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec
 template <class F>
 void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
   using namespace gemv;
-  const bool x_vec = x_rows_aligned(a.X, a.ldx);
+  const bool x_vec = x_rows_aligned(a.X, a.ldx) && a.x_stride % 4 == 0;
   const dim3 grid(grid_x(ceil_div(a.rows, kRows)));
+  STRATA_CHECK(a.batch == 1 || (a.T == 1 && a.batch <= 65535), ConfigError, "gemv: a batch of ", a.batch,
+               " products takes one token, got ", a.T);
+  const auto batch = static_cast<unsigned>(a.batch);
   for (int64_t t0 = 0; t0 < a.T; t0 += kMaxT) {
     MatmulArgs g = a;
     g.X = a.X + t0 * a.ldx;
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
     if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols))
-      launch_kernel(gemv_row_xs_kernel<F>, grid_x(ceil_div(a.rows, kXsWarps)), kXsThreads, xs_bytes(a.cols),
-                    s, g, x_vec);
+      launch_kernel(gemv_row_xs_kernel<F>, dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads,
+                    xs_bytes(a.cols), s, g, x_vec);
     else if (g.T == 1)
-      launch_kernel(gemv_row_kernel<F>, grid_x(ceil_div(a.rows, kRowWarps)), kRowThreads, 0, s, g, x_vec);
+      launch_kernel(gemv_row_kernel<F>, dim3(grid_x(ceil_div(a.rows, kRowWarps)), batch), kRowThreads, 0, s,
+                    g, x_vec);
     else if (g.T == 2)
       launch_kernel(gemv_kernel<F, 2>, grid, kThreads, 0, s, g, x_vec);
     else if (g.T <= 4)

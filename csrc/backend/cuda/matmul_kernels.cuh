@@ -28,6 +28,11 @@ struct MatmulArgs {
   int64_t ldx, T;
   float* Y;
   int64_t ldy;
+  // One-token GEMV only: `batch` products of this shape, W, X and Y of product i at i * w_stride bytes,
+  // i * x_stride and i * y_stride floats (grid y).
+  int64_t batch = 1;
+  size_t w_stride = 0;
+  int64_t x_stride = 0, y_stride = 0;
 };
 
 // Up to kGemvMulti matmuls of one activation row (T = 1) in one launch: rows [0, rows[0]) of the
