@@ -30,7 +30,8 @@ class Ds4Ops {
   // The hyper-connection mix of T tokens: mix[t, m] = fn[m, :] . x[t, :] over K = HC * D values, fn M rows
   // of ggml type `type` (a site's few rows against a long input). Backend::matmul's result where the
   // backend sums in matmul's order (the CPU); a backend may sum each (t, m) in its own fixed order, the
-  // same whatever T (CUDA: F32 fn a block per (t, m), the block's fixed tree).
+  // same whatever T (CUDA: F32 fn on the decode's GEMV path a block per (t, m), the block's fixed tree; a
+  // prompt's the weight matmul).
   virtual void hc_mix(uint32_t type, const void* fn, int64_t M, int64_t K, const float* x, int64_t T,
                       float* mix) = 0;
   // Hyper-connection weights of T tokens from mix = fn . x[t] (T x M, M = (2 + HC) HC) and the streams

@@ -507,11 +507,13 @@ class CudaBackend final : public Backend,
   void hc_mix(uint32_t type, const void* fn, int64_t M, int64_t K, const float* x, int64_t T,
               float* mix) override {
     use();
-    if (type == static_cast<uint32_t>(QType::F32)) {
+    // On the GEMV path (a decode step) F32 rows a block per (t, m): 24 rows as 24 warps of the weight GEMV
+    // ran on 6 SMs. A prompt keeps the weight matmul's tensor-core tile (its chunks' bits as before).
+    const cuda::MatmulPath path = matmul_path(type, M, K, T);
+    if (type == static_cast<uint32_t>(QType::F32) && path == cuda::MatmulPath::Gemv)
       cuda::launch_hc_mix(static_cast<const float*>(fn), M, K, x, T, mix, compute_);
-    } else {  // another type of fn: the weight matmul
-      cuda::launch_matmul_path(matmul_path(type, M, K, T), type, fn, M, K, x, K, T, mix, M, compute_);
-    }
+    else
+      cuda::launch_matmul_path(path, type, fn, M, K, x, K, T, mix, M, compute_);
   }
   void hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int64_t D, float eps,
               const float* scale, const float* base, float hc_eps, int64_t iters, float* grs, float* post,
