@@ -43,6 +43,17 @@ AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a) {
   return sc;
 }
 
+void matmul_pair(Backend& be, const DenseMatrix& a, const DenseMatrix& b, const float* x, int64_t T,
+                 float* ya, float* yb) {
+  if (a.type == b.type && a.cols == b.cols) {
+    const Backend::MatmulOut outs[2] = {{a.data, a.rows, ya, a.rows}, {b.data, b.rows, yb, b.rows}};
+    be.matmul_n(a.type, a.cols, x, a.cols, T, outs, 2);
+  } else {
+    be.matmul(a.type, a.data, a.rows, a.cols, x, a.cols, T, ya, a.rows);
+    be.matmul(b.type, b.data, b.rows, b.cols, x, b.cols, T, yb, b.rows);
+  }
+}
+
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
                      const AttentionShape& a, const AttentionScratch& sc, const float* x, int64_t T,
                      int64_t pos0, const SeqRows* rows) {

@@ -24,6 +24,11 @@ const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D,
 const float* add_gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
                          const float* w, float* stage);
 
+// Two matrices of one activation x (T rows of a.cols): ya = a x, yb = b x; one Backend::matmul_n where both
+// share a type and a width (one launch for a decode step), bit for bit the two matmuls either way.
+void matmul_pair(Backend& be, const DenseMatrix& a, const DenseMatrix& b, const float* x, int64_t T,
+                 float* ya, float* yb);
+
 struct AttentionWeights {
   DenseMatrix q, k, v, o;
   const float* q_norm = nullptr;  // per-head RMSNorm weights (may be null)

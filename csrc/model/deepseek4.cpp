@@ -176,8 +176,7 @@ class Ds4Forward final : public ForwardPass {
       // The shared expert first: the routed experts overwrite proj, where x may be staged.
       const int64_t Fs = d_.shared_ffn;
       float *sh_gate = b[sc_.sh_gate], *sh_up = b[sc_.sh_up], *sh_out = b[sc_.sh_out];
-      be.matmul(w.gate_shexp.type, w.gate_shexp.data, Fs, D, x, D, T, sh_gate, Fs);
-      be.matmul(w.up_shexp.type, w.up_shexp.data, Fs, D, x, D, T, sh_up, Fs);
+      matmul_pair(be, w.gate_shexp, w.up_shexp, x, T, sh_gate, sh_up);
       ops.swiglu_clamp(sh_gate, sh_up, T * Fs, w.clamp_shexp);
       be.matmul(w.down_shexp.type, w.down_shexp.data, D, Fs, sh_gate, Fs, T, sh_out, D);
       const Ds4Moe moe(ops, w.clamp_exp);

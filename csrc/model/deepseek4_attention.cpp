@@ -32,8 +32,7 @@ void compress(const ForwardContext& ctx, Ds4Ops& ops, int64_t l, const std::stri
   float* rows = ctx.kv.tensor(l, name);
   float* state_kv = ctx.kv.tensor(l, name + ".state.kv");
   float* state_score = ctx.kv.tensor(l, name + ".state.score");
-  mm(be, wkv, x, T, kv);
-  mm(be, wgate, x, T, score);
+  matmul_pair(be, wkv, wgate, x, T, kv, score);
   const int64_t first = pos0 / ratio, n_new = (pos0 + T) / ratio - first;
   if (be.position_source()) {
     STRATA_CHECK(T == 1, Error, "internal error: a V4 pass at a device position of ", T, " tokens");
@@ -108,9 +107,8 @@ void ds4_attention(const ForwardContext& ctx, Ds4Ops& ops, const PrefillBuffers&
   const int64_t G = d.o_groups, in_g = H * hd / G;
   const size_t group_bytes =
       row_bytes(quant_traits(w.o_a.type, "attn_output_a").type, in_g) * (size_t)d.o_lora;
-  for (int64_t g = 0; g < G; ++g)
-    be.matmul(w.o_a.type, static_cast<const uint8_t*>(w.o_a.data) + g * group_bytes, d.o_lora, in_g,
-              out + g * in_g, H * hd, T, b[sc.oa] + g * d.o_lora, G * d.o_lora);
+  be.matmul_strided(w.o_a.type, w.o_a.data, group_bytes, d.o_lora, in_g, out, in_g, H * hd, T, b[sc.oa],
+                    d.o_lora, G * d.o_lora, G);
   mm(be, w.o_b, b[sc.oa], T, b.proj);
 }
 
