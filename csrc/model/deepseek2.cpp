@@ -355,8 +355,7 @@ class Deepseek2Forward final : public RowsForwardPass {
   void swiglu_ffn(const PrefillBuffers& b, const DenseMatrix& gate, const DenseMatrix& up,
                   const DenseMatrix& down, const float* x, int64_t T, float* y) {
     float *g = b[sc_.gate], *u = b[sc_.up];
-    matmul(gate, x, T, g);
-    matmul(up, x, T, u);
+    matmul_pair(ctx_.be, gate, up, x, T, g, u);
     ctx_.be.swiglu(g, u, T * gate.rows);
     matmul(down, g, T, y);
   }
@@ -373,15 +372,15 @@ class Deepseek2Forward final : public RowsForwardPass {
     Backend& be = ctx_.be;
     const int64_t H = s.n_head, C = d.kv_lora, dn = d.dn, dk = d.dk(), W = d.latent(), P = d.dr / 2;
     float *q = b[sc_.q], *kv = b[sc_.kv], *ql = b[sc_.q_lat], *ol = b[sc_.out_lat], *out = b[sc_.out];
+    // The query's first projection and the kv latent's read the same x: one launch where they can.
     if (d.q_lora > 0) {
       float* qa = b[sc_.q_a];
-      matmul(w.q_a, x, T, qa);
+      matmul_pair(be, w.q_a, w.kv_a, x, T, qa, kv);
       ops_.rms_norm_rows(qa, T, d.q_lora, d.q_lora, w.q_a_norm, s.rms_eps);
       matmul(w.q_b, qa, T, q);
     } else {
-      matmul(w.q, x, T, q);
+      matmul_pair(be, w.q, w.kv_a, x, T, q, kv);
     }
-    matmul(w.kv_a, x, T, kv);
     ops_.rms_norm_rows(kv, T, C, W, w.kv_a_norm, s.rms_eps);
     be.matmul_strided(w.k_b.type, w.k_b.data, w.k_b_head, C, dn, q, dk, H * dk, T, ql, W, H * W, H);
     const KvType kt = ctx_.kv.type();
