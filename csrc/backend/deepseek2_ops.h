@@ -24,7 +24,8 @@ class Deepseek2Ops {
                              float eps) = 0;
   // RoPE over interleaved pairs: for t < T, h < n_heads, i < n_pairs, the pair (2i, 2i + 1) at
   // x + t * x_row + h * x_head rotates by the angle (float)(pos0 + t) * inv_freq[i] and lands at the same
-  // place of y (y_row, y_head); y may be x.
+  // place of y (y_row, y_head); y may be x. With the backend's position source set (a recorded decode
+  // step), the device's int32 is added to pos0.
   virtual void rope_pairs(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row,
                           int64_t y_head, int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq,
                           int64_t pos0) = 0;

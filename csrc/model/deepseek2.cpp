@@ -385,7 +385,7 @@ class Deepseek2Forward final : public RowsForwardPass {
     be.matmul_strided(w.k_b.type, w.k_b.data, w.k_b_head, C, dn, q, dk, H * dk, T, ql, W, H * W, H);
     const KvType kt = ctx_.kv.type();
     if (rows) {
-      for (const RowRun& r : row_runs(*rows, T)) {
+      for_row_runs(be, *rows, T, [&](const RowRun& r) {
         const int64_t t = r.first, p = r.pos0, n = r.n;
         float* kvt = kv + t * W;
         ops_.rope_pairs(q + t * H * dk + dn, H * dk, dk, ql + t * H * W + C, H * W, W, n, H, P, inv_freq_, p);
@@ -393,7 +393,7 @@ class Deepseek2Forward final : public RowsForwardPass {
         void* kc = ctx_.kv.k(l, r.seq);
         be.kv_store(kc, kt, p, n, W, kvt);
         be.attention(ql + t * H * W, kc, kc, kt, n, p, H, 1, W, d.kq_scale, ol + t * H * W);
-      }
+      });
     } else {
       ops_.rope_pairs(q + dn, H * dk, dk, ql + C, H * W, W, T, H, P, inv_freq_, pos0);
       ops_.rope_pairs(kv + C, W, W, kv + C, W, W, T, 1, P, inv_freq_, pos0);
@@ -414,9 +414,9 @@ class Deepseek2Forward final : public RowsForwardPass {
   Ds2Scratch sc_;
 
  public:
-  // RoPE takes each step's position from the host (rope_pairs' pos0), so a decode step is not recorded
-  // as a graph: it runs op by op.
-  bool graphable() const override { return false; }
+  // Every op that takes a position reads the backend's position source while it is set (rope_pairs, the KV
+  // store, attention; a batched row's through for_row_runs): a decode step records as one graph.
+  bool graphable() const override { return true; }
 };
 
 std::string no_ds2_ops(Backend& be) {

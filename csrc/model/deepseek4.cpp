@@ -23,8 +23,8 @@ namespace {
 // weights times the RMS scale of the collapsed input; hc.post and hc.comb unless the site is the head),
 // then the normalized input R * grs * w summed over the streams, returned where gr_read returns it (xn
 // when carved, else staged in `stage`). `first` skips rows (the head reads only the last).
-const float* gr_read_hc(Backend& be, Ds4Ops& ops, const PrefillBuffers& b, const Ds4Scratch& sc, int64_t T,
-                        int64_t D, float eps, const HcSite& site, bool head, const float* w, float* stage,
+const float* gr_read_hc(Ds4Ops& ops, const PrefillBuffers& b, const Ds4Scratch& sc, int64_t T, int64_t D,
+                        float eps, const HcSite& site, bool head, const float* w, float* stage,
                         int64_t first = 0) {
   const int64_t HC = b.HC, n = T - first;
   const float* R = b.R + first * HC * D;
@@ -164,11 +164,11 @@ class Ds4Forward final : public ForwardPass {
     for (int64_t l = 0; l < s.L; ++l) {
       between_layers(ctx_, l, T, pos0);
       const Ds4LayerWeights& w = layers_[l];
-      const float* x = gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, w.hc_attn, false, w.attn_norm, b.proj);
+      const float* x = gr_read_hc(ops, b, sc_, T, D, s.rms_eps, w.hc_attn, false, w.attn_norm, b.proj);
       ds4_attention(ctx_, ops, b, sc_, l, w, comp_rope_, x, T, pos0);
       hc_update(ops, b, sc_, T, D);
 
-      x = gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, w.hc_ffn, false, w.ffn_norm, b.proj);
+      x = gr_read_hc(ops, b, sc_, T, D, s.rms_eps, w.hc_ffn, false, w.ffn_norm, b.proj);
       be.matmul(w.router.type, w.router.data, w.router.rows, w.router.cols, x, D, T, b.router, s.E);
       ops.router_v4(b.router, T, s.E, s.K, w.probs_b, w.tid2eid, tokens, d_.norm_weights, d_.routed_scale,
                     b.topk_ids, b.topk_w);
@@ -188,7 +188,7 @@ class Ds4Forward final : public ForwardPass {
     if (!logits) return;
     const int64_t first = all_logits ? 0 : T - 1;
     const float* x =
-        gr_read_hc(be, ops, b, sc_, T, D, s.rms_eps, hc_head_, true, head_.output_norm, b.proj, first);
+        gr_read_hc(ops, b, sc_, T, D, s.rms_eps, hc_head_, true, head_.output_norm, b.proj, first);
     head_block(be, head_.output, x, T - first, head_.logits_dev.as<float>(), logits);
   }
 

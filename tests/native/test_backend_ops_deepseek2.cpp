@@ -74,6 +74,26 @@ TEST_P(Ds2Op, RopePairsInPlaceAndIntoAnotherBuffer) {
   }
 }
 
+// With the backend's position source set (a recorded decode step), rope_pairs adds the device's position
+// to pos0: bit for bit the host position's rotation.
+TEST_P(Ds2Op, RopePairsReadsThePositionSource) {
+  if (!be().supports_graphs()) GTEST_SKIP() << "no position source without graphs";
+  std::mt19937 rng(43);
+  const int64_t H = 3, dk = 10, P = 3, ctx = 2048;
+  const auto inv = randf(rng, P, 1e-3f, 1.f);
+  Dev<float> di(be(), inv, "inv_freq");
+  for (int32_t pos : {0, 5, 1029, 2047}) {
+    const auto q = randf(rng, H * dk, -2.f, 2.f);
+    Dev<float> host(be(), q, "q host"), dev(be(), q, "q device");
+    Dev<int32_t> dp(be(), std::vector<int32_t>{pos}, "pos");
+    ops().rope_pairs(host.p() + 4, dk, dk, host.p() + 4, dk, dk, 1, H, P, di.p(), pos);
+    be().set_position_source(dp.p(), ctx);
+    ops().rope_pairs(dev.p() + 4, dk, dk, dev.p() + 4, dk, dk, 1, H, P, di.p(), 0);
+    be().set_position_source(nullptr, 0);
+    expect_same(dev.get(), host.get(), str("rope_pairs at device position ", pos));
+  }
+}
+
 // The reference router in double: the same selection rules as deepseek2_ops.h states.
 void ref_router(const std::vector<float>& logits, int64_t T, int64_t E, int64_t K, bool sigmoid,
                 const std::vector<float>& bias, int64_t groups, int64_t used, bool norm, double scale,

@@ -56,3 +56,11 @@ def fp16_movement(path: str, tmp_dir, prompt: list[int], ctx: int, **kw) -> floa
         return strata.Model(str(p), device="cpu", ctx=ctx, progress=False, **kw).logits(prompt)
 
     return rel(cpu(rounded), cpu(path))
+
+
+def streamed_cache(path: str, prefill: int) -> str:
+    """A bounded cache that streams: a third of the experts' bytes, or the chunk's region and 8 slots if that is
+    more (test_deepseek4's)."""
+    info = strata.ModelInfo(path)
+    spec = info.spec
+    return f"{max(spec['expert_bytes'] // 3, (info.layout(prefill)['slots'] + 8) * spec['slot_bytes'])}b"

@@ -14,8 +14,8 @@ there is none, and what is left is the rounding itself. Its size on each file is
 (`fp16_movement`: the logits when every float matrix is rounded to fp16, as the GPU's prompt tiles round
 weights and activations alike), and the GPU may move them 3x that (two operands rounded, and the order of
 its sums) or gpu_common's bound, whichever is larger. Top-3 routing on the GPU is covered by the greedy
-tokens and the chunking tests below. deepseek2 decodes op by op too: its RoPE takes each step's position from the
-host. DeepSeek V4 has its own file, test_gpu_deepseek4.py."""
+tokens and the chunking tests below. deepseek2 records its decode step as one graph (its RoPE reads the position
+on the device), checked against op by op. DeepSeek V4 has its own file, test_gpu_deepseek4.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import strata
-from gpu_common import F16_KV_VS_CPU, F32_KV_VS_CPU, MMQ_VS_CPU, fp16_movement, has_gpu, rel
+from gpu_common import F16_KV_VS_CPU, F32_KV_VS_CPU, MMQ_VS_CPU, fp16_movement, has_gpu, rel, streamed_cache
 from strata.testing import make_gemma4, make_qwen35moe
 from strata.testing.deepseek2 import make_deepseek2
 
@@ -102,7 +102,28 @@ def test_gpu_greedy_tokens_match_cpu(files, arch):
     want = cpu(path).generate(PROMPT[:70], max_tokens=24, temperature=0)
     m = gpu(path, kv_type="f32")
     assert m.generate(PROMPT[:70], max_tokens=24, temperature=0).tokens == want.tokens
-    assert not m._m.decode_graph_active  # decode op by op (see the module's note)
+    assert m._m.decode_graph_active == (arch == "deepseek2")  # the others op by op (see the module's note)
+
+
+@pytest.mark.parametrize("cache", ["all", "bounded"])
+def test_gpu_deepseek2_decode_graph_matches_op_by_op(files, cache):
+    """deepseek2's decode step replayed from one recorded graph (rope_pairs, the KV store and attention reading
+    the position on the device) computes the logits the step queued op by op does, bit for bit, alone and as
+    rows of a batch; every expert resident, or a bounded cache resolved on the device."""
+    path = files("deepseek2", "quant")
+    ids = [(i * 13 + 5) % 500 + 3 for i in range(60)]
+    cont = [(i * 7 + 1) % 500 + 3 for i in range(20)]
+    kw = dict(expert_cache="all") if cache == "all" else dict(expert_cache=streamed_cache(path, 16), prefill=16)
+    runs = {}
+    for graph in (True, False):
+        m = gpu(path, decode_graph=graph, seqs=2, **kw)
+        m.logits(ids)
+        one = [m.decode_batch([t], [len(ids) + j], [0]) for j, t in enumerate(cont)]
+        two = [m.decode_batch([t, t], [len(ids) + len(cont) + j, j], [0, 1]) for j, t in enumerate(cont)]
+        runs[graph] = np.concatenate(one + two)
+        assert m._m.decode_graph_active == graph
+        assert m.cache["all_resident"] == (cache == "all")
+    assert np.array_equal(runs[True].view(np.uint32), runs[False].view(np.uint32))
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import strata
-from gpu_common import F32_KV_VS_CPU, MMQ_VS_CPU, fp16_movement, has_gpu, rel
+from gpu_common import F32_KV_VS_CPU, MMQ_VS_CPU, fp16_movement, has_gpu, rel, streamed_cache
 from strata.testing import make_deepseek4
 
 pytestmark = pytest.mark.gpu
@@ -62,13 +62,6 @@ def files(ds4_dir):
 
 def build(path: str, device: str, **kw) -> strata.Model:
     return strata.Model(path, device=device, ctx=CTX, progress=False, **kw)
-
-
-def streamed_cache(path: str, prefill: int) -> str:
-    """A third of the experts' bytes, or the chunk's region and 8 slots if that is more (test_deepseek4's)."""
-    info = strata.ModelInfo(path)
-    spec = info.spec
-    return f"{max(spec['expert_bytes'] // 3, (info.layout(prefill)['slots'] + 8) * spec['slot_bytes'])}b"
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:

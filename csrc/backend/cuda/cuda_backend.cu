@@ -481,7 +481,7 @@ class CudaBackend final : public Backend,
   void rope_pairs(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row, int64_t y_head,
                   int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0) override {
     use();
-    cuda::launch_rope_pairs(x, x_row, x_head, y, y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0,
+    cuda::launch_rope_pairs(x, x_row, x_head, y, y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0, pos_.dev,
                             compute_);
   }
   void router_grouped(const float* logits, int64_t T, int64_t E, int64_t K, bool sigmoid, const float* bias,

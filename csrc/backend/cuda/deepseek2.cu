@@ -35,8 +35,10 @@ __global__ void __launch_bounds__(kNormThreads)
 // float). x and y may be the same memory: each pair is read and written by one thread.
 __global__ void __launch_bounds__(kThreads)
     rope_pairs_kernel(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row, int64_t y_head,
-                      int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0) {
+                      int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0,
+                      const int32_t* pos_dev) {
   grid_start();
+  if (pos_dev) pos0 += *pos_dev;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * n_heads * n_pairs;
        e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t th = e / n_pairs, i = e % n_pairs, t = th / n_heads, h = th % n_heads;
@@ -154,10 +156,10 @@ void launch_rms_norm_rows(float* x, int64_t rows, int64_t D, int64_t stride, con
 
 void launch_rope_pairs(const float* x, int64_t x_row, int64_t x_head, float* y, int64_t y_row, int64_t y_head,
                        int64_t T, int64_t n_heads, int64_t n_pairs, const float* inv_freq, int64_t pos0,
-                       cudaStream_t s) {
+                       const int32_t* pos_dev, cudaStream_t s) {
   if (T <= 0 || n_pairs <= 0 || n_heads <= 0) return;
   launch_kernel(rope_pairs_kernel, stride_blocks(T * n_heads * n_pairs, kThreads), kThreads, 0, s, x, x_row,
-                x_head, y, y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0);
+                x_head, y, y_row, y_head, T, n_heads, n_pairs, inv_freq, pos0, pos_dev);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
