@@ -21,7 +21,8 @@ class Gemma4Ops {
   virtual void head_norm(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* w, float eps) = 0;
   // NEOX RoPE: in each head of hd (T x n_heads x hd), the pair (i, i + hd / 2) rotates by the angle
   // (float)(pos0 + t) * inv_freq[i] (an inverse frequency of 0 leaves the pair as it is). With `pos`
-  // (host memory, T entries) row t is at pos[t] instead.
+  // (host memory, T entries) row t is at pos[t] instead. With the backend's position source set (a recorded
+  // decode step; pos null) the device's int32 is added to pos0.
   virtual void rope_freqs(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq,
                           int64_t pos0, const int64_t* pos) = 0;
   // Causal GQA attention of T queries q (T x H x hd) at positions p = pos0 + t against the cached keys and
@@ -35,6 +36,8 @@ class Gemma4Ops {
   virtual void geglu(float* g, const float* u, int64_t n) = 0;
   // x[i] *= s[0] for i < n (s: one float of device memory).
   virtual void scale(float* x, int64_t n, const float* s) = 0;
+  // x[i] = tanh(x[i] / cap) * cap for i < n, in float (the final logit softcap).
+  virtual void softcap(float* x, int64_t n, float cap) = 0;
   // w[i] *= scale[ids[i]] for i < n (the router's per-expert scale on its top-K weights).
   virtual void expert_scale(float* w, const int32_t* ids, const float* scale, int64_t n) = 0;
 };

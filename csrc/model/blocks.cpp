@@ -442,11 +442,12 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
 }
 
 void head_block(Backend& be, const DenseMatrix& output, const float* x, int64_t rows, float* logits_dev,
-                float* logits_host) {
+                float* logits_host, const std::function<void(float*, int64_t)>* on_logits) {
   const int64_t V = output.rows, D = output.cols;
   for (int64_t r = 0; r < rows; r += kHeadRows) {
     const int64_t n = std::min(kHeadRows, rows - r);
     be.matmul(output.type, output.data, V, D, x + r * D, D, n, logits_dev, V);
+    if (on_logits && *on_logits) (*on_logits)(logits_dev, n* V);
     be.download(logits_host + r * V, logits_dev, (size_t)n * V * sizeof(float));
   }
 }
@@ -462,12 +463,12 @@ int64_t final_logits(Backend& be, const PrefillBuffers& b, const HeadWeights& he
     STRATA_CHECK(n >= 1 && n <= T, Error, "internal error: ", n, " logit rows picked of a pass of ", T);
     be.upload(b.topk_ids, rows->pick, (size_t)n * sizeof(int32_t));
     be.apply_norm(b.R, b.grs, head.output_norm, D, b.topk_ids, 1, n, x);
-    head_block(be, head.output, x, n, head.logits_dev.as<float>(), logits);
+    head_block(be, head.output, x, n, head.logits_dev.as<float>(), logits, &head.on_logits);
     return n;
   }
   const int64_t first = all_logits ? 0 : T - 1;
   be.apply_norm(b.R + first * D, b.grs + first, head.output_norm, D, nullptr, 1, T - first, x);
-  head_block(be, head.output, x, T - first, head.logits_dev.as<float>(), logits);
+  head_block(be, head.output, x, T - first, head.logits_dev.as<float>(), logits, &head.on_logits);
   return T - first;
 }
 

@@ -3,6 +3,7 @@
 // output head. Each runs on the compute stream of ctx.be over a chunk's carved buffers.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "model/arch.h"
 
@@ -124,8 +125,9 @@ inline void between_layers(const ForwardContext& ctx, int64_t l, int64_t T, int6
 // Output head over `rows` normalized rows x: logits to host memory, kHeadRows rows at a time
 // through the device buffer `logits_dev` (kHeadRows x V).
 constexpr int64_t kHeadRows = 16;
+// `on_logits` (null: none) runs on each block's logits before they leave the device.
 void head_block(Backend& be, const DenseMatrix& output, const float* x, int64_t rows, float* logits_dev,
-                float* logits_host);
+                float* logits_host, const std::function<void(float*, int64_t)>* on_logits = nullptr);
 
 struct HeadWeights;
 // After the last layer of a pass: its output (b.proj) joins the residual b.R, the final RMSNorm of

@@ -344,14 +344,16 @@ class Gemma4Forward final : public RowsForwardPass {
     embed_scale_ = w_.floats({(float)std::sqrt((double)s.D)}, "embedding scale");
     router_root_ = w_.floats({(float)std::pow((double)s.D, -0.5)}, "router scale");
     softcap_ = d.softcap;
+    if (softcap_ > 0)  // on the device, before the logits leave it: a recorded step computes them whole
+      head_.on_logits = [this](float* x, int64_t n) { ops_.softcap(x, n, softcap_); };
     ScratchList scratch;
     sc_ = declare_gemma4_scratch(s, d, scratch);
     STRATA_CHECK(scratch.specs() == s.scratch, Error, "internal error: the gemma4 scratch is not the spec's");
   }
 
-  // Its positions reach RoPE and the windowed attention from the host: a recorded step would replay the
-  // position it recorded.
-  bool graphable() const override { return false; }
+  // RoPE and the windowed attention read the backend's position source while it is set (a batched step's
+  // rows through for_row_runs), the softcap runs on the device: a decode step records as one graph.
+  bool graphable() const override { return true; }
 
  private:
   struct Layer {
@@ -412,12 +414,8 @@ class Gemma4Forward final : public RowsForwardPass {
     }
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
-    be.zero(b.proj, (size_t)T * D * sizeof(float));  // R is whole: final_logits adds proj
-    const int64_t n_rows = final_logits(be, b, head_, T, D, eps, all_logits, logits, rows);
-    if (softcap_ > 0) {
-      const int64_t n = n_rows * s.V;
-      for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / softcap_) * softcap_;
-    }
+    be.zero(b.proj, (size_t)T * D * sizeof(float));                   // R is whole: final_logits adds proj
+    final_logits(be, b, head_, T, D, eps, all_logits, logits, rows);  // the softcap in head_.on_logits
   }
 
   // q/k/v, their per-head norms (v's unweighted; a layer without attn_v takes the keys' projection as
@@ -438,19 +436,21 @@ class Gemma4Forward final : public RowsForwardPass {
     ops_.head_norm(q, T, H, hd, w.q_norm, s.rms_eps);
     ops_.head_norm(k, T, KV, hd, w.k_norm, s.rms_eps);
     ops_.head_norm(v, T, KV, hd, nullptr, s.rms_eps);
-    ops_.rope_freqs(q, T, H, hd, w.inv_freq, pos0, rows ? rows->pos : nullptr);
-    ops_.rope_freqs(k, T, KV, hd, w.inv_freq, pos0, rows ? rows->pos : nullptr);
     const KvType kt = ctx_.kv.type();
     if (rows) {
-      for (const RowRun& r : row_runs(*rows, T)) {
+      for_row_runs(be, *rows, T, [&](const RowRun& r) {
         const int64_t t = r.first, p = r.pos0, n = r.n;
+        ops_.rope_freqs(q + t * H * hd, n, H, hd, w.inv_freq, p, nullptr);
+        ops_.rope_freqs(k + t * KV * hd, n, KV, hd, w.inv_freq, p, nullptr);
         void* kc = ctx_.kv.k(l, r.seq);
         void* vc = ctx_.kv.v(l, r.seq);
         be.kv_store(kc, kt, p, n, KV * hd, k + t * KV * hd);
         be.kv_store(vc, kt, p, n, KV * hd, v + t * KV * hd);
         ops_.attention_window(q + t * H * hd, kc, vc, kt, n, p, H, KV, hd, 1.0f, w.window, out + t * H * hd);
-      }
+      });
     } else {
+      ops_.rope_freqs(q, T, H, hd, w.inv_freq, pos0, nullptr);
+      ops_.rope_freqs(k, T, KV, hd, w.inv_freq, pos0, nullptr);
       be.kv_store(ctx_.kv.k(l), kt, pos0, T, KV * hd, k);
       be.kv_store(ctx_.kv.v(l), kt, pos0, T, KV * hd, v);
       ops_.attention_window(q, ctx_.kv.k(l), ctx_.kv.v(l), kt, T, pos0, H, KV, hd, 1.0f, w.window, out);

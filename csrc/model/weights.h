@@ -4,6 +4,7 @@
 // ResidentWeights makes them resident on the backend and owns them.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -70,6 +71,9 @@ struct HeadWeights {
   const float* output_norm = nullptr;
   DenseMatrix output;
   DeviceBuffer logits_dev;  // kHeadRows x V
+  // An architecture's op on a block of logits (n floats at logits_dev) before they leave the device
+  // (gemma4's final softcap), so a recorded decode step computes them whole; null: none.
+  std::function<void(float* logits_dev, int64_t n)> on_logits;
 };
 
 class ResidentWeights {

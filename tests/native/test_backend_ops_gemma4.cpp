@@ -81,6 +81,31 @@ TEST_P(Gemma4Op, RopeFreqsWithZeroFrequencies) {
   }
 }
 
+// With the backend's position source set (a recorded decode step), rope_freqs and attention_window add
+// the device's position to pos0: bit for bit the host position's results.
+TEST_P(Gemma4Op, RopeAndWindowReadThePositionSource) {
+  if (!be().supports_graphs()) GTEST_SKIP() << "no position source without graphs";
+  std::mt19937 rng(74);
+  const int64_t H = 4, KV = 2, hd = 16, ctx = 64, window = 5;
+  const auto inv = randf(rng, hd / 2, 1e-3f, 1.f);
+  const auto kc = randf(rng, ctx * KV * hd, -1.f, 1.f), vc = randf(rng, ctx * KV * hd, -1.f, 1.f);
+  Dev<float> di(be(), inv, "inv_freq"), dk(be(), kc, "k cache"), dv(be(), vc, "v cache");
+  for (int32_t pos : {0, 3, 40, 63}) {
+    const auto q = randf(rng, H * hd, -2.f, 2.f);
+    Dev<float> qh(be(), q, "q host"), qd(be(), q, "q device"), oh(be(), H * hd, "out host"),
+        od(be(), H * hd, "out device");
+    Dev<int32_t> dp(be(), std::vector<int32_t>{pos}, "pos");
+    ops().rope_freqs(qh.p(), 1, H, hd, di.p(), pos, nullptr);
+    ops().attention_window(qh.p(), dk.p(), dv.p(), KvType::F32, 1, pos, H, KV, hd, 0.3f, window, oh.p());
+    be().set_position_source(dp.p(), ctx);
+    ops().rope_freqs(qd.p(), 1, H, hd, di.p(), 0, nullptr);
+    ops().attention_window(qd.p(), dk.p(), dv.p(), KvType::F32, 1, 0, H, KV, hd, 0.3f, window, od.p());
+    be().set_position_source(nullptr, 0);
+    expect_same(qd.get(), qh.get(), str("rope_freqs at device position ", pos));
+    expect_same(od.get(), oh.get(), str("attention_window at device position ", pos));
+  }
+}
+
 TEST_P(Gemma4Op, AttentionWindowAndFull) {
   std::mt19937 rng(79);
   struct Case {
@@ -165,6 +190,24 @@ TEST_P(Gemma4Op, ScaleAndExpertScale) {
   }
   expect_same(dx.get(), a, "scale");
   expect_same(dw.get(), b, "expert_scale");
+}
+
+// The final logit softcap, tanh(x / cap) * cap in float: within 4 ulp of the float64 value (a float tanh
+// of a correctly rounded quotient is within a few ulp, times cap one rounding more), past +-cap never.
+TEST_P(Gemma4Op, Softcap) {
+  std::mt19937 rng(90);
+  const int64_t n = 4099;
+  auto x = randf(rng, n, -200.f, 200.f);
+  x[0] = 0.f, x[1] = 1e-30f, x[2] = -3e4f;
+  Dev<float> dx(be(), x, "x");
+  ops().softcap(dx.p(), n, 30.f);
+  const auto got = dx.get();
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = std::tanh((double)x[i] / 30.0) * 30.0;
+    ASSERT_LE(std::fabs(got[i] - want), 4 * std::ldexp(std::fabs(want) > 0 ? std::fabs(want) : 1e-38, -23))
+        << "softcap of " << x[i];
+    ASSERT_LE(std::fabs(got[i]), 30.f) << "softcap of " << x[i];
+  }
 }
 
 // A backend without the ops refuses gemma4 files at load with UnsupportedError naming the file, the

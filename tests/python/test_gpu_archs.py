@@ -1,7 +1,7 @@
 """qwen35moe and gemma4 on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU
 backend (streamed experts: the fused layout; every expert resident: the MMQ layout), greedy tokens, decode
-op by op (qwen35moe picks its recurrent state's copies on the host each step, gemma4 passes its positions
-from the host: neither records a graph), and the logits' independence of the prompt chunking on the GPU.
+op by op for qwen35moe (it picks its recurrent state's copies on the host each step), as one recorded graph for
+gemma4 and deepseek2 (checked against op by op), and the logits' independence of the prompt chunking on the GPU.
 Bounds: gpu_common's, which say why; the CPU's logits are checked against transformers in
 test_qwen35moe.py and test_gemma4.py.
 
@@ -14,8 +14,7 @@ there is none, and what is left is the rounding itself. Its size on each file is
 (`fp16_movement`: the logits when every float matrix is rounded to fp16, as the GPU's prompt tiles round
 weights and activations alike), and the GPU may move them 3x that (two operands rounded, and the order of
 its sums) or gpu_common's bound, whichever is larger. Top-3 routing on the GPU is covered by the greedy
-tokens and the chunking tests below. deepseek2 records its decode step as one graph (its RoPE reads the position
-on the device), checked against op by op. DeepSeek V4 has its own file, test_gpu_deepseek4.py."""
+tokens and the chunking tests below. DeepSeek V4 has its own file, test_gpu_deepseek4.py."""
 
 from __future__ import annotations
 
@@ -102,15 +101,17 @@ def test_gpu_greedy_tokens_match_cpu(files, arch):
     want = cpu(path).generate(PROMPT[:70], max_tokens=24, temperature=0)
     m = gpu(path, kv_type="f32")
     assert m.generate(PROMPT[:70], max_tokens=24, temperature=0).tokens == want.tokens
-    assert m._m.decode_graph_active == (arch == "deepseek2")  # the others op by op (see the module's note)
+    assert m._m.decode_graph_active == (arch != "qwen35moe")  # qwen35moe op by op (see the module's note)
 
 
+@pytest.mark.parametrize("arch", ["deepseek2", "gemma4"])
 @pytest.mark.parametrize("cache", ["all", "bounded"])
-def test_gpu_deepseek2_decode_graph_matches_op_by_op(files, cache):
-    """deepseek2's decode step replayed from one recorded graph (rope_pairs, the KV store and attention reading
-    the position on the device) computes the logits the step queued op by op does, bit for bit, alone and as
-    rows of a batch; every expert resident, or a bounded cache resolved on the device."""
-    path = files("deepseek2", "quant")
+def test_gpu_decode_graph_matches_op_by_op(files, arch, cache):
+    """A decode step replayed from one recorded graph (RoPE, the KV store and attention reading the position on
+    the device; gemma4's window too, its softcap on the device) computes the logits the step queued op by op
+    does, bit for bit, alone and as rows of a batch; every expert resident, or a bounded cache resolved on the
+    device."""
+    path = files(arch, "quant")
     ids = [(i * 13 + 5) % 500 + 3 for i in range(60)]
     cont = [(i * 7 + 1) % 500 + 3 for i in range(20)]
     kw = dict(expert_cache="all") if cache == "all" else dict(expert_cache=streamed_cache(path, 16), prefill=16)

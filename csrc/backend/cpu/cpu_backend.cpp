@@ -468,6 +468,7 @@ class CpuBackend final : public Backend,
   }
   void geglu(float* g, const float* u, int64_t n) override { cpu_geglu(g, u, n, pool_); }
   void scale(float* x, int64_t n, const float* s) override { cpu_scale(x, n, s, pool_); }
+  void softcap(float* x, int64_t n, float cap) override { cpu_softcap(x, n, cap, pool_); }
   void expert_scale(float* w, const int32_t* ids, const float* scale, int64_t n) override {
     cpu_expert_scale(w, ids, scale, n);
   }

@@ -65,6 +65,12 @@ void cpu_scale(float* x, int64_t n, const float* s, ThreadPool& pool) {
   });
 }
 
+void cpu_softcap(float* x, int64_t n, float cap, ThreadPool& pool) {
+  pool.parallel_for(n, 4096, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) x[i] = std::tanh(x[i] / cap) * cap;
+  });
+}
+
 void cpu_expert_scale(float* w, const int32_t* ids, const float* scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) w[i] *= scale[ids[i]];
 }

@@ -13,6 +13,7 @@ void cpu_rope_freqs(float* x, int64_t T, int64_t n_heads, int64_t hd, const floa
                     const int64_t* pos, ThreadPool& pool);
 void cpu_geglu(float* g, const float* u, int64_t n, ThreadPool& pool);
 void cpu_scale(float* x, int64_t n, const float* s, ThreadPool& pool);
+void cpu_softcap(float* x, int64_t n, float cap, ThreadPool& pool);
 void cpu_expert_scale(float* w, const int32_t* ids, const float* scale, int64_t n);
 
 }  // namespace strata

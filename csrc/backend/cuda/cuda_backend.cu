@@ -590,11 +590,12 @@ class CudaBackend final : public Backend,
                   const int64_t* pos) override {
     use();
     if (!pos) {
-      cuda::launch_rope_freqs(x, T, n_heads, hd, inv_freq, pos0, compute_);
+      cuda::launch_rope_freqs(x, T, n_heads, hd, inv_freq, pos0, pos_.dev, compute_);
       return;
     }
+    STRATA_CHECK(!pos_.dev, ConfigError, "rope_freqs: host positions while the position source is set");
     for (int64_t t = 0; t < T; ++t)  // rows at their own positions (a batched decode step): one launch a row
-      cuda::launch_rope_freqs(x + t * n_heads * hd, 1, n_heads, hd, inv_freq, pos[t], compute_);
+      cuda::launch_rope_freqs(x + t * n_heads * hd, 1, n_heads, hd, inv_freq, pos[t], nullptr, compute_);
   }
   void attention_window(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
                         int64_t H, int64_t KV, int64_t hd, float scale, int64_t window, float* out) override {
@@ -609,6 +610,10 @@ class CudaBackend final : public Backend,
   void scale(float* x, int64_t n, const float* s) override {
     use();
     cuda::launch_scale(x, n, s, compute_);
+  }
+  void softcap(float* x, int64_t n, float cap) override {
+    use();
+    cuda::launch_softcap(x, n, cap, compute_);
   }
   void expert_scale(float* w, const int32_t* ids, const float* scale, int64_t n) override {
     use();

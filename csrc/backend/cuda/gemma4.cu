@@ -32,21 +32,21 @@ __global__ void __launch_bounds__(kNormThreads)
 
 // Thread (t, i): pair (i, i + hd / 2) of every head of token t.
 __global__ void __launch_bounds__(kThreads)
-    rope_freqs_kernel(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, int64_t pos0) {
+    rope_freqs_kernel(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, int64_t pos0,
+                      const int32_t* pos_dev) {
   grid_start();
+  if (pos_dev) pos0 += *pos_dev;
   const int64_t half = hd / 2;
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * half;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < T * n_heads * half;
        e += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t t = e / half, i = e % half;
+    const int64_t th = e / half, i = e % half, t = th / n_heads;
     const float a = __fmul_rn(static_cast<float>(pos0 + t), inv_freq[i]);
     float sn, cs;
     sincosf(a, &sn, &cs);
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * hd;
-      const float x0 = v[i], x1 = v[i + half];
-      v[i] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-      v[i + half] = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
-    }
+    float* v = x + th * hd;
+    const float x0 = v[i], x1 = v[i + half];
+    v[i] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    v[i + half] = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
   }
 }
 
@@ -70,6 +70,13 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(float* x, int64_t n, co
     x[i] = __fmul_rn(x[i], v);
 }
 
+__global__ void __launch_bounds__(kThreads) softcap_kernel(float* x, int64_t n, float cap) {
+  grid_start();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = __fmul_rn(tanhf(__fdiv_rn(x[i], cap)), cap);
+}
+
 __global__ void __launch_bounds__(kThreads)
     expert_scale_kernel(float* w, const int32_t* ids, const float* sc, int64_t n) {
   grid_start();
@@ -90,11 +97,11 @@ void launch_head_norm(float* x, int64_t T, int64_t n_heads, int64_t hd, const fl
 }
 
 void launch_rope_freqs(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, int64_t pos0,
-                       cudaStream_t s) {
+                       const int32_t* pos_dev, cudaStream_t s) {
   STRATA_CHECK(hd % 2 == 0, ConfigError, "rope_freqs: head_dim ", hd, " is odd");
-  if (T * (hd / 2) == 0) return;
-  launch_kernel(rope_freqs_kernel, stride_blocks(T * (hd / 2), kThreads), kThreads, 0, s, x, T, n_heads, hd,
-                inv_freq, pos0);
+  if (T * n_heads * (hd / 2) == 0) return;
+  launch_kernel(rope_freqs_kernel, stride_blocks(T * n_heads * (hd / 2), kThreads), kThreads, 0, s, x, T,
+                n_heads, hd, inv_freq, pos0, pos_dev);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -107,6 +114,12 @@ void launch_geglu(float* g, const float* u, int64_t n, cudaStream_t s) {
 void launch_scale(float* x, int64_t n, const float* sc, cudaStream_t s) {
   if (n <= 0) return;
   launch_kernel(scale_kernel, stride_blocks(n, kThreads), kThreads, 0, s, x, n, sc);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_softcap(float* x, int64_t n, float cap, cudaStream_t s) {
+  if (n <= 0) return;
+  launch_kernel(softcap_kernel, stride_blocks(n, kThreads), kThreads, 0, s, x, n, cap);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
