@@ -141,32 +141,23 @@ __device__ __forceinline__ void hc_weights(const float* mt, float r, int64_t HC_
 #pragma unroll
     for (int k = 0; k < HC; ++k) c[j * kN + k] = __fadd_rn(__fdiv_rn(c[j * kN + k], sum), hc_eps);
   }
-  auto norm_cols = [&] {
+  // Each line of c divided by its sum (+ hc_eps), the sum in the line's order: the columns (line 1, element
+  // kN: a column's elements kN apart) or the rows (the transpose).
+  auto normalize = [&](int line, int elem) {
 #pragma unroll
-    for (int k = 0; k < HC; ++k) {
+    for (int a = 0; a < HC; ++a) {
       float sum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < HC; ++j) sum = __fadd_rn(sum, c[j * kN + k]);
+      for (int b = 0; b < HC; ++b) sum = __fadd_rn(sum, c[a * line + b * elem]);
       const float den = __fadd_rn(sum, hc_eps);
 #pragma unroll
-      for (int j = 0; j < HC; ++j) c[j * kN + k] = __fdiv_rn(c[j * kN + k], den);
+      for (int b = 0; b < HC; ++b) c[a * line + b * elem] = __fdiv_rn(c[a * line + b * elem], den);
     }
   };
-  auto norm_rows = [&] {
-#pragma unroll
-    for (int j = 0; j < HC; ++j) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int k = 0; k < HC; ++k) sum = __fadd_rn(sum, c[j * kN + k]);
-      const float den = __fadd_rn(sum, hc_eps);
-#pragma unroll
-      for (int k = 0; k < HC; ++k) c[j * kN + k] = __fdiv_rn(c[j * kN + k], den);
-    }
-  };
-  norm_cols();
+  normalize(1, kN);
   for (int64_t it = 1; it < iters; ++it) {
-    norm_rows();
-    norm_cols();
+    normalize(kN, 1);
+    normalize(1, kN);
   }
 #pragma unroll
   for (int j = 0; j < HC; ++j)

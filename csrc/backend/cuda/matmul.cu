@@ -38,6 +38,18 @@ auto checked_run(const char* op, size_t rb, const float* Y2) {
   };
 }
 
+// A matmul's arguments as launch_matmul_path and launch_matmul_strided take them: shape, row strides, the
+// weights' alignment as the decoders read them, the activations' 4-byte alignment.
+template <class F>
+void check_matmul(const char* op, const void* W, size_t rb, int64_t rows, int64_t cols, const float* X,
+                  int64_t ldx, int64_t T, int64_t ldy) {
+  check_shape(op, rows, cols, T, ldy);
+  STRATA_CHECK(ldx >= cols, ConfigError, op, ": ldx=", ldx, " is smaller than cols=", cols);
+  check_weights<F>(W, rb, op);
+  STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, op, ": activations at ", X,
+               " are not 4-byte aligned");
+}
+
 }  // namespace
 
 bool mma_q8_on() {
@@ -83,11 +95,7 @@ void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t r
   dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
     const size_t rb = row_bytes(F::kType, cols);
-    check_shape("matmul", rows, cols, T, ldy);
-    STRATA_CHECK(ldx >= cols, ConfigError, "matmul: ldx=", ldx, " is smaller than cols=", cols);
-    check_weights<F>(W, rb, "matmul");
-    STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul: activations at ", X,
-                 " are not 4-byte aligned");
+    check_matmul<F>("matmul", W, rb, rows, cols, X, ldx, T, ldy);
     if (rows == 0 || T == 0) return;
     const MatmulArgs a{static_cast<const uint8_t*>(W), rb, rows, cols, X, ldx, T, Y, ldy};
     if (path == MatmulPath::Gemv)
@@ -169,12 +177,8 @@ void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t
   dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
     const size_t rb = row_bytes(F::kType, cols);
-    check_shape("matmul_strided", rows, cols, T, ldy);
-    STRATA_CHECK(ldx >= cols, ConfigError, "matmul_strided: ldx=", ldx, " is smaller than cols=", cols);
-    check_weights<F>(W, rb, "matmul_strided");
+    check_matmul<F>("matmul_strided", W, rb, rows, cols, X, ldx, T, ldy);
     check_weights<F>(W, w_stride, "matmul_strided (the products' stride)");
-    STRATA_CHECK(reinterpret_cast<uintptr_t>(X) % 4 == 0, ConfigError, "matmul_strided: activations at ", X,
-                 " are not 4-byte aligned");
     if (rows == 0) return;
     MatmulArgs a{static_cast<const uint8_t*>(W), rb, rows, cols, X, ldx, T, Y, ldy};
     a.batch = n;
