@@ -43,15 +43,21 @@ AttentionScratch declare_attention(ScratchList& list, const AttentionShape& a) {
   return sc;
 }
 
-void matmul_pair(Backend& be, const DenseMatrix& a, const DenseMatrix& b, const float* x, int64_t T,
-                 float* ya, float* yb) {
-  if (a.type == b.type && a.cols == b.cols) {
-    const Backend::MatmulOut outs[2] = {{a.data, a.rows, ya, a.rows}, {b.data, b.rows, yb, b.rows}};
-    be.matmul_n(a.type, a.cols, x, a.cols, T, outs, 2);
-  } else {
-    be.matmul(a.type, a.data, a.rows, a.cols, x, a.cols, T, ya, a.rows);
-    be.matmul(b.type, b.data, b.rows, b.cols, x, b.cols, T, yb, b.rows);
+void matmul_same_x(Backend& be, const float* x, int64_t T, std::initializer_list<MatmulTo> outs) {
+  constexpr int kMax = 4;
+  STRATA_CHECK(outs.size() >= 1 && outs.size() <= kMax, Error, "internal error: matmul_same_x of ",
+               outs.size(), " matrices");
+  const DenseMatrix& first = outs.begin()->m;
+  bool shared = true;
+  for (const MatmulTo& o : outs) shared = shared && o.m.type == first.type && o.m.cols == first.cols;
+  if (!shared) {
+    for (const MatmulTo& o : outs) matmul(be, o.m, x, T, o.y);
+    return;
   }
+  Backend::MatmulOut mo[kMax];
+  int n = 0;
+  for (const MatmulTo& o : outs) mo[n++] = {o.m.data, o.m.rows, o.y, o.m.rows};
+  be.matmul_n(first.type, first.cols, x, first.cols, T, mo, n);
 }
 
 void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const AttentionWeights& w,
@@ -59,16 +65,7 @@ void attention_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t
                      int64_t pos0, const SeqRows* rows) {
   Backend& be = ctx.be;
   float *q = b[sc.q], *k = b[sc.k], *v = b[sc.v], *out = b[sc.out];
-  if (w.q.type == w.k.type && w.q.type == w.v.type && w.q.cols == w.k.cols && w.q.cols == w.v.cols) {
-    const Backend::MatmulOut outs[3] = {{w.q.data, w.q.rows, q, w.q.rows},
-                                        {w.k.data, w.k.rows, k, w.k.rows},
-                                        {w.v.data, w.v.rows, v, w.v.rows}};
-    be.matmul_n(w.q.type, w.q.cols, x, w.q.cols, T, outs, 3);
-  } else {
-    matmul(be, w.q, x, T, q);
-    matmul(be, w.k, x, T, k);
-    matmul(be, w.v, x, T, v);
-  }
+  matmul_same_x(be, x, T, {{w.q, q}, {w.k, k}, {w.v, v}});
   const KvType kt = ctx.kv.type();
   const float scale = 1.0f / std::sqrt((float)a.head_dim);
   if (rows) {

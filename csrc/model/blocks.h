@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 
 #include "model/arch.h"
 
@@ -25,10 +26,14 @@ const float* gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D,
 const float* add_gr_read(Backend& be, const PrefillBuffers& b, int64_t T, int64_t D, float eps,
                          const float* w, float* stage);
 
-// Two matrices of one activation x (T rows of a.cols): ya = a x, yb = b x; one Backend::matmul_n where both
-// share a type and a width (one launch for a decode step), bit for bit the two matmuls either way.
-void matmul_pair(Backend& be, const DenseMatrix& a, const DenseMatrix& b, const float* x, int64_t T,
-                 float* ya, float* yb);
+// Matrices of one activation x (T rows of their width): y = m x for each (m, y) of `outs` (at most 4); one
+// Backend::matmul_n where all share a type and a width (one launch for a decode step), bit for bit the
+// single matmuls either way.
+struct MatmulTo {
+  const DenseMatrix& m;
+  float* y;
+};
+void matmul_same_x(Backend& be, const float* x, int64_t T, std::initializer_list<MatmulTo> outs);
 
 struct AttentionWeights {
   DenseMatrix q, k, v, o;

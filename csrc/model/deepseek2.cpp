@@ -355,7 +355,7 @@ class Deepseek2Forward final : public RowsForwardPass {
   void swiglu_ffn(const PrefillBuffers& b, const DenseMatrix& gate, const DenseMatrix& up,
                   const DenseMatrix& down, const float* x, int64_t T, float* y) {
     float *g = b[sc_.gate], *u = b[sc_.up];
-    matmul_pair(ctx_.be, gate, up, x, T, g, u);
+    matmul_same_x(ctx_.be, x, T, {{gate, g}, {up, u}});
     ctx_.be.swiglu(g, u, T * gate.rows);
     matmul(down, g, T, y);
   }
@@ -375,11 +375,11 @@ class Deepseek2Forward final : public RowsForwardPass {
     // The query's first projection and the kv latent's read the same x: one launch where they can.
     if (d.q_lora > 0) {
       float* qa = b[sc_.q_a];
-      matmul_pair(be, w.q_a, w.kv_a, x, T, qa, kv);
+      matmul_same_x(be, x, T, {{w.q_a, qa}, {w.kv_a, kv}});
       ops_.rms_norm_rows(qa, T, d.q_lora, d.q_lora, w.q_a_norm, s.rms_eps);
       matmul(w.q_b, qa, T, q);
     } else {
-      matmul_pair(be, w.q, w.kv_a, x, T, q, kv);
+      matmul_same_x(be, x, T, {{w.q, q}, {w.kv_a, kv}});
     }
     ops_.rms_norm_rows(kv, T, C, W, w.kv_a_norm, s.rms_eps);
     be.matmul_strided(w.k_b.type, w.k_b.data, w.k_b_head, C, dn, q, dk, H * dk, T, ql, W, H * W, H);

@@ -176,7 +176,7 @@ class Ds4Forward final : public ForwardPass {
       // The shared expert first: the routed experts overwrite proj, where x may be staged.
       const int64_t Fs = d_.shared_ffn;
       float *sh_gate = b[sc_.sh_gate], *sh_up = b[sc_.sh_up], *sh_out = b[sc_.sh_out];
-      matmul_pair(be, w.gate_shexp, w.up_shexp, x, T, sh_gate, sh_up);
+      matmul_same_x(be, x, T, {{w.gate_shexp, sh_gate}, {w.up_shexp, sh_up}});
       ops.swiglu_clamp(sh_gate, sh_up, T * Fs, w.clamp_shexp);
       be.matmul(w.down_shexp.type, w.down_shexp.data, D, Fs, sh_gate, Fs, T, sh_out, D);
       const Ds4Moe moe(ops, w.clamp_exp);

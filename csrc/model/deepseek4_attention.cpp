@@ -32,7 +32,7 @@ void compress(const ForwardContext& ctx, Ds4Ops& ops, int64_t l, const std::stri
   float* rows = ctx.kv.tensor(l, name);
   float* state_kv = ctx.kv.tensor(l, name + ".state.kv");
   float* state_score = ctx.kv.tensor(l, name + ".state.score");
-  matmul_pair(be, wkv, wgate, x, T, kv, score);
+  matmul_same_x(be, x, T, {{wkv, kv}, {wgate, score}});
   const int64_t first = pos0 / ratio, n_new = (pos0 + T) / ratio - first;
   if (be.position_source()) {
     STRATA_CHECK(T == 1, Error, "internal error: a V4 pass at a device position of ", T, " tokens");

@@ -588,14 +588,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Shared memory of a kernel (its static part and `bytes` of dynamic) past 48 KB: asked for, refused past
-// the device's limit.
-template <class K>
-void allow_smem(K kernel, size_t bytes, const char* what) {
+// Shared memory of a kernel (its static part, asked of the runtime once, and `bytes` of dynamic) past
+// 48 KB: asked for, refused past the device's limit.
+template <auto Kernel>
+void allow_smem(size_t bytes, const char* what) {
   constexpr size_t kDefault = 48 * 1024;
-  cudaFuncAttributes fa{};
-  STRATA_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-  const size_t total = bytes + fa.sharedSizeBytes;
+  static const size_t static_bytes = [] {
+    cudaFuncAttributes fa{};
+    STRATA_CUDA_CHECK(cudaFuncGetAttributes(&fa, Kernel));
+    return fa.sharedSizeBytes;
+  }();
+  const size_t total = bytes + static_bytes;
   if (total <= kDefault) return;
   int dev = 0, max_optin = 0;
   STRATA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -603,7 +606,7 @@ void allow_smem(K kernel, size_t bytes, const char* what) {
   STRATA_CHECK(total <= static_cast<size_t>(max_optin), UnsupportedError, what, " on CUDA needs ", total,
                " bytes of shared memory a block; this GPU gives ", max_optin, " (a shorter context)");
   STRATA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 }  // namespace
@@ -725,7 +728,7 @@ void launch_attention_sink(const float* q, const float* kv, const float* win, in
   const int64_t n_comp = ratio > 0 ? (sel ? topk : end / ratio) : 0;
   const size_t smem =
       static_cast<size_t>(std::min(window, end) + n_comp) * (sizeof(const float*) + sizeof(float));
-  allow_smem(attention_sink_kernel, smem, "attention_sink");
+  allow_smem<attention_sink_kernel>(smem, "attention_sink");
   launch_kernel(attention_sink_kernel, grid_x(T * H), kAttnThreads, smem, s, q, kv, win, window, comp, ratio,
                 sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
   STRATA_CUDA_LAUNCH_CHECK();
@@ -738,7 +741,7 @@ void launch_indexer_topk(const float* q, const float* w, const float* keys, int6
   if (T <= 0) return;
   const int64_t end = ps.dev ? std::max<int64_t>(pos0 + T, ps.max_pos) : pos0 + T;
   const size_t smem = static_cast<size_t>(std::max<int64_t>(1, end / ratio)) * sizeof(uint32_t);
-  allow_smem(indexer_topk_kernel, smem, "indexer_topk");
+  allow_smem<indexer_topk_kernel>(smem, "indexer_topk");
   STRATA_CHECK(n_heads >= 1 && n_heads <= kIdxTile, UnsupportedError, "indexer_topk on CUDA: ", n_heads,
                " heads; the kernel takes up to ", kIdxTile);
   launch_kernel(indexer_topk_kernel, grid_x(T), kIdxThreads, smem, s, q, w, keys, pos0, ps.dev, n_heads, dim,
