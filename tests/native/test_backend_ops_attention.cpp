@@ -216,8 +216,11 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
   // general kernel (72); chunks that cross key 128. Then a long context, where a decode step's partials span
   // many key blocks (47 of 64 keys, 24 of 128: more than the combine loads at once, and not a multiple of
   // it).
+  // Wider rows and groups: 20 heads per kv head (the decode kernel's 16 a block, then 4), gemma4's 512-dim
+  // global heads, MLA's 576-dim latent rows under 40 heads.
   for (const Shape sh : {Shape{8, 2, 64, 120, 19}, Shape{32, 2, 128, 120, 19}, Shape{3, 3, 256, 120, 19},
-                         Shape{4, 2, 72, 120, 19}, Shape{16, 4, 64, 2997, 3}, Shape{16, 4, 128, 2997, 3}})
+                         Shape{4, 2, 72, 120, 19}, Shape{16, 4, 64, 2997, 3}, Shape{16, 4, 128, 2997, 3},
+                         Shape{40, 2, 128, 120, 19}, Shape{4, 2, 512, 120, 19}, Shape{40, 1, 576, 120, 19}})
     for (KvType t : {KvType::F32, KvType::F16}) {
       const int64_t H = sh.H, KV = sh.KV, hd = sh.hd, width = KV * hd, pos0 = sh.pos0, T = sh.T;
       const int64_t ctx = pos0 + T, first = std::min<int64_t>(7, T - 1);
@@ -244,6 +247,56 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
       const std::string what = str(kv_type_name(t), ", H=", H, " KV=", KV, " hd=", hd, " at ", ctx, " keys");
       expect_same(chunks.get(), w, "attention in two chunks vs one, " + what);
       expect_same(tokens.get(), w, "attention token by token vs one chunk, " + what);
+    }
+}
+
+// Decode steps over an f16 cache at the widths of MLA's absorbed attention (one 576-dim latent row a key,
+// read as both key and value: one cache for both, 128 query heads) and of gemma4's 512-dim global heads,
+// against the reference on the values the cache holds: a first key, a context inside the first key block,
+// and one across several (the CUDA decode kernel takes 16 query heads a block, its partials folded by
+// the last block of each (kv head, head chunk)).
+TEST_P(AttentionOp, AttentionDecodeWideRowsF16) {
+  if (!be().supports_kv(KvType::F16)) GTEST_SKIP() << "no f16 cache on this backend";
+  std::mt19937 rng(64);
+  struct Shape {
+    int64_t H, KV, hd;
+    bool shared;  // keys and values in one cache (MLA)
+  };
+  for (const Shape sh : {Shape{128, 1, 576, true}, Shape{24, 1, 576, true}, Shape{8, 2, 512, false}})
+    for (const int64_t pos0 : {int64_t{0}, int64_t{77}, int64_t{300}}) {
+      const int64_t width = sh.KV * sh.hd, ctx = pos0 + 1;
+      const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.5f, 1.5f);
+      const auto q = randf(rng, sh.H * sh.hd, -0.5f, 0.5f);
+      Dev<uint8_t> kc(be(), (size_t)ctx * width * 2, "k cache"), vc(be(), (size_t)ctx * width * 2, "v cache");
+      Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q"), out(be(), sh.H * sh.hd, "out");
+      be().kv_store(kc.p(), KvType::F16, 0, ctx, width, dk.p());
+      be().kv_store(vc.p(), KvType::F16, 0, ctx, width, dv.p());
+      const void* vcache = sh.shared ? kc.p() : vc.p();
+      const float scale = 1.0f / std::sqrt((float)sh.hd);
+      be().attention(dq.p(), kc.p(), vcache, KvType::F16, 1, pos0, sh.H, sh.KV, sh.hd, scale, out.p());
+      auto half = [](std::vector<float> x) {
+        for (float& e : x) e = fp16_to_f32(f32_to_fp16(e));
+        return x;
+      };
+      const auto hk = half(k);
+      const auto want = ref::attention(q, hk, sh.shared ? hk : half(v), 1, pos0, sh.H, sh.KV, sh.hd, scale);
+      // Derived for any summation order: a score's dot of hd products errs by at most
+      // gamma_hd sum_i |q_i k_i| <= gamma_hd sum_i |q_i| (|k| <= 1), gamma_n = n u / (1 - n u), u = 2^-24;
+      // scores off by Ds move the softmax weights by a factor within exp(+-2 Ds), the output by
+      // 2 Ds max|v| (to first order); the weighted sum of ctx values errs by gamma_ctx max|v| (the
+      // weights sum to 1 after the division), and expf, the folds and the division by a few ulps more.
+      const auto gamma = [](double n) { return n * std::ldexp(1.0, -24) / (1.0 - n * std::ldexp(1.0, -24)); };
+      double qsum = 0.0;
+      for (int64_t h = 0; h < sh.H; ++h) {
+        double a = 0.0;
+        for (int64_t i = 0; i < sh.hd; ++i) a += std::fabs(q[h * sh.hd + i]);
+        qsum = std::max(qsum, a);
+      }
+      const double vmax = sh.shared ? 1.0 : 1.5, ds = scale * gamma((double)sh.hd + 1) * qsum;
+      const double bound = vmax * (2.0 * ds + gamma((double)ctx + 2) + std::ldexp(1.0, -18));
+      expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), bound,
+                 str("decode attention over an f16 cache, H=", sh.H, " KV=", sh.KV, " hd=", sh.hd,
+                     sh.shared ? " (one cache)" : "", " pos0=", pos0));
     }
 }
 

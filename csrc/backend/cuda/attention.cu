@@ -169,10 +169,12 @@ __global__ void __launch_bounds__(kDecThreads)
                             float* part_acc, float* out, unsigned* tickets) {
   grid_start();
   constexpr int64_t hd = kDims * kWarp;
-  constexpr int64_t kFit = kStageBytes / (hd * (int64_t)sizeof(KvT));
-  constexpr int kRound = (int)(kFit < kKeyBlock ? kFit : kKeyBlock);  // keys staged at a time
+  constexpr int kRound = decode_round<KvT>(hd);  // keys staged at a time
   constexpr int kRoundPieces = kRound / kPiece;
+  constexpr int kBufBytes = kRound * (int)hd * (int)sizeof(KvT);
   static_assert(kRound % kPiece == 0 && kKeyBlock % kRound == 0, "whole pieces, whole rounds");
+  static_assert(kBufBytes + (kDecMaxGroup * kKeyBlock + 2 * kDecMaxGroup) * 4 + 16 <= 48 * 1024,
+                "static shared memory of a decode block");
   __shared__ __align__(16) KvT buf[kRound * hd];
   __shared__ float sc[kDecMaxGroup * kKeyBlock];  // scores, then p, per head
   __shared__ float row_m[kDecMaxGroup], row_l[kDecMaxGroup];
@@ -180,18 +182,20 @@ __global__ void __launch_bounds__(kDecThreads)
   const int64_t jb = blockIdx.x;
   if (jb >= ceil_div(pos0 + 1, kKeyBlock)) return;  // a launch sized for the largest position
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int group = (int)sh.group;
-  const int64_t kvh = blockIdx.y, j0 = jb * kKeyBlock;
+  // Grid z: the kv head's query heads kDecMaxGroup at a time (the heads g0 .. g0 + group - 1).
+  const int64_t g0 = (int64_t)blockIdx.z * kDecMaxGroup;
+  const int group = (int)min((int64_t)kDecMaxGroup, sh.group - g0);
+  const int64_t kvh = blockIdx.y, j0 = jb * kKeyBlock, h0 = kvh * sh.group + g0;
   const int nv = (int)min((int64_t)kKeyBlock, pos0 + 1 - j0);  // keys of this block the query sees
-  const float* qg = q + kvh * group * hd;
+  const float* qg = q + h0 * hd;
 
   // Scores. The first round of values is loaded meanwhile, its wait overlapping the keys' work.
-  Staged<KvT> vst;
+  Staged<KvT, kBufBytes> vst;
   load_keys(vst, vc, j0, min(kRound, nv), sh.KV, kvh, hd);
   for (int r0 = 0; r0 < nv; r0 += kRound) {
     const int nk = min(kRound, nv - r0);
     __syncthreads();  // buf is free
-    Staged<KvT> kst;
+    Staged<KvT, kBufBytes> kst;
     load_keys(kst, kc, j0 + r0, nk, sh.KV, kvh, hd);
     store_keys(buf, kst, nk, hd);
     __syncthreads();
@@ -255,7 +259,7 @@ __global__ void __launch_bounds__(kDecThreads)
   for (int t = 0; t < kTasks; ++t) {
     const int task = warp + t * kDecWarps, h = task / kPairDims, dg = task % kPairDims;
     if (h >= group) continue;
-    const int64_t part = jb * sh.H + kvh * group + h;
+    const int64_t part = jb * sh.H + h0 + h;
     *reinterpret_cast<float2*>(part_acc + part * hd + dg * 2 * kWarp + 2 * lane) =
         make_float2(acc[t][0], acc[t][1]);
     if (dg == 0 && lane == 0) {
@@ -264,21 +268,22 @@ __global__ void __launch_bounds__(kDecThreads)
     }
   }
   if (!tickets) return;  // combine_kernel folds the partials
-  // The last of this kv head's key blocks to finish folds the group's partials (combine_kernel's
-  // steps) and leaves its ticket zeroed for the next launch.
+  // The last of this (kv head, head chunk)'s key blocks to finish folds its heads' partials
+  // (combine_kernel's steps) and leaves its ticket zeroed for the next launch.
   __shared__ bool last;
   const int64_t nb = ceil_div(pos0 + 1, kKeyBlock);
+  unsigned* ticket = tickets + kvh * gridDim.z + blockIdx.z;
   __threadfence();  // the partials before the ticket
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(tickets + kvh, 1u) == nb - 1;
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == nb - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
   for (int64_t o = threadIdx.x; o < group * hd; o += kDecThreads) {
-    const int64_t h = kvh * group + o / hd, d = o % hd;
+    const int64_t h = h0 + o / hd, d = o % hd;
     out[h * hd + d] = combine_one(part_ml, part_acc, nb, sh.H, hd, h, d);
   }
-  if (threadIdx.x == 0) tickets[kvh] = 0;
+  if (threadIdx.x == 0) *ticket = 0;
 }
 
 // The decode combine: per head, the key blocks' partials folded in key order, one thread per dim.
@@ -423,20 +428,22 @@ size_t smem_bytes(const Shape& s) {
   return (size_t)(R * s.hd + R * kKeyBlock + (int64_t)s.ksub * s.hd + 7 * R) * sizeof(float);
 }
 
-// attention_decode_kernel where its shape allows (head dims 64, 128 or 256, up to 16 query heads per
-// kv head, 16-byte aligned caches); false otherwise (the general split kernel then runs).
+// attention_decode_kernel where its shape allows (head dims 64, 128 and 256, and on an f16 cache 512 and
+// 576: gemma4's global layers, MLA's latent rows; any query heads per kv head, kDecMaxGroup a block;
+// 16-byte aligned caches); false otherwise (the general split kernel then runs).
 template <class KvT, int kDims>
 void launch_decode_dims(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb,
                         float* part_ml, float* part_acc, float* out, unsigned* tickets, cudaStream_t st) {
-  launch_kernel(attention_decode_kernel<KvT, kDims>, dim3(grid_x(nb), (unsigned)s.KV), kDecThreads, 0, st, q,
-                kc, vc, s, part_ml, part_acc, out, tickets);
+  launch_kernel(attention_decode_kernel<KvT, kDims>,
+                dim3(grid_x(nb), (unsigned)s.KV, (unsigned)ceil_div(s.group, kDecMaxGroup)), kDecThreads, 0,
+                st, q, kc, vc, s, part_ml, part_acc, out, tickets);
 }
-// With tickets (zeroed words, one per kv head) the kernel also folds the partials into out.
+// With tickets (zeroed words, one per kv head and head chunk) the kernel also folds the partials into out.
 template <class KvT>
 bool launch_decode(const float* q, const KvT* kc, const KvT* vc, const Shape& s, int64_t nb, float* part_ml,
                    float* part_acc, float* out, unsigned* tickets, cudaStream_t st) {
   const bool aligned = reinterpret_cast<uintptr_t>(kc) % 16 == 0 && reinterpret_cast<uintptr_t>(vc) % 16 == 0;
-  if (!aligned || s.group > kDecMaxGroup) return false;
+  if (!aligned) return false;
   switch (s.hd) {
     case 64:
       launch_decode_dims<KvT, 2>(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st);
@@ -448,8 +455,19 @@ bool launch_decode(const float* q, const KvT* kc, const KvT* vc, const Shape& s,
       launch_decode_dims<KvT, 8>(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st);
       return true;
     default:
-      return false;
+      break;
   }
+  if constexpr (std::is_same_v<KvT, uint16_t>) {  // an f32 round of these would not fit shared memory
+    if (s.hd == 512) {
+      launch_decode_dims<KvT, 16>(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st);
+      return true;
+    }
+    if (s.hd == 576) {
+      launch_decode_dims<KvT, 18>(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st);
+      return true;
+    }
+  }
+  return false;
 }
 
 template <class KvT>
@@ -482,7 +500,7 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
     const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kKeyBlock) : ceil_div(pos0 + 1, kKeyBlock);
     float* part_ml = static_cast<float*>(scratch);
     float* part_acc = part_ml + nb * H * 2;
-    unsigned* tickets = KV <= tk.count ? tk.words : nullptr;
+    unsigned* tickets = KV * ceil_div(s.group, kDecMaxGroup) <= tk.count ? tk.words : nullptr;
     if (launch_decode(q, kc, vc, s, nb, part_ml, part_acc, out, tickets, st)) {
       STRATA_CUDA_LAUNCH_CHECK();
       if (tickets) return;  // combined by the kernel's last blocks

@@ -125,11 +125,19 @@ __device__ __forceinline__ float transposed_sum(float v[kWarp], int lane) {
   return v[0];
 }
 
+// Keys the decode kernel stages at a time at head dim hd: as many as kStageBytes holds, up to a key
+// block, and never fewer than a piece (a 576-dim f16 row, MLA's latent: 32 keys, 36 KiB).
+template <class KvT>
+__host__ __device__ constexpr int decode_round(int64_t hd) {
+  const int64_t fit = kStageBytes / (hd * (int64_t)sizeof(KvT));
+  return (int)(fit < kPiece ? kPiece : fit < kKeyBlock ? fit : kKeyBlock);
+}
+
 // Keys (or values) j0 + k, k < nk, of kv head kvh as stored: loaded into this thread's registers
 // (all its loads in flight together), then into buf ([nk][hd]).
 template <class KvT, int kBytes = kStageBytes>
 struct Staged {
-  static constexpr int kPer = 16 / sizeof(KvT), kLoads = kBytes / 16 / kDecThreads;
+  static constexpr int kPer = 16 / sizeof(KvT), kLoads = (kBytes / 16 + kDecThreads - 1) / kDecThreads;
   uint4 raw[kLoads];
 };
 template <class KvT, int kBytes>
