@@ -154,12 +154,13 @@ TEST_P(AttentionOp, KvStoreAndAttentionPerKvType) {
   }
 }
 
-// Attention over an f16 cache at the head dims the GPU runs on tensor cores (64, 128), against the
-// reference on the values the cache holds: prompts of several 64-key blocks and query tiles, chunks
-// that start inside a block, decode steps, query heads per kv head 1 to 20 (more than a warp's 16
-// rows). Where the backend rounds q and p to fp16 (Bounds::attention_f16_tc), the reference takes
-// q rounded as the kernel rounds it (to nearest, clamped to +-65504; exact in the dot's fp32
-// products) and the bound adds what is left, derived:
+// Attention over an f16 cache at the head dims the GPU runs on tensor cores (64, 128, and 576 with one cache
+// read as keys and values: MLA's latent rows), against the reference on the values the cache holds: prompts
+// of several 64-key blocks and query tiles, chunks that start inside a block, decode steps, query heads per
+// kv head 1 to 128 (more than a warp's or a CTA's 16 rows, and not a multiple of them). Where the backend
+// rounds q and p to fp16 (Bounds::attention_f16_tc), the reference takes q rounded as the kernel rounds it
+// (to nearest, clamped to +-65504; exact in the dot's fp32 products) and the bound adds what is left,
+// derived:
 //   p rounded to fp16: |p16 - p| <= u p + 2^-25 (u = 2^-11; 2^-25 for subnormals), and l is the sum of
 //     the unrounded p (>= 1: every block's largest p is 1), so the output moves by at most
 //     (u + n 2^-25) max|v| over n keys;
@@ -172,19 +173,24 @@ TEST_P(AttentionOp, AttentionF16HeadDimsOfTheTensorCores) {
   std::mt19937 rng(62);
   struct Shape {
     int64_t H, KV, hd, T, pos0;
+    bool shared = false;  // one cache read as keys and values (MLA's 576-dim latent rows)
   };
-  for (const Shape sh : {Shape{32, 4, 128, 150, 0}, Shape{16, 1, 64, 70, 200}, Shape{12, 2, 128, 41, 129},
-                         Shape{40, 2, 128, 5, 60}, Shape{8, 8, 64, 66, 1}, Shape{32, 4, 128, 1, 300},
-                         Shape{40, 2, 64, 1, 127}, Shape{6, 6, 128, 1, 0}}) {
+  for (const Shape sh :
+       {Shape{32, 4, 128, 150, 0}, Shape{16, 1, 64, 70, 200}, Shape{12, 2, 128, 41, 129},
+        Shape{40, 2, 128, 5, 60}, Shape{8, 8, 64, 66, 1}, Shape{32, 4, 128, 1, 300}, Shape{40, 2, 64, 1, 127},
+        Shape{6, 6, 128, 1, 0}, Shape{128, 1, 576, 70, 0, true}, Shape{40, 1, 576, 33, 100, true},
+        Shape{128, 1, 576, 1, 300, true}, Shape{24, 1, 576, 1, 0, true}}) {
     const int64_t width = sh.KV * sh.hd, ctx = sh.pos0 + sh.T;
-    const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.5f, 1.5f);
+    const auto k = randf(rng, ctx * width, -1.f, 1.f);
+    const auto v = sh.shared ? k : randf(rng, ctx * width, -1.5f, 1.5f);
     const auto q = randf(rng, sh.T * sh.H * sh.hd, -2.f, 2.f);
     Dev<uint8_t> kc(be(), (size_t)ctx * width * 2, "k cache"), vc(be(), (size_t)ctx * width * 2, "v cache");
     Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q"), out(be(), sh.T * sh.H * sh.hd, "out");
     be().kv_store(kc.p(), KvType::F16, 0, ctx, width, dk.p());
     be().kv_store(vc.p(), KvType::F16, 0, ctx, width, dv.p());
     const float scale = 1.0f / std::sqrt((float)sh.hd);
-    be().attention(dq.p(), kc.p(), vc.p(), KvType::F16, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, out.p());
+    be().attention(dq.p(), kc.p(), sh.shared ? kc.p() : vc.p(), KvType::F16, sh.T, sh.pos0, sh.H, sh.KV,
+                   sh.hd, scale, out.p());
     const auto half = [](std::vector<float> x) {
       for (float& e : x) e = fp16_to_f32(f32_to_fp16(std::clamp(e, -65504.0f, 65504.0f)));
       return x;
@@ -194,13 +200,14 @@ TEST_P(AttentionOp, AttentionF16HeadDimsOfTheTensorCores) {
         ref::attention(tc ? half(q) : q, half(k), half(v), sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale);
     double bound = bounds().attention;
     if (tc) {
-      const double u = std::ldexp(1.0, -11), ulp = std::ldexp(1.0, -23), vmax = 1.5, n = (double)ctx;
+      const double u = std::ldexp(1.0, -11), ulp = std::ldexp(1.0, -23), vmax = sh.shared ? 1.0 : 1.5,
+                   n = (double)ctx;
       const double ds = scale * 2.0 * (double)(sh.hd * sh.hd) * ulp * 2.0 * 1.0;
       bound += vmax * (u + n * std::ldexp(1.0, -25) + 2.0 * ds + 2.0 * 64 * 64 * ulp);
     }
     expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), bound,
                str("attention over an f16 cache, H=", sh.H, " KV=", sh.KV, " hd=", sh.hd, " T=", sh.T,
-                   " pos0=", sh.pos0));
+                   " pos0=", sh.pos0, sh.shared ? " (one cache)" : ""));
   }
 }
 
@@ -211,6 +218,7 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
   std::mt19937 rng(16);
   struct Shape {
     int64_t H, KV, hd, pos0, T;
+    bool shared = false;  // one cache read as keys and values (MLA)
   };
   // Query heads per kv head 4, 16 and 1; head dims of the GPU's decode kernel and one it leaves to the
   // general kernel (72); chunks that cross key 128. Then a long context, where a decode step's partials span
@@ -220,7 +228,8 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
   // global heads, MLA's 576-dim latent rows under 40 heads.
   for (const Shape sh : {Shape{8, 2, 64, 120, 19}, Shape{32, 2, 128, 120, 19}, Shape{3, 3, 256, 120, 19},
                          Shape{4, 2, 72, 120, 19}, Shape{16, 4, 64, 2997, 3}, Shape{16, 4, 128, 2997, 3},
-                         Shape{40, 2, 128, 120, 19}, Shape{4, 2, 512, 120, 19}, Shape{40, 1, 576, 120, 19}})
+                         Shape{40, 2, 128, 120, 19}, Shape{4, 2, 512, 120, 19}, Shape{40, 1, 576, 120, 19},
+                         Shape{40, 1, 576, 120, 19, true}, Shape{128, 1, 576, 200, 9, true}})
     for (KvType t : {KvType::F32, KvType::F16}) {
       const int64_t H = sh.H, KV = sh.KV, hd = sh.hd, width = KV * hd, pos0 = sh.pos0, T = sh.T;
       const int64_t ctx = pos0 + T, first = std::min<int64_t>(7, T - 1);
@@ -236,33 +245,34 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
       const float scale = 1.0f / std::sqrt((float)hd);
       Dev<float> whole(be(), T * H * hd, "whole"), chunks(be(), T * H * hd, "chunks"),
           tokens(be(), T * H * hd, "tokens");
-      be().attention(dq.p(), kc.p(), vc.p(), t, T, pos0, H, KV, hd, scale, whole.p());
-      be().attention(dq.p(), kc.p(), vc.p(), t, first, pos0, H, KV, hd, scale, chunks.p());
-      be().attention(dq.p() + first * H * hd, kc.p(), vc.p(), t, T - first, pos0 + first, H, KV, hd, scale,
+      const void* vcache = sh.shared ? kc.p() : vc.p();
+      be().attention(dq.p(), kc.p(), vcache, t, T, pos0, H, KV, hd, scale, whole.p());
+      be().attention(dq.p(), kc.p(), vcache, t, first, pos0, H, KV, hd, scale, chunks.p());
+      be().attention(dq.p() + first * H * hd, kc.p(), vcache, t, T - first, pos0 + first, H, KV, hd, scale,
                      chunks.p() + first * H * hd);
       for (int64_t i = 0; i < T; ++i)
-        be().attention(dq.p() + i * H * hd, kc.p(), vc.p(), t, 1, pos0 + i, H, KV, hd, scale,
+        be().attention(dq.p() + i * H * hd, kc.p(), vcache, t, 1, pos0 + i, H, KV, hd, scale,
                        tokens.p() + i * H * hd);
       const auto w = whole.get();
-      const std::string what = str(kv_type_name(t), ", H=", H, " KV=", KV, " hd=", hd, " at ", ctx, " keys");
+      const std::string what = str(kv_type_name(t), ", H=", H, " KV=", KV, " hd=", hd, " at ", ctx, " keys",
+                                   sh.shared ? " (one cache)" : "");
       expect_same(chunks.get(), w, "attention in two chunks vs one, " + what);
       expect_same(tokens.get(), w, "attention token by token vs one chunk, " + what);
     }
 }
 
-// Decode steps over an f16 cache at the widths of MLA's absorbed attention (one 576-dim latent row a key,
-// read as both key and value: one cache for both, 128 query heads) and of gemma4's 512-dim global heads,
-// against the reference on the values the cache holds: a first key, a context inside the first key block,
-// and one across several (the CUDA decode kernel takes 16 query heads a block, its partials folded by
-// the last block of each (kv head, head chunk)).
+// Decode steps over an f16 cache with rows as wide as MLA's latent (576, here in two caches: one cache read
+// as both keys and values goes to the tensor cores, AttentionF16HeadDimsOfTheTensorCores) and gemma4's global
+// heads (512), against the reference on the values the cache holds: a first key, a context inside the first
+// key block, and one across several (the CUDA decode kernel takes 16 query heads a block, its partials folded
+// by the last block of each (kv head, head chunk)).
 TEST_P(AttentionOp, AttentionDecodeWideRowsF16) {
   if (!be().supports_kv(KvType::F16)) GTEST_SKIP() << "no f16 cache on this backend";
   std::mt19937 rng(64);
   struct Shape {
     int64_t H, KV, hd;
-    bool shared;  // keys and values in one cache (MLA)
   };
-  for (const Shape sh : {Shape{128, 1, 576, true}, Shape{24, 1, 576, true}, Shape{8, 2, 512, false}})
+  for (const Shape sh : {Shape{128, 1, 576}, Shape{24, 1, 576}, Shape{8, 2, 512}})
     for (const int64_t pos0 : {int64_t{0}, int64_t{77}, int64_t{300}}) {
       const int64_t width = sh.KV * sh.hd, ctx = pos0 + 1;
       const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.5f, 1.5f);
@@ -271,15 +281,13 @@ TEST_P(AttentionOp, AttentionDecodeWideRowsF16) {
       Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q"), out(be(), sh.H * sh.hd, "out");
       be().kv_store(kc.p(), KvType::F16, 0, ctx, width, dk.p());
       be().kv_store(vc.p(), KvType::F16, 0, ctx, width, dv.p());
-      const void* vcache = sh.shared ? kc.p() : vc.p();
       const float scale = 1.0f / std::sqrt((float)sh.hd);
-      be().attention(dq.p(), kc.p(), vcache, KvType::F16, 1, pos0, sh.H, sh.KV, sh.hd, scale, out.p());
+      be().attention(dq.p(), kc.p(), vc.p(), KvType::F16, 1, pos0, sh.H, sh.KV, sh.hd, scale, out.p());
       auto half = [](std::vector<float> x) {
         for (float& e : x) e = fp16_to_f32(f32_to_fp16(e));
         return x;
       };
-      const auto hk = half(k);
-      const auto want = ref::attention(q, hk, sh.shared ? hk : half(v), 1, pos0, sh.H, sh.KV, sh.hd, scale);
+      const auto want = ref::attention(q, half(k), half(v), 1, pos0, sh.H, sh.KV, sh.hd, scale);
       // Derived for any summation order: a score's dot of hd products errs by at most
       // gamma_hd sum_i |q_i k_i| <= gamma_hd sum_i |q_i| (|k| <= 1), gamma_n = n u / (1 - n u), u = 2^-24;
       // scores off by Ds move the softmax weights by a factor within exp(+-2 Ds), the output by
@@ -292,11 +300,11 @@ TEST_P(AttentionOp, AttentionDecodeWideRowsF16) {
         for (int64_t i = 0; i < sh.hd; ++i) a += std::fabs(q[h * sh.hd + i]);
         qsum = std::max(qsum, a);
       }
-      const double vmax = sh.shared ? 1.0 : 1.5, ds = scale * gamma((double)sh.hd + 1) * qsum;
+      const double vmax = 1.5, ds = scale * gamma((double)sh.hd + 1) * qsum;
       const double bound = vmax * (2.0 * ds + gamma((double)ctx + 2) + std::ldexp(1.0, -18));
-      expect_err(max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), bound,
-                 str("decode attention over an f16 cache, H=", sh.H, " KV=", sh.KV, " hd=", sh.hd,
-                     sh.shared ? " (one cache)" : "", " pos0=", pos0));
+      expect_err(
+          max_err(out.get(), want, std::vector<double>(want.size(), 1.0)), bound,
+          str("decode attention over an f16 cache, H=", sh.H, " KV=", sh.KV, " hd=", sh.hd, " pos0=", pos0));
     }
 }
 

@@ -1,7 +1,8 @@
 """qwen35moe and gemma4 on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU
 backend (streamed experts: the fused layout; every expert resident: the MMQ layout), greedy tokens, decode
 op by op for qwen35moe (it picks its recurrent state's copies on the host each step), as one recorded graph for
-gemma4 and deepseek2 (checked against op by op), and the logits' independence of the prompt chunking on the GPU.
+gemma4 and deepseek2 (checked against op by op; deepseek2 also at DeepSeek V3's 576-dim latent rows, which
+the GPU's MLA attention kernels take), and the logits' independence of the prompt chunking on the GPU.
 Bounds: gpu_common's, which say why; the CPU's logits are checked against transformers in
 test_qwen35moe.py and test_gemma4.py.
 
@@ -43,6 +44,11 @@ ARCHS = {
     "deepseek2": (make_deepseek2, {"f32": None, "quant": {"embed": "Q8_0", "attn": "Q8_0", "router": "Q8_0",
                                                           "experts": "Q4_0", "output": "Q8_0"}},
                   {"q_lora": 64, "key_nope": 32, "value_dim": 32}, {"top_k": 12, "groups_used": 4}),
+    # DeepSeek V3's latent width (512 + 64: the GPU's MLA kernels on an f16 cache), 20 heads (16 a CTA, then 4).
+    "deepseek2-576": (make_deepseek2, {"f32": None, "quant": {"embed": "Q8_0", "attn": "Q8_0", "router": "Q8_0",
+                                                              "experts": "Q4_0", "output": "Q8_0"}},
+                      {"q_lora": 64, "key_nope": 32, "value_dim": 32, "kv_lora": 512, "key_rope": 64, "heads": 20},
+                      {"top_k": 12, "groups_used": 4}),
 }
 # 150 tokens: past two ends of qwen35moe's 64-position DeltaNet chunks, far past gemma4's 5-token window.
 PROMPT = [(i * 37 + 11) % 500 + 3 for i in range(150)]
@@ -104,7 +110,7 @@ def test_gpu_greedy_tokens_match_cpu(files, arch):
     assert m._m.decode_graph_active == (arch != "qwen35moe")  # qwen35moe op by op (see the module's note)
 
 
-@pytest.mark.parametrize("arch", ["deepseek2", "gemma4"])
+@pytest.mark.parametrize("arch", ["deepseek2", "deepseek2-576", "gemma4"])
 @pytest.mark.parametrize("cache", ["all", "bounded"])
 def test_gpu_decode_graph_matches_op_by_op(files, arch, cache):
     """A decode step replayed from one recorded graph (RoPE, the KV store and attention reading the position on

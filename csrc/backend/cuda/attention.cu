@@ -479,6 +479,21 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
   const size_t smem = smem_bytes(s);
   const unsigned chunks = (unsigned)ceil_div(s.group, s.gr);
   if constexpr (std::is_same_v<KvT, uint16_t>) {
+    if (mla_usable(hd, kc, vc)) {  // MLA's latent rows: prompt and decode alike
+      if (!split) {
+        launch_mla_prompt(q, kc, s, out, st);
+        STRATA_CUDA_LAUNCH_CHECK();
+        return;
+      }
+      const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kMmaKeyBlock) : ceil_div(pos0 + 1, kMmaKeyBlock);
+      float* part_ml = static_cast<float*>(scratch);
+      float* part_acc = part_ml + nb * H * 2;
+      launch_mla_decode(q, kc, s, nb, part_ml, part_acc, st);
+      STRATA_CUDA_LAUNCH_CHECK();
+      launch_combine(part_ml, part_acc, pos0, ps.dev, H, hd, (int64_t)kMmaKeyBlock, nb, out, st);
+      STRATA_CUDA_LAUNCH_CHECK();
+      return;
+    }
     if (mma_usable(hd, kc, vc)) {  // the tensor-core family, prompt and decode alike
       if (!split) {
         launch_mma_prompt(q, kc, vc, s, out, st);

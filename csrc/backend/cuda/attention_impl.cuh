@@ -210,4 +210,15 @@ void launch_mma_prompt(const float* q, const uint16_t* kc, const uint16_t* vc, c
 void launch_mma_decode(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s, int64_t nb,
                        float* part_ml, float* part_acc, cudaStream_t st);
 
+// ---- multi-head latent attention on the tensor cores (attention_mla.cu): 576-dim rows of one f16 cache
+// read as both keys and values (deepseek2's absorbed form), the mma family's float operations ----
+constexpr int64_t kMlaHeadDim = 576;
+// Whether they run (head dim 576, one cache for keys and values, 16-byte aligned; STRATA_CUDA_ATTN_MMA=0
+// keeps the CUDA-core kernels). As mma_usable: the choice depends on neither T nor pos0.
+bool mla_usable(int64_t hd, const void* kc, const void* vc);
+void launch_mla_prompt(const float* q, const uint16_t* kc, const Shape& s, float* out, cudaStream_t st);
+// Key blocks [0, nb) of kMmaKeyBlock keys (those past the position return): partials for the combine.
+void launch_mla_decode(const float* q, const uint16_t* kc, const Shape& s, int64_t nb, float* part_ml,
+                       float* part_acc, cudaStream_t st);
+
 }  // namespace strata::cuda::attn
