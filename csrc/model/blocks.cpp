@@ -121,7 +121,13 @@ void route_next(Backend& be, const PrefillBuffers& b, const NextRouter& next, in
                 float* logits, int32_t* ids, float* w, int32_t* off, int32_t* rows) {
   be.apply_norm(b.R, b.grs, next.ffn_norm, D, nullptr, 1, T, b.yd);
   const DenseMatrix& r = *next.router;
-  be.route(r.type, r.data, r.rows, r.cols, b.yd, T, K, next.norm_topk, logits, ids, w, off, rows);
+  if (!next.select) {
+    be.route(r.type, r.data, r.rows, r.cols, b.yd, T, K, next.norm_topk, logits, ids, w, off, rows);
+    return;
+  }
+  be.matmul(r.type, r.data, r.rows, r.cols, b.yd, r.cols, T, logits, r.rows);
+  next.select(logits, T, ids, w);
+  be.group_by_expert(ids, T, K, r.rows, off, rows);
 }
 
 // A prompt pass's guess of the experts layer l + 1 will route this chunk's tokens to: its router on this

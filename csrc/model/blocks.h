@@ -115,6 +115,9 @@ struct NextRouter {
   const DenseMatrix* router = nullptr;
   const float* ffn_norm = nullptr;
   bool norm_topk = true;
+  // The architecture's choice from the router's logits of T rows: their top-K ids and weights (deepseek2's
+  // grouped, biased selection). Null: Backend::route's softmax top-K (norm_topk), router matmul included.
+  std::function<void(float* logits, int64_t T, int32_t* ids, float* w)> select;
 };
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
                const float* ffn_norm, const MoeVariant* var = nullptr, const NextRouter* next = nullptr);

@@ -339,7 +339,21 @@ class Deepseek2Forward final : public RowsForwardPass {
       be.group_by_expert(b.topk_ids, T, s.K, s.E, b.expert_off, b.expert_rows);
       // The shared expert reads x before the routed experts overwrite proj (where x may be staged).
       if (d.shared > 0) swiglu_ffn(b, ly.gate_sh, ly.up_sh, ly.down_sh, x, T, b[sc_.shared]);
-      moe_block(ctx_, b, l - d.n_dense, T, ly.ffn_norm);
+      // The next layer's router and its grouped selection: the guess of its experts that a prompt's look
+      // ahead and --prefetch fill ahead of it.
+      NextRouter next;
+      if (l + 1 < s.L) {
+        const Layer& nl = layers_[l + 1];
+        next.router = &nl.router;
+        next.ffn_norm = nl.ffn_norm;
+        next.select = [this, &nl](float* logits, int64_t n, int32_t* ids, float* w) {
+          const ModelSpec& sp = ctx_.spec;
+          const Ds2Spec& dd = ds2_spec(sp);
+          ops_.router_grouped(logits, n, sp.E, sp.K, dd.sigmoid, nl.probs_b, dd.groups, dd.groups_used,
+                              dd.w_norm, dd.w_scale, ids, w);
+        };
+      }
+      moe_block(ctx_, b, l - d.n_dense, T, ly.ffn_norm, nullptr, next.router ? &next : nullptr);
       if (d.shared > 0) be.add(b.proj, b[sc_.shared], T * D);
     }
     between_layers(ctx_, s.L, T, pos0);

@@ -99,7 +99,11 @@ class Qwen3MoeForward final : public RowsForwardPass {
       x = add_gr_read(be, b, T, D, s.rms_eps, ly.ffn_norm, b.proj);
       softmax_router(be, b, ly.router, x, T, s.K, s.norm_topk);
       NextRouter next;
-      if (l + 1 < s.L) next = {&layers_[l + 1].router, layers_[l + 1].ffn_norm, s.norm_topk};
+      if (l + 1 < s.L) {
+        next.router = &layers_[l + 1].router;
+        next.ffn_norm = layers_[l + 1].ffn_norm;
+        next.norm_topk = s.norm_topk;
+      }
       moe_block(ctx_, b, l, T, ly.ffn_norm, nullptr, l + 1 < s.L ? &next : nullptr);
     }
     between_layers(ctx_, s.L, T, pos0);

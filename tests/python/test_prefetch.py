@@ -66,7 +66,7 @@ def test_prefetch_flag_in_cli_help():
     assert r.exit_code == 0 and "--prefetch [on|off]" in r.output
 
 
-def test_prefetch_is_qwen3moe_only(tmp_path):
+def test_prefetch_refused_where_the_next_layer_is_not_predicted(tmp_path):
     from strata.testing import make_gpt_oss
 
     path = str(make_gpt_oss(tmp_path / "oss.gguf", seed=5))
@@ -152,3 +152,58 @@ def test_prompt_prefetch_switch(tmp_path):
     assert on.returncode == 0 and int(on.stdout.split()[-1]) > 0, on.stderr
     assert off.returncode == 0 and int(off.stdout.split()[-1]) == 0, off.stderr
     assert bad.returncode == 3 and "STRATA_PROMPT_PREFETCH=yes is not 0 or 1" in bad.stdout, bad.stdout + bad.stderr
+
+
+# ---- deepseek2: the next layer's grouped, biased router as the guess ----
+# Its selection (sigmoid scores plus exp_probs_b, the best groups, top-K within them) is the architecture's own
+# (NextRouter::select); the guess is used as qwen3moe's is, in a decode step resolved on the device and in a
+# prompt chunk's look ahead. Only residency changes.
+
+def _ds2_file(tmp_path):
+    from strata.testing.deepseek2 import make_deepseek2
+
+    path = str(tmp_path / "ds2-prefetch.gguf")
+    make_deepseek2(path, layers=5, dense_layers=1, experts=16, top_k=4, groups=4, groups_used=2,
+                   quant={"experts": "Q4_0"}, seed=13)
+    return path
+
+
+@pytest.mark.parametrize("source", ["host", "mmap"])
+def test_deepseek2_prefetch_changes_residency_not_results(tmp_path, source):
+    path = _ds2_file(tmp_path)
+    prompt = [int(x) for x in np.random.default_rng(9).integers(1, 500, size=20)]
+    runs = {}
+    for on in (False, True):
+        m = strata.Model(path, device="cpu", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX, source=source,
+                         decode_resolve="device", prefetch=on, progress=False)
+        out = m.generate(prompt, max_tokens=24, temperature=0.0)
+        runs[on] = (out.tokens, m.logits(prompt + out.tokens[:8], seq=0), m.cache)
+    (t0, l0, c0), (t1, l1, c1) = runs[False], runs[True]
+    assert t0 == t1
+    np.testing.assert_array_equal(l0, l1)
+    assert c0["prefetch_fills"] == 0
+    assert c1["prefetch_fills"] > 0 and 0 < c1["prefetch_used"] <= c1["prefetch_fills"]
+    assert c1["prefetch_used"] + c1["prefetch_wasted"] <= c1["prefetch_fills"]
+
+
+def test_deepseek2_prompt_look_ahead_changes_residency_not_results(tmp_path):
+    path = _ds2_file(tmp_path)
+    info = strata.ModelInfo(path)
+    E, K = info.spec["experts"], info.spec["top_k"]
+    T = 8 * E // K + 3  # 35 tokens: T * K >= 8 E
+    lay = info.layout(T, True)  # the chunk's own lent slots (this file's slots are small beside its scratch)
+    prompt = [int(x) for x in np.random.default_rng(4).integers(1, 500, size=T)]
+
+    def model(extra_slots):
+        cache = f"{(lay['slots'] + extra_slots) * lay['slot_bytes']}b"
+        return strata.Model(path, device="cpu", expert_cache=cache, prefill=T, ctx=CTX, progress=False)
+
+    ref = model(E + E // 2)  # room for a layer and a half beside the chunk: no look ahead
+    want = ref.logits(prompt, seq=0)
+    assert ref.cache["prefetch_fills"] == 0 and ref.cache["misses"] > 0
+    m = model(3 * E)  # three of the four MoE layers
+    for _ in range(2):
+        np.testing.assert_array_equal(m.logits(prompt, seq=0), want)
+    c = m.cache
+    assert c["prefetch_fills"] >= 3 and c["prefetch_used"] > 0
+    assert c["prefetch_used"] + c["prefetch_wasted"] <= c["prefetch_fills"]
