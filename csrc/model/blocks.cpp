@@ -119,7 +119,10 @@ Routed routed_experts(Backend& be, const PrefillBuffers& b, int64_t E) {
 // into yd): the guess of its experts that both prefetches make, into the given routing outputs.
 void route_next(Backend& be, const PrefillBuffers& b, const NextRouter& next, int64_t D, int64_t T, int64_t K,
                 float* logits, int32_t* ids, float* w, int32_t* off, int32_t* rows) {
-  be.apply_norm(b.R, b.grs, next.ffn_norm, D, nullptr, 1, T, b.yd);
+  if (next.input)
+    next.input(b.yd, T);
+  else
+    be.apply_norm(b.R, b.grs, next.ffn_norm, D, nullptr, 1, T, b.yd);
   const DenseMatrix& r = *next.router;
   if (!next.select) {
     be.route(r.type, r.data, r.rows, r.cols, b.yd, T, K, next.norm_topk, logits, ids, w, off, rows);
@@ -312,7 +315,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   be.scatter_add(b.yd, order, b.topk_w, K, n, D, b.proj);
   if (path == ExpertPath::Host) cache.release(l);
-  if (path == ExpertPath::Device && next && ctx.step->prefetch && b.HC == 1) {
+  if (path == ExpertPath::Device && next && ctx.step->prefetch && (b.HC == 1 || next->input)) {
     // The prefetch of layer l + 1's experts: its router on R * grs * (its norm), R being this layer's
     // post-attention residual (what this layer's router read, under this layer's norm). The router's
     // buffers and yd are free now, until the next layer's router.
@@ -341,8 +344,8 @@ void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, in
   }
   // A chunk that routes many rows: the experts layer l + 1 will likely want, whose copies go right
   // behind this layer's (queued before this layer's routing is downloaded: one wait for both).
-  const bool look_ahead =
-      prompt_prefetch() && next && b.HC == 1 && T * K >= 8 * s.E && !ctx.cache.all_resident();
+  const bool look_ahead = prompt_prefetch() && next && (b.HC == 1 || next->input) && T * K >= 8 * s.E &&
+                          !ctx.cache.all_resident();
   const int32_t* guess_off = look_ahead ? guess_next_experts(be, b, T, D, F, K, s.E, *next) : nullptr;
   const Routed r = routed_experts(be, b, s.E);
   std::vector<int32_t> ahead;

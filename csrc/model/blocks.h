@@ -118,6 +118,10 @@ struct NextRouter {
   // The architecture's choice from the router's logits of T rows: their top-K ids and weights (deepseek2's
   // grouped, biased selection). Null: Backend::route's softmax top-K (norm_topk), router matmul included.
   std::function<void(float* logits, int64_t T, int32_t* ids, float* w)> select;
+  // The guess's router input (T rows of D) from this layer's streams R and GR weights grs under the next
+  // layer's FFN norm, for streams the plain read does not collapse (V4's HC). Null: apply_norm(R, grs,
+  // ffn_norm), the HC = 1 read.
+  std::function<void(float* out, int64_t T)> input;
 };
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
                const float* ffn_norm, const MoeVariant* var = nullptr, const NextRouter* next = nullptr);

@@ -180,7 +180,22 @@ class Ds4Forward final : public ForwardPass {
       ops.swiglu_clamp(sh_gate, sh_up, T * Fs, w.clamp_shexp);
       be.matmul(w.down_shexp.type, w.down_shexp.data, D, Fs, sh_gate, Fs, T, sh_out, D);
       const Ds4Moe moe(ops, w.clamp_exp);
-      moe_block(ctx_, b, l, T, w.ffn_norm, &moe);
+      // The guess of the next layer's experts (a prompt's look ahead, --prefetch): its router on these
+      // streams collapsed by this site's weights under its FFN norm, its own selection (hash layers: exact).
+      NextRouter next;
+      if (l + 1 < s.L) {
+        const Ds4LayerWeights& nw = layers_[l + 1];
+        next.router = &nw.router;
+        next.ffn_norm = nw.ffn_norm;
+        next.input = [&ops, &b, &nw, D, HC](float* out, int64_t n) {
+          ops.apply_norm_hc(b.R, b.grs, nw.ffn_norm, D, HC, nullptr, 1, n, out);
+        };
+        next.select = [this, &ops, &nw, tokens](float* logits, int64_t n, int32_t* ids, float* wts) {
+          ops.router_v4(logits, n, ctx_.spec.E, ctx_.spec.K, nw.probs_b, nw.tid2eid, tokens, d_.norm_weights,
+                        d_.routed_scale, ids, wts);
+        };
+      }
+      moe_block(ctx_, b, l, T, w.ffn_norm, &moe, next.router ? &next : nullptr);
       be.add(b.proj, sh_out, T * D);
       hc_update(ops, b, sc_, T, D);
     }

@@ -215,9 +215,11 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       src_ = make_mmap_source(xl);
     }
   }
-  STRATA_CHECK(!cfg_.prefetch || plan_.spec.arch == "qwen3moe" || plan_.spec.arch == "deepseek2",
-               UnsupportedError, "--prefetch on: the ", plan_.spec.arch,
-               " architecture does not predict its next layer's experts (qwen3moe and deepseek2 do)");
+  const std::string& arch_name = plan_.spec.arch;
+  STRATA_CHECK(
+      !cfg_.prefetch || arch_name == "qwen3moe" || arch_name == "deepseek2" || arch_name == "deepseek4",
+      UnsupportedError, "--prefetch on: the ", arch_name,
+      " architecture does not predict its next layer's experts (qwen3moe, deepseek2 and deepseek4 do)");
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes, cfg_.cache_policy);
   STRATA_CHECK(cfg_.decode_resolve != "device" || cache_->all_resident() || cache_->can_resolve_on_device(),
                UnsupportedError, "decode_resolve 'device': the ", be_->name(),

@@ -167,7 +167,8 @@ def _load_options(ctx_default: int | None = LOAD["ctx"], serving: bool = False) 
         click.option("--prefetch", type=click.Choice(["on", "off"]), default="on" if LOAD["prefetch"] else "off",
                      show_default=True,
                      help="Decode on a GPU with a bounded cache: fill the experts the next layer's router predicts "
-                          "while this layer runs (qwen3moe, deepseek2; --cache-policy lru). Logits are the same."),
+                          "while this layer runs (qwen3moe, deepseek2, deepseek4; --cache-policy lru). Logits are "
+                          "the same."),
         click.option("-t", "--threads", type=click.IntRange(min=0), default=LOAD["threads"], show_default=True,
                      help="CPU threads; 0: STRATA_THREADS, else every core."),
         click.option("-q", "--quiet", is_flag=True,

@@ -207,3 +207,57 @@ def test_deepseek2_prompt_look_ahead_changes_residency_not_results(tmp_path):
     c = m.cache
     assert c["prefetch_fills"] >= 3 and c["prefetch_used"] > 0
     assert c["prefetch_used"] + c["prefetch_wasted"] <= c["prefetch_fills"]
+
+
+# ---- deepseek4: the HC streams collapsed under the next layer's norm, its own selection ----
+# NextRouter::input collapses this layer's streams with this site's weights (apply_norm_hc) under the next
+# layer's FFN norm; the hash layers' guess is their table's, exact.
+
+def _ds4_file(tmp_path):
+    from strata.testing.deepseek4 import make_deepseek4
+
+    path = str(tmp_path / "ds4-prefetch.gguf")
+    make_deepseek4(path, layers=6, compress_ratios=(0, 4, 128, 4, 0, 4), hash_layers=2, experts=16, top_k=4,
+                   seed=17)
+    return path
+
+
+@pytest.mark.parametrize("source", ["host", "mmap"])
+def test_deepseek4_prefetch_changes_residency_not_results(tmp_path, source):
+    path = _ds4_file(tmp_path)
+    prompt = [int(x) for x in np.random.default_rng(12).integers(1, 500, size=20)]
+    runs = {}
+    for on in (False, True):
+        m = strata.Model(path, device="cpu", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX, source=source,
+                         decode_resolve="device", prefetch=on, progress=False)
+        out = m.generate(prompt, max_tokens=24, temperature=0.0)
+        runs[on] = (out.tokens, m.logits(prompt + out.tokens[:8], seq=0), m.cache)
+    (t0, l0, c0), (t1, l1, c1) = runs[False], runs[True]
+    assert t0 == t1
+    np.testing.assert_array_equal(l0, l1)
+    assert c0["prefetch_fills"] == 0
+    assert c1["prefetch_fills"] > 0 and 0 < c1["prefetch_used"] <= c1["prefetch_fills"]
+    assert c1["prefetch_used"] + c1["prefetch_wasted"] <= c1["prefetch_fills"]
+
+
+def test_deepseek4_prompt_look_ahead_changes_residency_not_results(tmp_path):
+    path = _ds4_file(tmp_path)
+    info = strata.ModelInfo(path)
+    E, K = info.spec["experts"], info.spec["top_k"]
+    T = 8 * E // K + 3  # 35 tokens: T * K >= 8 E
+    lay = info.layout(T, True)
+    prompt = [int(x) for x in np.random.default_rng(6).integers(1, 500, size=T)]
+
+    def model(extra_slots):
+        cache = f"{(lay['slots'] + extra_slots) * lay['slot_bytes']}b"
+        return strata.Model(path, device="cpu", expert_cache=cache, prefill=T, ctx=CTX, progress=False)
+
+    ref = model(E + E // 2)
+    want = ref.logits(prompt, seq=0)
+    assert ref.cache["prefetch_fills"] == 0 and ref.cache["misses"] > 0
+    m = model(3 * E)
+    for _ in range(2):
+        np.testing.assert_array_equal(m.logits(prompt, seq=0), want)
+    c = m.cache
+    assert c["prefetch_fills"] >= 5 and c["prefetch_used"] > 0
+    assert c["prefetch_used"] + c["prefetch_wasted"] <= c["prefetch_fills"]
