@@ -294,7 +294,8 @@ def wait_for(binary: str, seconds: float) -> bool:
 
 def print_table(rows: list[Row], hbm: float, link: float) -> None:
     print(f"\nfloor: weights read / {hbm / 1e12:.1f} TB/s + missed bytes / {link / 1e9:.0f} GB/s")
-    hdr = (f"{'scenario':<8} {'config':<34} {'test':<10} {'llama.cpp':>9} {'strata':>9} {'ratio':>6} "
+    w = max([34] + [len(r.config) for r in rows])  # whole labels: ", prefetch" and the like tell rows apart
+    hdr = (f"{'scenario':<8} {'config':<{w}} {'test':<10} {'llama.cpp':>9} {'strata':>9} {'ratio':>6} "
            f"{'ms/tok':>7} {'floor':>6} {'hit':>6} {'GB':>7} {'GB/s':>6} {'pf acc':>6}")
     print(hdr)
     for r in rows:
@@ -303,7 +304,7 @@ def print_table(rows: list[Row], hbm: float, link: float) -> None:
         def f(v: float | None, spec: str) -> str:
             return format(v, spec) if v is not None else "-"
 
-        print(f"{r.scenario:<8} {r.config[:34]:<34} {r.test:<10} {f(r.llama_tps, '9.1f'):>9} "
+        print(f"{r.scenario:<8} {r.config:<{w}} {r.test:<10} {f(r.llama_tps, '9.1f'):>9} "
               f"{f(r.strata_tps, '9.1f'):>9} {f(r.ratio, '6.2f'):>6} {f(e.get('ms_per_token'), '7.2f'):>7} "
               f"{f(e.get('floor_ms'), '6.2f'):>6} {f(e.get('hit_rate'), '6.3f'):>6} "
               f"{f(e.get('gb_streamed'), '7.2f'):>7} {f(e.get('link_gbps'), '6.1f'):>6} "
@@ -350,6 +351,9 @@ def main() -> None:
     ap.add_argument("--source-both", action="store_true", help="see --source")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
                     help="decode with --prefetch (bounded caches): off, on, or both side by side")
+    ap.add_argument("--look-ahead", choices=("off", "on", "both"), default="on",
+                    help="a prompt chunk's look ahead at the next layer's experts (bounded caches; strata's default; "
+                         "off: STRATA_PROMPT_PREFETCH=0) for the prompt rows: on, off, or both side by side")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.decode_only and a.prompt_only:
@@ -407,6 +411,13 @@ def main() -> None:
         if a.mma_q8 == "both":  # the dp4a integer tile's own rows: prompts, no llama.cpp again
             chosen += [dataclasses.replace(c, label=f"{c.label}, dp4a", decode_after=(), ncmoe=None,
                                            load={**c.load, "_mma_q8": False}) for c in chosen if c.prompts]
+        # The look ahead's switch (read at each layer): its rows with it off, prompts of the bounded caches.
+        ahead_on = a.look_ahead != "off"
+        chosen = [dataclasses.replace(c, load={**c.load, "_look_ahead": ahead_on}) for c in chosen]
+        if a.look_ahead == "both":
+            chosen += [dataclasses.replace(c, label=f"{c.label}, no look ahead", decode_after=(), ncmoe=None,
+                                           load={**c.load, "_look_ahead": False})
+                       for c in chosen if c.prompts and c.load.get("expert_cache") != "all"]
         for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())
@@ -415,6 +426,7 @@ def main() -> None:
             t0 = time.monotonic()
             load = dict(cfg.load)
             os.environ["STRATA_CUDA_MMA_Q8"] = "1" if load.pop("_mma_q8", False) else "0"  # read at each launch
+            os.environ["STRATA_PROMPT_PREFETCH"] = "1" if load.pop("_look_ahead", True) else "0"  # at each layer
             got = strata_config(path, dataclasses.replace(cfg, load=load), gen, hbm, link, a.device)
             llama = llama_binary() if cfg.ncmoe is not None else None
             theirs = llama_config(llama, path, cfg, gen, a.reps if s != "235b" else 1, log) if llama else {}

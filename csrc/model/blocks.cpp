@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -167,16 +168,14 @@ int64_t pieces() {
 }
 
 // Whether a prompt pass queues the next layer's experts behind this layer's copies
-// (ExpertCache::prefetch_layer): on by default, STRATA_PROMPT_PREFETCH=0 off (the A/B switch).
+// (ExpertCache::prefetch_layer): on by default, STRATA_PROMPT_PREFETCH=0 off (the A/B switch; read at each
+// layer, so one process can time both, as bench/gpu.py --look-ahead both does).
 bool prompt_prefetch() {
-  static const bool on = [] {
-    const char* e = std::getenv("STRATA_PROMPT_PREFETCH");
-    if (!e || !*e) return true;
-    const std::string v = e;
-    STRATA_CHECK(v == "0" || v == "1", ConfigError, "STRATA_PROMPT_PREFETCH=", e, " is not 0 or 1");
-    return v == "1";
-  }();
-  return on;
+  const char* e = std::getenv("STRATA_PROMPT_PREFETCH");
+  if (!e || !*e) return true;
+  STRATA_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, ConfigError,
+               "STRATA_PROMPT_PREFETCH=", e, " is not 0 or 1");
+  return e[0] == '1';
 }
 
 // Runs fn(e, first_row, n_rows, view) for every routed expert in ascending order, preparing as many
