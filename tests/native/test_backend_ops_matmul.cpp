@@ -415,23 +415,28 @@ TEST_P(MatmulOp, MatmulRunsIsMatmulOnEachRun) {
 TEST_P(MatmulOp, MatmulRowsIndependentOfTokenCount) {
   std::mt19937 rng(17);
   const int64_t rows = 37, T = 40;
+  // Long rows: past the 4 x 32 units a warp of the one-token GEMV copies to shared memory at once
+  // (gemv::WStage), some rows aligned for its loads and some not (Q8_0: 3,026 bytes apart).
   for (Phase ph : {Phase::Prompt, Phase::Decode}) {
     be().set_phase(ph);
     for (QType t : kAllTypes) {
-      const int64_t cols = cols_of(t), ldx = (cols + 3) / 4 * 4;
-      const auto W = random_weights(t, rows, cols, rng);
-      const auto x = randf(rng, T * ldx, -2.f, 2.f);
-      Dev<uint8_t> dW(be(), W, "W");
-      Dev<float> dx(be(), x, "X"), Y(be(), T * rows, "Y");
-      be().matmul((uint32_t)t, dW.p(), rows, cols, dx.p(), ldx, T, Y.p(), rows);
-      const auto all = Y.get();
-      for (int64_t n : {1, 7, 9, 17}) {
-        const int64_t first = T - n - 3;  // rows that sat elsewhere in the big call's tiles
-        Dev<float> y(be(), n * rows, "Y part");
-        be().matmul((uint32_t)t, dW.p(), rows, cols, dx.p() + first * ldx, ldx, n, y.p(), rows);
-        const std::vector<float> want(all.begin() + first * rows, all.begin() + (first + n) * rows);
-        expect_same(y.get(), want,
-                    str("matmul ", quant_traits(t).name, " phase ", (int)ph, ": ", n, " tokens against 40"));
+      for (const bool long_rows : {false, true}) {
+        const int64_t cols = long_rows ? long_cols_of(t) : cols_of(t), ldx = (cols + 3) / 4 * 4;
+        const auto W = random_weights(t, rows, cols, rng);
+        const auto x = randf(rng, T * ldx, -2.f, 2.f);
+        Dev<uint8_t> dW(be(), W, "W");
+        Dev<float> dx(be(), x, "X"), Y(be(), T * rows, "Y");
+        be().matmul((uint32_t)t, dW.p(), rows, cols, dx.p(), ldx, T, Y.p(), rows);
+        const auto all = Y.get();
+        for (int64_t n : {1, 7, 9, 17}) {
+          const int64_t first = T - n - 3;  // rows that sat elsewhere in the big call's tiles
+          Dev<float> y(be(), n * rows, "Y part");
+          be().matmul((uint32_t)t, dW.p(), rows, cols, dx.p() + first * ldx, ldx, n, y.p(), rows);
+          const std::vector<float> want(all.begin() + first * rows, all.begin() + (first + n) * rows);
+          expect_same(y.get(), want,
+                      str("matmul ", quant_traits(t).name, " ", cols, " columns, phase ", (int)ph, ": ", n,
+                          " tokens against 40"));
+        }
       }
     }
   }

@@ -194,6 +194,115 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < HC) grs[t * HC + threadIdx.x] = __fmul_rn(g[threadIdx.x], rr);
 }
 
+// hc_weights for HC = 4 on the 32 lanes of a warp: lane L (and L + 16, its twin) holds c[j][k], j = L / 4,
+// k = L % 4 of the 4 x 4 Sinkhorn matrix, so each normalization is one division a lane after the line's
+// sum, which every lane of the line forms from the line's four values in the CPU's order. The float
+// operations are hc_weights<4>'s, in its order: the same bits.
+__device__ __forceinline__ void hc_weights_warp4(const float* mt, float r, const float* scale,
+                                                 const float* base, float hc_eps, int64_t iters, float* g,
+                                                 float* post, float* comb) {
+  constexpr int HC = 4;
+  const int e = threadIdx.x & 15, j = e >> 2, k = e & 3, lane = threadIdx.x & 31;
+  if (lane < HC) {
+    g[lane] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[lane], r), scale[0]), base[lane])), hc_eps);
+    if (post)
+      post[lane] = __fmul_rn(
+          2.0f, sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mt[HC + lane], r), scale[1]), base[HC + lane])));
+  }
+  if (!comb) return;
+  float c = __fadd_rn(__fmul_rn(__fmul_rn(mt[2 * HC + e], r), scale[2]), base[2 * HC + e]);
+  float mx = fmaxf(c, __shfl_xor_sync(kFullMask, c, 1));  // the row's max (fmaxf: any order)
+  mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+  c = expf(__fsub_rn(c, mx));
+  // The sum of row j's (stride 1) or column k's (stride 4) four values from 0.0f, in order.
+  auto line_sum = [&](int first, int stride) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int b = 0; b < HC; ++b)
+      sum = __fadd_rn(sum, __shfl_sync(kFullMask, c, (threadIdx.x & 16) + first + b * stride));
+    return sum;
+  };
+  c = __fadd_rn(__fdiv_rn(c, line_sum(4 * j, 1)), hc_eps);
+  auto by_columns = [&] { c = __fdiv_rn(c, __fadd_rn(line_sum(k, 4), hc_eps)); };
+  auto by_rows = [&] { c = __fdiv_rn(c, __fadd_rn(line_sum(4 * j, 1), hc_eps)); };
+  by_columns();
+  for (int64_t it = 1; it < iters; ++it) {
+    by_rows();
+    by_columns();
+  }
+  if (lane < 16) comb[e] = c;
+}
+
+// hc_pre for HC = 4 and D a multiple of 4 (x 16-byte aligned), block t: the RMS sums read the token's
+// streams as float4, eight loads a thread in flight; warp 0 forms the mixing weights (hc_weights_warp4).
+// The block sums' order differs from hc_pre_kernel's (both fixed, each token alone: any T gives a token
+// the same bits); the mixing weights' operations are the same.
+__global__ void __launch_bounds__(kThreads)
+    hc_pre4_kernel(const float* mix, const float* x, int64_t D, float eps, const float* scale,
+                   const float* base, float hc_eps, int64_t iters, float* grs, float* post, float* comb) {
+  grid_start();
+  constexpr int HC = 4, kLoads = 8;
+  __shared__ float red[kWarp], g[HC];
+  const int64_t t = blockIdx.x, M = comb ? (2 + HC) * HC : HC, nq = D / 4;
+  const float4* x4 = reinterpret_cast<const float4*>(x + t * HC * D);
+  auto sq = [](float acc, float4 v) {
+    acc = __fadd_rn(acc, __fmul_rn(v.x, v.x));
+    acc = __fadd_rn(acc, __fmul_rn(v.y, v.y));
+    acc = __fadd_rn(acc, __fmul_rn(v.z, v.z));
+    return __fadd_rn(acc, __fmul_rn(v.w, v.w));
+  };
+  float ss = 0.0f;
+  for (int64_t i0 = threadIdx.x; i0 < HC * nq; i0 += kLoads * kThreads) {
+    float4 v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (i0 + u * kThreads < HC * nq) v[u] = x4[i0 + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (i0 + u * kThreads < HC * nq) ss = sq(ss, v[u]);
+  }
+  ss = block_sum(ss, red);
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(HC * D)), eps)));
+  if (threadIdx.x < kWarp)
+    hc_weights_warp4(mix + t * M, r, scale, base, hc_eps, iters, g, post ? post + t * HC : nullptr,
+                     comb ? comb + t * HC * HC : nullptr);
+  __syncthreads();
+  const float g0 = g[0], g1 = g[1], g2 = g[2], g3 = g[3];
+  // A column's collapse as collapse() forms it: x0 g0 + x1 g1 + x2 g2 + x3 g3, left to right.
+  auto col = [&](float a, float b, float c, float d) {
+    float v = __fmul_rn(a, g0);
+    v = __fadd_rn(v, __fmul_rn(b, g1));
+    v = __fadd_rn(v, __fmul_rn(c, g2));
+    return __fadd_rn(v, __fmul_rn(d, g3));
+  };
+  float cs = 0.0f;
+  constexpr int kQuads = kLoads / HC;  // column quads a round: HC loads each
+  for (int64_t q0 = threadIdx.x; q0 < nq; q0 += kQuads * kThreads) {
+    float4 v[kQuads][HC];
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u)
+      if (q0 + u * kThreads < nq) {
+#pragma unroll
+        for (int s = 0; s < HC; ++s) v[u][s] = x4[s * nq + q0 + u * kThreads];
+      }
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u)
+      if (q0 + u * kThreads < nq) {
+        const float a = col(v[u][0].x, v[u][1].x, v[u][2].x, v[u][3].x);
+        const float b = col(v[u][0].y, v[u][1].y, v[u][2].y, v[u][3].y);
+        const float c = col(v[u][0].z, v[u][1].z, v[u][2].z, v[u][3].z);
+        const float d = col(v[u][0].w, v[u][1].w, v[u][2].w, v[u][3].w);
+        cs = __fadd_rn(cs, __fmul_rn(a, a));
+        cs = __fadd_rn(cs, __fmul_rn(b, b));
+        cs = __fadd_rn(cs, __fmul_rn(c, c));
+        cs = __fadd_rn(cs, __fmul_rn(d, d));
+      }
+  }
+  cs = block_sum(cs, red);
+  const float rr = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(cs, static_cast<float>(D)), eps)));
+  if (threadIdx.x < HC) grs[t * HC + threadIdx.x] = __fmul_rn(g[threadIdx.x], rr);
+}
+
 // Block (t, m): mix[t, m] = fn[m, :] . x[t, :]; thread i sums k = i, i + blockDim, .. (float4 where both
 // rows are 16-byte aligned), then the block's fixed tree: the same float operations whatever T.
 __global__ void __launch_bounds__(kThreads)
@@ -438,6 +547,138 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
+// attention_sink_kernel for kSinkHeads heads of a token a block (heads of 512 dims or fewer): the keys a
+// token sees are the same for all its heads, so a block reads them once for its heads, from L2, where a
+// block a head read them 64 times over. A group of eight lanes forms a key's logits for the block's heads
+// with the key's elements loaded at once into registers (one memory round trip a key; the queries in
+// shared memory), each head's logit the CPU's dot8; a thread's two columns of the output take sixteen
+// keys' rows at a time. Every float operation and its order per head is attention_sink_kernel's.
+constexpr int kSinkHeads = 4, kSinkMaxPer = 64;  // heads a block; elements a lane holds of a key (hd 512)
+
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_sink_heads_kernel(const float* q, const float* kv, const float* win, int64_t window,
+                                const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
+                                const float* sinks, int64_t pos0, const int32_t* pos_dev, int64_t H,
+                                int64_t hd, float scale, float* out) {
+  constexpr int HB = kSinkHeads;
+  grid_start();
+  extern __shared__ __align__(16) unsigned char ds4_smem[];
+  __shared__ float red[kWarp], ms[HB], dens[HB];
+  if (pos_dev) pos0 += *pos_dev;
+  const int64_t hgroups = (H + HB - 1) / HB, t = blockIdx.x / hgroups, h0 = blockIdx.x % hgroups * HB,
+                nh = H - h0 < HB ? H - h0 : HB, p = pos0 + t;
+  const int64_t j0 = p - window + 1 > 0 ? p - window + 1 : 0, n_win = p - j0 + 1;
+  int64_t n_comp = 0;
+  if (ratio > 0) {
+    if (sel) {
+      while (n_comp < topk && sel[t * topk + n_comp] >= 0) ++n_comp;
+    } else {
+      n_comp = (p + 1) / ratio;
+    }
+  }
+  const int64_t nk = n_win + n_comp;
+  const float** keys = reinterpret_cast<const float**>(ds4_smem);
+  float* qs = reinterpret_cast<float*>(ds4_smem + nk * sizeof(const float*));  // HB x hd
+  float* lg = qs + HB * hd;                                                    // HB x nk
+  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) {
+    if (k < n_win) {
+      const int64_t j = j0 + k;
+      keys[k] = j >= pos0 ? kv + (j - pos0) * hd : win + (j % window) * hd;
+    } else {
+      keys[k] = comp + (sel ? sel[t * topk + (k - n_win)] : k - n_win) * hd;
+    }
+  }
+  for (int64_t e = threadIdx.x; e < HB * hd; e += blockDim.x) {  // a missing head repeats the last one
+    const int64_t hh = e / hd < nh ? e / hd : nh - 1;
+    qs[e] = q[(t * H + h0 + hh) * hd + e % hd];
+  }
+  __syncthreads();
+  {  // the logits: warp w's groups take keys w * 4 .., every lane of a warp in the loop together
+    const int lane = threadIdx.x % kWarp, groups = blockDim.x / 8, j = lane % 8;
+    const int64_t n8 = hd / 8 * 8, per = n8 / 8;
+    for (int64_t base = threadIdx.x / kWarp * (kWarp / 8); base < nk; base += groups) {
+      const int64_t k = base + lane / 8;
+      const float* b = keys[k < nk ? k : 0];
+      float kr[kSinkMaxPer];
+#pragma unroll
+      for (int i = 0; i < kSinkMaxPer; ++i)
+        if (i < per) kr[i] = b[j + 8 * i];
+#pragma unroll
+      for (int hh = 0; hh < HB; ++hh) {
+        const float* a = qs + hh * hd;
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kSinkMaxPer; ++i)
+          if (i < per) acc = __fadd_rn(acc, __fmul_rn(a[j + 8 * i], kr[i]));
+        acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 4));
+        acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 2));
+        acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 1));
+        for (int64_t i = n8; i < hd; ++i) acc = __fadd_rn(acc, __fmul_rn(a[i], b[i]));
+        if (k < nk && j == 0) lg[hh * nk + k] = __fmul_rn(acc, scale);
+      }
+    }
+  }
+  __syncthreads();
+  for (int hh = 0; hh < HB; ++hh) {
+    float m = sinks[h0 + (hh < nh ? hh : nh - 1)];
+    for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) m = fmaxf(m, lg[hh * nk + k]);
+    m = block_max(m, red);  // exact in any order
+    if (threadIdx.x == 0) ms[hh] = m;
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < HB * nk; e += blockDim.x) lg[e] = expf(__fsub_rn(lg[e], ms[e / nk]));
+  __syncthreads();
+  if (threadIdx.x < HB) {  // each head's denominator in key order, as the CPU adds it
+    const int hh = threadIdx.x;
+    float den = expf(__fsub_rn(sinks[h0 + (hh < nh ? hh : nh - 1)], ms[hh]));
+    for (int64_t k = 0; k < nk; ++k) den = __fadd_rn(den, lg[hh * nk + k]);
+    dens[hh] = den;
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < HB * nk; e += blockDim.x) lg[e] = __fdiv_rn(lg[e], dens[e / nk]);
+  __syncthreads();
+  constexpr int kKeys = 16;
+  for (int64_t d0 = threadIdx.x; d0 < hd; d0 += 2 * blockDim.x) {  // columns d0 and d1 = d0 + blockDim
+    const int64_t d1 = d0 + blockDim.x < hd ? d0 + blockDim.x : d0;
+    float acc0[HB], acc1[HB];
+#pragma unroll
+    for (int hh = 0; hh < HB; ++hh) acc0[hh] = acc1[hh] = 0.0f;
+    int64_t k = 0;
+    for (; k + kKeys <= nk; k += kKeys) {
+      float v0[kKeys], v1[kKeys];
+#pragma unroll
+      for (int i = 0; i < kKeys; ++i) {
+        v0[i] = keys[k + i][d0];
+        v1[i] = keys[k + i][d1];
+      }
+#pragma unroll
+      for (int i = 0; i < kKeys; ++i)
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh) {
+          const float w = lg[hh * nk + k + i];
+          acc0[hh] = __fadd_rn(acc0[hh], __fmul_rn(w, v0[i]));
+          acc1[hh] = __fadd_rn(acc1[hh], __fmul_rn(w, v1[i]));
+        }
+    }
+    for (; k < nk; ++k) {
+      const float x0 = keys[k][d0], x1 = keys[k][d1];
+#pragma unroll
+      for (int hh = 0; hh < HB; ++hh) {
+        const float w = lg[hh * nk + k];
+        acc0[hh] = __fadd_rn(acc0[hh], __fmul_rn(w, x0));
+        acc1[hh] = __fadd_rn(acc1[hh], __fmul_rn(w, x1));
+      }
+    }
+#pragma unroll
+    for (int hh = 0; hh < HB; ++hh) {
+      if (hh >= nh) break;
+      float* o = out + (t * H + h0 + hh) * hd;
+      o[d0] = acc0[hh];
+      if (d1 != d0) o[d1] = acc1[hh];
+    }
+  }
+}
+
 // The score's order as an unsigned key: a larger float, a larger key (scores are never -0 or NaN).
 __device__ __forceinline__ uint32_t order_key(float v) {
   const uint32_t u = __float_as_uint(v);
@@ -465,6 +706,12 @@ __global__ void __launch_bounds__(kIdxThreads)
   uint32_t* key = reinterpret_cast<uint32_t*>(ds4_smem);
   const int64_t t = blockIdx.x, n_vis = (pos0 + t + 1) / ratio, k = topk < n_vis ? topk : n_vis;
   int32_t* st = sel + t * topk;
+  // Every visible row picked (topk covers them: a context below topk x ratio): the picks are the rows in
+  // order whatever their scores, which are then not formed.
+  if (k == n_vis) {
+    for (int64_t i = threadIdx.x; i < topk; i += blockDim.x) st[i] = i < n_vis ? static_cast<int32_t>(i) : -1;
+    return;
+  }
   for (int64_t i = threadIdx.x; i < topk; i += blockDim.x) st[i] = -1;
   const int lane = threadIdx.x % kWarp, groups = blockDim.x / 8;
   const float* qt = q + t * n_heads * dim;
@@ -651,8 +898,12 @@ void launch_hc_pre(const float* mix, const float* x, int64_t T, int64_t HC, int6
   STRATA_CHECK(HC >= 1 && HC <= kHcMax, UnsupportedError, "hc_pre on CUDA: ", HC, " streams; at most ",
                kHcMax);
   if (T <= 0) return;
-  launch_kernel(HC == 4 ? hc_pre_kernel<4> : hc_pre_kernel<0>, grid_x(T), kThreads, 0, s, mix, x, HC, D, eps,
-                scale, base, hc_eps, iters, grs, post, comb);
+  if (HC == 4 && D % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    launch_kernel(hc_pre4_kernel, grid_x(T), kThreads, 0, s, mix, x, D, eps, scale, base, hc_eps, iters, grs,
+                  post, comb);
+  else
+    launch_kernel(HC == 4 ? hc_pre_kernel<4> : hc_pre_kernel<0>, grid_x(T), kThreads, 0, s, mix, x, HC, D,
+                  eps, scale, base, hc_eps, iters, grs, post, comb);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -726,11 +977,19 @@ void launch_attention_sink(const float* q, const float* kv, const float* win, in
   // with a device position, those of the last position below max_pos.
   const int64_t end = ps.dev ? std::max<int64_t>(pos0 + T, ps.max_pos) : pos0 + T;
   const int64_t n_comp = ratio > 0 ? (sel ? topk : end / ratio) : 0;
-  const size_t smem =
-      static_cast<size_t>(std::min(window, end) + n_comp) * (sizeof(const float*) + sizeof(float));
-  allow_smem<attention_sink_kernel>(smem, "attention_sink");
-  launch_kernel(attention_sink_kernel, grid_x(T * H), kAttnThreads, smem, s, q, kv, win, window, comp, ratio,
-                sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
+  const int64_t nk = std::min(window, end) + n_comp;
+  if (hd <= 8 * kSinkMaxPer) {  // kSinkHeads heads a block
+    const size_t smem =
+        static_cast<size_t>(nk) * (sizeof(const float*) + kSinkHeads * sizeof(float)) + kSinkHeads * hd * 4;
+    allow_smem<attention_sink_heads_kernel>(smem, "attention_sink");
+    launch_kernel(attention_sink_heads_kernel, grid_x(T * ceil_div(H, kSinkHeads)), kAttnThreads, smem, s, q,
+                  kv, win, window, comp, ratio, sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
+  } else {
+    const size_t smem = static_cast<size_t>(nk) * (sizeof(const float*) + sizeof(float));
+    allow_smem<attention_sink_kernel>(smem, "attention_sink");
+    launch_kernel(attention_sink_kernel, grid_x(T * H), kAttnThreads, smem, s, q, kv, win, window, comp,
+                  ratio, sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
+  }
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

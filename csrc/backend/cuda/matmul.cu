@@ -88,6 +88,14 @@ bool gemv_xs_on() {
   return on;
 }
 
+bool gemv_stage_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_GEMV_STAGE");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,

@@ -9,6 +9,9 @@
 // units' products in column order (one fma chain), then the warp adds the 32 lanes in a fixed tree,
 // so results depend on the shape and the data only, never on timing.
 #pragma once
+#include <mutex>
+#include <type_traits>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/tile.cuh"
@@ -213,19 +216,81 @@ __device__ __forceinline__ void decode_unit(const uint8_t* p, int idx, float w[u
   F::decode(p, idx, w);
 }
 
+constexpr int kRowBatch = 4;  // units a lane decodes before its first product (row_dot_with)
+
+// A warp's batch of weights through shared memory: kRowBatch x 32 units of a row are contiguous bytes
+// (whole blocks), which the warp copies with coalesced 16-byte (or 4-byte) loads, all in flight at once,
+// before each lane decodes its units from the copy. Decoding from global memory read each unit as several
+// 2- and 4-byte loads of lanes 17 or more bytes apart (Q8_0's 34-byte blocks sit at even addresses), and
+// those scattered loads, not DRAM, bound the GEMV. The values decoded and their order are unchanged, so
+// are the bits. Formats of 1-element blocks (the float rows) read 16 bytes a lane already.
+template <class F>
+struct WStage {
+  static constexpr int kSpanUnits = kRowBatch * kWarp;  // units a warp's batch covers
+  static constexpr int64_t kChunk = F::kBlock > 1 && (kWarp * unit::kUnit) % F::kBlock == 0
+                                        ? int64_t{kWarp} * unit::kUnit / F::kBlock * F::kBytes
+                                        : 0;  // bytes of 32 units
+  static constexpr int kVec = kChunk == 0 ? 0 : kChunk % 16 == 0 ? 16 : kChunk % 4 == 0 ? 4 : 0;
+  static constexpr int kBytes = kVec ? static_cast<int>(kRowBatch * kChunk) : 0;  // a warp's area
+  static constexpr int kAlloc = kBytes > 0 ? kBytes : 16;                         // (no empty arrays)
+};
+
+// src's kBytes bytes into dst by the 32 lanes of a warp, V bytes a load (src and dst V-aligned).
+template <int V, int kBytes>
+__device__ __forceinline__ void copy_warp(uint8_t* dst, const uint8_t* src, int lane) {
+  using W = std::conditional_t<V == 16, uint4, uint32_t>;
+  constexpr int kN = kBytes / V, kPer = (kN + kWarp - 1) / kWarp;
+  static_assert(kBytes % V == 0, "whole words");
+  W r[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + i * kWarp < kN) r[i] = __ldg(reinterpret_cast<const W*>(src) + lane + i * kWarp);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + i * kWarp < kN) reinterpret_cast<W*>(dst)[lane + i * kWarp] = r[i];
+}
+
 // W row . x, on every lane of the warp. The lane's whole units go kRowBatch at a time with all their
 // weights decoded (their loads in flight together) before the first product: a branch-free batch
 // costs one memory round trip where a unit at a time cost one each. The products are added in the
-// same order either way; a float row's last, partial unit goes alone.
-constexpr int kRowBatch = 4;
+// same order either way; a float row's last, partial unit goes alone. st: the warp's WStage area
+// (nullptr: decode from global memory); the batches whose 4 x 32 units are all whole go through it
+// when the row is aligned for its loads, the rest as before.
 // load_x(u, v): the 16 activations of unit u (zeros past the last column).
 template <class F, class LoadX>
-__device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, int lane, LoadX&& load_x) {
+__device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, int lane, LoadX&& load_x,
+                                              uint8_t* st = nullptr) {
   float acc = 0.0f;
   const int64_t full = cols / unit::kUnit, units = ceil_div(cols, unit::kUnit);
   auto unit_at = [&](int64_t u) { return row + u * unit::kUnit / F::kBlock * F::kBytes; };
   auto unit_index = [](int64_t u) { return static_cast<int>(u * unit::kUnit % F::kBlock / unit::kUnit); };
   int64_t u = lane;
+  if constexpr (WStage<F>::kVec != 0) {
+    using S = WStage<F>;
+    if (st && reinterpret_cast<uintptr_t>(row) % S::kVec == 0) {
+      int64_t base = 0;
+      for (; base + S::kSpanUnits <= full; base += S::kSpanUnits) {
+        const uint8_t* src = unit_at(base);
+        __syncwarp();  // the previous batch's reads of st are done
+        copy_warp<S::kVec, S::kBytes>(st, src, lane);
+        __syncwarp();
+        float w[kRowBatch][unit::kUnit];
+#pragma unroll
+        for (int i = 0; i < kRowBatch; ++i) {
+          const int64_t ui = base + lane + i * kWarp;
+          decode_unit<F>(st + (unit_at(ui) - src), unit_index(ui), w[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < kRowBatch; ++i) {
+          float v[unit::kUnit];
+          load_x(base + lane + i * kWarp, v);
+#pragma unroll
+          for (int e = 0; e < unit::kUnit; ++e) acc = fmaf(w[i][e], v[e], acc);
+        }
+      }
+      u = base + lane;
+    }
+  }
   for (; u + (kRowBatch - 1) * kWarp < full; u += kRowBatch * kWarp) {
     float w[kRowBatch][unit::kUnit];
 #pragma unroll
@@ -251,36 +316,47 @@ __device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, 
 
 template <class F>
 __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec,
-                                         int lane) {
-  return row_dot_with<F>(row, cols, lane,
-                         [&](int64_t u, float* v) { row_x(x, cols, u * unit::kUnit, x_vec, v); });
+                                         int lane, uint8_t* st = nullptr) {
+  return row_dot_with<F>(
+      row, cols, lane, [&](int64_t u, float* v) { row_x(x, cols, u * unit::kUnit, x_vec, v); }, st);
+}
+
+// The warp's WStage area in a block's array of them (nullptr: no staging).
+template <class F>
+__device__ __forceinline__ uint8_t* warp_stage(uint8_t* areas, bool stage) {
+  return stage ? areas + (threadIdx.x / kWarp) * WStage<F>::kAlloc : nullptr;
 }
 
 template <class F>
-__global__ void __launch_bounds__(kRowThreads) gemv_row_kernel(MatmulArgs a, bool x_vec) {
+__global__ void __launch_bounds__(kRowThreads) gemv_row_kernel(MatmulArgs a, bool x_vec, bool stage) {
+  __shared__ __align__(16) uint8_t wst[kRowWarps * WStage<F>::kAlloc];
   grid_start();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp, b = blockIdx.y;
   if (r >= a.rows) return;
-  const float s =
-      row_dot<F>(a.W + b * a.w_stride + r * a.rb, a.X + b * a.x_stride, a.cols, x_vec, threadIdx.x % kWarp);
+  const float s = row_dot<F>(a.W + b * a.w_stride + r * a.rb, a.X + b * a.x_stride, a.cols, x_vec,
+                             threadIdx.x % kWarp, warp_stage<F>(wst, stage));
   if (threadIdx.x % kWarp == 0) a.Y[b * a.y_stride + r] = s;
 }
 
 // Several matrices' rows against one activation row (matmul_n): row r of the stacked row space.
 template <class F>
-__global__ void __launch_bounds__(kRowThreads) gemv_multi_kernel(GemvMultiArgs g, bool x_vec) {
+__global__ void __launch_bounds__(kRowThreads) gemv_multi_kernel(GemvMultiArgs g, bool x_vec, bool stage) {
+  __shared__ __align__(16) uint8_t wst[kRowWarps * WStage<F>::kAlloc];
   grid_start();
   int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (r >= g.total) return;
   int i = 0;
   while (i + 1 < g.n && r >= g.rows[i]) r -= g.rows[i++];
-  const float s = row_dot<F>(g.W[i] + r * g.rb, g.X, g.cols, x_vec, threadIdx.x % kWarp);
+  const float s =
+      row_dot<F>(g.W[i] + r * g.rb, g.X, g.cols, x_vec, threadIdx.x % kWarp, warp_stage<F>(wst, stage));
   if (threadIdx.x % kWarp == 0) g.Y[i][r] = s;
 }
 
 // matmul_experts, one token per row i: row r of row i's expert matrix against X row i.
 template <class F>
-__global__ void __launch_bounds__(kRowThreads) gemv_row_experts_kernel(ExpertsArgs g, bool x_vec) {
+__global__ void __launch_bounds__(kRowThreads)
+    gemv_row_experts_kernel(ExpertsArgs g, bool x_vec, bool stage) {
+  __shared__ __align__(16) uint8_t wst[kRowWarps * WStage<F>::kAlloc];
   grid_start();
   const int64_t i = blockIdx.y, r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (r >= g.rows) return;
@@ -290,7 +366,7 @@ __global__ void __launch_bounds__(kRowThreads) gemv_row_experts_kernel(ExpertsAr
     if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
-  const float s = row_dot<F>(W + r * g.rb, g.X + i * g.ldx, g.cols, x_vec, lane);
+  const float s = row_dot<F>(W + r * g.rb, g.X + i * g.ldx, g.cols, x_vec, lane, warp_stage<F>(wst, stage));
   if (lane == 0) g.Y[i * g.ldy + r] = s;
 }
 
@@ -307,8 +383,13 @@ constexpr int kXsWarps = 8, kXsThreads = kXsWarps * kWarp;
 constexpr int64_t kXsMaxUnits = kSmemBudget / (kXStride * 4);  // activations that fit: 614 units
 
 inline bool xs_fits(int64_t cols) { return ceil_div(cols, unit::kUnit) <= kXsMaxUnits; }
-inline size_t xs_bytes(int64_t cols) {
+__host__ __device__ inline size_t xs_bytes(int64_t cols) {
   return static_cast<size_t>(ceil_div(cols, unit::kUnit)) * kXStride * sizeof(float);
+}
+// The block's dynamic shared memory: the activations, then (stage) each warp's WStage area.
+template <class F>
+size_t xs_smem(int64_t cols, bool stage) {
+  return xs_bytes(cols) + (stage ? size_t{kXsWarps} * WStage<F>::kAlloc : 0);
 }
 
 // The row x (cols floats) into xs, zeros past the last column; every thread of the block takes part.
@@ -343,21 +424,25 @@ __device__ __forceinline__ void prefetch_row(const uint8_t* row, int64_t cols, i
   }
 }
 
-// row_dot with the activations in shared memory (stage_x_row's layout).
+// row_dot with the activations in shared memory (stage_x_row's layout); st as row_dot_with's.
 template <class F>
-__device__ __forceinline__ float row_dot_xs(const uint8_t* row, const float* xs, int64_t cols, int lane) {
-  return row_dot_with<F>(row, cols, lane, [&](int64_t u, float* v) {
+__device__ __forceinline__ float row_dot_xs(const uint8_t* row, const float* xs, int64_t cols, int lane,
+                                            uint8_t* st) {
+  return row_dot_with<F>(
+      row, cols, lane,
+      [&](int64_t u, float* v) {
 #pragma unroll
-    for (int q = 0; q < unit::kUnit / 4; ++q)
-      *reinterpret_cast<float4*>(v + 4 * q) = reinterpret_cast<const float4*>(xs + u * kXStride)[q];
-  });
+        for (int q = 0; q < unit::kUnit / 4; ++q)
+          *reinterpret_cast<float4*>(v + 4 * q) = reinterpret_cast<const float4*>(xs + u * kXStride)[q];
+      },
+      st);
 }
 
 // The block's dynamic shared memory (xs_bytes(cols)).
 extern __shared__ __align__(16) float gemv_xs[];
 
 template <class F>
-__global__ void __launch_bounds__(kXsThreads) gemv_row_xs_kernel(MatmulArgs a, bool x_vec) {
+__global__ void __launch_bounds__(kXsThreads) gemv_row_xs_kernel(MatmulArgs a, bool x_vec, bool stage) {
   const int lane = threadIdx.x % kWarp;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp, b = blockIdx.y;
   const uint8_t* W = a.W + b * a.w_stride;
@@ -366,12 +451,13 @@ __global__ void __launch_bounds__(kXsThreads) gemv_row_xs_kernel(MatmulArgs a, b
   stage_x_row(gemv_xs, a.X + b * a.x_stride, a.cols, x_vec);
   __syncthreads();
   if (r >= a.rows) return;
-  const float s = row_dot_xs<F>(W + r * a.rb, gemv_xs, a.cols, lane);
+  uint8_t* areas = reinterpret_cast<uint8_t*>(gemv_xs) + xs_bytes(a.cols);
+  const float s = row_dot_xs<F>(W + r * a.rb, gemv_xs, a.cols, lane, warp_stage<F>(areas, stage));
   if (lane == 0) a.Y[b * a.y_stride + r] = s;
 }
 
 template <class F>
-__global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs g, bool x_vec) {
+__global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs g, bool x_vec, bool stage) {
   const int lane = threadIdx.x % kWarp;
   int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
   int i = 0;
@@ -384,7 +470,8 @@ __global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs
   stage_x_row(gemv_xs, g.X, g.cols, x_vec);
   __syncthreads();
   if (!live) return;
-  const float s = row_dot_xs<F>(g.W[i] + r * g.rb, gemv_xs, g.cols, lane);
+  uint8_t* areas = reinterpret_cast<uint8_t*>(gemv_xs) + xs_bytes(g.cols);
+  const float s = row_dot_xs<F>(g.W[i] + r * g.rb, gemv_xs, g.cols, lane, warp_stage<F>(areas, stage));
   if (lane == 0) g.Y[i][r] = s;
 }
 
@@ -394,11 +481,26 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(MatmulArgs a, bool x_vec
   gemv_block<F, Tn>(a, x_vec, static_cast<int64_t>(blockIdx.x) * kRows);
 }
 
+// The xs kernels take up to kSmemBudget of activations plus the warps' WStage areas: past the default
+// 48 KiB of dynamic shared memory, opted in once per format before the first launch.
+template <class F>
+void xs_opt_in() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int most = static_cast<int>(kXsMaxUnits * kXStride * sizeof(float)) + kXsWarps * WStage<F>::kAlloc;
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_row_xs_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_multi_xs_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+  });
+}
+
 }  // namespace gemv
 
 template <class F>
 void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
   using namespace gemv;
+  const bool stage = gemv_stage_on();
   const bool x_vec = x_rows_aligned(a.X, a.ldx) && a.x_stride % 4 == 0;
   const dim3 grid(grid_x(ceil_div(a.rows, kRows)));
   STRATA_CHECK(a.batch == 1 || (a.T == 1 && a.batch <= 65535), ConfigError, "gemv: a batch of ", a.batch,
@@ -409,13 +511,14 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.X = a.X + t0 * a.ldx;
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
-    if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols))
+    if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols)) {
+      xs_opt_in<F>();
       launch_kernel(gemv_row_xs_kernel<F>, dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads,
-                    xs_bytes(a.cols), s, g, x_vec);
-    else if (g.T == 1)
+                    xs_smem<F>(a.cols, stage), s, g, x_vec, stage);
+    } else if (g.T == 1) {
       launch_kernel(gemv_row_kernel<F>, dim3(grid_x(ceil_div(a.rows, kRowWarps)), batch), kRowThreads, 0, s,
-                    g, x_vec);
-    else if (g.T == 2)
+                    g, x_vec, stage);
+    } else if (g.T == 2)
       launch_kernel(gemv_kernel<F, 2>, grid, kThreads, 0, s, g, x_vec);
     else if (g.T <= 4)
       launch_kernel(gemv_kernel<F, 4>, grid, kThreads, 0, s, g, x_vec);
@@ -428,12 +531,15 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
 template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   using namespace gemv;
-  if (gemv_xs_on() && xs_fits(g.cols))
-    launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols),
-                  s, g, x_rows_aligned(g.X, 4));
-  else
+  const bool stage = gemv_stage_on();
+  if (gemv_xs_on() && xs_fits(g.cols)) {
+    xs_opt_in<F>();
+    launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads,
+                  xs_smem<F>(g.cols, stage), s, g, x_rows_aligned(g.X, 4), stage);
+  } else {
     launch_kernel(gemv_multi_kernel<F>, grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s, g,
-                  x_rows_aligned(g.X, 4));
+                  x_rows_aligned(g.X, 4), stage);
+  }
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -441,7 +547,8 @@ template <class F>
 void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace gemv;
   const dim3 grid(grid_x(ceil_div(g.rows, kRowWarps)), static_cast<unsigned>(g.n));
-  launch_kernel(gemv_row_experts_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx));
+  launch_kernel(gemv_row_experts_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx),
+                gemv_stage_on());
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
