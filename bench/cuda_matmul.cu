@@ -131,11 +131,13 @@ int main(int argc, char** argv) {
 
   // The shapes: a 2048 x 4096 dense matrix and qwen3-30b-a3b's expert matrices (gate/up 768 x 2048,
   // down 2048 x 768); GEMV at decode, the tensor cores at prompt chunks, both paths across the
-  // crossover, and the integer kernel where the type has one.
+  // crossover, and the integer kernel where the type has one. A large projection (4096 x 8192: V4
+  // Flash's output projection) at decode only.
   std::vector<Cell> cells;
-  const int64_t shapes[][2] = {{2048, 4096}, {768, 2048}, {2048, 768}};
+  const int64_t shapes[][2] = {{2048, 4096}, {768, 2048}, {2048, 768}, {4096, 8192}};
   for (const auto& sh : shapes) {
     cells.push_back({"gemv", sh[0], sh[1], 1});
+    if (sh[1] == 8192) continue;
     for (int64_t T : {512, 2048}) cells.push_back({"tc", sh[0], sh[1], T});
   }
   for (int64_t T : {2, 4, 8, 16, 32}) {
@@ -143,7 +145,8 @@ int main(int argc, char** argv) {
     cells.push_back({"tc", 2048, 4096, T});
   }
   for (const auto& sh : shapes)
-    for (int64_t T : {1, 8, 512, 2048}) cells.push_back({"q8", sh[0], sh[1], T});
+    if (sh[1] != 8192)
+      for (int64_t T : {1, 8, 512, 2048}) cells.push_back({"q8", sh[0], sh[1], T});
 
   std::printf("%-7s %-5s %5s %5s %5s %10s %9s %9s\n", "type", "path", "rows", "cols", "T", "us/call", "GB/s",
               "TFLOP/s");
