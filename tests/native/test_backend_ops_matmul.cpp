@@ -205,7 +205,8 @@ TEST_P(MatmulOp, MatmulNIsItsCalls) {
 }
 
 // n products of one shape at fixed strides (latent attention's per-head k_b and v_b) equal their single
-// calls bit for bit, in both phases: one token (a GPU's one launch over the heads) and more.
+// calls bit for bit, in both phases: one token (a GPU's one launch over the heads), a few, and a prompt's
+// 40 (the GPU's tensor-core tile, one launch over the heads), activation rows 16-byte aligned or not.
 TEST_P(MatmulOp, MatmulStridedIsItsCalls) {
   std::mt19937 rng(36);
   for (QType t : kAllTypes) {
@@ -213,30 +214,32 @@ TEST_P(MatmulOp, MatmulStridedIsItsCalls) {
     const size_t rb = row_bytes(t, cols);
     Dev<uint8_t> W(be(), random_weights(t, n * rows, cols, rng), "W");
     for (Phase ph : {Phase::Decode, Phase::Prompt})
-      for (int64_t T : {1, 3}) {
-        const int64_t xs = cols + 4, ldx = n * xs + 3, ys = rows + 2, ldy = n * ys + 1;
-        Dev<float> dx(be(), randf(rng, T * ldx, -2.f, 2.f), "X"), one(be(), T * ldy, "Y"),
-            many(be(), T * ldy, "Y n");
-        be().set_phase(ph);
-        for (int64_t i = 0; i < n; ++i)
-          be().matmul((uint32_t)t, W.p() + i * rows * rb, rows, cols, dx.p() + i * xs, ldx, T,
-                      one.p() + i * ys, ldy);
-        be().matmul_strided((uint32_t)t, W.p(), rows * rb, rows, cols, dx.p(), xs, ldx, T, many.p(), ys, ldy,
-                            n);
-        be().set_phase(Phase::Any);
-        // Outside the products' rows both stay poisoned (NaN): compare only what they wrote.
-        const auto a = many.get(), b = one.get();
-        std::vector<float> wa, wb;
-        for (int64_t tt = 0; tt < T; ++tt)
+      for (int64_t T : {1, 3, 40})
+        for (int64_t pad : {0, 3}) {
+          if (T == 3 && pad == 0) continue;
+          const int64_t xs = (cols + 3) / 4 * 4 + 4, ldx = n * xs + pad, ys = rows + 2, ldy = n * ys + 1;
+          Dev<float> dx(be(), randf(rng, T * ldx, -2.f, 2.f), "X"), one(be(), T * ldy, "Y"),
+              many(be(), T * ldy, "Y n");
+          be().set_phase(ph);
           for (int64_t i = 0; i < n; ++i)
-            for (int64_t r = 0; r < rows; ++r) {
-              wa.push_back(a[tt * ldy + i * ys + r]);
-              wb.push_back(b[tt * ldy + i * ys + r]);
-            }
-        expect_same(wa, wb,
-                    str("matmul_strided ", quant_traits(t).name, " T=", T,
-                        ph == Phase::Decode ? " decode" : " prompt"));
-      }
+            be().matmul((uint32_t)t, W.p() + i * rows * rb, rows, cols, dx.p() + i * xs, ldx, T,
+                        one.p() + i * ys, ldy);
+          be().matmul_strided((uint32_t)t, W.p(), rows * rb, rows, cols, dx.p(), xs, ldx, T, many.p(), ys,
+                              ldy, n);
+          be().set_phase(Phase::Any);
+          // Outside the products' rows both stay poisoned (NaN): compare only what they wrote.
+          const auto a = many.get(), b = one.get();
+          std::vector<float> wa, wb;
+          for (int64_t tt = 0; tt < T; ++tt)
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t r = 0; r < rows; ++r) {
+                wa.push_back(a[tt * ldy + i * ys + r]);
+                wb.push_back(b[tt * ldy + i * ys + r]);
+              }
+          expect_same(wa, wb,
+                      str("matmul_strided ", quant_traits(t).name, " T=", T, " pad ", pad,
+                          ph == Phase::Decode ? " decode" : " prompt"));
+        }
   }
 }
 

@@ -176,7 +176,10 @@ void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t
                            int64_t cols, const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y,
                            int64_t y_stride, int64_t ldy, int64_t n, cudaStream_t s) {
   STRATA_CHECK(n >= 0, ConfigError, "matmul_strided: ", n, " products");
-  if (path != MatmulPath::Gemv || T != 1 || n <= 1 || n > 65535) {  // a prompt's products: their own launches
+  // One launch over the products (grid y for one token's GEMV, grid z for the tensor-core tile); a few
+  // tokens' GEMV (2-8): their own launches.
+  const bool one_launch = n > 1 && n <= 65535 && (path == MatmulPath::TensorCore || T == 1);
+  if (!one_launch) {
     for (int64_t i = 0; i < n; ++i)
       launch_matmul_path(path, type, static_cast<const uint8_t*>(W) + i * w_stride, rows, cols,
                          X + i * x_stride, ldx, T, Y + i * y_stride, ldy, s);
@@ -193,7 +196,10 @@ void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t
     a.w_stride = w_stride;
     a.x_stride = x_stride;
     a.y_stride = y_stride;
-    launch_gemv<F>(a, s);
+    if (path == MatmulPath::Gemv)
+      launch_gemv<F>(a, s);
+    else
+      launch_mma<F>(a, s);
   });
 }
 

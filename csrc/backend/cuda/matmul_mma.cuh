@@ -183,9 +183,15 @@ __device__ __forceinline__ void mma_block(const MatmulArgs& a, bool x_vec, int64
         }
 }
 
+// Block (x, y, z): rows x, tokens y of product z (a.batch products at a.w_stride, x_stride, y_stride).
 template <class F>
 __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatmulArgs a, bool x_vec) {
   grid_start();
+  if (blockIdx.z) {
+    a.W += blockIdx.z * a.w_stride;
+    a.X += blockIdx.z * a.x_stride;
+    a.Y += blockIdx.z * a.y_stride;
+  }
   mma_block<F>(a, x_vec, static_cast<int64_t>(blockIdx.x) * kBM, static_cast<int64_t>(blockIdx.y) * kBN);
 }
 
@@ -241,14 +247,15 @@ void launch_mma_runs(const RunsF32Args& g, cudaStream_t s) {
 template <class F>
 void launch_mma(const MatmulArgs& a, cudaStream_t s) {
   using namespace mma;
-  const bool x_vec = x_rows_aligned(a.X, a.ldx);
+  const bool x_vec = x_rows_aligned(a.X, a.ldx) && (a.batch == 1 || a.x_stride % 4 == 0);
   const int64_t per_launch = kMaxGridY * kBN;  // tokens within CUDA's grid y limit
   for (int64_t t0 = 0; t0 < a.T; t0 += per_launch) {
     MatmulArgs g = a;
     g.X = a.X + t0 * a.ldx;
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(per_launch, a.T - t0);
-    const dim3 grid(grid_x(ceil_div(a.rows, kBM)), static_cast<unsigned>(ceil_div(g.T, kBN)));
+    const dim3 grid(grid_x(ceil_div(a.rows, kBM)), static_cast<unsigned>(ceil_div(g.T, kBN)),
+                    static_cast<unsigned>(a.batch));
     launch_kernel(mma_kernel<F>, grid, kThreads, 0, s, g, x_vec);
     STRATA_CUDA_LAUNCH_CHECK();
   }
