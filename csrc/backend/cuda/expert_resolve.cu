@@ -10,6 +10,9 @@
 // fill_kernel: a few blocks copy each job's segments from host memory (device views of pinned or
 // registered pages) to the slot, each thread keeping 8 16-byte loads in flight: the device notes
 // measured ~50 GB/s from 8-16 such blocks on the H200's PCIe Gen5 link.
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/expert_resolve.cuh"
 #include "expert_cache/scan_rank.h"
@@ -19,6 +22,22 @@ namespace {
 
 constexpr int kResolveThreads = 256;
 constexpr int kFillBlocks = 16, kFillThreads = 256, kInFlight = 8;
+
+// The fill's blocks: kFillBlocks, or STRATA_CUDA_FILL_BLOCKS (1-1024) for the A/B. A zero-copy read's
+// throughput is the bytes in flight over the host memory's latency, which differs from host to host
+// (an H100 host decoded V3 at ~28 GB/s of fill where another H100 and the H200 reached ~42-50).
+int fill_blocks() {
+  static const int n = [] {
+    const char* e = std::getenv("STRATA_CUDA_FILL_BLOCKS");
+    if (!e || !*e) return kFillBlocks;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    STRATA_CHECK(end && *end == 0 && v >= 1 && v <= 1024, ConfigError, "STRATA_CUDA_FILL_BLOCKS=", e,
+                 " is not a number of blocks from 1 to 1024");
+    return static_cast<int>(v);
+  }();
+  return n;
+}
 
 // (key, slot) ordered lexicographically; slot < 0 is "none", larger than any candidate.
 __device__ __forceinline__ bool better(ScanKey v, int32_t s, ScanKey bv, int32_t bs) {
@@ -180,7 +199,7 @@ void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s, cudaStream_t
     STRATA_CUDA_CHECK(cudaEventRecord(forked, s));
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(fill_stream, forked, 0));
   }
-  launch_kernel(fill_kernel, kFillBlocks, kFillThreads, 0, fill_stream, r, vec);
+  launch_kernel(fill_kernel, fill_blocks(), kFillThreads, 0, fill_stream, r, vec);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -220,14 +220,17 @@ constexpr int kRowBatch = 4;  // units a lane decodes before its first product (
 
 // A warp's batch of weights through shared memory: kRowBatch x 32 units of a row are contiguous bytes
 // (whole blocks), which the warp copies with coalesced 16-byte (or 4-byte) loads, all in flight at once,
-// before each lane decodes its units from the copy. Decoding from global memory read each unit as several
-// 2- and 4-byte loads of lanes 17 or more bytes apart (Q8_0's 34-byte blocks sit at even addresses), and
-// those scattered loads, not DRAM, bound the GEMV. The values decoded and their order are unchanged, so
-// are the bits. Formats of 1-element blocks (the float rows) read 16 bytes a lane already.
+// before each lane decodes its units from the copy, where decoding from global memory reads each unit as
+// several 2- and 4-byte loads of lanes 17 or more bytes apart. The values decoded and their order are
+// unchanged, so are the bits. Measured on an H100 (strata_bench_cuda_matmul, one token, us a call without
+// and with): Q6_K 2048 x 4096 12.74 -> 10.27, 768 x 2048 8.06 -> 6.37, 4096 x 8192 28.45 -> 23.87; but
+// Q8_0 9.44 -> 9.79 and 23.14 -> 26.21, Q4_K and IQ2_XXS within 5% either way: only Q6_K (210-byte blocks,
+// copied 4 bytes a lane) takes it.
 template <class F>
 struct WStage {
   static constexpr int kSpanUnits = kRowBatch * kWarp;  // units a warp's batch covers
-  static constexpr int64_t kChunk = F::kBlock > 1 && (kWarp * unit::kUnit) % F::kBlock == 0
+  static constexpr bool kWanted = F::kType == QType::Q6_K;
+  static constexpr int64_t kChunk = kWanted && F::kBlock > 1 && (kWarp * unit::kUnit) % F::kBlock == 0
                                         ? int64_t{kWarp} * unit::kUnit / F::kBlock * F::kBytes
                                         : 0;  // bytes of 32 units
   static constexpr int kVec = kChunk == 0 ? 0 : kChunk % 16 == 0 ? 16 : kChunk % 4 == 0 ? 4 : 0;
@@ -389,7 +392,7 @@ __host__ __device__ inline size_t xs_bytes(int64_t cols) {
 // The block's dynamic shared memory: the activations, then (stage) each warp's WStage area.
 template <class F>
 size_t xs_smem(int64_t cols, bool stage) {
-  return xs_bytes(cols) + (stage ? size_t{kXsWarps} * WStage<F>::kAlloc : 0);
+  return xs_bytes(cols) + (stage && WStage<F>::kVec ? size_t{kXsWarps} * WStage<F>::kAlloc : 0);
 }
 
 // The row x (cols floats) into xs, zeros past the last column; every thread of the block takes part.
@@ -487,7 +490,7 @@ template <class F>
 void xs_opt_in() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const int most = static_cast<int>(kXsMaxUnits * kXStride * sizeof(float)) + kXsWarps * WStage<F>::kAlloc;
+    const int most = static_cast<int>(xs_smem<F>(kXsMaxUnits * unit::kUnit, true));
     STRATA_CUDA_CHECK(
         cudaFuncSetAttribute(gemv_row_xs_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     STRATA_CUDA_CHECK(
