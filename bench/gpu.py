@@ -100,8 +100,10 @@ def write_model(directory: str, preset: str, layers: int | None, workers: int, s
                   **dict.fromkeys(DEEPSEEK2_PRESETS, make_deepseek2_preset),
                   **dict.fromkeys(DEEPSEEK4_PRESETS, make_deepseek4_preset)}
         if preset in others:
+            if routing and preset not in DEEPSEEK2_PRESETS:
+                raise SystemExit("--route-skew / --route-locality shape qwen3moe and deepseek2 files only")
             if routing:
-                raise SystemExit("--route-skew / --route-locality shape qwen3moe files only")
+                kw.update(route_skew=skew, route_locality=locality)
             make = others[preset]
             make(preset, path + ".tmp", seed=0, workers=workers, **kw)
         else:
@@ -320,9 +322,10 @@ def main() -> None:
                     help="where the 235B and gpt-oss-120b files are written (once)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the presets (smaller files)")
     ap.add_argument("--route-skew", type=float, default=0.0,
-                    help="the files' expert popularity (make_qwen3moe's route_skew; 0: random weights' routing)")
+                    help="the files' expert popularity (qwen3moe and deepseek2 files: route_skew; 0: random weights' "
+                         "routing)")
     ap.add_argument("--route-locality", type=float, default=0.0,
-                    help="the files' token-to-token routing locality (make_qwen3moe's route_locality)")
+                    help="the files' token-to-token routing locality (qwen3moe and deepseek2 files: route_locality)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes writing a model file")
     ap.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench binary (none: strata alone)")
     ap.add_argument("--llama-wait", type=float, default=600, help="seconds to wait for --llama-bench to appear")

@@ -151,16 +151,25 @@ def _tensors(path) -> dict[str, np.ndarray]:
     return {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
 
 
-def test_routing_knobs_touch_only_their_tensors(tmp_path):
+def _routing_maker(arch: str):
+    if arch == "qwen3moe":
+        return make_qwen3moe, dict(layers=2, hidden=64, experts=16, top_k=4, expert_ffn=32, seed=3)
+    from strata.testing.deepseek2 import make_deepseek2
+
+    return make_deepseek2, dict(layers=3, dense_layers=1, experts=16, top_k=4, groups=4, groups_used=2, seed=3)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_routing_knobs_touch_only_their_tensors(tmp_path, arch):
     """route_skew scales each router row by its own factor (rows of one layer differ in norm, every
     other tensor is the uniform file's); route_locality scales only the token embeddings, by
     1 - route_locality; both off write the uniform file's bytes."""
-    kw = dict(layers=2, hidden=64, experts=16, top_k=4, expert_ffn=32, seed=3)
-    base = _tensors(make_qwen3moe(tmp_path / "u.gguf", **kw))
-    off = _tensors(make_qwen3moe(tmp_path / "o.gguf", **kw, route_skew=0.0, route_locality=0.0))
+    make, kw = _routing_maker(arch)
+    base = _tensors(make(tmp_path / "u.gguf", **kw))
+    off = _tensors(make(tmp_path / "o.gguf", **kw, route_skew=0.0, route_locality=0.0))
     assert all(np.array_equal(off[k], base[k]) for k in base)
-    skew = _tensors(make_qwen3moe(tmp_path / "s.gguf", **kw, route_skew=0.8))
-    loc = _tensors(make_qwen3moe(tmp_path / "l.gguf", **kw, route_locality=0.75))
+    skew = _tensors(make(tmp_path / "s.gguf", **kw, route_skew=0.8))
+    loc = _tensors(make(tmp_path / "l.gguf", **kw, route_locality=0.75))
     for name, a in base.items():
         if "ffn_gate_inp" in name:
             norms = np.linalg.norm(skew[name], axis=1)
@@ -178,9 +187,10 @@ def test_routing_knobs_touch_only_their_tensors(tmp_path):
                                            (dict(route_skew=float("nan")), "route_skew"),
                                            (dict(route_locality=1.0), "route_locality"),
                                            (dict(route_locality=-0.5), "route_locality")])
-def test_routing_knobs_validated(tmp_path, kw, match):
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_routing_knobs_validated(tmp_path, kw, match, arch):
     with pytest.raises(ValueError, match=match):
-        make_qwen3moe(tmp_path / "x.gguf", **kw)
+        _routing_maker(arch)[0](tmp_path / "x.gguf", **kw)
 
 
 def test_gpt_oss_preset_parallel_writer_same_bytes(tmp_path):

@@ -71,6 +71,8 @@ def make_deepseek2(
     quant: dict[str, str] | None = None,
     seed: int = 0,
     workers: int = 1,
+    route_skew: float = 0.0,
+    route_locality: float = 0.0,
 ) -> Path:
     """Write a `deepseek2` GGUF with llama.cpp's names and random weights; every hyperparameter differs from
     the reader's fallbacks and DeepSeek V3's (a head's nope, rope and value dims all differ; groups of
@@ -79,7 +81,14 @@ def make_deepseek2(
     layers have a dense FFN of `dense_ffn`; `shared_experts` 0 writes none; `groups` 0 writes no group keys;
     `gating` is "sigmoid" (V3) or "softmax" (V2); `yarn_factor` 0 writes no rope scaling. `quant` maps roles
     (strata.testing.models.ROLES; the attention's and the dense and shared FFNs' matrices are "attn") to
-    types; unnamed roles are F32. Returns the path."""
+    types; unnamed roles are F32. `route_skew` and `route_locality` shape the routing as make_qwen3moe's do
+    (each router row scaled by exp(s z), z ~ N(0, 1) per (layer, expert); token embeddings at 1 - locality):
+    sigmoid and softmax scores are monotone in the logit, so a row of larger norm lands in the top-k more
+    often here too. Returns the path."""
+    if not (route_skew >= 0 and np.isfinite(route_skew)):
+        raise ValueError(f"route_skew ({route_skew}) must be a finite number >= 0")
+    if not 0 <= route_locality < 1:
+        raise ValueError(f"route_locality ({route_locality}) must be in [0, 1)")
     dims = {"layers": layers, "hidden": hidden, "heads": heads, "kv_lora": kv_lora, "key_nope": key_nope,
             "key_rope": key_rope, "value_dim": value_dim, "experts": experts, "top_k": top_k,
             "expert_ffn": expert_ffn, "vocab": vocab, "ctx": ctx}
@@ -96,7 +105,8 @@ def make_deepseek2(
     types = _resolve_quant(quant)
     voc = tok.vocab(vocab)
     tensors = _plan(types, layers, hidden, heads, q_lora, kv_lora, key_nope, key_rope, value_dim, experts,
-                    expert_ffn, shared_experts, dense_layers, dense_ffn, vocab, norm_std, bias_std)
+                    expert_ffn, shared_experts, dense_layers, dense_ffn, vocab, norm_std, bias_std, route_skew,
+                    1.0 - route_locality)
 
     w = gguf.GGUFWriter(path, ARCH)
     w.add_name(f"strata synthetic deepseek2 L{layers} D{hidden} E{experts}")
@@ -147,16 +157,17 @@ def make_deepseek2(
 
 
 def _plan(types: dict[str, str], L: int, D: int, H: int, Q: int, C: int, dn: int, dr: int, dv: int, E: int,
-          F: int, S: int, n_dense: int, Fd: int, V: int, norm: float, bias: float) -> list[_Tensor]:
-    def t(name: str, shape: tuple[int, ...], role: str, std: float) -> _Tensor:
+          F: int, S: int, n_dense: int, Fd: int, V: int, norm: float, bias: float, skew: float = 0.0,
+          embed_std: float = 1.0) -> list[_Tensor]:
+    def t(name: str, shape: tuple[int, ...], role: str, std: float, row_skew: float = 0.0) -> _Tensor:
         qtype = "F32" if role in ("norm", "bias") else types[role]
         if shape[-1] % block_size(qtype):
             raise ValueError(f"quant {role}={qtype} needs {name}'s row length {shape[-1]} to be a multiple of "
                              f"{block_size(qtype)}")
-        return _Tensor(name, shape, role, qtype, std)
+        return _Tensor(name, shape, role, qtype, std, row_skew)
 
     dk = dn + dr
-    out = [t("token_embd.weight", (V, D), "embed", 1.0)]
+    out = [t("token_embd.weight", (V, D), "embed", embed_std)]
     for i in range(L):
         b = f"blk.{i}."
         out += [t(b + "attn_norm.weight", (D,), "norm", norm)]
@@ -181,7 +192,7 @@ def _plan(types: dict[str, str], L: int, D: int, H: int, Q: int, C: int, dn: int
                     t(b + "ffn_down.weight", (D, Fd), "attn", Fd**-0.5)]
             continue
         out += [
-            t(b + "ffn_gate_inp.weight", (E, D), "router", D**-0.5),
+            t(b + "ffn_gate_inp.weight", (E, D), "router", D**-0.5, skew),
             t(b + "exp_probs_b.bias", (E,), "bias", bias),
             t(b + "ffn_gate_exps.weight", (E, F, D), "experts", D**-0.5),
             t(b + "ffn_up_exps.weight", (E, F, D), "experts", D**-0.5),
@@ -227,6 +238,10 @@ def _generate(t: _Tensor, seed: int) -> np.ndarray:
     if t.role == "bias":
         return t.std * rng.standard_normal(n, dtype=np.float32)
     rows = n // t.shape[-1]
+    if t.row_skew:  # each row at its own scale (the router: rows of E experts), as make_qwen3moe's
+        gains = np.exp(t.row_skew * np.random.default_rng([seed, zlib.crc32(t.name.encode()), 1]).standard_normal(rows))
+        return np.concatenate([random_blocks(t.qtype, (1, t.shape[-1]), float(t.std * g), rng).reshape(-1)
+                               for g in gains])
     return random_blocks(t.qtype, (rows, t.shape[-1]), t.std, rng).reshape(-1)
 
 
