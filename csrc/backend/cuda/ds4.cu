@@ -473,6 +473,34 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kAttnThreads = 256;
 
+// The keys token t (at pos0 + t) attends to, their rows' pointers into keys (the block's shared memory, each
+// thread a stride; the caller's barrier follows): its window (this chunk's rows from kv, earlier ones from
+// the ring win), then the compressed rows, the selected ones (sel's row up to its first -1) or all visible.
+// Returns how many.
+__device__ __forceinline__ int64_t sink_keys(const float** keys, int64_t t, int64_t pos0, const float* kv,
+                                             const float* win, int64_t window, const float* comp,
+                                             int64_t ratio, const int32_t* sel, int64_t topk, int64_t hd) {
+  const int64_t p = pos0 + t, j0 = p - window + 1 > 0 ? p - window + 1 : 0, n_win = p - j0 + 1;
+  int64_t n_comp = 0;
+  if (ratio > 0) {
+    if (sel) {
+      while (n_comp < topk && sel[t * topk + n_comp] >= 0) ++n_comp;
+    } else {
+      n_comp = (p + 1) / ratio;
+    }
+  }
+  const int64_t nk = n_win + n_comp;
+  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) {
+    if (k < n_win) {
+      const int64_t j = j0 + k;
+      keys[k] = j >= pos0 ? kv + (j - pos0) * hd : win + (j % window) * hd;
+    } else {
+      keys[k] = comp + (sel ? sel[t * topk + (k - n_win)] : k - n_win) * hd;
+    }
+  }
+  return nk;
+}
+
 // Block (t, h): its keys' logits and row pointers in dynamic shared memory (launch_attention_sink sizes
 // it). A group of eight lanes forms one key's logit (dot8_group: the CPU's dot8); the denominator adds in
 // key order, as the CPU does; each key's weight is divided once, then every column sums the keys in order.
@@ -485,28 +513,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   extern __shared__ __align__(16) unsigned char ds4_smem[];
   __shared__ float red[kWarp];
   if (pos_dev) pos0 += *pos_dev;
-  const int64_t t = blockIdx.x / H, h = blockIdx.x % H, p = pos0 + t;
-  const int64_t j0 = p - window + 1 > 0 ? p - window + 1 : 0, n_win = p - j0 + 1;
-  int64_t n_comp = 0;
-  if (ratio > 0) {
-    if (sel) {
-      while (n_comp < topk && sel[t * topk + n_comp] >= 0) ++n_comp;
-    } else {
-      n_comp = (p + 1) / ratio;
-    }
-  }
-  const int64_t nk = n_win + n_comp;
+  const int64_t t = blockIdx.x / H, h = blockIdx.x % H;
   const float** keys = reinterpret_cast<const float**>(ds4_smem);
+  const int64_t nk = sink_keys(keys, t, pos0, kv, win, window, comp, ratio, sel, topk, hd);
   float* lg = reinterpret_cast<float*>(ds4_smem + nk * sizeof(const float*));
   const float* qh = q + (t * H + h) * hd;
-  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) {
-    if (k < n_win) {
-      const int64_t j = j0 + k;
-      keys[k] = j >= pos0 ? kv + (j - pos0) * hd : win + (j % window) * hd;
-    } else {
-      keys[k] = comp + (sel ? sel[t * topk + (k - n_win)] : k - n_win) * hd;
-    }
-  }
   __syncthreads();
   {  // the logits: warp w's groups take keys w * 4 .., every lane of a warp in the loop together
     const int lane = threadIdx.x % kWarp, groups = blockDim.x / 8;
@@ -566,28 +577,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   __shared__ float red[kWarp], ms[HB], dens[HB];
   if (pos_dev) pos0 += *pos_dev;
   const int64_t hgroups = (H + HB - 1) / HB, t = blockIdx.x / hgroups, h0 = blockIdx.x % hgroups * HB,
-                nh = H - h0 < HB ? H - h0 : HB, p = pos0 + t;
-  const int64_t j0 = p - window + 1 > 0 ? p - window + 1 : 0, n_win = p - j0 + 1;
-  int64_t n_comp = 0;
-  if (ratio > 0) {
-    if (sel) {
-      while (n_comp < topk && sel[t * topk + n_comp] >= 0) ++n_comp;
-    } else {
-      n_comp = (p + 1) / ratio;
-    }
-  }
-  const int64_t nk = n_win + n_comp;
+                nh = H - h0 < HB ? H - h0 : HB;
   const float** keys = reinterpret_cast<const float**>(ds4_smem);
+  const int64_t nk = sink_keys(keys, t, pos0, kv, win, window, comp, ratio, sel, topk, hd);
   float* qs = reinterpret_cast<float*>(ds4_smem + nk * sizeof(const float*));  // HB x hd
   float* lg = qs + HB * hd;                                                    // HB x nk
-  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) {
-    if (k < n_win) {
-      const int64_t j = j0 + k;
-      keys[k] = j >= pos0 ? kv + (j - pos0) * hd : win + (j % window) * hd;
-    } else {
-      keys[k] = comp + (sel ? sel[t * topk + (k - n_win)] : k - n_win) * hd;
-    }
-  }
   for (int64_t e = threadIdx.x; e < HB * hd; e += blockDim.x) {  // a missing head repeats the last one
     const int64_t hh = e / hd < nh ? e / hd : nh - 1;
     qs[e] = q[(t * H + h0 + hh) * hd + e % hd];
