@@ -187,9 +187,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _prompt_file(tmp_path) -> str:
+def _prompt_file(tmp_path, words: int = 800) -> str:
     p = tmp_path / "long.txt"
-    p.write_text(" ".join(f"word{i % 50}" for i in range(800)))
+    p.write_text(" ".join(f"word{i % 50}" for i in range(words)))
     return str(p)
 
 
@@ -198,9 +198,11 @@ PROGRESS = re.compile(r"prompt \d+/\d+ tokens, [\d.]+ tok/s, ETA")
 
 def test_cli_ctrl_c_in_a_long_prompt(slow_model, tmp_path):
     """On a terminal: a progress line while the prompt runs; Ctrl-C stops it within a second with a
-    note and the --stats asked for, exit 130."""
-    c = pexpect.spawn(sys.executable, ["-m", "strata.cli", "generate", slow_model, "-f", _prompt_file(tmp_path),
-                                       "-c", "4096", "--prefill", "4096", "--stats"],
+    note and the --stats asked for, exit 130. The prompt (15,360 tokens in four chunks: ~1.5 s a chunk on
+    two cores of 2026) outlasts the first progress line by seconds, whatever the machine's speed: 3,840
+    tokens in one chunk could end before the interrupt arrived."""
+    c = pexpect.spawn(sys.executable, ["-m", "strata.cli", "generate", slow_model, "-f",
+                                       _prompt_file(tmp_path, 3200), "-c", "16384", "--prefill", "4096", "--stats"],
                       env=_env(), encoding="utf-8", timeout=120, dimensions=(24, 200))
     c.expect(PROGRESS)
     c.sendintr()
