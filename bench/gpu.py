@@ -321,6 +321,9 @@ def main() -> None:
     ap.add_argument("--shm-dir", default="/dev/shm/strata-bench",
                     help="where the 235B and gpt-oss-120b files are written (once)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the presets (smaller files)")
+    ap.add_argument("--keep-files", action="store_true",
+                    help="keep the --shm-dir files after their scenarios (default: each is removed once no later "
+                         "scenario reads it, so the large files need not fit RAM together)")
     ap.add_argument("--route-skew", type=float, default=0.0,
                     help="the files' expert popularity (qwen3moe and deepseek2 files: route_skew; 0: random weights' "
                          "routing)")
@@ -354,6 +357,10 @@ def main() -> None:
     ap.add_argument("--source-both", action="store_true", help="see --source")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
                     help="decode with --prefetch (bounded caches): off, on, or both side by side")
+    ap.add_argument("--resolve-host", action="store_true",
+                    help="also decode the bounded caches with --decode-resolve host (misses found on the host and "
+                         "copied by the copy engine, op by op) beside strata's default (resolved on the device, "
+                         "filled by a zero-copy kernel, one graph): the A/B of the fill's rate on a host")
     ap.add_argument("--look-ahead", choices=("off", "on", "both"), default="on",
                     help="a prompt chunk's look ahead at the next layer's experts (bounded caches; strata's default; "
                          "off: STRATA_PROMPT_PREFETCH=0) for the prompt rows: on, off, or both side by side")
@@ -367,15 +374,30 @@ def main() -> None:
     hbm, link = a.hbm_gbps * 1e9, a.link_gbps * 1e9
 
     scenarios = [s for s in a.scenarios.split(",") if s]
-    files = {}
     for s in scenarios:
         if s not in SCENARIO_PRESETS:
             raise SystemExit(f"unknown scenario {s!r}: {', '.join(SCENARIO_PRESETS)}")
+    # Each scenario's file is written just before its scenario runs; a file in --shm-dir goes once no later
+    # scenario needs it (unless --keep-files): the 235b, ds3 and v4flash files (48-74 GB) do not fit RAM together.
+    files: dict[str, str] = {}
+    sizes: dict[str, float] = {}
+
+    def file_of(s: str) -> str:
         preset, shm = SCENARIO_PRESETS[s]
         if preset not in files:
             layers = a.layers or {"ds3": DS3_LAYERS, "v4flash": V4F_LAYERS}.get(s)
             files[preset] = write_model(a.shm_dir if shm else a.dir, preset, layers, a.workers, a.route_skew,
                                         a.route_locality)
+            sizes[preset] = os.path.getsize(files[preset]) / 2**30
+        return files[preset]
+
+    def done_with(i: int) -> None:
+        preset, shm = SCENARIO_PRESETS[scenarios[i]]
+        later = {SCENARIO_PRESETS[t][0] for t in scenarios[i + 1:]}
+        if shm and not a.keep_files and preset not in later and os.path.exists(files[preset]):
+            os.remove(files[preset])
+            print(f"removed {files[preset]} (no later scenario reads it; --keep-files keeps it)", flush=True)
+
     llama_state: dict[str, str | None] = {}
 
     def llama_binary() -> str | None:
@@ -389,8 +411,8 @@ def main() -> None:
         return llama_state["path"]
     rows: list[Row] = []
     log: list[str] = []
-    for s in scenarios:
-        path = files[SCENARIO_PRESETS[s][0]]
+    for si, s in enumerate(scenarios):
+        path = file_of(s)
         info = strata.ModelInfo(path)
         gen = max(8, a.gen_tokens // 4) if s in ("235b", "ds3", "v4flash") else a.gen_tokens
         chosen = []
@@ -403,6 +425,10 @@ def main() -> None:
             if a.prefetch != "off" and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
                 chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch", load={**cfg.load,
                               "prefetch": True}, prompts=(), ncmoe=None if a.prefetch == "both" else cfg.ncmoe))
+        if a.resolve_host:  # decode resolved on the host: its own rows, decode only, no llama.cpp again
+            chosen += [dataclasses.replace(c, label=f"{c.label}, resolve host", prompts=(), ncmoe=None,
+                                           load={**c.load, "decode_resolve": "host"})
+                       for c in list(chosen) if c.load.get("expert_cache") != "all" and not c.load.get("prefetch")]
         if a.source:  # the chosen source's rows for the bounded caches (decode and prompt, no llama.cpp again)
             sourced = [dataclasses.replace(c, label=f"{c.label}, {a.source}", load={**c.load, "source": a.source},
                                            ncmoe=None if a.source_both else c.ncmoe)
@@ -438,8 +464,9 @@ def main() -> None:
                 r.llama_tps = theirs.get(r.test)
             rows += got
             print(f"[{s}] {cfg.label}: {time.monotonic() - t0:.0f} s", flush=True)
-    sizes = ", ".join(f"{os.path.basename(p)} ({os.path.getsize(p) / 2**30:.2f} GiB)" for p in files.values())
-    print(f"\n{rows[0].extra['device'] if rows else a.device}; files: {sizes}")
+        done_with(si)
+    listed = ", ".join(f"{os.path.basename(files[p])} ({sizes[p]:.2f} GiB)" for p in files)
+    print(f"\n{rows[0].extra['device'] if rows else a.device}; files: {listed}")
     print_table(rows, hbm, link)
     if a.json:
         with open(a.json, "w") as f:
