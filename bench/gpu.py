@@ -100,8 +100,9 @@ def write_model(directory: str, preset: str, layers: int | None, workers: int, s
                   **dict.fromkeys(DEEPSEEK2_PRESETS, make_deepseek2_preset),
                   **dict.fromkeys(DEEPSEEK4_PRESETS, make_deepseek4_preset)}
         if preset in others:
-            if routing and preset not in DEEPSEEK2_PRESETS:
-                raise SystemExit("--route-skew / --route-locality shape qwen3moe and deepseek2 files only")
+            if routing and preset not in DEEPSEEK2_PRESETS and preset not in DEEPSEEK4_PRESETS:
+                raise SystemExit("--route-skew / --route-locality shape qwen3moe, deepseek2 and deepseek4 files "
+                                 "only")
             if routing:
                 kw.update(route_skew=skew, route_locality=locality)
             make = others[preset]
@@ -325,10 +326,10 @@ def main() -> None:
                     help="keep the --shm-dir files after their scenarios (default: each is removed once no later "
                          "scenario reads it, so the large files need not fit RAM together)")
     ap.add_argument("--route-skew", type=float, default=0.0,
-                    help="the files' expert popularity (qwen3moe and deepseek2 files: route_skew; 0: random weights' "
-                         "routing)")
+                    help="the files' expert popularity (qwen3moe, deepseek2 and deepseek4 files: route_skew; 0: random "
+                         "weights' routing)")
     ap.add_argument("--route-locality", type=float, default=0.0,
-                    help="the files' token-to-token routing locality (qwen3moe and deepseek2 files: route_locality)")
+                    help="the files' token-to-token routing locality (qwen3moe, deepseek2, deepseek4: route_locality)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes writing a model file")
     ap.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench binary (none: strata alone)")
     ap.add_argument("--llama-wait", type=float, default=600, help="seconds to wait for --llama-bench to appear")

@@ -154,12 +154,16 @@ def _tensors(path) -> dict[str, np.ndarray]:
 def _routing_maker(arch: str):
     if arch == "qwen3moe":
         return make_qwen3moe, dict(layers=2, hidden=64, experts=16, top_k=4, expert_ffn=32, seed=3)
+    if arch == "deepseek4":
+        from strata.testing.deepseek4 import make_deepseek4
+
+        return make_deepseek4, dict(layers=4, hash_layers=1, experts=16, top_k=4, seed=3)
     from strata.testing.deepseek2 import make_deepseek2
 
     return make_deepseek2, dict(layers=3, dense_layers=1, experts=16, top_k=4, groups=4, groups_used=2, seed=3)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "deepseek4"])
 def test_routing_knobs_touch_only_their_tensors(tmp_path, arch):
     """route_skew scales each router row by its own factor (rows of one layer differ in norm, every
     other tensor is the uniform file's); route_locality scales only the token embeddings, by
@@ -187,7 +191,7 @@ def test_routing_knobs_touch_only_their_tensors(tmp_path, arch):
                                            (dict(route_skew=float("nan")), "route_skew"),
                                            (dict(route_locality=1.0), "route_locality"),
                                            (dict(route_locality=-0.5), "route_locality")])
-@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2", "deepseek4"])
 def test_routing_knobs_validated(tmp_path, kw, match, arch):
     with pytest.raises(ValueError, match=match):
         _routing_maker(arch)[0](tmp_path / "x.gguf", **kw)

@@ -53,6 +53,7 @@ class _Tensor:
     qtype: str  # a QTYPES name, or "I32" (hash tables)
     kind: str  # "weight", "norm" (1 + N(0, std)), "normal" (N(0, std)), "hash"
     std: float
+    row_skew: float = 0.0  # rows scaled by exp(row_skew * N(0, 1)), one draw per row (route_skew)
 
     @property
     def nbytes(self) -> int:
@@ -105,6 +106,8 @@ def make_deepseek4(
     seed: int = 0,
     progress: Progress | None = None,
     workers: int = 1,
+    route_skew: float = 0.0,
+    route_locality: float = 0.0,
 ) -> Path:
     """Write a `deepseek4` GGUF as llama.cpp's converter lays it out, with random weights and a real BPE
     tokenizer (deepseek-v3 pre-tokenization).
@@ -122,8 +125,15 @@ def make_deepseek4(
     weights (not), key_length and rope.dimension_count unlike hidden / heads, and a shared experts' SwiGLU
     limit (swiglu_limit_shared; None: 0.75 x swiglu_limit) unlike the routed one (the fallback).
     rope_scaling: "yarn" or "none" (no YaRN keys written). `workers` > 1 writes the tensors from that many
-    processes (the same bytes; a V4-Flash-shaped file is tens of GB).
+    processes (the same bytes; a V4-Flash-shaped file is tens of GB). `route_skew` and `route_locality` shape
+    the learned routers' choices as make_qwen3moe's do (each router row scaled by exp(s z), z ~ N(0, 1) per
+    (layer, expert); token embeddings at 1 - locality; V4's sqrt-softplus scores are monotone in the logit);
+    the hash layers route by their tables whatever they are.
     """
+    if not (route_skew >= 0 and np.isfinite(route_skew)):
+        raise ValueError(f"route_skew ({route_skew}) must be a finite number >= 0")
+    if not 0 <= route_locality < 1:
+        raise ValueError(f"route_locality ({route_locality}) must be in [0, 1)")
     ratios = [int(r) for r in compress_ratios]
     dims = dict(layers=layers, hidden=hidden, heads=heads, head_dim=head_dim, rope_dim=rope_dim, q_lora=q_lora,
                 o_groups=o_groups, o_lora=o_lora, window=window, experts=experts, top_k=top_k,
@@ -146,7 +156,8 @@ def make_deepseek4(
     all_ratios = ratios + ([0] if mtp else [])
     shape = _Shape(hidden, heads, head_dim, q_lora, o_groups, o_lora, experts, top_k, expert_ffn * shared_experts,
                    expert_ffn, index_heads, index_dim, hc, vocab)
-    tensors = _plan(types, shape, all_ratios, hash_layers, layers if mtp else None)
+    tensors = _plan(types, shape, all_ratios, hash_layers, layers if mtp else None, route_skew,
+                    1.0 - route_locality)
 
     a = "deepseek4."
     w = gguf.GGUFWriter(path, "deepseek4")
@@ -260,23 +271,23 @@ def _resolve_quant(quant: dict[str, str] | None) -> dict[str, str]:
 
 
 def _plan(types: dict[str, str], s: _Shape, ratios: list[int], hash_layers: int,
-          mtp_block: int | None) -> list[_Tensor]:
+          mtp_block: int | None, skew: float = 0.0, embed_std: float = 1.0) -> list[_Tensor]:
     """Every tensor of the file in writing order, checked against its type's block size."""
 
-    def t(name: str, shape: tuple[int, ...], role: str, std: float) -> _Tensor:
+    def t(name: str, shape: tuple[int, ...], role: str, std: float, row_skew: float = 0.0) -> _Tensor:
         qtype = types[role]
         if shape[-1] % block_size(qtype):
             raise ValueError(
                 f"quant {role}={qtype} needs {name}'s row length {shape[-1]} to be a multiple of "
                 f"{block_size(qtype)}; choose another type or dimension")
-        return _Tensor(name, shape, qtype, "weight", std)
+        return _Tensor(name, shape, qtype, "weight", std, row_skew)
 
     def f32(name: str, shape: tuple[int, ...], kind: str, std: float) -> _Tensor:
         return _Tensor(name, shape, "F32", kind, std)
 
     norm = 0.05
     M = (2 + s.HC) * s.HC
-    out = [t("token_embd.weight", (s.V, s.D), "embed", 1.0)]
+    out = [t("token_embd.weight", (s.V, s.D), "embed", embed_std)]
     for i, ratio in enumerate(ratios):
         b = f"blk.{i}."
         out += [
@@ -313,7 +324,7 @@ def _plan(types: dict[str, str], s: _Shape, ratios: list[int], hash_layers: int,
                 f32(b + "indexer_compressor_ape.weight", (ratio, 2 * s.ihd), "normal", 0.5),
                 f32(b + "indexer_compressor_norm.weight", (s.ihd,), "norm", norm),
             ]
-        out.append(t(b + "ffn_gate_inp.weight", (s.E, s.D), "router", s.D**-0.5))
+        out.append(t(b + "ffn_gate_inp.weight", (s.E, s.D), "router", s.D**-0.5, skew))
         if i < hash_layers:
             out.append(_Tensor(b + "ffn_gate_tid2eid.weight", (s.V, s.K), "I32", "hash", 0.0))
         else:
@@ -356,6 +367,11 @@ def _generate(t: _Tensor, seed: int, n_experts: int) -> Iterator[np.ndarray]:
     if t.kind in ("norm", "normal"):
         x = t.std * rng.standard_normal(rows * n, dtype=np.float32)
         yield ((1.0 + x) if t.kind == "norm" else x).astype(np.float32).view(np.uint8)
+        return
+    if t.row_skew:  # a row at a time, each at its own scale (the router: rows of E experts)
+        gains = np.exp(t.row_skew * np.random.default_rng([seed, zlib.crc32(t.name.encode()), 1]).standard_normal(rows))
+        for r in range(rows):
+            yield random_blocks(t.qtype, (1, n), float(t.std * gains[r]), rng).reshape(-1)
         return
     step = max(1, _CHUNK_ELEMS // n)
     for r in range(0, rows, step):
