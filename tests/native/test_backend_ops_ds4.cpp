@@ -333,11 +333,12 @@ TEST_P(Ds4Op, PositionSourceMatchesHostPositions) {
   }
 }
 
-// Heads of 24 and 300 dims (the CUDA kernel of four heads a block: 3 and 9 heads leave its last block part
-// empty; 300 has a tail past the lanes' eight-element steps and two columns a thread) and 520 (the kernel of
-// a head a block). Bound: a logit is a sum of hd products of values in [-1, 1] times 1/sqrt(hd), within
-// hd^1.5 2^-24 of exact in any order; the softmax's weights move by at most twice that, relatively, and the
-// output is their combination of rows in [-1, 1] (plus its own nk roundings of values below 1).
+// Heads of 24, 300 and 520 dims (the CUDA kernel takes four heads a block: 3, 9 and 5 heads leave its last
+// block part empty; 300 has a tail past the lanes' eight-element steps and two columns a thread; 520 passes
+// twice over a key's elements, 512 at a time). Bound: a logit is a sum of hd products of values in [-1, 1]
+// times 1/sqrt(hd), within hd^1.5 2^-24 of exact in any order; the softmax's weights move by at most twice
+// that, relatively, and the output is their combination of rows in [-1, 1] (plus its own nk roundings of
+// values below 1).
 TEST_P(Ds4Op, AttentionSinkWindowAndCompressed) {
   for (const auto [H, hd] : {std::pair<int64_t, int64_t>{3, 24}, {9, 300}, {5, 520}}) {
     std::mt19937 rng(37);

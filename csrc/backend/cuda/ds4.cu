@@ -501,76 +501,21 @@ __device__ __forceinline__ int64_t sink_keys(const float** keys, int64_t t, int6
   return nk;
 }
 
-// Block (t, h): its keys' logits and row pointers in dynamic shared memory (launch_attention_sink sizes
-// it). A group of eight lanes forms one key's logit (dot8_group: the CPU's dot8); the denominator adds in
-// key order, as the CPU does; each key's weight is divided once, then every column sums the keys in order.
+// Block (t, head group): kSinkHeads heads of token t. The keys a token sees are the same for all its heads,
+// so a block reads them once for its heads (from L2, where a block a head read them 64 times over). Its
+// keys' pointers, the heads' queries and their logits sit in dynamic shared memory (launch_attention_sink
+// sizes it). A group of eight lanes forms a key's logits for the block's heads, each the CPU's dot8 (lane j
+// adds elements j, j + 8, .. in order, xor shuffles 4, 2, 1, the tail), the key's elements loaded into
+// registers kSinkMaxPer at a time (one memory round trip a key up to 512 dims); each head's denominator adds
+// in key order, as the CPU does; each key's weight is divided once, then a thread's two columns sum the keys
+// in order, sixteen keys' rows at a time.
+constexpr int kSinkHeads = 4, kSinkMaxPer = 64;  // heads a block; elements a lane holds of a key at once
+
 __global__ void __launch_bounds__(kAttnThreads)
     attention_sink_kernel(const float* q, const float* kv, const float* win, int64_t window,
                           const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
                           const float* sinks, int64_t pos0, const int32_t* pos_dev, int64_t H, int64_t hd,
                           float scale, float* out) {
-  grid_start();
-  extern __shared__ __align__(16) unsigned char ds4_smem[];
-  __shared__ float red[kWarp];
-  if (pos_dev) pos0 += *pos_dev;
-  const int64_t t = blockIdx.x / H, h = blockIdx.x % H;
-  const float** keys = reinterpret_cast<const float**>(ds4_smem);
-  const int64_t nk = sink_keys(keys, t, pos0, kv, win, window, comp, ratio, sel, topk, hd);
-  float* lg = reinterpret_cast<float*>(ds4_smem + nk * sizeof(const float*));
-  const float* qh = q + (t * H + h) * hd;
-  __syncthreads();
-  {  // the logits: warp w's groups take keys w * 4 .., every lane of a warp in the loop together
-    const int lane = threadIdx.x % kWarp, groups = blockDim.x / 8;
-    for (int64_t base = threadIdx.x / kWarp * (kWarp / 8); base < nk; base += groups) {
-      const int64_t k = base + lane / 8;
-      const float d = dot8_group(qh, keys[k < nk ? k : 0], hd, lane % 8);
-      if (k < nk && lane % 8 == 0) lg[k] = __fmul_rn(d, scale);
-    }
-  }
-  __syncthreads();
-  float m = sinks[h];
-  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) m = fmaxf(m, lg[k]);
-  m = block_max(m, red);  // exact in any order
-  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) lg[k] = expf(__fsub_rn(lg[k], m));
-  __syncthreads();
-  if (threadIdx.x == 0) {  // the denominator in key order, as the CPU adds it
-    float den = expf(__fsub_rn(sinks[h], m));
-    for (int64_t k = 0; k < nk; ++k) den = __fadd_rn(den, lg[k]);
-    red[0] = den;
-  }
-  __syncthreads();
-  const float den = red[0];
-  for (int64_t k = threadIdx.x; k < nk; k += blockDim.x) lg[k] = __fdiv_rn(lg[k], den);
-  __syncthreads();
-  float* o = out + (t * H + h) * hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.0f;
-    int64_t k = 0;
-    for (; k + 8 <= nk; k += 8) {  // eight rows' loads in flight, added in key order
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = keys[k + i][d];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc = __fadd_rn(acc, __fmul_rn(lg[k + i], v[i]));
-    }
-    for (; k < nk; ++k) acc = __fadd_rn(acc, __fmul_rn(lg[k], keys[k][d]));
-    o[d] = acc;
-  }
-}
-
-// attention_sink_kernel for kSinkHeads heads of a token a block (heads of 512 dims or fewer): the keys a
-// token sees are the same for all its heads, so a block reads them once for its heads, from L2, where a
-// block a head read them 64 times over. A group of eight lanes forms a key's logits for the block's heads
-// with the key's elements loaded at once into registers (one memory round trip a key; the queries in
-// shared memory), each head's logit the CPU's dot8; a thread's two columns of the output take sixteen
-// keys' rows at a time. Every float operation and its order per head is attention_sink_kernel's.
-constexpr int kSinkHeads = 4, kSinkMaxPer = 64;  // heads a block; elements a lane holds of a key (hd 512)
-
-__global__ void __launch_bounds__(kAttnThreads)
-    attention_sink_heads_kernel(const float* q, const float* kv, const float* win, int64_t window,
-                                const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
-                                const float* sinks, int64_t pos0, const int32_t* pos_dev, int64_t H,
-                                int64_t hd, float scale, float* out) {
   constexpr int HB = kSinkHeads;
   grid_start();
   extern __shared__ __align__(16) unsigned char ds4_smem[];
@@ -593,17 +538,24 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int64_t base = threadIdx.x / kWarp * (kWarp / 8); base < nk; base += groups) {
       const int64_t k = base + lane / 8;
       const float* b = keys[k < nk ? k : 0];
-      float kr[kSinkMaxPer];
+      float accs[HB] = {};
+      for (int64_t c0 = 0; c0 < per; c0 += kSinkMaxPer) {  // one pass up to 512 dims
+        float kr[kSinkMaxPer];
 #pragma unroll
-      for (int i = 0; i < kSinkMaxPer; ++i)
-        if (i < per) kr[i] = b[j + 8 * i];
+        for (int i = 0; i < kSinkMaxPer; ++i)
+          if (c0 + i < per) kr[i] = b[j + 8 * (c0 + i)];
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh) {
+          const float* a = qs + hh * hd + j + 8 * c0;
+#pragma unroll
+          for (int i = 0; i < kSinkMaxPer; ++i)
+            if (c0 + i < per) accs[hh] = __fadd_rn(accs[hh], __fmul_rn(a[8 * i], kr[i]));
+        }
+      }
 #pragma unroll
       for (int hh = 0; hh < HB; ++hh) {
         const float* a = qs + hh * hd;
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kSinkMaxPer; ++i)
-          if (i < per) acc = __fadd_rn(acc, __fmul_rn(a[j + 8 * i], kr[i]));
+        float acc = accs[hh];
         acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 4));
         acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 2));
         acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, 1));
@@ -972,18 +924,11 @@ void launch_attention_sink(const float* q, const float* kv, const float* win, in
   const int64_t end = ps.dev ? std::max<int64_t>(pos0 + T, ps.max_pos) : pos0 + T;
   const int64_t n_comp = ratio > 0 ? (sel ? topk : end / ratio) : 0;
   const int64_t nk = std::min(window, end) + n_comp;
-  if (hd <= 8 * kSinkMaxPer) {  // kSinkHeads heads a block
-    const size_t smem =
-        static_cast<size_t>(nk) * (sizeof(const float*) + kSinkHeads * sizeof(float)) + kSinkHeads * hd * 4;
-    allow_smem<attention_sink_heads_kernel>(smem, "attention_sink");
-    launch_kernel(attention_sink_heads_kernel, grid_x(T * ceil_div(H, kSinkHeads)), kAttnThreads, smem, s, q,
-                  kv, win, window, comp, ratio, sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
-  } else {
-    const size_t smem = static_cast<size_t>(nk) * (sizeof(const float*) + sizeof(float));
-    allow_smem<attention_sink_kernel>(smem, "attention_sink");
-    launch_kernel(attention_sink_kernel, grid_x(T * H), kAttnThreads, smem, s, q, kv, win, window, comp,
-                  ratio, sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
-  }
+  const size_t smem =
+      static_cast<size_t>(nk) * (sizeof(const float*) + kSinkHeads * sizeof(float)) + kSinkHeads * hd * 4;
+  allow_smem<attention_sink_kernel>(smem, "attention_sink");
+  launch_kernel(attention_sink_kernel, grid_x(T * ceil_div(H, kSinkHeads)), kAttnThreads, smem, s, q, kv, win,
+                window, comp, ratio, sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -10,7 +10,6 @@
 // so results depend on the shape and the data only, never on timing.
 #pragma once
 #include <mutex>
-#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -219,38 +218,33 @@ __device__ __forceinline__ void decode_unit(const uint8_t* p, int idx, float w[u
 constexpr int kRowBatch = 4;  // units a lane decodes before its first product (row_dot_with)
 
 // A warp's batch of weights through shared memory: kRowBatch x 32 units of a row are contiguous bytes
-// (whole blocks), which the warp copies with coalesced 16-byte (or 4-byte) loads, all in flight at once,
-// before each lane decodes its units from the copy, where decoding from global memory reads each unit as
-// several 2- and 4-byte loads of lanes 17 or more bytes apart. The values decoded and their order are
-// unchanged, so are the bits. Measured on an H100 (strata_bench_cuda_matmul, one token, us a call without
-// and with): Q6_K 2048 x 4096 12.74 -> 10.27, 768 x 2048 8.06 -> 6.37, 4096 x 8192 28.45 -> 23.87; but
-// Q8_0 9.44 -> 9.79 and 23.14 -> 26.21, Q4_K and IQ2_XXS within 5% either way: only Q6_K (210-byte blocks,
-// copied 4 bytes a lane) takes it.
+// (whole blocks), which the warp copies with coalesced 4-byte loads, all in flight at once, before each lane
+// decodes its units from the copy, where decoding from global memory reads each unit as several 2- and
+// 4-byte loads of lanes 17 or more bytes apart. The values decoded and their order are unchanged, so are
+// the bits. Measured on an H100 (strata_bench_cuda_matmul, one token, us a call without and with): Q6_K
+// 2048 x 4096 12.74 -> 10.27, 768 x 2048 8.06 -> 6.37, 4096 x 8192 28.45 -> 23.87; but Q8_0 (16-byte copies)
+// 9.44 -> 9.79 and 23.14 -> 26.21, Q4_K and IQ2_XXS within 5% either way: only Q6_K (210-byte blocks) takes
+// it.
 template <class F>
 struct WStage {
   static constexpr int kSpanUnits = kRowBatch * kWarp;  // units a warp's batch covers
-  static constexpr bool kWanted = F::kType == QType::Q6_K;
-  static constexpr int64_t kChunk = kWanted && F::kBlock > 1 && (kWarp * unit::kUnit) % F::kBlock == 0
-                                        ? int64_t{kWarp} * unit::kUnit / F::kBlock * F::kBytes
-                                        : 0;  // bytes of 32 units
-  static constexpr int kVec = kChunk == 0 ? 0 : kChunk % 16 == 0 ? 16 : kChunk % 4 == 0 ? 4 : 0;
-  static constexpr int kBytes = kVec ? static_cast<int>(kRowBatch * kChunk) : 0;  // a warp's area
-  static constexpr int kAlloc = kBytes > 0 ? kBytes : 16;                         // (no empty arrays)
+  static constexpr bool kOn = F::kType == QType::Q6_K;
+  static constexpr int kBytes = kOn ? kRowBatch * kWarp * unit::kUnit / F::kBlock * F::kBytes : 0;  // an area
+  static constexpr int kAlloc = kBytes > 0 ? kBytes : 16;  // (no empty arrays)
+  static_assert(!kOn || ((kWarp * unit::kUnit) % F::kBlock == 0 && kBytes % 4 == 0), "whole 4-byte words");
 };
 
-// src's kBytes bytes into dst by the 32 lanes of a warp, V bytes a load (src and dst V-aligned).
-template <int V, int kBytes>
+// src's kBytes bytes into dst by the 32 lanes of a warp, 4 bytes a load (src and dst 4-byte aligned).
+template <int kBytes>
 __device__ __forceinline__ void copy_warp(uint8_t* dst, const uint8_t* src, int lane) {
-  using W = std::conditional_t<V == 16, uint4, uint32_t>;
-  constexpr int kN = kBytes / V, kPer = (kN + kWarp - 1) / kWarp;
-  static_assert(kBytes % V == 0, "whole words");
-  W r[kPer];
+  constexpr int kN = kBytes / 4, kPer = (kN + kWarp - 1) / kWarp;
+  uint32_t r[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i)
-    if (lane + i * kWarp < kN) r[i] = __ldg(reinterpret_cast<const W*>(src) + lane + i * kWarp);
+    if (lane + i * kWarp < kN) r[i] = __ldg(reinterpret_cast<const uint32_t*>(src) + lane + i * kWarp);
 #pragma unroll
   for (int i = 0; i < kPer; ++i)
-    if (lane + i * kWarp < kN) reinterpret_cast<W*>(dst)[lane + i * kWarp] = r[i];
+    if (lane + i * kWarp < kN) reinterpret_cast<uint32_t*>(dst)[lane + i * kWarp] = r[i];
 }
 
 // W row . x, on every lane of the warp. The lane's whole units go kRowBatch at a time with all their
@@ -268,14 +262,14 @@ __device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, 
   auto unit_at = [&](int64_t u) { return row + u * unit::kUnit / F::kBlock * F::kBytes; };
   auto unit_index = [](int64_t u) { return static_cast<int>(u * unit::kUnit % F::kBlock / unit::kUnit); };
   int64_t u = lane;
-  if constexpr (WStage<F>::kVec != 0) {
+  if constexpr (WStage<F>::kOn) {
     using S = WStage<F>;
-    if (st && reinterpret_cast<uintptr_t>(row) % S::kVec == 0) {
+    if (st && reinterpret_cast<uintptr_t>(row) % 4 == 0) {
       int64_t base = 0;
       for (; base + S::kSpanUnits <= full; base += S::kSpanUnits) {
         const uint8_t* src = unit_at(base);
         __syncwarp();  // the previous batch's reads of st are done
-        copy_warp<S::kVec, S::kBytes>(st, src, lane);
+        copy_warp<S::kBytes>(st, src, lane);
         __syncwarp();
         float w[kRowBatch][unit::kUnit];
 #pragma unroll
@@ -392,7 +386,7 @@ __host__ __device__ inline size_t xs_bytes(int64_t cols) {
 // The block's dynamic shared memory: the activations, then (stage) each warp's WStage area.
 template <class F>
 size_t xs_smem(int64_t cols, bool stage) {
-  return xs_bytes(cols) + (stage && WStage<F>::kVec ? size_t{kXsWarps} * WStage<F>::kAlloc : 0);
+  return xs_bytes(cols) + (stage && WStage<F>::kOn ? size_t{kXsWarps} * WStage<F>::kAlloc : 0);
 }
 
 // The row x (cols floats) into xs, zeros past the last column; every thread of the block takes part.

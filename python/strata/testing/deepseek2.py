@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
-from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor, _write_tensors
+from strata.testing.models import _FILE_TYPES, _resolve_quant, _Tensor, _write_tensors, skewed_rows
 from strata.testing.quant import block_size, random_blocks
 
 ARCH = "deepseek2"
@@ -239,9 +239,7 @@ def _generate(t: _Tensor, seed: int) -> np.ndarray:
         return t.std * rng.standard_normal(n, dtype=np.float32)
     rows = n // t.shape[-1]
     if t.row_skew:  # each row at its own scale (the router: rows of E experts), as make_qwen3moe's
-        gains = np.exp(t.row_skew * np.random.default_rng([seed, zlib.crc32(t.name.encode()), 1]).standard_normal(rows))
-        return np.concatenate([random_blocks(t.qtype, (1, t.shape[-1]), float(t.std * g), rng).reshape(-1)
-                               for g in gains])
+        return np.concatenate(list(skewed_rows(t.name, t.qtype, rows, t.shape[-1], t.std, t.row_skew, seed, rng)))
     return random_blocks(t.qtype, (rows, t.shape[-1]), t.std, rng).reshape(-1)
 
 

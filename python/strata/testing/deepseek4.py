@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 
 from strata.testing import tokenizer as tok
-from strata.testing.models import _write_tensors
+from strata.testing.models import _write_tensors, skewed_rows
 from strata.testing.quant import QTYPES, block_size, random_blocks, row_bytes
 
 ROLES = ("embed", "attn", "compressor", "router", "experts", "expert_down", "shared", "output", "hc")
@@ -369,9 +369,7 @@ def _generate(t: _Tensor, seed: int, n_experts: int) -> Iterator[np.ndarray]:
         yield ((1.0 + x) if t.kind == "norm" else x).astype(np.float32).view(np.uint8)
         return
     if t.row_skew:  # a row at a time, each at its own scale (the router: rows of E experts)
-        gains = np.exp(t.row_skew * np.random.default_rng([seed, zlib.crc32(t.name.encode()), 1]).standard_normal(rows))
-        for r in range(rows):
-            yield random_blocks(t.qtype, (1, n), float(t.std * gains[r]), rng).reshape(-1)
+        yield from skewed_rows(t.name, t.qtype, rows, n, t.std, t.row_skew, seed, rng)
         return
     step = max(1, _CHUNK_ELEMS // n)
     for r in range(0, rows, step):

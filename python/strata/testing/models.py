@@ -341,6 +341,15 @@ def _write_at(path: str, t: _Tensor, offset: int, seed: int,
     return t.nbytes
 
 
+def skewed_rows(name: str, qtype: str, rows: int, n: int, std: float, skew: float, seed: int,
+                rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """route_skew's rows (every writer's router): row r of std * exp(skew * z_r), z_r ~ N(0, 1) drawn from
+    (seed, name, 1), its blocks from rng, one row a chunk."""
+    gains = np.exp(skew * np.random.default_rng([seed, zlib.crc32(name.encode()), 1]).standard_normal(rows))
+    for r in range(rows):
+        yield random_blocks(qtype, (1, n), float(std * gains[r]), rng).reshape(-1)
+
+
 def _generate(t: _Tensor, seed: int) -> Iterator[np.ndarray]:
     """The tensor's data as uint8 chunks of whole rows, from an rng seeded by (seed, name)."""
     rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
@@ -350,9 +359,7 @@ def _generate(t: _Tensor, seed: int) -> Iterator[np.ndarray]:
         return
     rows = int(np.prod(t.shape[:-1], dtype=np.int64))
     if t.row_skew:  # a row at a time, each at its own scale (the router: rows of E experts)
-        gains = np.exp(t.row_skew * np.random.default_rng([seed, zlib.crc32(t.name.encode()), 1]).standard_normal(rows))
-        for r in range(rows):
-            yield random_blocks(t.qtype, (1, n), float(t.std * gains[r]), rng).reshape(-1)
+        yield from skewed_rows(t.name, t.qtype, rows, n, t.std, t.row_skew, seed, rng)
         return
     step = max(1, _CHUNK_ELEMS // n)
     for r in range(0, rows, step):
