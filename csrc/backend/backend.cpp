@@ -29,6 +29,8 @@ const uint8_t* expert_matrix(const ExpertTable& t, int m, int64_t e) {
 }
 
 void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const void*, size_t)) {
+  STRATA_CHECK(!r.write_through || (r.pending && !r.prefetch), Error,
+               "internal error: a write-through resolution without pending flags, or of a prefetch");
   const int64_t base = r.layer * r.E;
   const bool scan = r.pass != nullptr;
   if (scan && !r.prefetch) {
@@ -63,8 +65,9 @@ void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const
     }
     int32_t s = r.table[base + e];
     if (s >= 0) {
-      if (r.held[s]) continue;  // named twice
-      if (r.prefetch) {         // resident already: kept from this call's victims, nothing else
+      if (r.held[s]) continue;          // named twice
+      if (r.pending) r.pending[s] = 0;  // its write-through, if any, was earlier work
+      if (r.prefetch) {                 // resident already: kept from this call's victims, nothing else
         r.held[s] = 1;
         continue;
       }
@@ -94,9 +97,13 @@ void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const
         ++r.counters[1];
       }
       r.counters[2] += r.layer_bytes;
-      r.jobs[1 + 2 * jobs] = s;
-      r.jobs[2 + 2 * jobs] = e;
-      ++jobs;
+      const bool through = r.write_through && !r.prefetch;
+      if (r.pending) r.pending[s] = through ? 1 : 0;
+      if (!through) {
+        r.jobs[1 + 2 * jobs] = s;
+        r.jobs[2 + 2 * jobs] = e;
+        ++jobs;
+      }
     }
     r.held[s] = 1;
     stamp(s);

@@ -51,7 +51,18 @@ struct ExpertTable {
   size_t slot_bytes = 0;
   size_t off[3] = {0, 0, 0};  // matrix m at arena + slot * slot_bytes + off[m]
   int64_t E = 0;
+  // Write-through (a one-token decode step resolved on the device with ExpertResolve::write_through):
+  // a slot s with pending[s] set has not received its expert's bytes yet. matmul_experts then reads
+  // expert e's matrix m from src[m] + e * src_stride[m] (page-locked host memory the device reads) and
+  // writes it into the slot as it multiplies: the miss crosses the link once, inside the product that
+  // needs it, instead of in a fill before it. Null pending: every slot holds its bytes.
+  const uint8_t* pending = nullptr;
+  const uint8_t* src[3] = {nullptr, nullptr, nullptr};
+  size_t src_stride[3] = {0, 0, 0};
 };
+// The longest row (bytes) of an expert matrix that matmul_experts writes through (a GPU stages each such
+// row in shared memory); the cache offers write-through for a layer only when every row fits.
+constexpr size_t kWriteThroughRowBytes = 4096;
 // The decode step's cache resolution on the device (design (b) of bench/NOTES.md): the state the
 // host's ExpertCache keeps (slot table, slot -> key, LRU ticks) mirrored in device memory, and
 // where each missing expert's bytes are in page-locked host memory the device reads directly.
@@ -83,6 +94,12 @@ struct ExpertResolve {
   // GPU it goes on the copy stream, and the next resolve_experts waits for it first.
   bool prefetch = false;
   uint8_t* pref = nullptr;  // slot -> filled by a prefetch and not used since (null: no accounting)
+  // Write-through (not with prefetch): a miss is not filled here; its slot is marked in pending and the
+  // layer's matmul_experts calls, through ExpertTable::pending, read its bytes from the source and write
+  // them into the slot. Every resolution clears pending for the slots it finds resident (their bytes
+  // landed in the earlier work) and for the slots it fills. pending may be null (no write-through).
+  bool write_through = false;
+  uint8_t* pending = nullptr;
   // The scan policy's state (null pass: LRU, the smallest tick goes): slot -> the pass and the layer of
   // its last use, and scan_now = {the pass now, the layer the last call resolved}. A call (not a
   // prefetch) for a layer no later than that one begins a pass. Victims go in scan_key's order.

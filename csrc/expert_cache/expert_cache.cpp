@@ -80,6 +80,22 @@ void ExpertCache::setup_device_resolution() {
       d.bytes[m] = c0[m].bytes;
       d.off[m] = c0[m].dst_off;
     }
+    // Write-through: each matrix inside one segment (so at that segment's stride), rows short enough.
+    const ExpertLayerLayout& ll = layout_.layers[l];
+    const ExpertTensor* mt[3] = {&ll.gate, &ll.up, &ll.down};
+    const size_t moff[3] = {ll.gate_off, ll.up_off, ll.down_off};
+    d.wt = true;
+    for (int i = 0; i < 3 && d.wt; ++i) {
+      const size_t rb = mt[i]->rows > 0 ? mt[i]->bytes / (size_t)mt[i]->rows : 0;
+      int seg = -1;
+      for (int m = 0; m < n; ++m)
+        if (moff[i] >= d.off[m] && moff[i] + mt[i]->bytes <= d.off[m] + d.bytes[m]) seg = m;
+      d.wt = rb > 0 && rb <= kWriteThroughRowBytes && rb * (size_t)mt[i]->rows == mt[i]->bytes && seg >= 0;
+      if (d.wt) {
+        d.wt_src[i] = d.src[seg] + (moff[i] - d.off[seg]);
+        d.wt_stride[i] = d.stride[seg];
+      }
+    }
     ds[l] = d;
   }
   PolicyState st;
@@ -99,6 +115,7 @@ void ExpertCache::setup_device_resolution() {
   dev_counters_ = DeviceBuffer(be_, kResolveCounters * 8, what);
   dev_jobs_ = DeviceBuffer(be_, (1 + 2 * (size_t)layout_.E) * 4, what);
   dev_pref_ = DeviceBuffer(be_, S, what);
+  dev_pending_ = DeviceBuffer(be_, S, what);
   dev_stage_ = PinnedBuffer(be_, S * 8 + 64, what);
   be_.zero(dev_held_.get(), S);
   dev_src_ = std::move(ds);
@@ -134,7 +151,8 @@ void ExpertCache::to_device() {
   }
   be_.upload(dev_pinned_.get(), pinned_.data(), S);
   be_.zero(dev_counters_.get(), kResolveCounters * 8);
-  be_.zero(dev_pref_.get(), S);  // the host does not track prefetches: none is pending from before
+  be_.zero(dev_pref_.get(), S);     // the host does not track prefetches: none is pending from before
+  be_.zero(dev_pending_.get(), S);  // every slot the host filled holds its bytes
   std::fill(ahead_.begin(), ahead_.end(), 0);  // nor does the device track prefetch_layer's
   stats_at_device_ = stats_;
   on_device_ = true;
@@ -187,8 +205,8 @@ void ExpertCache::to_host() {
   on_device_ = false;
 }
 
-ExpertResolve ExpertCache::resolve_args(int64_t layer, const int32_t* ids, const int32_t* order,
-                                        int64_t n) const {
+ExpertResolve ExpertCache::resolve_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n,
+                                        bool write_through) const {
   const DevSrc& d = dev_src_[layer];
   ExpertResolve r;
   r.layer = layer;
@@ -215,6 +233,8 @@ ExpertResolve ExpertCache::resolve_args(int64_t layer, const int32_t* ids, const
   }
   r.layer_bytes = layout_.layers[layer].bytes;
   r.pref = dev_pref_.as<uint8_t>();
+  r.pending = dev_pending_.as<uint8_t>();
+  r.write_through = write_through && d.wt;
   if (dev_scan_now_) {
     r.pass = dev_pass_.as<uint64_t>();
     r.pass_layer = dev_pass_layer_.as<int64_t>();
@@ -241,7 +261,7 @@ ExpertView ExpertCache::view(int64_t layer, const uint8_t* base) const {
   return ExpertView{base + ll.gate_off, base + ll.up_off, base + ll.down_off};
 }
 
-ExpertTable ExpertCache::table(int64_t layer) const {
+ExpertTable ExpertCache::table(int64_t layer, bool write_through) const {
   const auto& ll = layout_.layers[layer];
   ExpertTable t;
   t.E = layout_.E;
@@ -259,6 +279,14 @@ ExpertTable ExpertCache::table(int64_t layer) const {
   t.off[0] = ll.gate_off;
   t.off[1] = ll.up_off;
   t.off[2] = ll.down_off;
+  if (write_through && this->write_through(layer)) {
+    const DevSrc& d = dev_src_[layer];
+    t.pending = dev_pending_.as<uint8_t>();
+    for (int m = 0; m < 3; ++m) {
+      t.src[m] = d.wt_src[m];
+      t.src_stride[m] = d.wt_stride[m];
+    }
+  }
   return t;
 }
 

@@ -107,8 +107,15 @@ class ExpertCache {
   // Brings the state back to the host; every host-side method (prepare, lend, pin, ...) calls it.
   void to_host();
   bool on_device() const { return on_device_; }
-  // The arguments of resolve_experts for the experts ids[order[i]], i < n, of layer.
-  ExpertResolve resolve_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n) const;
+  // The arguments of resolve_experts for the experts ids[order[i]], i < n, of layer. write_through:
+  // its misses written through by the layer's matmul_experts (ExpertResolve::write_through) where the
+  // layer allows it (write_through(layer)), filled by the resolution otherwise.
+  ExpertResolve resolve_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n,
+                             bool write_through = false) const;
+  // Whether a device resolution of layer can leave its misses to matmul_experts: every matrix of the
+  // layer's experts is one run of source bytes at a fixed stride per expert, with rows no longer than
+  // kWriteThroughRowBytes.
+  bool write_through(int64_t layer) const { return !dev_src_.empty() && dev_src_[layer].wt; }
   // The same for a prefetch of those experts (ExpertResolve::prefetch).
   ExpertResolve prefetch_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n) const;
   // Reads the device's counters into stats() (a small download; call after a step).
@@ -120,7 +127,9 @@ class ExpertCache {
   const int32_t* slot_table() const { return table_dev_.as<int32_t>(); }
   // Where layer's experts are for the ops that find them by id on the device (Backend::matmul_experts):
   // the resident tensors, or the slots through the device slot table (current once prepare has run).
-  ExpertTable table(int64_t layer) const;
+  // write_through: with the pending flags and the sources the layer's write-through needs (the table
+  // of a step whose resolution was resolve_args(.., true)); nothing where write_through(layer) is false.
+  ExpertTable table(int64_t layer, bool write_through = false) const;
   // Hits the device resolved without prepare (an all-resident cache's decode): counted in the stats.
   void count_hits(uint64_t n) { stats_.hits += n; }
   // The host's copy of the slot table, for tests: (layer * E + e) -> slot or -1.
@@ -188,9 +197,13 @@ class ExpertCache {
   struct DevSrc {
     const uint8_t* src[3];
     size_t stride[3], bytes[3], off[3];
+    bool wt;  // write_through(layer): matrix m (gate, up, down) of expert e at wt_src[m] + e * wt_stride[m]
+    const uint8_t* wt_src[3];
+    size_t wt_stride[3];
   };
   std::vector<DevSrc> dev_src_;  // per layer; empty: no device resolution
-  DeviceBuffer dev_key_, dev_last_, dev_tick_, dev_held_, dev_pinned_, dev_counters_, dev_jobs_, dev_pref_;
+  DeviceBuffer dev_key_, dev_last_, dev_tick_, dev_held_, dev_pinned_, dev_counters_, dev_jobs_, dev_pref_,
+      dev_pending_;
   DeviceBuffer dev_pass_, dev_pass_layer_, dev_scan_now_;  // the scan policy's (empty under LRU)
   PinnedBuffer dev_stage_;                                 // staging of the uploads and downloads above
   bool on_device_ = false;

@@ -178,6 +178,18 @@ bool prompt_prefetch() {
   return e[0] == '1';
 }
 
+// Whether a one-token decode step resolved on the device leaves its misses to the expert products, which
+// read them from the source and write them into their slots as they multiply (ExpertTable::pending): on
+// by default, STRATA_WRITE_THROUGH=0 fills each layer's misses first (the A/B switch; read at each layer:
+// a recorded step keeps what it was recorded with).
+bool write_through_on() {
+  const char* e = std::getenv("STRATA_WRITE_THROUGH");
+  if (!e || !*e) return true;
+  STRATA_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, ConfigError, "STRATA_WRITE_THROUGH=", e,
+               " is not 0 or 1");
+  return e[0] == '1';
+}
+
 // Runs fn(e, first_row, n_rows, view) for every routed expert in ascending order, preparing as many
 // as the cache has room for at a time; done(first_row, end_row) after each piece of a batch (the whole
 // batch when none of its experts is in flight), then release. A row's result does not depend on the
@@ -267,13 +279,16 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K, n = T * K;
+  // Write-through: a token's K experts are distinct, so each miss is read from the source once.
+  const bool wt = path == ExpertPath::Device && T == 1 && b.moe == MoeLayout::Fused && write_through_on();
   if (path == ExpertPath::Resident) {
     // Nothing is looked up: the rows' experts count as hits (one token's K distinct ones; a batch's
     // rows are not reduced to their union, which would cost a download, a host sync, a layer).
     cache.count_hits((uint64_t)n);
   } else if (path == ExpertPath::Device) {
-    // Design (b): the device resolves hits and misses and fills the misses' slots itself.
-    be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n));
+    // Design (b): the device resolves hits and misses and fills the misses' slots itself, or (one token,
+    // the float-activation products) leaves them to the products, which write them through.
+    be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n, wt));
   } else {
     const Routed r = routed_experts(be, b, s.E);
     const int64_t got = cache.prepare(l, r.ids.data(), (int64_t)r.ids.size());
@@ -281,7 +296,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
                  " experts of layer ", l, " did not all get slots");
     for (int32_t e : r.ids) cache.wait(l, e);
   }
-  const ExpertTable tab = cache.table(l);
+  const ExpertTable tab = cache.table(l, wt);
   const int32_t* ids = b.topk_ids;
   const int32_t* order = b.expert_rows;
   if (b.moe == MoeLayout::Fused) {

@@ -3,6 +3,8 @@
 // backend's own memory; outputs are poisoned first and followed by a guard tail that must survive.
 // The matmul ops are in test_backend_ops_matmul.cpp, attention's in test_backend_ops_attention.cpp, each
 // architecture's own ops in test_backend_ops_<arch>.cpp.
+#include <tuple>
+
 #include "backend_ops_harness.h"
 #include "core/thread_pool.h"
 
@@ -379,15 +381,20 @@ TEST_P(Op, GraphReplaysWithNewInputs) {
 
 // resolve_experts: the backend's resolution of a layer's experts against the sequential reference
 // on the same random state (some slots pinned, some empty, some holding other layers' experts, ties
-// in the ticks), over several calls: the same table, keys, ticks, counters, job list and slot bytes.
+// in the ticks), over several calls: the same table, keys, ticks, counters, job list and slot bytes; with
+// write-through (the calls that are not prefetches), the same pending flags and no fill of those misses.
 TEST_P(Op, ResolveExpertsMatchesReference) {
   std::mt19937 rng(20);
   const int64_t L = 3, E = 11, S = 9;
   // Each expert of the source: 3 segments of the slot image, 16-byte multiples and not; LRU, and the
   // scan policy (its ranks from slots used in this pass, the previous one at layers behind and ahead,
   // and earlier ones; calls for a lower layer begin passes).
-  for (const auto& [odd, scan] :
-       std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}, {true, true}}) {
+  for (const auto& [odd, scan, wt] : std::vector<std::tuple<bool, bool, bool>>{{false, false, false},
+                                                                               {true, false, false},
+                                                                               {false, true, false},
+                                                                               {true, true, false},
+                                                                               {false, false, true},
+                                                                               {true, true, true}}) {
     const size_t seg[3] = {odd ? 37u : 64u, odd ? 101u : 128u, odd ? 3u : 48u};
     const size_t off[3] = {0, 80, 224}, slot_bytes = 288;
     const size_t stride = seg[0] + seg[1] + seg[2];
@@ -397,7 +404,8 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
     std::vector<int32_t> table(L * E, -1), key(S, -1);
     std::vector<uint64_t> last(S, 0), pass(S, 0), scan_now{5, 1};
     std::vector<int64_t> pass_layer(S, 0);
-    std::vector<uint8_t> held(S, 0), pinned(S, 0), pref(S, 0), arena(S * slot_bytes, 0);
+    std::vector<uint8_t> held(S, 0), pinned(S, 0), pref(S, 0), arena(S * slot_bytes, 0), pending(S, 0);
+    pending[0] = 1;  // a write-through of an earlier call: cleared by the next call that finds it
     for (int32_t s = 0; s < (int32_t)S; ++s) {
       if (s % 4 == 3) continue;  // empty
       int32_t k;
@@ -415,7 +423,7 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
     Dev<uint64_t> dlast(be(), last, "last"), dtick(be(), std::vector<uint64_t>{tick}, "tick"),
         dcounters(be(), std::vector<uint64_t>(kResolveCounters, 0), "counters");
     Dev<uint8_t> dheld(be(), held, "held"), dpinned(be(), pinned, "pinned"), dpref(be(), pref, "pref"),
-        darena(be(), arena, "arena");
+        darena(be(), arena, "arena"), dpending(be(), pending, "pending");
     Dev<uint64_t> dpass(be(), pass, "pass"), dscan_now(be(), scan_now, "scan_now");
     Dev<int64_t> dpass_layer(be(), pass_layer, "pass_layer");
     Dev<int32_t> djobs(be(), std::vector<int32_t>(1 + 2 * E, 0), "jobs");
@@ -465,6 +473,7 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       h.jobs = jobs.data();
       h.pref = pref.data();
       h.arena = arena.data();
+      if (wt) h.pending = pending.data(), h.write_through = !prefetch;
       if (scan) h.pass = pass.data(), h.pass_layer = pass_layer.data(), h.scan_now = scan_now.data();
       size_t o = layer * E * stride;
       for (int m = 0; m < 3; ++m) h.src[m] = src.get() + o, o += seg[m];
@@ -483,12 +492,15 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       d.jobs = djobs.p();
       d.pref = dpref.p();
       d.arena = darena.p();
+      if (wt) d.pending = dpending.p(), d.write_through = !prefetch;
       if (scan) d.pass = dpass.p(), d.pass_layer = dpass_layer.p(), d.scan_now = dscan_now.p();
       o = layer * E * stride;
       for (int m = 0; m < 3; ++m) d.src[m] = view + o, o += seg[m];
       be().resolve_experts(d);
-      const std::string what = str("resolve_experts call ", call, prefetch ? " (prefetch)" : "",
-                                   odd ? " (unaligned segments)" : "", scan ? " (scan)" : "");
+      const std::string what =
+          str("resolve_experts call ", call, prefetch ? " (prefetch)" : "",
+              odd ? " (unaligned segments)" : "", scan ? " (scan)" : "", wt ? " (write-through)" : "");
+      expect_same(dpending.get(), pending, what + ": pending");
       expect_same(dpref.get(), pref, what + ": prefetched slots");
       expect_same(dtable.get(), table, what + ": table");
       expect_same(dkey.get(), key, what + ": keys");
@@ -508,6 +520,8 @@ TEST_P(Op, ResolveExpertsMatchesReference) {
       }
     }
     if (scan) EXPECT_GT(scan_now[0], 5u) << "no call began a pass";
+    if (wt) EXPECT_GT(std::count(pending.begin(), pending.end(), 1), 0) << "no miss left to write through";
+    if (wt) EXPECT_EQ(pending[0], 0) << "the earlier write-through's flag was never cleared";
     EXPECT_GT(counters[1], 0u) << "no miss: the fill was not exercised";
     EXPECT_GT(counters[3], 0u) << "no eviction";
     EXPECT_GT(counters[5], 0u) << "no prefetch fill";

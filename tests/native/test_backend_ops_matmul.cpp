@@ -538,4 +538,80 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
   be().set_phase(Phase::Any);
 }
 
+// matmul_experts through a table with pending slots (ExpertTable::pending, a decode step's write-through):
+// a pending expert's matrix is read from the source, written into its slot byte for byte (nothing around
+// it touched), and multiplied with the bits of a filled slot; a slot not pending is read as it is (its
+// source deliberately differs, so reading it there would show). Rows of 16-byte multiples and not, the
+// source at offsets aligned as the slots and not; an expert named twice (a batch's rows) is written twice
+// with the same bytes.
+TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
+  std::mt19937 rng(19);
+  const int64_t E = 5, n = 6;
+  be().set_phase(Phase::Decode);
+  const std::vector<int32_t> ids = {4, 0, 2, 2, 3, 0};
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  const std::vector<int32_t> perm = {2, -1, 0, 4, 1};    // expert -> slot
+  const std::vector<uint8_t> pending = {1, 0, 0, 0, 1};  // slots 0 (expert 2) and 4 (expert 3) pending
+  for (QType t : kAllTypes) {
+    for (const bool long_rows : {false, true}) {
+      const int64_t rows = 21, cols = long_rows ? long_cols_of(t) : cols_of(t);
+      const size_t rb = row_bytes(t, cols), mb = rows * rb;
+      if (rb > kWriteThroughRowBytes) continue;
+      for (const size_t lead : {size_t{0}, size_t{5}}) {  // the source's matrices at 256 k + lead
+        std::vector<std::vector<uint8_t>> W(E);
+        for (auto& w : W) w = random_weights(t, rows, cols, rng);
+        const size_t slot_bytes = (mb + 256 + 255) / 256 * 256, stride = (mb + 255) / 256 * 256 + 256;
+        PinnedBuffer src(be(), E * stride + lead, "expert source");
+        std::memset(src.get(), 0x5A, E * stride + lead);
+        for (int64_t e = 0; e < E; ++e) std::memcpy(src.get() + lead + e * stride, W[e].data(), mb);
+        std::vector<uint8_t> mem(5 * slot_bytes, 0xC3);  // pending slots: stale bytes
+        auto stale_weights = random_weights(t, rows, cols, rng);
+        for (int64_t e = 0; e < E; ++e) {
+          if (perm[e] < 0 || pending[perm[e]]) continue;
+          std::memcpy(&mem[perm[e] * slot_bytes + 256], W[e].data(), mb);
+          // the source of a resident expert differs from its slot: write-through must not read it
+          std::memcpy(src.get() + lead + e * stride, stale_weights.data(), mb);
+        }
+        const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
+        ASSERT_NE(view, nullptr) << "pinned memory has no device view";
+        Dev<uint8_t> dmem(be(), mem, "slots");
+        Dev<int32_t> dslots(be(), perm, "slot table"), dids(be(), ids, "ids"), dorder(be(), order, "order");
+        Dev<uint8_t> dpending(be(), pending, "pending");
+        ExpertTable tab;
+        tab.E = E;
+        const int m = 2;
+        tab.slots = dslots.p();
+        tab.arena = dmem.p();
+        tab.slot_bytes = slot_bytes;
+        tab.off[m] = 256;
+        tab.pending = dpending.p();
+        tab.src[m] = view + lead;
+        tab.src_stride[m] = stride;
+        const int64_t ldx = cols + 4, ldy = rows + 3;
+        const auto x = randf(rng, n * ldx, -2.f, 2.f);
+        Dev<float> dx(be(), x, "X"), Y(be(), n * ldy, "Y");
+        be().matmul_experts((uint32_t)t, tab, m, rows, cols, dids.p(), dorder.p(), n, dx.p(), ldx, Y.p(),
+                            ldy);
+        const auto y = Y.get();
+        const std::string what = str("matmul_experts write-through ", quant_traits(t).name, " ", cols,
+                                     " columns, source lead ", lead);
+        for (int64_t i = 0; i < n; ++i) {
+          Dev<uint8_t> dw(be(), W[ids[order[i]]], "W");
+          Dev<float> yi(be(), rows, "Y row");
+          be().matmul((uint32_t)t, dw.p(), rows, cols, dx.p() + i * ldx, ldx, 1, yi.p(), rows);
+          expect_same(std::vector<float>(y.begin() + i * ldy, y.begin() + i * ldy + rows), yi.get(),
+                      str(what, " row ", i));
+        }
+        expect_gaps_untouched(y, n, rows, ldy, what);
+        std::vector<uint8_t> want = mem;
+        for (int64_t e : {2, 3}) std::memcpy(&want[perm[e] * slot_bytes + 256], W[e].data(), mb);
+        expect_same(dmem.get(), want, what + ": the slots after");
+      }
+    }
+  }
+  be().set_phase(Phase::Any);
+}
+
 }  // namespace

@@ -197,18 +197,20 @@ class CpuBackend final : public Backend,
                       const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
                       float* Y, int64_t ldy) override {
     const QType q = quant_traits(type, "matmul_experts weight").type;
-    for_expert_runs(t, m, ids, order, n, [&](const uint8_t* W, int64_t i, int64_t k) {
-      strata::matmul(q, W, rows, cols, X + i * ldx, ldx, k, Y + i * ldy, ldy, pool_);
-    });
+    for_expert_runs(t, m, rows * row_bytes(q, cols), ids, order, n,
+                    [&](const uint8_t* W, int64_t i, int64_t k) {
+                      strata::matmul(q, W, rows, cols, X + i * ldx, ldx, k, Y + i * ldy, ldy, pool_);
+                    });
   }
   void matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                          const int32_t* ids, const int32_t* order, int64_t n, const uint8_t* Xq,
                          size_t xrow_bytes, float* Y, int64_t ldy) override {
     const QType q = quant_traits(type, "matmul_q8_experts weight").type;
-    for_expert_runs(t, m, ids, order, n, [&](const uint8_t* W, int64_t i, int64_t k) {
-      strata::matmul_q8(q, W, rows, cols, Xq + i * xrow_bytes, (int64_t)xrow_bytes, k, Y + i * ldy, ldy,
-                        pool_);
-    });
+    for_expert_runs(t, m, rows * row_bytes(q, cols), ids, order, n,
+                    [&](const uint8_t* W, int64_t i, int64_t k) {
+                      strata::matmul_q8(q, W, rows, cols, Xq + i * xrow_bytes, (int64_t)xrow_bytes, k,
+                                        Y + i * ldy, ldy, pool_);
+                    });
   }
 
   void resolve_experts(const ExpertResolve& r) override {
@@ -475,10 +477,11 @@ class CpuBackend final : public Backend,
 
  private:
   // fn(W, i, k) for each run of k consecutive rows i.. on one expert (rows sorted by expert: one run
-  // each), W its matrix m.
+  // each), W its matrix m (`bytes` long). A slot whose write-through is pending (ExpertTable::pending)
+  // first receives the matrix from the source.
   template <class Fn>
-  static void for_expert_runs(const ExpertTable& t, int m, const int32_t* ids, const int32_t* order,
-                              int64_t n, Fn fn) {
+  static void for_expert_runs(const ExpertTable& t, int m, size_t bytes, const int32_t* ids,
+                              const int32_t* order, int64_t n, Fn fn) {
     STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_experts: matrix ", m, " is not 0, 1 or 2");
     for (int64_t i = 0; i < n;) {
       const int32_t e = ids[order[i]];
@@ -488,6 +491,8 @@ class CpuBackend final : public Backend,
       while (j < n && ids[order[j]] == e) ++j;
       const uint8_t* W = expert_matrix(t, m, e);
       STRATA_CHECK(W != nullptr, Error, "internal error: matmul_experts: expert ", e, " is not resident");
+      if (t.pending && t.slots && t.pending[t.slots[e]])  // the slot is ours to write: see ExpertTable
+        std::memcpy(const_cast<uint8_t*>(W), t.src[m] + (size_t)e * t.src_stride[m], bytes);
       fn(W, i, j - i);
       i = j;
     }

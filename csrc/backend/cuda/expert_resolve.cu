@@ -7,6 +7,9 @@
 // the table, the slot's key and stamps, the counters and the job list. Every step ends in a barrier, so
 // the next expert sees it (global memory is coherent within a block across __syncthreads).
 //
+// With write_through a miss gets no job: its slot is marked pending and the layer's matmul_experts
+// read its bytes from the source and write them into the slot (matmul_gemv.cuh: write_through_row).
+//
 // fill_kernel: a few blocks copy each job's segments from host memory (device views of pinned or
 // registered pages) to the slot, each thread keeping 8 16-byte loads in flight: the device notes
 // measured ~50 GB/s from 8-16 such blocks on the H200's PCIe Gen5 link.
@@ -79,6 +82,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
     if (hit >= 0) {
       if (tid == 0 && !r.held[hit]) {  // a second mention in the call counts nothing
         r.held[hit] = 1;
+        if (r.pending) r.pending[hit] = 0;  // its write-through, if any, was earlier work
         if (!r.prefetch) {  // a prefetch leaves a resident expert as it is (held: no victim of this call)
           ++r.counters[0];
           stamp(hit);
@@ -128,9 +132,13 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
           ++r.counters[1];
         }
         r.counters[2] += r.layer_bytes;
-        r.jobs[1 + 2 * jobs] = bs;
-        r.jobs[2 + 2 * jobs] = e;
-        ++jobs;
+        const bool through = r.write_through && !r.prefetch;
+        if (r.pending) r.pending[bs] = through ? 1 : 0;
+        if (!through) {
+          r.jobs[1 + 2 * jobs] = bs;
+          r.jobs[2 + 2 * jobs] = e;
+          ++jobs;
+        }
         r.held[bs] = 1;
         stamp(bs);
       }
@@ -188,6 +196,8 @@ void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s, cudaStream_t
                             cudaEvent_t forked) {
   STRATA_CHECK(r.n >= 0 && r.n_slots >= 0 && r.E > 0, ConfigError, "resolve_experts: bad shape n=", r.n,
                " slots=", r.n_slots, " E=", r.E);
+  STRATA_CHECK(!r.write_through || (r.pending && !r.prefetch), Error,
+               "internal error: a write-through resolution without pending flags, or of a prefetch");
   if (r.n == 0) return;
   bool vec = aligned16(r.arena) && r.slot_bytes % 16 == 0;
   for (int m = 0; m < 3; ++m)
@@ -195,7 +205,8 @@ void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s, cudaStream_t
         vec && aligned16(r.src[m]) && r.src_stride[m] % 16 == 0 && r.bytes[m] % 16 == 0 && r.off[m] % 16 == 0;
   launch_kernel(resolve_kernel, 1, kResolveThreads, 0, s, r);
   STRATA_CUDA_LAUNCH_CHECK();
-  if (fill_stream != s) {  // the fill beside what follows on s (a prefetch): s's work so far first
+  if (r.write_through) return;  // no jobs: the layer's matmul_experts write the misses through
+  if (fill_stream != s) {       // the fill beside what follows on s (a prefetch): s's work so far first
     STRATA_CUDA_CHECK(cudaEventRecord(forked, s));
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(fill_stream, forked, 0));
   }

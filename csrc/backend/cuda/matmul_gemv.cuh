@@ -202,9 +202,10 @@ __device__ __forceinline__ void row_x(const float* x, int64_t cols, int64_t col,
 
 // F::decode of a whole unit; float weights 16-byte aligned as four 16-byte loads (F32::decode reads
 // 4 bytes at a time: 16 loads a unit, the router's GEMV was bound by their issue). The same values.
-template <class F>
+// kGlobal: p is global memory (false: shared, where the read-only loads do not go).
+template <class F, bool kGlobal = true>
 __device__ __forceinline__ void decode_unit(const uint8_t* p, int idx, float w[unit::kUnit]) {
-  if constexpr (F::kType == QType::F32) {
+  if constexpr (F::kType == QType::F32 && kGlobal) {
     if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
 #pragma unroll
       for (int q = 0; q < unit::kUnit / 4; ++q)
@@ -254,7 +255,7 @@ __device__ __forceinline__ void copy_warp(uint8_t* dst, const uint8_t* src, int 
 // (nullptr: decode from global memory); the batches whose 4 x 32 units are all whole go through it
 // when the row is aligned for its loads, the rest as before.
 // load_x(u, v): the 16 activations of unit u (zeros past the last column).
-template <class F, class LoadX>
+template <class F, bool kGlobal = true, class LoadX>
 __device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, int lane, LoadX&& load_x,
                                               uint8_t* st = nullptr) {
   float acc = 0.0f;
@@ -292,7 +293,7 @@ __device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, 
     float w[kRowBatch][unit::kUnit];
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i)
-      decode_unit<F>(unit_at(u + i * kWarp), unit_index(u + i * kWarp), w[i]);
+      decode_unit<F, kGlobal>(unit_at(u + i * kWarp), unit_index(u + i * kWarp), w[i]);
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
       float v[unit::kUnit];
@@ -311,10 +312,10 @@ __device__ __forceinline__ float row_dot_with(const uint8_t* row, int64_t cols, 
   return warp_sum(acc);
 }
 
-template <class F>
+template <class F, bool kGlobal = true>
 __device__ __forceinline__ float row_dot(const uint8_t* row, const float* x, int64_t cols, bool x_vec,
                                          int lane, uint8_t* st = nullptr) {
-  return row_dot_with<F>(
+  return row_dot_with<F, kGlobal>(
       row, cols, lane, [&](int64_t u, float* v) { row_x(x, cols, u * unit::kUnit, x_vec, v); }, st);
 }
 
@@ -364,6 +365,94 @@ __global__ void __launch_bounds__(kRowThreads)
     return;
   }
   const float s = row_dot<F>(W + r * g.rb, g.X + i * g.ldx, g.cols, x_vec, lane, warp_stage<F>(wst, stage));
+  if (lane == 0) g.Y[i * g.ldy + r] = s;
+}
+
+// ---- matmul_experts writing missed experts through (ExpertTable::pending) ----
+// A decode step resolved on the device leaves its misses' bytes in the source (page-locked host memory
+// the device reads); the warp of a row of such an expert reads the row from there once, with all its
+// 16-byte loads in flight, into its shared area and into the slot, then multiplies from the shared copy.
+// The link's transfer thus overlaps the products of the resident experts in the same launch, and the
+// miss costs no fill before the products. The float operations are row_dot's on the same bytes: the same
+// bits as the products of a filled slot.
+constexpr int kWtArea = static_cast<int>(kWriteThroughRowBytes) + 32;  // a row, its alignment head, a tail
+
+// The n bytes at src (inside the readable [lo, hi)) into the warp's area sh (16-byte aligned; the row at
+// sh + src % 16) and to dst; returns the row in sh.
+__device__ __forceinline__ const uint8_t* write_through_row(uint8_t* sh, uint8_t* dst, const uint8_t* src,
+                                                            size_t n, const uint8_t* lo, const uint8_t* hi,
+                                                            int lane) {
+  constexpr int kPer = (kWtArea / 16 + kWarp - 1) / kWarp;  // pieces a lane
+  const uintptr_t s0 = reinterpret_cast<uintptr_t>(src), first = s0 & ~uintptr_t{15};
+  const uintptr_t lo_a = reinterpret_cast<uintptr_t>(lo), hi_a = reinterpret_cast<uintptr_t>(hi);
+  const int pieces = static_cast<int>((s0 + n - first + 15) / 16);
+  uint4 v[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int idx = lane + k * kWarp;
+    if (idx >= pieces) continue;
+    const uintptr_t p = first + 16 * static_cast<uintptr_t>(idx);
+    if (p >= lo_a && p + 16 <= hi_a) {
+      v[k] = *reinterpret_cast<const uint4*>(p);
+    } else {  // the source's first or last piece: its bytes outside [lo, hi) are not read
+      __align__(16) uint8_t b[16];
+      for (int j = 0; j < 16; ++j)
+        b[j] = (p + j >= lo_a && p + j < hi_a) ? *reinterpret_cast<const uint8_t*>(p + j) : 0;
+      v[k] = *reinterpret_cast<const uint4*>(b);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k)
+    if (lane + k * kWarp < pieces) reinterpret_cast<uint4*>(sh)[lane + k * kWarp] = v[k];
+  __syncwarp();
+  const uint8_t* row = sh + (s0 - first);
+  const uintptr_t d0 = reinterpret_cast<uintptr_t>(dst);
+  if ((d0 - s0) % 16 == 0) {  // dst aligned as src: whole pieces as they came, the ends byte by byte
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int idx = lane + k * kWarp;
+      if (idx >= pieces) continue;
+      const uintptr_t p = first + 16 * static_cast<uintptr_t>(idx);
+      if (p >= s0 && p + 16 <= s0 + n) {
+        *reinterpret_cast<uint4*>(dst + (p - s0)) = v[k];
+      } else {
+        for (int j = 0; j < 16; ++j)
+          if (p + j >= s0 && p + j < s0 + n) dst[p + j - s0] = sh[16 * idx + j];
+      }
+    }
+  } else {
+    for (size_t b = lane; b < n; b += kWarp) dst[b] = row[b];
+  }
+  return row;
+}
+
+// gemv_row_experts_kernel for a table with pending slots: a row of a pending slot's matrix goes through
+// write_through_row first; the others as there (WStage, where on, in the same area).
+template <class F>
+__global__ void __launch_bounds__(kRowThreads)
+    gemv_row_experts_wt_kernel(ExpertsArgs g, bool x_vec, bool stage) {
+  static_assert(WStage<F>::kAlloc <= kWtArea, "the WStage area inside the write-through area");
+  __shared__ __align__(16) uint8_t area[kRowWarps * kWtArea];
+  grid_start();
+  const int64_t i = blockIdx.y, r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  if (r >= g.rows) return;
+  const int lane = threadIdx.x % kWarp;
+  uint8_t* sh = area + (threadIdx.x / kWarp) * kWtArea;
+  const int32_t e = g.ids[g.order[i]];
+  const uint8_t* W = expert_matrix_dev(g.t, g.m, e);
+  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
+    if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+    return;
+  }
+  float s;
+  if (g.t.pending[g.t.slots[e]]) {
+    const uint8_t* src = g.t.src[g.m] + static_cast<size_t>(e) * g.t.src_stride[g.m];
+    const uint8_t* row = write_through_row(sh, const_cast<uint8_t*>(W) + r * g.rb, src + r * g.rb, g.rb, src,
+                                           src + g.rows * g.rb, lane);
+    s = row_dot<F, false>(row, g.X + i * g.ldx, g.cols, x_vec, lane);
+  } else {
+    s = row_dot<F>(W + r * g.rb, g.X + i * g.ldx, g.cols, x_vec, lane, stage ? sh : nullptr);
+  }
   if (lane == 0) g.Y[i * g.ldy + r] = s;
 }
 
@@ -544,8 +633,16 @@ template <class F>
 void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace gemv;
   const dim3 grid(grid_x(ceil_div(g.rows, kRowWarps)), static_cast<unsigned>(g.n));
-  launch_kernel(gemv_row_experts_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx),
-                gemv_stage_on());
+  if (g.t.pending) {
+    STRATA_CHECK(g.t.slots && g.rb <= kWriteThroughRowBytes, Error,
+                 "internal error: matmul_experts writes through rows of ", g.rb, " bytes (at most ",
+                 kWriteThroughRowBytes, ", slots only)");
+    launch_kernel(gemv_row_experts_wt_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx),
+                  gemv_stage_on());
+  } else {
+    launch_kernel(gemv_row_experts_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx),
+                  gemv_stage_on());
+  }
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
