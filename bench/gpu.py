@@ -365,6 +365,10 @@ def main() -> None:
     ap.add_argument("--look-ahead", choices=("off", "on", "both"), default="on",
                     help="a prompt chunk's look ahead at the next layer's experts (bounded caches; strata's default; "
                          "off: STRATA_PROMPT_PREFETCH=0) for the prompt rows: on, off, or both side by side")
+    ap.add_argument("--write-through", choices=("off", "on", "both"), default="on",
+                    help="a decode step's misses written through by the expert products (bounded caches resolved on "
+                         "the device; strata's default; off: STRATA_WRITE_THROUGH=0, each layer's misses filled by "
+                         "the fill kernel first) for the decode rows: on, off, or both side by side")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.decode_only and a.prompt_only:
@@ -448,6 +452,14 @@ def main() -> None:
             chosen += [dataclasses.replace(c, label=f"{c.label}, no look ahead", decode_after=(), ncmoe=None,
                                            load={**c.load, "_look_ahead": False})
                        for c in chosen if c.prompts and c.load.get("expert_cache") != "all"]
+        # The write-through's switch (read at each layer when a step is recorded): its rows with it off, the
+        # bounded caches' decode.
+        wt_on = a.write_through != "off"
+        chosen = [dataclasses.replace(c, load={**c.load, "_write_through": wt_on}) for c in chosen]
+        if a.write_through == "both":
+            chosen += [dataclasses.replace(c, label=f"{c.label}, fill first", prompts=(), ncmoe=None,
+                                           load={**c.load, "_write_through": False})
+                       for c in chosen if c.decode_after and c.load.get("expert_cache") != "all"]
         for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())
@@ -457,6 +469,7 @@ def main() -> None:
             load = dict(cfg.load)
             os.environ["STRATA_CUDA_MMA_Q8"] = "1" if load.pop("_mma_q8", False) else "0"  # read at each launch
             os.environ["STRATA_PROMPT_PREFETCH"] = "1" if load.pop("_look_ahead", True) else "0"  # at each layer
+            os.environ["STRATA_WRITE_THROUGH"] = "1" if load.pop("_write_through", True) else "0"  # at each layer
             got = strata_config(path, dataclasses.replace(cfg, load=load), gen, hbm, link, a.device)
             llama = llama_binary() if cfg.ncmoe is not None else None
             theirs = llama_config(llama, path, cfg, gen, a.reps if s != "235b" else 1, log) if llama else {}
