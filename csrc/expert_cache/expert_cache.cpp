@@ -94,6 +94,10 @@ void ExpertCache::setup_device_resolution() {
       if (d.wt) {
         d.wt_src[i] = d.src[seg] + (moff[i] - d.off[seg]);
         d.wt_stride[i] = d.stride[seg];
+        // A row's bytes stay aligned as in the slot (arena and slots 256-byte aligned): a GPU decodes
+        // the row from a copy at the source's alignment modulo 16.
+        d.wt = ((uintptr_t)d.wt_src[i] - moff[i]) % 16 == 0 && d.wt_stride[i] % 16 == 0 &&
+               layout_.slot_bytes % 16 == 0;
       }
     }
     ds[l] = d;

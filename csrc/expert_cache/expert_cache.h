@@ -114,7 +114,7 @@ class ExpertCache {
                              bool write_through = false) const;
   // Whether a device resolution of layer can leave its misses to matmul_experts: every matrix of the
   // layer's experts is one run of source bytes at a fixed stride per expert, with rows no longer than
-  // kWriteThroughRowBytes.
+  // kWriteThroughRowBytes, lying at the same offsets modulo 16 as in a slot.
   bool write_through(int64_t layer) const { return !dev_src_.empty() && dev_src_[layer].wt; }
   // The same for a prefetch of those experts (ExpertResolve::prefetch).
   ExpertResolve prefetch_args(int64_t layer, const int32_t* ids, const int32_t* order, int64_t n) const;

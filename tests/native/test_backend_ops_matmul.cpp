@@ -541,9 +541,10 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
 // matmul_experts through a table with pending slots (ExpertTable::pending, a decode step's write-through):
 // a pending expert's matrix is read from the source, written into its slot byte for byte (nothing around
 // it touched), and multiplied with the bits of a filled slot; a slot not pending is read as it is (its
-// source deliberately differs, so reading it there would show). Rows of 16-byte multiples and not, the
-// source at offsets aligned as the slots and not; an expert named twice (a batch's rows) is written twice
-// with the same bytes.
+// source deliberately differs, so reading it there would show). Rows of 16-byte multiples and not (so rows
+// start anywhere modulo 16), the source's matrices at offsets aligned as the slots' modulo 16 (the cache's
+// condition for write-through), pieces that cross a matrix's ends read byte by byte; an expert
+// named twice (a batch's rows) is written twice with the same bytes.
 TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
   std::mt19937 rng(19);
   const int64_t E = 5, n = 6;
@@ -559,7 +560,7 @@ TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
       const int64_t rows = 21, cols = long_rows ? long_cols_of(t) : cols_of(t);
       const size_t rb = row_bytes(t, cols), mb = rows * rb;
       if (rb > kWriteThroughRowBytes) continue;
-      for (const size_t lead : {size_t{0}, size_t{5}}) {  // the source's matrices at 256 k + lead
+      for (const size_t lead : {size_t{0}, size_t{48}}) {  // the source's matrices at 256 k + lead
         std::vector<std::vector<uint8_t>> W(E);
         for (auto& w : W) w = random_weights(t, rows, cols, rng);
         const size_t slot_bytes = (mb + 256 + 255) / 256 * 256, stride = (mb + 255) / 256 * 256 + 256;

@@ -378,7 +378,8 @@ __global__ void __launch_bounds__(kRowThreads)
 constexpr int kWtArea = static_cast<int>(kWriteThroughRowBytes) + 32;  // a row, its alignment head, a tail
 
 // The n bytes at src (inside the readable [lo, hi)) into the warp's area sh (16-byte aligned; the row at
-// sh + src % 16) and to dst; returns the row in sh.
+// sh + src % 16, so its units lie as aligned as in the slot) and to dst, which is aligned as src modulo 16
+// (ExpertCache::write_through's condition); returns the row in sh.
 __device__ __forceinline__ const uint8_t* write_through_row(uint8_t* sh, uint8_t* dst, const uint8_t* src,
                                                             size_t n, const uint8_t* lo, const uint8_t* hi,
                                                             int lane) {
@@ -406,22 +407,17 @@ __device__ __forceinline__ const uint8_t* write_through_row(uint8_t* sh, uint8_t
     if (lane + k * kWarp < pieces) reinterpret_cast<uint4*>(sh)[lane + k * kWarp] = v[k];
   __syncwarp();
   const uint8_t* row = sh + (s0 - first);
-  const uintptr_t d0 = reinterpret_cast<uintptr_t>(dst);
-  if ((d0 - s0) % 16 == 0) {  // dst aligned as src: whole pieces as they came, the ends byte by byte
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int idx = lane + k * kWarp;
-      if (idx >= pieces) continue;
-      const uintptr_t p = first + 16 * static_cast<uintptr_t>(idx);
-      if (p >= s0 && p + 16 <= s0 + n) {
-        *reinterpret_cast<uint4*>(dst + (p - s0)) = v[k];
-      } else {
-        for (int j = 0; j < 16; ++j)
-          if (p + j >= s0 && p + j < s0 + n) dst[p + j - s0] = sh[16 * idx + j];
-      }
+  for (int k = 0; k < kPer; ++k) {  // whole pieces as they came, the row's ends byte by byte
+    const int idx = lane + k * kWarp;
+    if (idx >= pieces) continue;
+    const uintptr_t p = first + 16 * static_cast<uintptr_t>(idx);
+    if (p >= s0 && p + 16 <= s0 + n) {
+      *reinterpret_cast<uint4*>(dst + (p - s0)) = v[k];
+    } else {
+      for (int j = 0; j < 16; ++j)
+        if (p + j >= s0 && p + j < s0 + n) dst[p + j - s0] = sh[16 * idx + j];
     }
-  } else {
-    for (size_t b = lane; b < n; b += kWarp) dst[b] = row[b];
   }
   return row;
 }
@@ -634,9 +630,12 @@ void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
   using namespace gemv;
   const dim3 grid(grid_x(ceil_div(g.rows, kRowWarps)), static_cast<unsigned>(g.n));
   if (g.t.pending) {
-    STRATA_CHECK(g.t.slots && g.rb <= kWriteThroughRowBytes, Error,
-                 "internal error: matmul_experts writes through rows of ", g.rb, " bytes (at most ",
-                 kWriteThroughRowBytes, ", slots only)");
+    const uintptr_t src = reinterpret_cast<uintptr_t>(g.t.src[g.m]),
+                    dst = reinterpret_cast<uintptr_t>(g.t.arena) + g.t.off[g.m];
+    STRATA_CHECK(g.t.slots && g.rb <= kWriteThroughRowBytes && (src - dst) % 16 == 0 &&
+                     g.t.src_stride[g.m] % 16 == 0 && g.t.slot_bytes % 16 == 0,
+                 Error, "internal error: matmul_experts writes through rows of ", g.rb, " bytes (at most ",
+                 kWriteThroughRowBytes, ", slots only, the source aligned as the slots modulo 16)");
     launch_kernel(gemv_row_experts_wt_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx),
                   gemv_stage_on());
   } else {
