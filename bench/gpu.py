@@ -358,6 +358,9 @@ def main() -> None:
     ap.add_argument("--source-both", action="store_true", help="see --source")
     ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
                     help="decode with --prefetch (bounded caches): off, on, or both side by side")
+    ap.add_argument("--prefetch-budget", type=int, default=0, metavar="N",
+                    help="the prefetch rows fill at most N of each token's guesses a layer, the surest first "
+                         "(strata --prefetch N; 0: every guess)")
     ap.add_argument("--resolve-host", action="store_true",
                     help="also decode the bounded caches with --decode-resolve host (misses found on the host and "
                          "copied by the copy engine, op by op) beside strata's default (resolved on the device, "
@@ -428,8 +431,10 @@ def main() -> None:
             if a.prefetch != "on" or not bounded:
                 chosen.append(cfg)
             if a.prefetch != "off" and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
-                chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch", load={**cfg.load,
-                              "prefetch": True}, prompts=(), ncmoe=None if a.prefetch == "both" else cfg.ncmoe))
+                pf = a.prefetch_budget if a.prefetch_budget > 0 else True
+                chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch" + (
+                              f" {a.prefetch_budget}" if a.prefetch_budget > 0 else ""), load={**cfg.load,
+                              "prefetch": pf}, prompts=(), ncmoe=None if a.prefetch == "both" else cfg.ncmoe))
         if a.resolve_host:  # decode resolved on the host: its own rows, decode only, no llama.cpp again
             chosen += [dataclasses.replace(c, label=f"{c.label}, resolve host", prompts=(), ncmoe=None,
                                            load={**c.load, "decode_resolve": "host"})

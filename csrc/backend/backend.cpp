@@ -31,6 +31,8 @@ const uint8_t* expert_matrix(const ExpertTable& t, int m, int64_t e) {
 void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const void*, size_t)) {
   STRATA_CHECK(!r.write_through || (r.pending && !r.prefetch), Error,
                "internal error: a write-through resolution without pending flags, or of a prefetch");
+  STRATA_CHECK(r.max_fills >= 0 && (r.prefetch || (r.max_fills == 0 && !r.ranked)), Error,
+               "internal error: a fill budget or a ranked walk outside a prefetch");
   const int64_t base = r.layer * r.E;
   const bool scan = r.pass != nullptr;
   if (scan && !r.prefetch) {
@@ -57,8 +59,9 @@ void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const
   };
   int32_t& jobs = r.jobs[0];
   jobs = 0;
+  auto expert = [&](int64_t i) { return r.ids[r.ranked ? i : r.order[i]]; };
   for (int64_t i = 0; i < r.n; ++i) {
-    const int32_t e = r.ids[r.order[i]];
+    const int32_t e = expert(i);
     if (e < 0 || e >= r.E) {
       if (!r.prefetch) ++r.counters[4];
       continue;
@@ -77,6 +80,7 @@ void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const
         r.pref[s] = 0;
       }
     } else {
+      if (r.max_fills > 0 && jobs >= r.max_fills) continue;  // the prefetch's budget is spent
       s = victim();
       if (s < 0) {
         if (!r.prefetch) ++r.counters[4];
@@ -115,7 +119,7 @@ void resolve_experts_reference(const ExpertResolve& r, void (*copy)(void*, const
       if (r.bytes[m]) copy(dst + r.off[m], r.src[m] + e * r.src_stride[m], r.bytes[m]);
   }
   for (int64_t i = 0; i < r.n; ++i) {
-    const int32_t e = r.ids[r.order[i]];
+    const int32_t e = expert(i);
     if (e >= 0 && e < r.E && r.table[base + e] >= 0) r.held[r.table[base + e]] = 0;
   }
 }

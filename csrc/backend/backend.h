@@ -100,6 +100,11 @@ struct ExpertResolve {
   // landed in the earlier work) and for the slots it fills. pending may be null (no write-through).
   bool write_through = false;
   uint8_t* pending = nullptr;
+  // A prefetch's budget: at most max_fills misses filled (0: every one); with `ranked` the experts are
+  // walked as ids lists them (each token's top-K best first: the surest guesses fill first), not in
+  // order's ascending-id order.
+  int64_t max_fills = 0;
+  bool ranked = false;
   // The scan policy's state (null pass: LRU, the smallest tick goes): slot -> the pass and the layer of
   // its last use, and scan_now = {the pass now, the layer the last call resolved}. A call (not a
   // prefetch) for a layer no later than that one begins a pass. Victims go in scan_key's order.

@@ -35,7 +35,8 @@ enum class ExpertPath : uint8_t {
 struct StepPlan {
   bool decode = false;  // a token of each of 1..seqs generations (the backend's phase: its kernels per shape)
   ExpertPath experts = ExpertPath::PerExpert;
-  bool prefetch = false;  // Device path: each layer prefetches the next one's predicted experts
+  bool prefetch = false;     // Device path: each layer prefetches the next one's predicted experts
+  int64_t prefetch_max = 0;  // with prefetch: at most this many of each token's guesses filled (0: all)
 };
 
 struct ForwardContext {

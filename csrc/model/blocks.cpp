@@ -334,7 +334,12 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     // post-attention residual (what this layer's router read, under this layer's norm). The router's
     // buffers and yd are free now, until the next layer's router.
     route_next(be, b, *next, D, T, K, b.router, b.topk_ids, b.topk_w, b.expert_off, b.expert_rows);
-    be.resolve_experts(cache.prefetch_args(l + 1, b.topk_ids, b.expert_rows, n));
+    ExpertResolve pr = cache.prefetch_args(l + 1, b.topk_ids, b.expert_rows, n);
+    if (ctx.step->prefetch_max > 0) {  // a budget: each token's surest guesses first (router order)
+      pr.max_fills = std::min(n, ctx.step->prefetch_max * T);
+      pr.ranked = true;
+    }
+    be.resolve_experts(pr);
   }
 }
 

@@ -73,6 +73,9 @@ void check_config(const ModelConfig& c) {
   STRATA_CHECK(c.cache != CacheKind::Size || c.cache_bytes > 0, ConfigError,
                "--expert-cache must be positive: a size, all or auto");
   STRATA_CHECK(c.prefill >= 1, ConfigError, "--prefill must be at least 1 token, got ", c.prefill);
+  STRATA_CHECK(c.prefetch_max >= 0 && c.prefetch_max <= kMaxPrefetch && (c.prefetch || c.prefetch_max == 0),
+               ConfigError, "--prefetch N takes N from 1 to ", kMaxPrefetch,
+               " (the guesses a token fills a layer, the surest first), got ", c.prefetch_max);
   STRATA_CHECK(one_of(c.source, {"auto", "host", "mmap"}), ConfigError,
                "source (--source) must be host, mmap or auto, got '", c.source, "'");
   STRATA_CHECK(one_of(c.kv_type, {"auto", "f16", "f32"}), ConfigError,
@@ -386,7 +389,7 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   // gets its phase from it).
   const ExpertPath path = decode_path(1);
   const bool on_device = path == ExpertPath::Device;
-  set_step(StepPlan{true, path, cfg_.prefetch && on_device});
+  set_step(StepPlan{true, path, cfg_.prefetch && on_device, cfg_.prefetch_max});
   if (on_device)
     cache_->to_device();
   else
@@ -452,7 +455,7 @@ void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* 
   const int64_t T = decode_scratch_tokens(pf, s.K, B, has_source());
   const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), T, has_source());
   const ExpertPath path = decode_path(B);
-  set_step(StepPlan{true, path, cfg_.prefetch && path == ExpertPath::Device});
+  set_step(StepPlan{true, path, cfg_.prefetch && path == ExpertPath::Device, cfg_.prefetch_max});
   if (path == ExpertPath::Device)
     cache_->to_device();
   else

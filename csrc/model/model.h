@@ -47,6 +47,8 @@ struct ModelConfig {
                                         // host resolution only)
   bool prefetch = false;                // --prefetch on: each decode layer resolved on the device fills the
                                         // next layer's predicted experts beside its work (qwen3moe)
+  int64_t prefetch_max = 0;             // --prefetch N: at most N of each token's guesses a layer, the
+                                        // surest first (0: every guess that misses)
   Progress progress;                    // long loads report here
 
   bool all_resident() const { return cache == CacheKind::All; }
@@ -56,6 +58,8 @@ struct ModelConfig {
 
 // The largest --parallel (KV sequence regions) a load takes.
 constexpr int64_t kMaxSeqs = 1024;
+// The largest --prefetch N (guesses a token fills a layer).
+constexpr int64_t kMaxPrefetch = 1024;
 
 // ConfigError naming the first option out of range, by the flag a user gives it.
 void check_config(const ModelConfig& cfg);

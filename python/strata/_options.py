@@ -138,6 +138,27 @@ def _as_bool(value: object, name: str) -> bool:
     return value
 
 
+def parse_prefetch(value: str) -> bool | int:
+    """The CLI's --prefetch: on, off, or N >= 1 (strata.Model's prefetch True, False or N)."""
+    text = value.strip().lower()
+    if text in ("on", "off"):
+        return text == "on"
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ConfigError(f"--prefetch must be on, off or a number N >= 1 (at most N of each token's guessed experts "
+                      f"filled a layer, the surest first), got '{value}'")
+
+
+def _prefetch(value: object) -> tuple[bool, int]:
+    """(prefetch, prefetch_max) of strata.Model's prefetch: True, False, or N >= 1."""
+    if isinstance(value, bool):
+        return (value, 0)
+    if isinstance(value, int) and value >= 1:
+        return (True, value)
+    raise ConfigError(f"prefetch (--prefetch) must be True, False or a number N >= 1 (at most N of each token's "
+                      f"guessed experts filled a layer, the surest first), got {value!r}")
+
+
 def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object = LOAD_DEFAULTS["expert_cache"],
                 prefill: object = None, source: object = LOAD_DEFAULTS["source"], ctx: object = LOAD_DEFAULTS["ctx"],
                 threads: object = LOAD_DEFAULTS["threads"], kv_type: object = LOAD_DEFAULTS["kv_type"],
@@ -161,7 +182,7 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
     c.decode_graph = _as_bool(decode_graph, "decode_graph")
     c.decode_resolve = _as_str(decode_resolve, "decode_resolve", "auto, device or host")
     c.cache_policy = _as_str(cache_policy, "cache_policy (--cache-policy)", "lru, lfu or scan")
-    c.prefetch = _as_bool(prefetch, "prefetch (--prefetch)")
+    c.prefetch, c.prefetch_max = _prefetch(prefetch)
     if gr_unfused is not None and not isinstance(gr_unfused, bool):
         raise ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
     c.gr_unfused = gr_unfused_from_env(gr_unfused)

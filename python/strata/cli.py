@@ -23,7 +23,7 @@ import strata
 from strata import GENERATE_DEFAULTS as DEFAULTS
 from strata._llama_flags import Command
 from strata._options import LOAD_DEFAULTS as LOAD
-from strata._options import StrataWarning, log_level_error, parse_expert_cache, parse_prefill
+from strata._options import StrataWarning, log_level_error, parse_expert_cache, parse_prefetch, parse_prefill
 from strata.model import sampling_params, stop_stream
 
 GiB = 2**30
@@ -164,11 +164,11 @@ def _load_options(ctx_default: int | None = LOAD["ctx"], serving: bool = False) 
                      help="Where streamed experts live: host (a copy in RAM), mmap (read from the file), auto "
                           "(host when it fits in the free RAM)."),
         policy,
-        click.option("--prefetch", type=click.Choice(["on", "off"]), default="on" if LOAD["prefetch"] else "off",
-                     show_default=True,
+        click.option("--prefetch", default="on" if LOAD["prefetch"] else "off", show_default=True,
+                     metavar="on|off|N",
                      help="Decode on a GPU with a bounded cache: fill the experts the next layer's router predicts "
-                          "while this layer runs (qwen3moe, deepseek2, deepseek4; --cache-policy lru). Logits are "
-                          "the same."),
+                          "while this layer runs (qwen3moe, deepseek2, deepseek4; --cache-policy lru); N: at most "
+                          "N of each token's guesses a layer, the surest first. Logits are the same."),
         click.option("-t", "--threads", type=click.IntRange(min=0), default=LOAD["threads"], show_default=True,
                      help="CPU threads; 0: STRATA_THREADS, else every core."),
         click.option("-q", "--quiet", is_flag=True,
@@ -343,7 +343,7 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
     if prompt_file is not None:
         prompt = prompt_file.read()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy, prefetch=prefetch == "on",
+              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch),
               ctx=ctx, threads=threads)
     it = None
     try:
@@ -398,7 +398,7 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
     kw = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                    ctx if max_tokens is None else max_tokens)
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy, prefetch=prefetch == "on",
+              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch),
               ctx=ctx, threads=threads)
     session = ChatSession(m, system=system, stop=list(stop), stats=stats, print_stats=_print_stats,
                           ctx_full_note=_ctx_full_note, **kw)
@@ -447,7 +447,7 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
     conversation runs only its new tokens when its slot's region still holds the earlier ones. Ctrl-C or
     SIGTERM stops the server within a second; requests in flight get an error, not silence."""
     path = _model_path(model, model_opt)
-    cache_policy = _serve_policy(cache_policy, parallel, prefetch == "on")
+    cache_policy = _serve_policy(cache_policy, parallel, parse_prefetch(prefetch) is not False)
     try:
         from strata.serve import Server, is_loopback, listen
     except ImportError as e:
@@ -463,7 +463,7 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
                    "can use the model; give --api-key KEY (or STRATA_API_KEY)", err=True)
     try:
         m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill,
-                  source=source, cache_policy=cache_policy, prefetch=prefetch == "on", ctx=ctx, threads=threads,
+                  source=source, cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), ctx=ctx, threads=threads,
                   seqs=parallel)
     except BaseException:
         sock.close()
@@ -640,7 +640,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
         _check_out_file(json_out, "--json")
     t0 = time.monotonic()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy, prefetch=prefetch == "on",
+              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch),
               ctx=prompt_tokens + gen_tokens + 1, threads=threads)
     load_s = time.monotonic() - t0
     specials = sorted(m.tokenizer.special_ids)

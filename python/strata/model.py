@@ -155,8 +155,9 @@ class Model:
     part of the pass's experts instead of evicting each before its next use); with lfu a decode step
     resolves its experts on the host. The logits are the same under each; the hit rate is not.
     prefetch: while a decode layer resolved on the device runs, fill the experts that the next layer's
-    router picks from this layer's state (qwen3moe; needs cache_policy 'lru' and a source the device
-    reads). Wrong guesses cost link time only; the logits are the same on and off.
+    router picks from this layer's state (qwen3moe, deepseek2, deepseek4; needs cache_policy 'lru' and a
+    source the device reads); an int N fills at most N of each token's guesses a layer, the surest
+    first. Wrong guesses cost link time only; the logits are the same on and off.
     seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
     decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
     the sequence alone.
@@ -182,7 +183,7 @@ class Model:
         decode_resolve: str = _L["decode_resolve"],
         cache_policy: str = _L["cache_policy"],
         seqs: int = _L["seqs"],
-        prefetch: bool = _L["prefetch"],
+        prefetch: bool | int = _L["prefetch"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")

@@ -37,17 +37,20 @@ def _file(tmp_path, make_mix, arch: str) -> str:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_gpu_prefetch_changes_residency_not_results(tmp_path, make_mix, arch):
+@pytest.mark.parametrize("budget", [True, 2])  # every guess; at most two of each token's (--prefetch 2)
+def test_gpu_prefetch_changes_residency_not_results(tmp_path, make_mix, arch, budget):
     path = _file(tmp_path, make_mix, arch)
     prompt = [int(x) for x in np.random.default_rng(9).integers(1, 500, size=20)]
-    runs = {}
-    for on in (False, True):
+    runs = []
+    for pf in (False, budget):
         m = strata.Model(path, device="cuda", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX,
-                         decode_resolve="device", prefetch=on, progress=False)
+                         decode_resolve="device", prefetch=pf, progress=False)
         out = m.generate(prompt, max_tokens=24, temperature=0.0)
         assert m._m.decode_graph_active
-        runs[on] = (out.tokens, m.logits(prompt + out.tokens[:8], seq=0), m.cache)
-    (t0, l0, c0), (t1, l1, c1) = runs[False], runs[True]
+        runs.append((out.tokens, m.logits(prompt + out.tokens[:8], seq=0), m.cache))
+    (t0, l0, c0), (t1, l1, c1) = runs
+    if budget is not True:
+        assert c1["prefetch_fills"] <= budget * (24 - 1) * (strata.ModelInfo(path).spec["layers"] - 1)
     assert t0 == t1
     np.testing.assert_array_equal(l0.view(np.uint32), l1.view(np.uint32))
     assert c0["prefetch_fills"] == 0

@@ -63,7 +63,46 @@ def test_prefetch_flag_in_cli_help():
     from strata.cli import main
 
     r = CliRunner().invoke(main, ["generate", "--help"])
-    assert r.exit_code == 0 and "--prefetch [on|off]" in r.output
+    assert r.exit_code == 0 and "--prefetch on|off|N" in r.output
+
+
+def test_prefetch_budget_changes_residency_not_results(make_mix):
+    """--prefetch N fills at most N of each token's guesses a layer, the surest first: the same tokens and
+    logits as without prefetch, and no more fills than the budget allows (fewer than the unbounded
+    prefetch makes on the same run)."""
+    path = make_mix("q4_k")
+    prompt = [int(x) for x in np.random.default_rng(6).integers(1, 500, size=20)]
+    runs = []
+    for pf in (False, 1, True):  # off, a budget of one, every guess
+        m = strata.Model(path, device="cpu", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX,
+                         decode_resolve="device", prefetch=pf, progress=False)
+        out = m.generate(prompt, max_tokens=24, temperature=0.0)
+        runs.append((out.tokens, m.logits(prompt + out.tokens[:8], seq=0), m.cache))
+    (t0, l0, c0), (t1, l1, c1), (_, _, ca) = runs
+    layers = strata.ModelInfo(path).spec["layers"]
+    assert t0 == t1
+    np.testing.assert_array_equal(l0, l1)
+    assert c0["prefetch_fills"] == 0
+    steps = 24 - 1  # decode steps after the prompt's first token (each prefetches layers 1 .. L - 1)
+    assert 0 < c1["prefetch_fills"] <= steps * (layers - 1)
+    assert c1["prefetch_fills"] < ca["prefetch_fills"]
+    assert 0 < c1["prefetch_used"] <= c1["prefetch_fills"]
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "on", None])
+def test_prefetch_value_checked(make_mix, bad):
+    with pytest.raises(strata.ConfigError, match="prefetch"):
+        strata.Model(make_mix("q4_k"), device="cpu", expert_cache=64, prefetch=bad, progress=False)
+
+
+def test_prefetch_cli_value_checked(make_mix):
+    from click.testing import CliRunner
+
+    from strata.cli import main
+
+    r = CliRunner().invoke(main, ["generate", make_mix("q4_k"), "-p", "hi", "--prefetch", "some"])
+    assert r.exit_code != 0 and "--prefetch must be on, off or a number N >= 1" in r.output
+    assert "Traceback" not in r.output
 
 
 def test_prefetch_refused_where_the_next_layer_is_not_predicted(tmp_path):

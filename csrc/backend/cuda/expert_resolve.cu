@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
   };
   for (int64_t i = 0; i < r.n; ++i) {
     __syncthreads();  // the previous expert's updates are visible to every thread
-    const int32_t e = r.ids[r.order[i]];
+    const int32_t e = r.ids[r.ranked ? i : r.order[i]];
     if (e < 0 || e >= r.E) {
       if (tid == 0 && !r.prefetch) ++r.counters[4];
       continue;
@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
       }
       continue;
     }
+    if (r.max_fills > 0 && jobs >= r.max_fills) continue;  // the prefetch's budget is spent
     ScanKey bv{};
     int32_t bs = -1;
     for (int32_t s = tid; s < r.n_slots; s += kResolveThreads) {
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
   __syncthreads();
   if (tid == 0) r.jobs[0] = jobs;
   for (int64_t i = tid; i < r.n; i += kResolveThreads) {
-    const int32_t e = r.ids[r.order[i]];
+    const int32_t e = r.ids[r.ranked ? i : r.order[i]];
     if (e >= 0 && e < r.E) {
       const int32_t s = r.table[base + e];
       if (s >= 0) r.held[s] = 0;
@@ -198,6 +199,8 @@ void launch_resolve_experts(const ExpertResolve& r, cudaStream_t s, cudaStream_t
                " slots=", r.n_slots, " E=", r.E);
   STRATA_CHECK(!r.write_through || (r.pending && !r.prefetch), Error,
                "internal error: a write-through resolution without pending flags, or of a prefetch");
+  STRATA_CHECK(r.max_fills >= 0 && (r.prefetch || (r.max_fills == 0 && !r.ranked)), Error,
+               "internal error: a fill budget or a ranked walk outside a prefetch");
   if (r.n == 0) return;
   bool vec = aligned16(r.arena) && r.slot_bytes % 16 == 0;
   for (int m = 0; m < 3; ++m)
