@@ -446,6 +446,23 @@ TEST_P(MatmulOp, MatmulRowsIndependentOfTokenCount) {
   be().set_phase(Phase::Any);
 }
 
+// matmul_experts' output y (rows of ldy) against the decode matmul of each row i on its expert's matrix
+// W[ids[order[i]]], bit for bit, and the gaps between rows untouched.
+void expect_rows_of_matmul(Backend& be, QType t, const std::vector<std::vector<uint8_t>>& W,
+                           const std::vector<int32_t>& ids, const std::vector<int32_t>& order, int64_t rows,
+                           int64_t cols, const float* dx, int64_t ldx, const std::vector<float>& y,
+                           int64_t ldy, const std::string& what) {
+  const int64_t n = (int64_t)order.size();
+  for (int64_t i = 0; i < n; ++i) {
+    Dev<uint8_t> dw(be, W[ids[order[i]]], "W");
+    Dev<float> yi(be, rows, "Y row");
+    be.matmul((uint32_t)t, dw.p(), rows, cols, dx + i * ldx, ldx, 1, yi.p(), rows);
+    expect_same(std::vector<float>(y.begin() + i * ldy, y.begin() + i * ldy + rows), yi.get(),
+                str(what, " row ", i));
+  }
+  expect_gaps_untouched(y, n, rows, ldy, what);
+}
+
 // matmul_experts (and its q8_0 twin) find each row's expert through the table, resident at a stride
 // or in permuted cache slots, and give per row the bits of the decode matmul on that expert's matrix.
 TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
@@ -493,14 +510,7 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
       const auto y = Y.get();
       const std::string what =
           str("matmul_experts ", quant_traits(t).name, slotted ? " slotted" : " resident");
-      for (int64_t i = 0; i < n; ++i) {
-        Dev<uint8_t> dw(be(), W[ids[order[i]]], "W");
-        Dev<float> yi(be(), rows, "Y row");
-        be().matmul((uint32_t)t, dw.p(), rows, cols, dx.p() + i * ldx, ldx, 1, yi.p(), rows);
-        expect_same(std::vector<float>(y.begin() + i * ldy, y.begin() + i * ldy + rows), yi.get(),
-                    str(what, " row ", i));
-      }
-      expect_gaps_untouched(y, n, rows, ldy, what);
+      expect_rows_of_matmul(be(), t, W, ids, order, rows, cols, dx.p(), ldx, y, ldy, what);
       if (uses_matmul_q8((uint32_t)t)) {
         const size_t xrb = cols / 32 * 34 + 2;
         std::vector<uint8_t> xq(n * xrb, kPoison);
@@ -598,14 +608,7 @@ TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
         const auto y = Y.get();
         const std::string what = str("matmul_experts write-through ", quant_traits(t).name, " ", cols,
                                      " columns, source lead ", lead);
-        for (int64_t i = 0; i < n; ++i) {
-          Dev<uint8_t> dw(be(), W[ids[order[i]]], "W");
-          Dev<float> yi(be(), rows, "Y row");
-          be().matmul((uint32_t)t, dw.p(), rows, cols, dx.p() + i * ldx, ldx, 1, yi.p(), rows);
-          expect_same(std::vector<float>(y.begin() + i * ldy, y.begin() + i * ldy + rows), yi.get(),
-                      str(what, " row ", i));
-        }
-        expect_gaps_untouched(y, n, rows, ldy, what);
+        expect_rows_of_matmul(be(), t, W, ids, order, rows, cols, dx.p(), ldx, y, ldy, what);
         std::vector<uint8_t> want = mem;
         for (int64_t e : {2, 3}) std::memcpy(&want[perm[e] * slot_bytes + 256], W[e].data(), mb);
         expect_same(dmem.get(), want, what + ": the slots after");
