@@ -96,6 +96,19 @@ bool gemv_stage_on() {
   return on;
 }
 
+int gemv_rows_per_warp() {
+  static const int n = [] {
+    const char* e = std::getenv("STRATA_CUDA_GEMV_ROWS");
+    if (!e || !*e) return 1;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    STRATA_CHECK(end && *end == 0 && v >= 1 && v <= 8, ConfigError, "STRATA_CUDA_GEMV_ROWS=", e,
+                 " is not a number of rows from 1 to 8");
+    return static_cast<int>(v);
+  }();
+  return n;
+}
+
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
