@@ -458,11 +458,12 @@ def main() -> None:
                                            load={**c.load, "_look_ahead": False})
                        for c in chosen if c.prompts and c.load.get("expert_cache") != "all"]
         # The write-through's switch (read at each layer when a step is recorded): its rows with it off, the
-        # bounded caches' decode.
+        # bounded caches' decode, after the same prompts as the rows with it on (which leave the cache as the
+        # decode finds it: without them the two decodes start from different residency).
         wt_on = a.write_through != "off"
         chosen = [dataclasses.replace(c, load={**c.load, "_write_through": wt_on}) for c in chosen]
         if a.write_through == "both":
-            chosen += [dataclasses.replace(c, label=f"{c.label}, fill first", prompts=(), ncmoe=None,
+            chosen += [dataclasses.replace(c, label=f"{c.label}, fill first", ncmoe=None,
                                            load={**c.load, "_write_through": False})
                        for c in chosen if c.decode_after and c.load.get("expert_cache") != "all"]
         for cfg in chosen:
