@@ -6,6 +6,9 @@
 // over thousands of values (the norms' squares, softmax denominators of attention) are block sums in a
 // fixed tree, within the op harness's bounds.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ds4.cuh"
@@ -501,22 +504,37 @@ __device__ __forceinline__ int64_t sink_keys(const float** keys, int64_t t, int6
   return nk;
 }
 
-// Block (t, head group): kSinkHeads heads of token t. The keys a token sees are the same for all its heads,
-// so a block reads them once for its heads (from L2, where a block a head read them 64 times over). Its
+// Block (t, head group): HB heads of token t. The keys a token sees are the same for all its heads,
+// so a block reads them once for its heads (from L2, where a block a head read them 64 times over). Each
+// head's operations do not depend on HB (which heads share a block), so neither do the bits: a decode
+// step's few tokens may take fewer heads a block, more blocks (sink_heads). Its
 // keys' pointers, the heads' queries and their logits sit in dynamic shared memory (launch_attention_sink
 // sizes it). A group of eight lanes forms a key's logits for the block's heads, each the CPU's dot8 (lane j
 // adds elements j, j + 8, .. in order, xor shuffles 4, 2, 1, the tail), the key's elements loaded into
 // registers kSinkMaxPer at a time (one memory round trip a key up to 512 dims); each head's denominator adds
 // in key order, as the CPU does; each key's weight is divided once, then a thread's two columns sum the keys
 // in order, sixteen keys' rows at a time.
-constexpr int kSinkHeads = 4, kSinkMaxPer = 64;  // heads a block; elements a lane holds of a key at once
+constexpr int kSinkHeads = 4, kSinkMaxPer = 64;  // the most heads a block; elements a lane holds of a key
 
+// Heads a block of attention_sink takes: STRATA_CUDA_SINK_HEADS (1, 2 or 4; default 4), for the A/B of
+// a decode step (T = 1: 64 heads are 16 blocks at 4, 64 at 1). The same bits either way.
+int sink_heads() {
+  static const int n = [] {
+    const char* e = std::getenv("STRATA_CUDA_SINK_HEADS");
+    if (!e || !*e) return kSinkHeads;
+    STRATA_CHECK(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0 || std::strcmp(e, "4") == 0,
+                 ConfigError, "STRATA_CUDA_SINK_HEADS=", e, " is not 1, 2 or 4");
+    return e[0] - '0';
+  }();
+  return n;
+}
+
+template <int HB>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_sink_kernel(const float* q, const float* kv, const float* win, int64_t window,
                           const float* comp, int64_t ratio, const int32_t* sel, int64_t topk,
                           const float* sinks, int64_t pos0, const int32_t* pos_dev, int64_t H, int64_t hd,
                           float scale, float* out) {
-  constexpr int HB = kSinkHeads;
   grid_start();
   extern __shared__ __align__(16) unsigned char ds4_smem[];
   __shared__ float red[kWarp], ms[HB], dens[HB];
@@ -924,11 +942,20 @@ void launch_attention_sink(const float* q, const float* kv, const float* win, in
   const int64_t end = ps.dev ? std::max<int64_t>(pos0 + T, ps.max_pos) : pos0 + T;
   const int64_t n_comp = ratio > 0 ? (sel ? topk : end / ratio) : 0;
   const int64_t nk = std::min(window, end) + n_comp;
-  const size_t smem =
-      static_cast<size_t>(nk) * (sizeof(const float*) + kSinkHeads * sizeof(float)) + kSinkHeads * hd * 4;
-  allow_smem<attention_sink_kernel>(smem, "attention_sink");
-  launch_kernel(attention_sink_kernel, grid_x(T * ceil_div(H, kSinkHeads)), kAttnThreads, smem, s, q, kv, win,
-                window, comp, ratio, sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
+  const int hb = sink_heads();
+  const size_t smem = static_cast<size_t>(nk) * (sizeof(const float*) + hb * sizeof(float)) + hb * hd * 4;
+  auto go = [&](auto heads) {
+    constexpr int HB = decltype(heads)::value;
+    allow_smem<attention_sink_kernel<HB>>(smem, "attention_sink");
+    launch_kernel(attention_sink_kernel<HB>, grid_x(T * ceil_div(H, HB)), kAttnThreads, smem, s, q, kv, win,
+                  window, comp, ratio, sel, topk, sinks, pos0, ps.dev, H, hd, scale, out);
+  };
+  if (hb == 1)
+    go(std::integral_constant<int, 1>{});
+  else if (hb == 2)
+    go(std::integral_constant<int, 2>{});
+  else
+    go(std::integral_constant<int, kSinkHeads>{});
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
