@@ -12,8 +12,9 @@
 // chunk's start and the chunk's earlier rows, so it is the same float operations however the prompt is
 // split into passes (and a decode step's equal a prompt's). The recurrent state lives in the KV cache
 // (ModelSpec::kv_layers; one copy a KV sequence region, tracked per region): the conv rows and the
-// chunk-start state twice (the committed copy and the one a pass writes, committed when the pass completes,
-// so a one-token pass stopped between layers leaves the state of its pos0), and the current chunk's rows. A
+// chunk-start state twice, which copy decided by position alone (the conv rows after position q in copy
+// q % 2, the state at the start of chunk c in copy c % 2: a one-token pass writes only the copies of its
+// end, so one stopped between layers leaves the state of its pos0), and the current chunk's rows. A
 // pass continues the state (pos0 = the tokens it holds) or starts over (pos0 = 0); a state cannot be cut back
 // to an earlier position, so a prompt that shares only part of the cached tokens runs from position 0
 // (Generator::begin), and any other pos0 is an error, never a silently wrong result.
@@ -301,15 +302,13 @@ class Qwen35MoeForward final : public RowsForwardPass {
     run_pieces(b, ids, T, pos0, pieces, logits, all_logits, rows);
   }
 
-  // Each step picks its region's state copies on the host (parity, sel): a recorded step would replay
-  // the copies of the step it recorded.
+  // Each step's state copies follow from its position (state_copies), but the ops take the position from
+  // the host: a recorded step would replay the copies and chunk slots of the step it recorded.
   bool graphable() const override { return false; }
 
  private:
   // The committed recurrent state of one KV region (each sequence region has its own copies).
   struct RegionState {
-    int parity = 0;    // which copy of the conv rows is committed
-    int sel = 0;       // which copy of the delta rule's chunk state is committed
     int64_t pos = -1;  // tokens the committed state holds (-1: none)
   };
   // The rows [row0, row0 + n) of a pass: positions pos0.. of KV region seq. A chunk is one piece; a
@@ -358,12 +357,8 @@ class Qwen35MoeForward final : public RowsForwardPass {
       moe_block(ctx_, b, l, T, ly.ffn_norm);
       ops_.add_sigmoid_scaled(b.proj, b[scratch_.sh_out], b[scratch_.sh_s], T, D);
     }
-    // Every layer ran: the written copies of each region's state become the committed ones.
-    for (const Piece& p : pieces) {
-      p.st->parity ^= 1;
-      if (((p.pos0 + p.n) / kDeltaChunk - p.pos0 / kDeltaChunk) % 2) p.st->sel ^= 1;
-      p.st->pos = p.pos0 + p.n;
-    }
+    // Every layer ran: the copies the pass wrote (those of its end position: state_copies) are committed.
+    for (const Piece& p : pieces) p.st->pos = p.pos0 + p.n;
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits, rows);
@@ -427,18 +422,23 @@ class Qwen35MoeForward final : public RowsForwardPass {
     const int64_t C = d.conv_dim, Vd = d.Hv * d.dv;
     for (const Piece& p : pieces) {
       const bool fresh = p.pos0 == 0;
-      const RegionState& st = *p.st;
-      const char* in = st.parity ? "1" : "0";
-      const char* out = st.parity ? "0" : "1";
-      const int64_t r = p.row0;
-      const float* conv_in = fresh ? nullptr : kv.tensor(l, str("conv.", in), p.seq);
-      ops_.conv1d_silu(qkv + r * C, p.n, C, d.Kc, w.conv, conv_in, kv.tensor(l, str("conv.", out), p.seq),
+      const int64_t r = p.row0, end = p.pos0 + p.n;
+      // The state copies follow from positions: the conv rows after position q in copy q % 2, the delta
+      // rule's state at the start of chunk c in copy c % 2. A pass reads its start's copies and leaves its
+      // end's; a one-token pass writes only the other copies, so until it completes the committed state
+      // is whole (a longer one has none meanwhile: begin_piece).
+      auto conv_copy = [&](int64_t q) { return kv.tensor(l, q % 2 ? "conv.1" : "conv.0", p.seq); };
+      float* conv_out = conv_copy(fresh ? end : p.pos0 + 1);
+      ops_.conv1d_silu(qkv + r * C, p.n, C, d.Kc, w.conv, fresh ? nullptr : conv_copy(p.pos0), conv_out,
                        conv + r * C);
-      ops_.gated_delta_chunked(conv + r * C, al + r * d.Hv, bt + r * d.Hv, p.n, p.pos0, kDeltaChunk, d.Hk,
-                               d.Hv, d.dk, d.dv, w.a_decay, w.dt_b, fresh,
-                               kv.tensor(l, str("state.", st.sel), p.seq),
-                               kv.tensor(l, str("state.", 1 - st.sel), p.seq), kv.tensor(l, "chunk.k", p.seq),
-                               kv.tensor(l, "chunk.d", p.seq), kv.tensor(l, "chunk.g", p.seq), dn + r * Vd);
+      if (!fresh && p.n % 2 == 0 && d.Kc > 1)  // the end's copy is the start's: it takes the rows after
+        ctx_.be.copy(conv_copy(end), conv_out, (size_t)(d.Kc - 1) * C * sizeof(float));
+      const bool odd_chunk = p.pos0 / kDeltaChunk % 2;
+      ops_.gated_delta_chunked(
+          conv + r * C, al + r * d.Hv, bt + r * d.Hv, p.n, p.pos0, kDeltaChunk, d.Hk, d.Hv, d.dk, d.dv,
+          w.a_decay, w.dt_b, fresh, kv.tensor(l, odd_chunk ? "state.1" : "state.0", p.seq),
+          kv.tensor(l, odd_chunk ? "state.0" : "state.1", p.seq), kv.tensor(l, "chunk.k", p.seq),
+          kv.tensor(l, "chunk.d", p.seq), kv.tensor(l, "chunk.g", p.seq), dn + r * Vd);
     }
     ops_.gated_rms_norm(dn, z, w.ssm_norm, T * d.Hv, d.dv, s.rms_eps);
     matmul(w.ssm_out, dn, T, b.proj);
