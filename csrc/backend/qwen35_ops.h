@@ -44,6 +44,17 @@ class Qwen35Ops {
                                    int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
                                    const float* dt_bias, bool fresh, float* s_cur, float* s_other,
                                    float* rows_k, float* rows_d, float* rows_g, float* out) = 0;
+  // One token at position p = pos0 plus the backend's position source (Backend::set_position_source; the
+  // CPU has none), its state copies chosen by p as qwen35moe keeps them: conv1d_silu of the token with
+  // state_in conv[p % 2] (none at p = 0) and state_out conv[(p + 1) % 2]; gated_delta_chunked of the token
+  // at p with s_cur state[(p / C) % 2] (zeros first at p = 0) and s_other the other. A recorded decode step
+  // replays them at each step's position.
+  virtual void conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w, float* conv0,
+                              float* conv1, int64_t pos0, float* y) = 0;
+  virtual void gated_delta_at(const float* qkv, const float* a, const float* b, int64_t pos0, int64_t C,
+                              int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
+                              const float* dt_bias, float* state0, float* state1, float* rows_k,
+                              float* rows_d, float* rows_g, float* out) = 0;
   // In place over `rows` rows of n: x = x / sqrt(mean(x^2) + eps) * w * silu(z) (z: rows x n).
   virtual void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n,
                               float eps) = 0;

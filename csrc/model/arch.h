@@ -108,6 +108,13 @@ class ForwardPass {
   // Whether a decode step may be recorded as a graph and replayed: every buffer it touches is the same
   // each step (false: the pass picks buffers on the host per step, as qwen35moe's recurrent state copies).
   virtual bool graphable() const { return true; }
+  // Whether a batched decode step of several sequences may be recorded too (Model::decode_batch).
+  virtual bool graphable_batch() const { return graphable(); }
+  // Around each replay of a recorded one-token step of KV region seq at position pos (no pass runs on the
+  // host then): an architecture with host state of its own checks the step against it first, and
+  // advances it after.
+  virtual void before_replay(int64_t /*seq*/, int64_t /*pos*/) {}
+  virtual void after_replay(int64_t /*seq*/, int64_t /*pos*/) {}
   // B rows (rows: their positions and KV regions; one token of each of B sequences, or the tokens of
   // several prompts, each prompt's rows in order at consecutive positions) through every layer on the
   // scratch `b` (carved for T = B); the logits of the rows rows.pick names (every row's when null) into

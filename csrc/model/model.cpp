@@ -423,7 +423,9 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   auto* io = reinterpret_cast<int32_t*>(step_io_.get());
   io[0] = id;
   io[1] = (int32_t)pos;
+  forward_->before_replay(kv_->selected(), pos);
   replay(graph, 1);
+  forward_->after_replay(kv_->selected(), pos);
   if (logits) std::memcpy(logits, step_logits_.get(), (size_t)plan_.spec.V * sizeof(float));
 }
 
@@ -462,7 +464,7 @@ void Model::decode_batch(const int32_t* ids, const int64_t* pos, const int32_t* 
     cache_->to_host();
   // As decode's: a graph reads nothing the host decides per step but the rows' ids and positions.
   const bool graphable = (path == ExpertPath::Resident || path == ExpertPath::Device) &&
-                         forward_->graphable() && cfg_.decode_graph && be_->supports_graphs() &&
+                         forward_->graphable_batch() && cfg_.decode_graph && be_->supports_graphs() &&
                          !graph_failed_;
   // The rows in ascending region order (each row's logits do not depend on the batch, so the order
   // is free): one recording serves a set of regions whatever order its callers name them in.

@@ -289,7 +289,15 @@ class Qwen35MoeForward final : public RowsForwardPass {
   void run(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0, const SeqRows* rows,
            float* logits, bool all_logits) override {
     std::vector<Piece> pieces;
-    if (!rows) {
+    if (ctx_.be.position_source()) {
+      // A decode step being recorded (Model::record_decode): one token at the device's position, which the
+      // ops add to pos0 0; the host's state moves around each replay (before_replay, after_replay).
+      STRATA_CHECK(
+          !rows && T == 1 && pos0 == 0, Error,
+          "internal error: a qwen35moe pass recorded with a position source is one token of one sequence");
+      const int64_t seq = ctx_.kv.selected();
+      pieces.push_back(Piece{seq, 0, 0, 1, &regions_.at((size_t)seq), true});
+    } else if (!rows) {
       pieces.push_back(begin_piece(ctx_.kv.selected(), pos0, 0, T));
     } else {
       for (const RowRun& r : row_runs(*rows, T)) {
@@ -302,9 +310,18 @@ class Qwen35MoeForward final : public RowsForwardPass {
     run_pieces(b, ids, T, pos0, pieces, logits, all_logits, rows);
   }
 
-  // Each step's state copies follow from its position (state_copies), but the ops take the position from
-  // the host: a recorded step would replay the copies and chunk slots of the step it recorded.
-  bool graphable() const override { return false; }
+  // A one-token step's state copies and chunk slot follow from its position alone (delta_net), which its ops
+  // read from the device while it is recorded: one graph serves every step of a sequence. A batched step
+  // of several sequences runs op by op (each piece would need its own position source).
+  bool graphable() const override { return true; }
+  bool graphable_batch() const override { return false; }
+  void before_replay(int64_t seq, int64_t pos) override {
+    const RegionState& st = regions_.at((size_t)seq);
+    STRATA_CHECK(pos >= 1 && pos == st.pos, Error, "qwen35moe: a recorded decode step at position ", pos,
+                 " of KV region ", seq, " but its recurrent state holds ",
+                 st.pos < 0 ? std::string("none (a pass did not complete)") : str(st.pos, " tokens"));
+  }
+  void after_replay(int64_t seq, int64_t pos) override { regions_.at((size_t)seq).pos = pos + 1; }
 
  private:
   // The committed recurrent state of one KV region (each sequence region has its own copies).
@@ -316,6 +333,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
   struct Piece {
     int64_t seq, pos0, row0, n;
     RegionState* st;
+    bool recorded = false;  // a recorded step: its position on the device, its state left to the replays
   };
 
   // The piece's recurrent state continues from its region's committed copy, or starts from zeros at
@@ -327,7 +345,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
         " but its recurrent state holds ",
         st.pos < 0 ? std::string("none (a pass did not complete)") : str(st.pos, " tokens"),
         "; a recurrent state cannot be cut back to an earlier position: run the tokens from position 0");
-    return Piece{seq, pos0, row0, n, &st};
+    return Piece{seq, pos0, row0, n, &st, false};
   }
 
   void run_pieces(const PrefillBuffers& b, const int32_t* ids, int64_t T, int64_t pos0,
@@ -339,7 +357,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
     // the other copies and its own position's rows); a longer one may overwrite the chunk rows the
     // committed state needs, so until it completes there is none.
     for (const Piece& p : pieces)
-      if (p.pos0 == 0 || p.n > 1) p.st->pos = -1;
+      if (!p.recorded && (p.pos0 == 0 || p.n > 1)) p.st->pos = -1;
     be.upload(b.topk_ids, ids, (size_t)T * sizeof(int32_t));
     be.embed(s.token_embd.type(), head_.token_embd.get(), D, b.topk_ids, T, b.R);
     for (int64_t l = 0; l < s.L; ++l) {
@@ -358,7 +376,8 @@ class Qwen35MoeForward final : public RowsForwardPass {
       ops_.add_sigmoid_scaled(b.proj, b[scratch_.sh_out], b[scratch_.sh_s], T, D);
     }
     // Every layer ran: the copies the pass wrote (those of its end position: state_copies) are committed.
-    for (const Piece& p : pieces) p.st->pos = p.pos0 + p.n;
+    for (const Piece& p : pieces)
+      if (!p.recorded) p.st->pos = p.pos0 + p.n;
     between_layers(ctx_, s.L, T, pos0);
     if (!logits) return;
     final_logits(be, b, head_, T, D, s.rms_eps, all_logits, logits, rows);
@@ -421,8 +440,17 @@ class Qwen35MoeForward final : public RowsForwardPass {
     const KVCache& kv = ctx_.kv;
     const int64_t C = d.conv_dim, Vd = d.Hv * d.dv;
     for (const Piece& p : pieces) {
-      const bool fresh = p.pos0 == 0;
       const int64_t r = p.row0, end = p.pos0 + p.n;
+      if (p.n == 1) {  // the ops choose the copies by the position (the device's too, in a recorded step)
+        ops_.conv1d_silu_at(qkv + r * C, C, d.Kc, w.conv, kv.tensor(l, "conv.0", p.seq),
+                            kv.tensor(l, "conv.1", p.seq), p.pos0, conv + r * C);
+        ops_.gated_delta_at(conv + r * C, al + r * d.Hv, bt + r * d.Hv, p.pos0, kDeltaChunk, d.Hk, d.Hv, d.dk,
+                            d.dv, w.a_decay, w.dt_b, kv.tensor(l, "state.0", p.seq),
+                            kv.tensor(l, "state.1", p.seq), kv.tensor(l, "chunk.k", p.seq),
+                            kv.tensor(l, "chunk.d", p.seq), kv.tensor(l, "chunk.g", p.seq), dn + r * Vd);
+        continue;
+      }
+      const bool fresh = p.pos0 == 0;
       // The state copies follow from positions: the conv rows after position q in copy q % 2, the delta
       // rule's state at the start of chunk c in copy c % 2. A pass reads its start's copies and leaves its
       // end's; a one-token pass writes only the other copies, so until it completes the committed state

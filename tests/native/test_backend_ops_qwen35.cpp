@@ -143,6 +143,60 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
   }
 }
 
+// The one-token forms that pick the state copies by position (a decode step, recorded or not): token by
+// token from position 0, conv1d_silu_at and gated_delta_at give bit for bit what conv1d_silu and
+// gated_delta_chunked give with the copies a host would pick (conv rows after q in copy q % 2, chunk c's
+// state in copy c % 2); with a position source (a recorded step: pos0 0, the position on the device) the
+// same again.
+TEST_P(Q35Op, OneTokenFormsPickCopiesByPosition) {
+  std::mt19937 rng(71);
+  const int64_t N = 21, C = 8, Cc = 37, Kc = 4, S = Kc - 1;
+  const int64_t Hk = DeltaChunks::Hk, Hv = DeltaChunks::Hv, dk = DeltaChunks::dk, dv = DeltaChunks::dv,
+                W = DeltaChunks::W;
+  DeltaChunks dc(be(), ops(), rng, N, C, 0.02f, 4.f);
+  const DeltaRun want = dc.run(std::vector<int64_t>(N, 1), 0, {});
+  const auto x = randf(rng, N * Cc, -2.f, 2.f), w = randf(rng, Cc * Kc, -1.f, 1.f);
+  // The conv reference: each token with state_in the previous token's state_out (none first).
+  std::vector<float> want_y;
+  {
+    Dev<float> dx(be(), x, "x"), dw(be(), w, "w"), y(be(), Cc, "y"), s0(be(), S * Cc, "s0"),
+        s1(be(), S * Cc, "s1");
+    for (int64_t p = 0; p < N; ++p) {
+      ops().conv1d_silu(dx.p() + p * Cc, 1, Cc, Kc, dw.p(), p == 0 ? nullptr : (p % 2 ? s1.p() : s0.p()),
+                        (p + 1) % 2 ? s1.p() : s0.p(), y.p());
+      const auto yy = y.get();
+      want_y.insert(want_y.end(), yy.begin(), yy.end());
+    }
+  }
+  for (const bool device : {false, true}) {
+    if (device && !be().supports_graphs()) continue;  // no position source without graphs
+    const int64_t SS = Hv * dk * dv;
+    Dev<float> dqkv(be(), dc.qkv, "qkv"), da(be(), dc.a, "a"), db(be(), dc.b, "b"), dA(be(), dc.A, "A"),
+        ddt(be(), dc.dtb, "dt_bias"), st0(be(), std::vector<float>(SS, 7.f), "state0"),
+        st1(be(), SS, "state1");
+    Dev<float> rk(be(), C * Hv * dk, "rows_k"), rd(be(), C * Hv * dv, "rows_d"), rg(be(), C * Hv, "rows_g");
+    Dev<float> out(be(), N * Hv * dv, "out"), dx(be(), x, "x"), dw(be(), w, "w"), y(be(), N * Cc, "y"),
+        c0(be(), S * Cc, "conv0"), c1(be(), S * Cc, "conv1");
+    Dev<int32_t> dp(be(), 1, "position");
+    for (int64_t p = 0; p < N; ++p) {
+      int64_t pos0 = p;
+      if (device) {
+        dp.set(std::vector<int32_t>{(int32_t)p});
+        be().set_position_source(dp.p(), N);
+        pos0 = 0;
+      }
+      ops().conv1d_silu_at(dx.p() + p * Cc, Cc, Kc, dw.p(), c0.p(), c1.p(), pos0, y.p() + p * Cc);
+      ops().gated_delta_at(dqkv.p() + p * W, da.p() + p * Hv, db.p() + p * Hv, pos0, C, Hk, Hv, dk, dv,
+                           dA.p(), ddt.p(), st0.p(), st1.p(), rk.p(), rd.p(), rg.p(), out.p() + p * Hv * dv);
+      be().set_position_source(nullptr, 0);
+    }
+    const std::string what = device ? "position source" : "host positions";
+    expect_same(y.get(), want_y, "conv1d_silu_at, " + what);
+    expect_same(out.get(), want.out, "gated_delta_at, " + what);
+    expect_same((N / C % 2 ? st1 : st0).get(), want.state, "gated_delta_at's state copy, " + what);
+  }
+}
+
 TEST_P(Q35Op, GatedRmsNorm) {
   std::mt19937 rng(71);
   const int64_t rows = 13, n = 37;

@@ -1,8 +1,8 @@
 """qwen35moe and gemma4 on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU
 backend (streamed experts: the fused layout; every expert resident: the MMQ layout), greedy tokens, decode
-op by op for qwen35moe (it picks its recurrent state's copies on the host each step), as one recorded graph for
-gemma4 and deepseek2 (checked against op by op; deepseek2 also at DeepSeek V3's 576-dim latent rows, which
-the GPU's MLA attention kernels take), and the logits' independence of the prompt chunking on the GPU.
+as one recorded graph (checked against op by op: gemma4 and deepseek2, deepseek2 also at DeepSeek V3's 576-dim
+latent rows, which the GPU's MLA attention kernels take; qwen35moe's one-token steps, its recurrent state's
+copies picked by the position on the device), and the logits' independence of the prompt chunking on the GPU.
 Bounds: gpu_common's, which say why; the CPU's logits are checked against transformers in
 test_qwen35moe.py and test_gemma4.py.
 
@@ -107,7 +107,7 @@ def test_gpu_greedy_tokens_match_cpu(files, arch):
     want = cpu(path).generate(PROMPT[:70], max_tokens=24, temperature=0)
     m = gpu(path, kv_type="f32")
     assert m.generate(PROMPT[:70], max_tokens=24, temperature=0).tokens == want.tokens
-    assert m._m.decode_graph_active == (arch != "qwen35moe")  # qwen35moe op by op (see the module's note)
+    assert m._m.decode_graph_active
 
 
 @pytest.mark.parametrize("arch", ["deepseek2", "deepseek2-576", "gemma4"])
@@ -131,6 +131,26 @@ def test_gpu_decode_graph_matches_op_by_op(files, arch, cache):
         assert m._m.decode_graph_active == graph
         assert m.cache["all_resident"] == (cache == "all")
     assert np.array_equal(runs[True].view(np.uint32), runs[False].view(np.uint32))
+
+
+@pytest.mark.parametrize("cache", ["all", "bounded"])
+def test_gpu_qwen35moe_decode_graph_matches_op_by_op(files, cache):
+    """qwen35moe's one-token decode step replayed from one recorded graph (the conv rows' and the delta rule's
+    state copies, the chunk slot and the chunk's end decided by the position on the device) gives the tokens
+    and the logits of the step op by op, across two ends of the 64-position DeltaNet chunks; the recurrent
+    state the replays leave continues the next prompt pass (a chat turn) as the op-by-op steps' does."""
+    path = files("qwen35moe", "quant")
+    kw = dict(expert_cache="all") if cache == "all" else dict(expert_cache=streamed_cache(path, 16), prefill=16)
+    runs = {}
+    for graph in (True, False):
+        m = gpu(path, decode_graph=graph, **kw)
+        kw_gen = dict(temperature=0, ignore_eos=True, reuse_kv=True)
+        first = m.generate(PROMPT[:50], max_tokens=90, **kw_gen).tokens
+        assert m._m.decode_graph_active == graph
+        second = m.generate(PROMPT[:50] + first + [7, 8, 9], max_tokens=20, **kw_gen).tokens  # continues
+        runs[graph] = (first, second, m.logits(PROMPT[:50] + first + [7, 8, 9] + second, seq=0))
+    assert runs[True][:2] == runs[False][:2]
+    assert np.array_equal(runs[True][2].view(np.uint32), runs[False][2].view(np.uint32))
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

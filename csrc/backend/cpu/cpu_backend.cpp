@@ -442,6 +442,19 @@ class CpuBackend final : public Backend,
     cpu_gated_delta_chunked(qkv, a, b, T, pos0, C, Hk, Hv, dk, dv, A, dt_bias, fresh, s_cur, s_other, rows_k,
                             rows_d, rows_g, out, pool_);
   }
+  void conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w, float* conv0, float* conv1,
+                      int64_t pos0, float* y) override {
+    float* conv[2] = {conv0, conv1};
+    cpu_conv1d_silu(x, 1, C, Kc, w, pos0 == 0 ? nullptr : conv[pos0 % 2], conv[(pos0 + 1) % 2], y, pool_);
+  }
+  void gated_delta_at(const float* qkv, const float* a, const float* b, int64_t pos0, int64_t C, int64_t Hk,
+                      int64_t Hv, int64_t dk, int64_t dv, const float* A, const float* dt_bias, float* state0,
+                      float* state1, float* rows_k, float* rows_d, float* rows_g, float* out) override {
+    STRATA_CHECK(C >= 1, ConfigError, "gated_delta_at: chunk ", C);
+    const bool odd = pos0 / C % 2;
+    cpu_gated_delta_chunked(qkv, a, b, 1, pos0, C, Hk, Hv, dk, dv, A, dt_bias, pos0 == 0,
+                            odd ? state1 : state0, odd ? state0 : state1, rows_k, rows_d, rows_g, out, pool_);
+  }
   void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override {
     cpu_gated_rms_norm(x, z, w, rows, n, eps, pool_);
   }

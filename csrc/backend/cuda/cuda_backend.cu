@@ -634,6 +634,18 @@ class CudaBackend final : public Backend,
     cuda::launch_gated_delta_chunked(qkv, a, b, T, pos0, C, Hk, Hv, dk, dv, A, dt_bias, fresh, s_cur, s_other,
                                      rows_k, rows_d, rows_g, out, compute_);
   }
+  void conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w, float* conv0, float* conv1,
+                      int64_t pos0, float* y) override {
+    use();
+    cuda::launch_conv1d_silu_at(x, C, Kc, w, conv0, conv1, pos0, pos_.dev, y, compute_);
+  }
+  void gated_delta_at(const float* qkv, const float* a, const float* b, int64_t pos0, int64_t C, int64_t Hk,
+                      int64_t Hv, int64_t dk, int64_t dv, const float* A, const float* dt_bias, float* state0,
+                      float* state1, float* rows_k, float* rows_d, float* rows_g, float* out) override {
+    use();
+    cuda::launch_gated_delta_at(qkv, a, b, pos0, pos_.dev, C, Hk, Hv, dk, dv, A, dt_bias, state0, state1,
+                                rows_k, rows_d, rows_g, out, compute_);
+  }
   void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override {
     use();
     cuda::launch_gated_rms_norm(x, z, w, rows, n, eps, compute_);

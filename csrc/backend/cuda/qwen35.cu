@@ -31,11 +31,23 @@ __device__ float block_sum(float v, float* red) {
   return s;
 }
 
+// conv1d_silu_at's choice: copy[0] set, the state copies of position pos0 + *pos_dev (pos_dev null: pos0).
+struct ConvAt {
+  float* copy[2];
+  int64_t pos0;
+  const int32_t* pos_dev;
+};
+
 // Thread c: channel c's T outputs over its Kc taps in order, then its state rows.
 __global__ void __launch_bounds__(kThreads)
     conv1d_silu_kernel(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w,
-                       const float* state_in, float* state_out, float* y) {
+                       const float* state_in, float* state_out, float* y, ConvAt at) {
   grid_start();
+  if (at.copy[0]) {
+    const int64_t p = at.pos0 + (at.pos_dev ? *at.pos_dev : 0);
+    state_in = p == 0 ? nullptr : at.copy[p % 2];
+    state_out = at.copy[(p + 1) % 2];
+  }
   const int64_t S = Kc - 1;
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C;
        c += (int64_t)gridDim.x * blockDim.x) {
@@ -57,6 +69,10 @@ struct DeltaArgs {
   int64_t T, pos0, C, Hk, Hv, dk, dv;
   bool fresh;
   float *s_cur, *s_other, *rows_k, *rows_d, *rows_g, *out;
+  // gated_delta_at: state[0] set, the position is pos0 + *pos_dev (pos_dev null: pos0), fresh at 0, and
+  // s_cur state[(position / C) % 2], s_other the other.
+  float* state[2] = {nullptr, nullptr};
+  const int32_t* pos_dev = nullptr;
 };
 
 // Block h: value head h's positions in order (backend/qwen35_ops.h's chunked form). Shared memory: qn, kn
@@ -75,14 +91,24 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t W = 2 * g.Hk * dk + Hv * dv;
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  float* S = g.s_cur + h * dk * dv;  // S_a of the current chunk; the other buffer takes the next one
-  float* S_next = g.s_other + h * dk * dv;
-  if (g.fresh)
+  int64_t pos0 = g.pos0;
+  bool fresh = g.fresh;
+  float *s_cur = g.s_cur, *s_other = g.s_other;
+  if (g.state[0]) {
+    pos0 += g.pos_dev ? *g.pos_dev : 0;
+    fresh = pos0 == 0;
+    const int odd = static_cast<int>(pos0 / C % 2);
+    s_cur = g.state[odd];
+    s_other = g.state[1 - odd];
+  }
+  float* S = s_cur + h * dk * dv;  // S_a of the current chunk; the other buffer takes the next one
+  float* S_next = s_other + h * dk * dv;
+  if (fresh)
     for (int64_t i = tid; i < dk * dv; i += nt) S[i] = 0.0f;
   const auto key = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
   const auto delta = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
   for (int64_t t = 0; t < g.T; ++t) {
-    const int64_t p = g.pos0 + t, slot = p % C, n = slot;
+    const int64_t p = pos0 + t, slot = p % C, n = slot;
     const float* q = g.qkv + t * W + kh * dk;
     const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
     const float* v = g.qkv + t * W + 2 * g.Hk * dk + h * dv;
@@ -211,7 +237,18 @@ void launch_conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const 
                " Kc=", Kc);
   if (C == 0) return;
   launch_kernel(conv1d_silu_kernel, stride_blocks(C, kThreads), kThreads, 0, s, x, T, C, Kc, w, state_in,
-                state_out, y);
+                state_out, y, ConvAt{{nullptr, nullptr}, 0, nullptr});
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w, float* conv0, float* conv1,
+                           int64_t pos0, const int32_t* pos_dev, float* y, cudaStream_t s) {
+  STRATA_CHECK(C >= 0 && Kc >= 1 && pos0 >= 0 && conv0 && conv1, ConfigError,
+               "conv1d_silu_at: bad shape C=", C, " Kc=", Kc, " pos0=", pos0);
+  if (C == 0) return;
+  launch_kernel(conv1d_silu_kernel, stride_blocks(C, kThreads), kThreads, 0, s, x, int64_t{1}, C, Kc, w,
+                static_cast<const float*>(nullptr), static_cast<float*>(nullptr), y,
+                ConvAt{{conv0, conv1}, pos0, pos_dev});
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -228,6 +265,25 @@ void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b
   if (T == 0 && !fresh) return;
   const DeltaArgs g{qkv, a,  b,     A,     dt_bias, T,      pos0,   C,      Hk, Hv,
                     dk,  dv, fresh, s_cur, s_other, rows_k, rows_d, rows_g, out};
+  launch_kernel(gated_delta_kernel, grid_x(Hv), kDeltaThreads, smem, s, g);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+void launch_gated_delta_at(const float* qkv, const float* a, const float* b, int64_t pos0,
+                           const int32_t* pos_dev, int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv,
+                           const float* A, const float* dt_bias, float* state0, float* state1, float* rows_k,
+                           float* rows_d, float* rows_g, float* out, cudaStream_t s) {
+  STRATA_CHECK(pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1 && state0 && state1,
+               ConfigError, "gated_delta_at: bad shape C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
+               " dv=", dv);
+  const size_t smem = (2 * (size_t)dk + 3 * (size_t)C + kDeltaThreads / kWarp + 2) * sizeof(float);
+  STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, "gated_delta_at: key dim ", dk, " and chunk ", C,
+               " need ", smem, " bytes of shared memory, more than 48 KiB");
+  DeltaArgs g{qkv, a,  b,     A,       dt_bias, 1,      pos0,   C,      Hk, Hv,
+              dk,  dv, false, nullptr, nullptr, rows_k, rows_d, rows_g, out};
+  g.state[0] = state0;
+  g.state[1] = state1;
+  g.pos_dev = pos_dev;
   launch_kernel(gated_delta_kernel, grid_x(Hv), kDeltaThreads, smem, s, g);
   STRATA_CUDA_LAUNCH_CHECK();
 }
