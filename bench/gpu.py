@@ -185,7 +185,7 @@ def strata_config(path: str, cfg: Config, gen: int, hbm: float, link: float, dev
             "hit_rate": hits / (hits + misses) if hits + misses else 1.0, "gb_streamed": streamed / 1e9,
             "link_gbps": streamed / 1e9 / (st["decode_ms"] / 1e3) if st["decode_ms"] else 0.0,
             "generated": st["generated"], "decode_path": ("graph" if m._m.decode_graph_active else "op by op")
-            + ", " + m._m.decode_resolution}))
+            + ", " + m._m.decode_resolution + (", write-through" if m._m.decode_write_through else "")}))
     for r in rows:
         r.extra.update({"load_s": load_s, "slots": m.cache["slots"], "cache_bytes": m.cache["cache_bytes"],
                         "all_resident": m.cache["all_resident"], "source": m.cache["source_kind"],

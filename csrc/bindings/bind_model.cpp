@@ -289,6 +289,7 @@ void bind_model(py::module_& m) {
           },
           "Batched decode steps so far: replayed from a recorded graph, and run op by op.")
       .def_property_readonly("decode_resolution", &Model::decode_resolution)
+      .def_property_readonly("decode_write_through", &Model::decode_write_through)
       .def_property_readonly("plan", &Model::plan, py::return_value_policy::reference_internal)
       .def("cache_stats", &cache_dict)
       .def("reset_stats", &Model::reset_stats)

@@ -178,18 +178,6 @@ bool prompt_prefetch() {
   return e[0] == '1';
 }
 
-// Whether a one-token decode step resolved on the device leaves its misses to the expert products, which
-// read them from the source and write them into their slots as they multiply (ExpertTable::pending): on
-// by default, STRATA_WRITE_THROUGH=0 fills each layer's misses first (the A/B switch; read at each layer:
-// a recorded step keeps what it was recorded with).
-bool write_through_on() {
-  const char* e = std::getenv("STRATA_WRITE_THROUGH");
-  if (!e || !*e) return true;
-  STRATA_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, ConfigError, "STRATA_WRITE_THROUGH=", e,
-               " is not 0 or 1");
-  return e[0] == '1';
-}
-
 // Runs fn(e, first_row, n_rows, view) for every routed expert in ascending order, preparing as many
 // as the cache has room for at a time; done(first_row, end_row) after each piece of a batch (the whole
 // batch when none of its experts is in flight), then release. A row's result does not depend on the
@@ -344,6 +332,18 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
 }
 
 }  // namespace
+
+// Whether a one-token decode step resolved on the device leaves its misses to the expert products, which
+// read them from the source and write them into their slots as they multiply (ExpertTable::pending): on
+// by default, STRATA_WRITE_THROUGH=0 fills each layer's misses first (the A/B switch; read at each layer:
+// a recorded step keeps what it was recorded with).
+bool write_through_on() {
+  const char* e = std::getenv("STRATA_WRITE_THROUGH");
+  if (!e || !*e) return true;
+  STRATA_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, ConfigError, "STRATA_WRITE_THROUGH=", e,
+               " is not 0 or 1");
+  return e[0] == '1';
+}
 
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
                const float* ffn_norm, const MoeVariant* var, const NextRouter* next) {

@@ -123,6 +123,11 @@ struct NextRouter {
   // ffn_norm), the HC = 1 read.
   std::function<void(float* out, int64_t T)> input;
 };
+
+// Whether a one-token decode step resolved on the device leaves its misses to the expert products
+// (STRATA_WRITE_THROUGH, default 1; read at each call).
+bool write_through_on();
+
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
                const float* ffn_norm, const MoeVariant* var = nullptr, const NextRouter* next = nullptr);
 

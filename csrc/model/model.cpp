@@ -382,6 +382,13 @@ const char* Model::decode_resolution() const {
   return cache_->all_resident() ? "resident" : resolve_on_device() ? "device" : "host";
 }
 
+bool Model::decode_write_through() const {
+  if (cache_->all_resident() || !resolve_on_device() || !write_through_on()) return false;
+  for (int64_t l = 0; l < plan_.experts.L; ++l)
+    if (cache_->write_through(l)) return true;
+  return false;
+}
+
 void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   const Prefill& pf = plan_.prefill;
   const PrefillBuffers b = pf.carve(decode_region_.get(), decode_region_.size(), 1, has_source());

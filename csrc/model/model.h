@@ -174,6 +174,9 @@ class Model {
   int64_t batch_steps_op_by_op() const { return batch_op_by_op_; }
   // "resident", "device" or "host": how the next decode step finds its experts.
   const char* decode_resolution() const;
+  // Whether a one-token decode step resolved on the device writes its misses through (ExpertTable::pending)
+  // in some layer: STRATA_WRITE_THROUGH on and a layer whose source allows it.
+  bool decode_write_through() const;
 
  private:
   void decode(int32_t id, int64_t pos, float* logits, bool all_logits);

@@ -80,8 +80,8 @@ def sampling_params(max_tokens: object = _D["max_tokens"], temperature: object =
 # How a decode step finds its experts, said for a GPU and for the CPU (which runs a GPU's two ways of
 # resolving a bounded cache's misses in host memory: "on the device" would be a GPU that is not there).
 _RESOLVED = {
-    True: {"resident": "resident", "device": "resolved on the GPU", "host": "resolved on the host"},
-    False: {"resident": "resident", "device": "resolved in the step (the GPU's way, on the CPU)",
+    True: {"resident": "resident", "device": "resolved on the GPU{wt}", "host": "resolved on the host"},
+    False: {"resident": "resident", "device": "resolved in the step{wt} (the GPU's way, on the CPU)",
             "host": "resolved a layer at a time (the host's way, on the CPU)"},
 }
 
@@ -525,7 +525,8 @@ class Model:
         # How decode steps ran: one recorded graph or op by op; experts resident, resolved on the
         # device or on the host.
         stats["decode_path"] = (("graph" if self._m.decode_graph_active else "op by op") + ", experts "
-                                + _RESOLVED[self.device != "cpu"][self._m.decode_resolution])
+                                + _RESOLVED[self.device != "cpu"][self._m.decode_resolution].format(
+                                    wt=", misses written through" if self._m.decode_write_through else ""))
         self._last_stats = stats
 
     @property

@@ -63,3 +63,27 @@ def test_decode_resolve_values(make_mix):
         strata.Model(path, device="cpu", expert_cache=64, decode_resolve="gpu", progress=False)
     m = strata.Model(path, device="cpu", expert_cache="all", ctx=256, progress=False)
     assert m._m.decode_resolution == "resident"
+
+
+def test_write_through_equals_fill_first(make_mix, prompts, monkeypatch):
+    """A one-token step resolved on the device leaves its misses to the expert products (write-through,
+    ExpertTable::pending), or fills them first (STRATA_WRITE_THROUGH=0): the same tokens, stats and slots;
+    the stats' decode path says which."""
+    path = make_mix("q4_k")
+    slot = strata.ModelInfo(path).layout(PREFILL, True)["slot_bytes"]
+    runs = {}
+    for wt in ("1", "0"):
+        monkeypatch.setenv("STRATA_WRITE_THROUGH", wt)
+        m = strata.Model(path, device="cpu", expert_cache=f"{caches(path)['few'] * slot}b", prefill=PREFILL,
+                         ctx=CTX, decode_resolve="device", progress=False)
+        out = m.generate(prompts[0], max_tokens=24, temperature=1.0, seed=11)
+        c = m.cache
+        runs[wt] = (out.tokens, c["hits"], c["misses"], c["bytes_streamed"], m._m.slot_index())
+        assert m._m.decode_write_through == (wt == "1")
+        assert ("misses written through" in m.last_stats["decode_path"]) == (wt == "1")
+    assert runs["1"] == runs["0"]
+    assert runs["1"][2] > 0, "the cache must miss during decode for this test to mean anything"
+    monkeypatch.setenv("STRATA_WRITE_THROUGH", "2")
+    with pytest.raises(strata.ConfigError, match="STRATA_WRITE_THROUGH=2"):
+        strata.Model(path, device="cpu", expert_cache=f"{caches(path)['few'] * slot}b", prefill=PREFILL, ctx=CTX,
+                     decode_resolve="device", progress=False).generate(prompts[0], max_tokens=4, temperature=0)
