@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
@@ -155,28 +156,14 @@ const int32_t* guess_next_experts(Backend& be, const PrefillBuffers& b, int64_t 
 // overlap more but launch more (a piece is ~4 launches on CUDA).
 constexpr int64_t kMinPiece = 8;
 int64_t pieces() {
-  static const int64_t n = [] {
-    const char* e = std::getenv("STRATA_PREFILL_PIECES");
-    if (!e || !*e) return int64_t{8};
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    STRATA_CHECK(*end == 0 && v >= 1 && v <= 1024, ConfigError, "STRATA_PREFILL_PIECES=", e,
-                 " is not a number of pieces from 1 to 1024");
-    return static_cast<int64_t>(v);
-  }();
+  static const int64_t n = env_int("STRATA_PREFILL_PIECES", 8, 1, 1024, "a number of pieces");
   return n;
 }
 
 // Whether a prompt pass queues the next layer's experts behind this layer's copies
 // (ExpertCache::prefetch_layer): on by default, STRATA_PROMPT_PREFETCH=0 off (the A/B switch; read at each
 // layer, so one process can time both, as bench/gpu.py --look-ahead both does).
-bool prompt_prefetch() {
-  const char* e = std::getenv("STRATA_PROMPT_PREFETCH");
-  if (!e || !*e) return true;
-  STRATA_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, ConfigError,
-               "STRATA_PROMPT_PREFETCH=", e, " is not 0 or 1");
-  return e[0] == '1';
-}
+bool prompt_prefetch() { return env_switch("STRATA_PROMPT_PREFETCH", true); }
 
 // Runs fn(e, first_row, n_rows, view) for every routed expert in ascending order, preparing as many
 // as the cache has room for at a time; done(first_row, end_row) after each piece of a batch (the whole
@@ -337,13 +324,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
 // read them from the source and write them into their slots as they multiply (ExpertTable::pending): on
 // by default, STRATA_WRITE_THROUGH=0 fills each layer's misses first (the A/B switch; read at each layer:
 // a recorded step keeps what it was recorded with).
-bool write_through_on() {
-  const char* e = std::getenv("STRATA_WRITE_THROUGH");
-  if (!e || !*e) return true;
-  STRATA_CHECK(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, ConfigError, "STRATA_WRITE_THROUGH=", e,
-               " is not 0 or 1");
-  return e[0] == '1';
-}
+bool write_through_on() { return env_switch("STRATA_WRITE_THROUGH", true); }
 
 void moe_block(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, int64_t T,
                const float* ffn_norm, const MoeVariant* var, const NextRouter* next) {

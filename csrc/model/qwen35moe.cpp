@@ -20,12 +20,11 @@
 // (Generator::begin), and any other pos0 is an error, never a silently wrong result.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "backend/qwen35_ops.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/utf8.h"
 #include "model/arch.h"
@@ -317,12 +316,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
   // (STRATA_QWEN35_GRAPH=1) until a GPU has checked the recorded step against op by op
   // (test_gpu_archs.py); op by op otherwise. A batched step of several sequences runs op by op (each piece
   // would need its own position source).
-  bool graphable() const override {
-    const char* e = std::getenv("STRATA_QWEN35_GRAPH");
-    STRATA_CHECK(!e || !*e || std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, ConfigError,
-                 "STRATA_QWEN35_GRAPH=", e, " is not 0 or 1");
-    return e && std::strcmp(e, "1") == 0;
-  }
+  bool graphable() const override { return env_switch("STRATA_QWEN35_GRAPH", false); }
   bool graphable_batch() const override { return false; }
   void before_replay(int64_t seq, int64_t pos) override {
     const RegionState& st = regions_.at((size_t)seq);

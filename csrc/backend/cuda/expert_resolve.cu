@@ -13,11 +13,11 @@
 // fill_kernel: a few blocks copy each job's segments from host memory (device views of pinned or
 // registered pages) to the slot, each thread keeping 8 16-byte loads in flight: the device notes
 // measured ~50 GB/s from 8-16 such blocks on the H200's PCIe Gen5 link.
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/expert_resolve.cuh"
+#include "core/env.h"
 #include "expert_cache/scan_rank.h"
 
 namespace strata::cuda {
@@ -30,15 +30,8 @@ constexpr int kFillBlocks = 16, kFillThreads = 256, kInFlight = 8;
 // throughput is the bytes in flight over the host memory's latency, which differs from host to host
 // (an H100 host decoded V3 at ~28 GB/s of fill where another H100 and the H200 reached ~42-50).
 int fill_blocks() {
-  static const int n = [] {
-    const char* e = std::getenv("STRATA_CUDA_FILL_BLOCKS");
-    if (!e || !*e) return kFillBlocks;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    STRATA_CHECK(end && *end == 0 && v >= 1 && v <= 1024, ConfigError, "STRATA_CUDA_FILL_BLOCKS=", e,
-                 " is not a number of blocks from 1 to 1024");
-    return static_cast<int>(v);
-  }();
+  static const int n =
+      static_cast<int>(env_int("STRATA_CUDA_FILL_BLOCKS", kFillBlocks, 1, 1024, "a number of blocks"));
   return n;
 }
 

@@ -9,6 +9,7 @@
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/runs.h"
+#include "core/env.h"
 
 namespace strata::cuda {
 namespace {
@@ -97,15 +98,7 @@ bool gemv_stage_on() {
 }
 
 int gemv_rows_per_warp() {
-  static const int n = [] {
-    const char* e = std::getenv("STRATA_CUDA_GEMV_ROWS");
-    if (!e || !*e) return 1;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    STRATA_CHECK(end && *end == 0 && v >= 1 && v <= 8, ConfigError, "STRATA_CUDA_GEMV_ROWS=", e,
-                 " is not a number of rows from 1 to 8");
-    return static_cast<int>(v);
-  }();
+  static const int n = static_cast<int>(env_int("STRATA_CUDA_GEMV_ROWS", 1, 1, 8, "a number of rows"));
   return n;
 }
 

@@ -252,6 +252,14 @@ void launch_conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
+// gated_delta_kernel's dynamic shared memory (its comment lists it), refused past 48 KiB.
+static size_t delta_smem(int64_t dk, int64_t C, const char* what) {
+  const size_t smem = (2 * (size_t)dk + 3 * (size_t)C + kDeltaThreads / kWarp + 2) * sizeof(float);
+  STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, what, ": key dim ", dk, " and chunk ", C, " need ", smem,
+               " bytes of shared memory, more than 48 KiB");
+  return smem;
+}
+
 void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
                                 int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
                                 const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
@@ -259,9 +267,7 @@ void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b
   STRATA_CHECK(T >= 0 && pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1, ConfigError,
                "gated_delta_chunked: bad shape T=", T, " C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
                " dv=", dv);
-  const size_t smem = (2 * (size_t)dk + 3 * (size_t)C + kDeltaThreads / kWarp + 2) * sizeof(float);
-  STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, "gated_delta_chunked: key dim ", dk, " and chunk ", C,
-               " need ", smem, " bytes of shared memory, more than 48 KiB");
+  const size_t smem = delta_smem(dk, C, "gated_delta_chunked");
   if (T == 0 && !fresh) return;
   const DeltaArgs g{qkv, a,  b,     A,     dt_bias, T,      pos0,   C,      Hk, Hv,
                     dk,  dv, fresh, s_cur, s_other, rows_k, rows_d, rows_g, out};
@@ -276,9 +282,7 @@ void launch_gated_delta_at(const float* qkv, const float* a, const float* b, int
   STRATA_CHECK(pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1 && state0 && state1,
                ConfigError, "gated_delta_at: bad shape C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
                " dv=", dv);
-  const size_t smem = (2 * (size_t)dk + 3 * (size_t)C + kDeltaThreads / kWarp + 2) * sizeof(float);
-  STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, "gated_delta_at: key dim ", dk, " and chunk ", C,
-               " need ", smem, " bytes of shared memory, more than 48 KiB");
+  const size_t smem = delta_smem(dk, C, "gated_delta_at");
   DeltaArgs g{qkv, a,  b,     A,       dt_bias, 1,      pos0,   C,      Hk, Hv,
               dk,  dv, false, nullptr, nullptr, rows_k, rows_d, rows_g, out};
   g.state[0] = state0;
