@@ -1,7 +1,7 @@
 """qwen35moe and gemma4 on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU
 backend (streamed experts: the fused layout; every expert resident: the MMQ layout), greedy tokens, decode
 as one recorded graph (checked against op by op: gemma4 and deepseek2, deepseek2 also at DeepSeek V3's 576-dim
-latent rows, which the GPU's MLA attention kernels take; qwen35moe's one-token steps with STRATA_QWEN35_GRAPH=1,
+latent rows, which the GPU's MLA attention kernels take; qwen35moe's one-token steps as one graph,
 its recurrent state's copies picked by the position on the device), and the logits' independence of the
 prompt chunking on the GPU.
 Bounds: gpu_common's, which say why; the CPU's logits are checked against transformers in
@@ -108,7 +108,7 @@ def test_gpu_greedy_tokens_match_cpu(files, arch):
     want = cpu(path).generate(PROMPT[:70], max_tokens=24, temperature=0)
     m = gpu(path, kv_type="f32")
     assert m.generate(PROMPT[:70], max_tokens=24, temperature=0).tokens == want.tokens
-    assert m._m.decode_graph_active == (arch != "qwen35moe")  # qwen35moe's graph: STRATA_QWEN35_GRAPH=1 (below)
+    assert m._m.decode_graph_active
 
 
 @pytest.mark.parametrize("arch", ["deepseek2", "deepseek2-576", "gemma4"])
@@ -135,7 +135,7 @@ def test_gpu_decode_graph_matches_op_by_op(files, arch, cache):
 
 
 @pytest.mark.parametrize("cache", ["all", "bounded"])
-def test_gpu_qwen35moe_decode_graph_matches_op_by_op(files, cache, monkeypatch):
+def test_gpu_qwen35moe_decode_graph_matches_op_by_op(files, cache):
     """qwen35moe's one-token decode step replayed from one recorded graph (the conv rows' and the delta rule's
     state copies, the chunk slot and the chunk's end decided by the position on the device) gives the tokens
     and the logits of the step op by op, across two ends of the 64-position DeltaNet chunks; the recurrent
@@ -143,7 +143,6 @@ def test_gpu_qwen35moe_decode_graph_matches_op_by_op(files, cache, monkeypatch):
     path = files("qwen35moe", "quant")
     kw = dict(expert_cache="all") if cache == "all" else dict(expert_cache=streamed_cache(path, 16), prefill=16)
     runs = {}
-    monkeypatch.setenv("STRATA_QWEN35_GRAPH", "1")  # opt-in until this test has passed on a GPU
     for graph in (True, False):
         m = gpu(path, decode_graph=graph, **kw)
         kw_gen = dict(temperature=0, ignore_eos=True, reuse_kv=True)

@@ -97,11 +97,6 @@ bool gemv_stage_on() {
   return on;
 }
 
-int gemv_rows_per_warp() {
-  static const int n = static_cast<int>(env_int("STRATA_CUDA_GEMV_ROWS", 1, 1, 8, "a number of rows"));
-  return n;
-}
-
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,

@@ -523,55 +523,38 @@ __device__ __forceinline__ float row_dot_xs(const uint8_t* row, const float* xs,
 // The block's dynamic shared memory (xs_bytes(cols)).
 extern __shared__ __align__(16) float gemv_xs[];
 
-// Each warp takes R consecutive rows (gemv_rows_per_warp), one after another: the block's activations,
-// staged once, serve kXsWarps x R rows.
 template <class F>
-__global__ void __launch_bounds__(kXsThreads)
-    gemv_row_xs_kernel(MatmulArgs a, bool x_vec, bool stage, int R) {
+__global__ void __launch_bounds__(kXsThreads) gemv_row_xs_kernel(MatmulArgs a, bool x_vec, bool stage) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp) * R, b = blockIdx.y;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp, b = blockIdx.y;
   const uint8_t* W = a.W + b * a.w_stride;
-  for (int j = 0; j < R && r0 + j < a.rows; ++j) prefetch_row<F>(W + (r0 + j) * a.rb, a.cols, lane);
+  if (r < a.rows) prefetch_row<F>(W + r * a.rb, a.cols, lane);
   grid_start();
   stage_x_row(gemv_xs, a.X + b * a.x_stride, a.cols, x_vec);
   __syncthreads();
+  if (r >= a.rows) return;
   uint8_t* areas = reinterpret_cast<uint8_t*>(gemv_xs) + xs_bytes(a.cols);
-  for (int j = 0; j < R && r0 + j < a.rows; ++j) {
-    const int64_t r = r0 + j;
-    const float s = row_dot_xs<F>(W + r * a.rb, gemv_xs, a.cols, lane, warp_stage<F>(areas, stage));
-    if (lane == 0) a.Y[b * a.y_stride + r] = s;
-  }
-}
-
-// Row q of the stacked row space: matrix *i, its row *r.
-__device__ __forceinline__ void stacked_row(const GemvMultiArgs& g, int64_t q, int* i, int64_t* r) {
-  *i = 0;
-  *r = q;
-  while (*i + 1 < g.n && *r >= g.rows[*i]) *r -= g.rows[(*i)++];
+  const float s = row_dot_xs<F>(W + r * a.rb, gemv_xs, a.cols, lane, warp_stage<F>(areas, stage));
+  if (lane == 0) a.Y[b * a.y_stride + r] = s;
 }
 
 template <class F>
-__global__ void __launch_bounds__(kXsThreads)
-    gemv_multi_xs_kernel(GemvMultiArgs g, bool x_vec, bool stage, int R) {
+__global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs g, bool x_vec, bool stage) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t q0 = (static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp) * R;
-  for (int j = 0; j < R && q0 + j < g.total; ++j) {
-    int i;
-    int64_t r;
-    stacked_row(g, q0 + j, &i, &r);
+  int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
+  int i = 0;
+  const bool live = r < g.total;
+  if (live) {
+    while (i + 1 < g.n && r >= g.rows[i]) r -= g.rows[i++];
     prefetch_row<F>(g.W[i] + r * g.rb, g.cols, lane);
   }
   grid_start();
   stage_x_row(gemv_xs, g.X, g.cols, x_vec);
   __syncthreads();
+  if (!live) return;
   uint8_t* areas = reinterpret_cast<uint8_t*>(gemv_xs) + xs_bytes(g.cols);
-  for (int j = 0; j < R && q0 + j < g.total; ++j) {
-    int i;
-    int64_t r;
-    stacked_row(g, q0 + j, &i, &r);
-    const float s = row_dot_xs<F>(g.W[i] + r * g.rb, gemv_xs, g.cols, lane, warp_stage<F>(areas, stage));
-    if (lane == 0) g.Y[i][r] = s;
-  }
+  const float s = row_dot_xs<F>(g.W[i] + r * g.rb, gemv_xs, g.cols, lane, warp_stage<F>(areas, stage));
+  if (lane == 0) g.Y[i][r] = s;
 }
 
 template <class F, int Tn>
@@ -612,9 +595,8 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.T = min64(kMaxT, a.T - t0);
     if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols)) {
       xs_opt_in<F>();
-      const int R = gemv_rows_per_warp();
-      launch_kernel(gemv_row_xs_kernel<F>, dim3(grid_x(ceil_div(a.rows, kXsWarps * R)), batch), kXsThreads,
-                    xs_smem<F>(a.cols, stage), s, g, x_vec, stage, R);
+      launch_kernel(gemv_row_xs_kernel<F>, dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads,
+                    xs_smem<F>(a.cols, stage), s, g, x_vec, stage);
     } else if (g.T == 1) {
       launch_kernel(gemv_row_kernel<F>, dim3(grid_x(ceil_div(a.rows, kRowWarps)), batch), kRowThreads, 0, s,
                     g, x_vec, stage);
@@ -634,9 +616,8 @@ void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   const bool stage = gemv_stage_on();
   if (gemv_xs_on() && xs_fits(g.cols)) {
     xs_opt_in<F>();
-    const int R = gemv_rows_per_warp();
-    launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps * R)), kXsThreads,
-                  xs_smem<F>(g.cols, stage), s, g, x_rows_aligned(g.X, 4), stage, R);
+    launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads,
+                  xs_smem<F>(g.cols, stage), s, g, x_rows_aligned(g.X, 4), stage);
   } else {
     launch_kernel(gemv_multi_kernel<F>, grid_x(ceil_div(g.total, kRowWarps)), kRowThreads, 0, s, g,
                   x_rows_aligned(g.X, 4), stage);

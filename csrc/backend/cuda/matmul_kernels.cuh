@@ -182,10 +182,6 @@ bool gemv_xs_on();
 // STRATA_CUDA_GEMV_STAGE=0: the one-token GEMV decodes its weights from global memory, not a warp's copy
 // in shared memory (gemv::WStage; the same bits either way), for the A/B.
 bool gemv_stage_on();
-// Rows each warp of the one-token GEMV with staged activations takes (gemv_row_xs_kernel,
-// gemv_multi_xs_kernel): STRATA_CUDA_GEMV_ROWS=R (1-8, default 1), one after another, so a block stages
-// the activations once for 8 R rows. The same float operations per row: the same bits whatever R.
-int gemv_rows_per_warp();
 // Whether the Q4_K MMVQ kernel's integer phase goes a superblock a thread (the same bits):
 // STRATA_CUDA_MMVQ_SB=0 turns it off, to measure the difference.
 bool mmvq_sb_on();
