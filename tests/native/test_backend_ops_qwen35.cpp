@@ -140,6 +140,15 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
       expect_same(r.out, one.out, what + str(" split in ", sp.size(), " out"));
       expect_same(r.state, one.state, what + str(" split in ", sp.size(), " state"));
     }
+    {  // a GPU's A/B: the chunk's rows read from global memory instead of shared memory, the same bits
+      struct RowsFromGlobal {
+        RowsFromGlobal() { setenv("STRATA_CUDA_DELTA_ROWS", "0", 1); }
+        ~RowsFromGlobal() { unsetenv("STRATA_CUDA_DELTA_ROWS"); }
+      } env;
+      const DeltaRun r = dc.run(uneven, c.pos_start, s0);
+      expect_same(r.out, one.out, what + " rows from global memory, out");
+      expect_same(r.state, one.state, what + " rows from global memory, state");
+    }
   }
 }
 

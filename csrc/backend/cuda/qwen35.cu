@@ -4,9 +4,11 @@
 // reductions whose shape depends on the dims alone. Against the CPU's ops they agree within the op
 // harness's bounds (the reductions' order and the transcendentals differ).
 #include <algorithm>
+#include <mutex>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/qwen35.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace strata::cuda {
@@ -75,8 +77,32 @@ struct DeltaArgs {
   const int32_t* pos_dev = nullptr;
 };
 
+// The sums of a and b over the block (block_sum's order for each, one pair of barriers for both); red holds
+// two floats per warp. Ends in a barrier.
+__device__ float2 block_sum2(float a, float b, float* red) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nw = blockDim.x / kWarp;
+  __syncthreads();
+  if (lane == 0) {
+    red[warp] = a;
+    red[nw + warp] = b;
+  }
+  __syncthreads();
+  float sa = 0.0f, sb = 0.0f;
+  for (int w = 0; w < nw; ++w) sa += red[w];
+  for (int w = 0; w < nw; ++w) sb += red[nw + w];
+  return make_float2(sa, sb);
+}
+
 // Block h: value head h's positions in order (backend/qwen35_ops.h's chunked form). Shared memory: qn, kn
-// (dk each), em, wk, wq (C each), the reduction's per-warp sums and two scalars.
+// (dk each), em, wk, wq (C each), the reductions' per-warp sums (two a warp) and two scalars; with kRows
+// also the chunk's gates (C), key rows (C x (dk + 1), the padding spreading a column over the banks) and
+// delta rows (C x dv), which each position reads n times: the rows of the positions before the pass come
+// from global memory once, the pass's own are written to both. Without kRows every read goes to global
+// memory (a device whose shared memory cannot hold them). The float operations and their order are the
+// same either way, so are the bits.
+template <bool kRows>
 __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g) {
   grid_start();
   extern __shared__ float sm[];
@@ -87,7 +113,11 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
   float* wk = em + C;
   float* wq = wk + C;
   float* red = wq + C;
-  float* scal = red + kDeltaThreads / kWarp;
+  float* scal = red + 2 * (kDeltaThreads / kWarp);
+  float* gsm = scal + 2;  // kRows
+  const int64_t kst = dk + 1;
+  float* ksm = gsm + C;
+  float* dsm = ksm + C * kst;
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t W = 2 * g.Hk * dk + Hv * dv;
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
@@ -105,8 +135,27 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
   float* S_next = s_other + h * dk * dv;
   if (fresh)
     for (int64_t i = tid; i < dk * dv; i += nt) S[i] = 0.0f;
-  const auto key = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
-  const auto delta = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
+  const auto key_g = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
+  const auto delta_g = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
+  const auto key = [&](int64_t s) -> const float* {
+    if constexpr (kRows) return ksm + s * kst;
+    return key_g(s);
+  };
+  const auto delta = [&](int64_t s) -> const float* {
+    if constexpr (kRows) return dsm + s * dv;
+    return delta_g(s);
+  };
+  const auto gate = [&](int64_t m) {
+    if constexpr (kRows) return gsm[m];
+    return g.rows_g[m * Hv + h];
+  };
+  if constexpr (kRows) {  // the chunk's rows before this pass
+    const int64_t n0 = pos0 % C;
+    for (int64_t e = tid; e < n0 * dk; e += nt) ksm[e / dk * kst + e % dk] = key_g(e / dk)[e % dk];
+    for (int64_t e = tid; e < n0 * dv; e += nt) dsm[e] = delta_g(e / dv)[e % dv];
+    for (int64_t m = tid; m < n0; m += nt) gsm[m] = g.rows_g[m * Hv + h];
+    __syncthreads();
+  }
   for (int64_t t = 0; t < g.T; ++t) {
     const int64_t p = pos0 + t, slot = p % C, n = slot;
     const float* q = g.qkv + t * W + kh * dk;
@@ -117,23 +166,26 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
       pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
       pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
     }
-    const float sq = block_sum(pq, red), sk = block_sum(pk, red);
-    const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-    float* ks = key(slot);
+    const float2 sqk = block_sum2(pq, pk, red);
+    const float rq = 1.0f / sqrtf(sqk.x + 1e-6f), rk = 1.0f / sqrtf(sqk.y + 1e-6f);
+    float* ks = key_g(slot);
     for (int64_t i = tid; i < dk; i += nt) {
       qn[i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
       kn[i] = __fmul_rn(k[i], rk);
       ks[i] = kn[i];
+      if constexpr (kRows) ksm[slot * kst + i] = kn[i];
     }
     if (tid == 0) {
       const float gg = __fmul_rn(g.A[h], softplusf(__fadd_rn(g.a[t * Hv + h], g.dt_bias[h])));
-      g.rows_g[slot * Hv + h] = gg;
-      // The decay from each earlier position m to p, exp(g_{m+1} + ... + g_p), summed back from p.
+      // The decay from each earlier position m to p, exp(g_{m+1} + ... + g_p), summed back from p: the sums
+      // here, their exponentials by every thread below.
       float acc = gg;
       for (int64_t m = n - 1; m >= 0; --m) {
-        em[m] = expf(acc);
-        acc = __fadd_rn(acc, g.rows_g[m * Hv + h]);
+        em[m] = acc;
+        acc = __fadd_rn(acc, gate(m));
       }
+      g.rows_g[slot * Hv + h] = gg;
+      if constexpr (kRows) gsm[slot] = gg;
       scal[0] = expf(acc);  // from the chunk's start
       scal[1] = sigmoidf(g.b[t * Hv + h]);
     }
@@ -141,19 +193,21 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
     const float Gp = scal[0], beta = scal[1];
     // The chunk's earlier positions, each weighted by its decay to p and its key's overlap.
     for (int64_t m = tid; m < n; m += nt) {
+      const float e = expf(em[m]);
+      em[m] = e;
       const float* km = key(m);
       float dkk = 0.0f, dqk = 0.0f;
       for (int64_t i = 0; i < dk; ++i) {
         dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
         dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
       }
-      wk[m] = __fmul_rn(em[m], dkk);
-      wq[m] = __fmul_rn(em[m], dqk);
+      wk[m] = __fmul_rn(e, dkk);
+      wq[m] = __fmul_rn(e, dqk);
     }
     float pqk = 0.0f;
     for (int64_t i = tid; i < dk; i += nt) pqk = __fadd_rn(pqk, __fmul_rn(qn[i], kn[i]));
-    const float qk = block_sum(pqk, red);  // its barriers also publish wk, wq
-    float* dps = delta(slot);
+    const float qk = block_sum(pqk, red);  // its barriers also publish em, wk, wq
+    float* dps = delta_g(slot);
     float* o = g.out + (t * Hv + h) * dv;
     for (int64_t j = tid; j < dv; j += nt) {
       float kS = 0.0f, qS = 0.0f;
@@ -166,6 +220,7 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
       for (int64_t m = 0; m < n; ++m) d = __fsub_rn(d, __fmul_rn(wk[m], delta(m)[j]));
       const float dp = __fmul_rn(d, beta);
       dps[j] = dp;
+      if constexpr (kRows) dsm[slot * dv + j] = dp;
       float oj = __fmul_rn(Gp, qS);
       for (int64_t m = 0; m < n; ++m) oj = __fadd_rn(oj, __fmul_rn(wq[m], delta(m)[j]));
       o[j] = __fadd_rn(oj, __fmul_rn(qk, dp));
@@ -252,13 +307,49 @@ void launch_conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
-// gated_delta_kernel's dynamic shared memory (its comment lists it), refused past 48 KiB.
-static size_t delta_smem(int64_t dk, int64_t C, const char* what) {
-  const size_t smem = (2 * (size_t)dk + 3 * (size_t)C + kDeltaThreads / kWarp + 2) * sizeof(float);
-  STRATA_CHECK(smem <= 48 * 1024, UnsupportedError, what, ": key dim ", dk, " and chunk ", C, " need ", smem,
+namespace {
+
+// gated_delta_kernel's dynamic shared memory (its comment lists it): without the chunk's rows, refused past
+// 48 KiB.
+size_t delta_smem(int64_t dk, int64_t dv, int64_t C, bool rows, const char* what) {
+  const size_t base = (2 * (size_t)dk + 3 * (size_t)C + 2 * (kDeltaThreads / kWarp) + 2) * sizeof(float);
+  STRATA_CHECK(base <= 48 * 1024, UnsupportedError, what, ": key dim ", dk, " and chunk ", C, " need ", base,
                " bytes of shared memory, more than 48 KiB");
-  return smem;
+  return rows ? base + ((size_t)C * (1 + (size_t)dk + 1 + (size_t)dv)) * sizeof(float) : base;
 }
+
+// Whether the chunk's rows go through shared memory (gated_delta_kernel<true>): the device gives the bytes
+// (an RTX 30/40/50 card ~99 KiB a block, an H100 227; the Qwen3.6 shape takes 68), opted in once a size.
+// STRATA_CUDA_DELTA_ROWS=0 reads them from global memory, for the A/B (the same bits).
+bool delta_rows_smem(int64_t dk, int64_t dv, int64_t C, const char* what) {
+  if (!env_switch("STRATA_CUDA_DELTA_ROWS", true)) return false;
+  const size_t bytes = delta_smem(dk, dv, C, true, what);
+  int dev = 0, max_optin = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&dev));
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (bytes > static_cast<size_t>(max_optin)) return false;
+  static std::mutex mu;
+  static size_t allowed = 48 * 1024;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bytes > allowed) {
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(
+        gated_delta_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    allowed = bytes;
+  }
+  return true;
+}
+
+void launch_delta(const DeltaArgs& g, const char* what, cudaStream_t s) {
+  if (delta_rows_smem(g.dk, g.dv, g.C, what))
+    launch_kernel(gated_delta_kernel<true>, grid_x(g.Hv), kDeltaThreads,
+                  delta_smem(g.dk, g.dv, g.C, true, what), s, g);
+  else
+    launch_kernel(gated_delta_kernel<false>, grid_x(g.Hv), kDeltaThreads,
+                  delta_smem(g.dk, g.dv, g.C, false, what), s, g);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
 
 void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
                                 int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
@@ -267,12 +358,11 @@ void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b
   STRATA_CHECK(T >= 0 && pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1, ConfigError,
                "gated_delta_chunked: bad shape T=", T, " C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
                " dv=", dv);
-  const size_t smem = delta_smem(dk, C, "gated_delta_chunked");
+  delta_smem(dk, dv, C, false, "gated_delta_chunked");
   if (T == 0 && !fresh) return;
   const DeltaArgs g{qkv, a,  b,     A,     dt_bias, T,      pos0,   C,      Hk, Hv,
                     dk,  dv, fresh, s_cur, s_other, rows_k, rows_d, rows_g, out};
-  launch_kernel(gated_delta_kernel, grid_x(Hv), kDeltaThreads, smem, s, g);
-  STRATA_CUDA_LAUNCH_CHECK();
+  launch_delta(g, "gated_delta_chunked", s);
 }
 
 void launch_gated_delta_at(const float* qkv, const float* a, const float* b, int64_t pos0,
@@ -282,14 +372,13 @@ void launch_gated_delta_at(const float* qkv, const float* a, const float* b, int
   STRATA_CHECK(pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1 && state0 && state1,
                ConfigError, "gated_delta_at: bad shape C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
                " dv=", dv);
-  const size_t smem = delta_smem(dk, C, "gated_delta_at");
+  delta_smem(dk, dv, C, false, "gated_delta_at");
   DeltaArgs g{qkv, a,  b,     A,       dt_bias, 1,      pos0,   C,      Hk, Hv,
               dk,  dv, false, nullptr, nullptr, rows_k, rows_d, rows_g, out};
   g.state[0] = state0;
   g.state[1] = state1;
   g.pos_dev = pos_dev;
-  launch_kernel(gated_delta_kernel, grid_x(Hv), kDeltaThreads, smem, s, g);
-  STRATA_CUDA_LAUNCH_CHECK();
+  launch_delta(g, "gated_delta_at", s);
 }
 
 void launch_gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
