@@ -356,8 +356,9 @@ def main() -> None:
                     help="strata's --source for the bounded caches' rows (host, registered, mmap; default: strata's "
                          "choice); with --source-both the default's rows and this source's side by side")
     ap.add_argument("--source-both", action="store_true", help="see --source")
-    ap.add_argument("--prefetch", choices=("off", "on", "both"), default="off",
-                    help="decode with --prefetch (bounded caches): off, on, or both side by side")
+    ap.add_argument("--prefetch", choices=("auto", "off", "on", "both"), default="auto",
+                    help="decode with --prefetch (bounded caches): auto (strata's default: 2 for deepseek4, off "
+                         "elsewhere), off, on, or both (off and on) side by side")
     ap.add_argument("--prefetch-budget", type=int, default=0, metavar="N",
                     help="the prefetch rows fill at most N of each token's guesses a layer, the surest first "
                          "(strata --prefetch N; 0: every guess)")
@@ -428,9 +429,11 @@ def main() -> None:
             if a.only and not any(cfg.label.startswith(o) for o in a.only.split(",")):
                 continue
             bounded = cfg.load.get("expert_cache") != "all"
+            if bounded and a.prefetch in ("off", "both"):  # the A/B's base rows: prefetch off, not strata's auto
+                cfg = dataclasses.replace(cfg, load={**cfg.load, "prefetch": False})
             if a.prefetch != "on" or not bounded:
                 chosen.append(cfg)
-            if a.prefetch != "off" and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
+            if a.prefetch in ("on", "both") and bounded:  # the prefetch's own rows: decode only, no llama.cpp again
                 pf = a.prefetch_budget if a.prefetch_budget > 0 else True
                 chosen.append(dataclasses.replace(cfg, label=f"{cfg.label}, prefetch" + (
                               f" {a.prefetch_budget}" if a.prefetch_budget > 0 else ""), load={**cfg.load,

@@ -252,7 +252,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("decode_resolve", &ModelConfig::decode_resolve)
       .def_readwrite("cache_policy", &ModelConfig::cache_policy)
       .def_readwrite("prefetch", &ModelConfig::prefetch)
-      .def_readwrite("prefetch_max", &ModelConfig::prefetch_max);
+      .def_readwrite("prefetch_max", &ModelConfig::prefetch_max)
+      .def_readwrite("prefetch_auto", &ModelConfig::prefetch_auto);
   m.attr("PREFILL_AUTO_MAX") = kPrefillAutoMax;
   m.attr("MAX_SEQS") = kMaxSeqs;
 

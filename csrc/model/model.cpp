@@ -73,6 +73,8 @@ void check_config(const ModelConfig& c) {
   STRATA_CHECK(c.cache != CacheKind::Size || c.cache_bytes > 0, ConfigError,
                "--expert-cache must be positive: a size, all or auto");
   STRATA_CHECK(c.prefill >= 1, ConfigError, "--prefill must be at least 1 token, got ", c.prefill);
+  STRATA_CHECK(!c.prefetch_auto || (!c.prefetch && c.prefetch_max == 0), ConfigError,
+               "--prefetch auto decides the prefetch at load: give prefetch on or N without auto");
   STRATA_CHECK(c.prefetch_max >= 0 && c.prefetch_max <= kMaxPrefetch && (c.prefetch || c.prefetch_max == 0),
                ConfigError, "--prefetch N takes N from 1 to ", kMaxPrefetch,
                " (the guesses a token fills a layer, the surest first), got ", c.prefetch_max);
@@ -224,6 +226,16 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       UnsupportedError, "--prefetch on: the ", arch_name,
       " architecture does not predict its next layer's experts (qwen3moe, deepseek2 and deepseek4 do)");
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes, cfg_.cache_policy);
+  if (cfg_.prefetch_auto) {
+    // --prefetch auto: kAutoPrefetch where it was measured to win (deepseek4, a bounded cache on a GPU
+    // resolved there), else off. The load's config says which (Model.config).
+    const bool on = arch_name == "deepseek4" && !be_->host_is_device() && !cache_->all_resident() &&
+                    cache_->can_resolve_on_device() && cfg_.cache_policy == "lru" &&
+                    cfg_.decode_resolve != "host";
+    cfg_.prefetch = on;
+    cfg_.prefetch_max = on ? kAutoPrefetch : 0;
+    cfg_.prefetch_auto = false;
+  }
   STRATA_CHECK(cfg_.decode_resolve != "device" || cache_->all_resident() || cache_->can_resolve_on_device(),
                UnsupportedError, "decode_resolve 'device': the ", be_->name(),
                " backend cannot read this expert source (", src_ ? src_->describe() : "none",

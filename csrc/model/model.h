@@ -49,6 +49,8 @@ struct ModelConfig {
                                         // next layer's predicted experts beside its work (qwen3moe)
   int64_t prefetch_max = 0;             // --prefetch N: at most N of each token's guesses a layer, the
                                         // surest first (0: every guess that misses)
+  bool prefetch_auto = true;            // --prefetch auto: the load decides prefetch and prefetch_max
+                                        // (kAutoPrefetch where measured to win; off elsewhere)
   Progress progress;                    // long loads report here
 
   bool all_resident() const { return cache == CacheKind::All; }
@@ -60,6 +62,10 @@ struct ModelConfig {
 constexpr int64_t kMaxSeqs = 1024;
 // The largest --prefetch N (guesses a token fills a layer).
 constexpr int64_t kMaxPrefetch = 1024;
+// --prefetch auto's budget where it turns prefetch on: deepseek4 decoding from a bounded cache resolved on a
+// GPU (V4 Flash at 14,900 MiB on an H100: 22.99 -> 20.14 ms a token, 91% of the fills used; bench/NOTES.md,
+// stop 41). The other architectures keep it off until a GPU has measured them.
+constexpr int64_t kAutoPrefetch = 2;
 
 // ConfigError naming the first option out of range, by the flag a user gives it.
 void check_config(const ModelConfig& cfg);

@@ -96,7 +96,8 @@ def _load_defaults() -> Mapping[str, Any]:
     return MappingProxyType({
         "device": c.device, "expert_cache": c.expert_cache, "prefill": c.prefill, "source": c.source,
         "ctx": c.ctx, "seqs": c.seqs, "threads": c.threads, "kv_type": c.kv_type, "decode_graph": c.decode_graph,
-        "decode_resolve": c.decode_resolve, "cache_policy": c.cache_policy, "prefetch": c.prefetch,
+        "decode_resolve": c.decode_resolve, "cache_policy": c.cache_policy,
+        "prefetch": "auto" if c.prefetch_auto else c.prefetch,
     })
 
 
@@ -138,25 +139,29 @@ def _as_bool(value: object, name: str) -> bool:
     return value
 
 
-def parse_prefetch(value: str) -> bool | int:
-    """The CLI's --prefetch: on, off, or N >= 1 (strata.Model's prefetch True, False or N)."""
+def parse_prefetch(value: str) -> bool | int | str:
+    """The CLI's --prefetch: auto, on, off, or N >= 1 (strata.Model's prefetch 'auto', True, False or N)."""
     text = value.strip().lower()
+    if text == "auto":
+        return "auto"
     if text in ("on", "off"):
         return text == "on"
     if text.isdigit() and int(text) >= 1:
         return int(text)
-    raise ConfigError(f"--prefetch must be on, off or a number N >= 1 (at most N of each token's guessed experts "
-                      f"filled a layer, the surest first), got '{value}'")
+    raise ConfigError(f"--prefetch must be auto, on, off or a number N >= 1 (at most N of each token's guessed "
+                      f"experts filled a layer, the surest first), got '{value}'")
 
 
-def _prefetch(value: object) -> tuple[bool, int]:
-    """(prefetch, prefetch_max) of strata.Model's prefetch: True, False, or N >= 1."""
+def _prefetch(value: object) -> tuple[bool, int, bool]:
+    """(prefetch, prefetch_max, prefetch_auto) of strata.Model's prefetch: 'auto', True, False, or N >= 1."""
+    if value == "auto":
+        return (False, 0, True)
     if isinstance(value, bool):
-        return (value, 0)
+        return (value, 0, False)
     if isinstance(value, int) and value >= 1:
-        return (True, value)
-    raise ConfigError(f"prefetch (--prefetch) must be True, False or a number N >= 1 (at most N of each token's "
-                      f"guessed experts filled a layer, the surest first), got {value!r}")
+        return (True, value, False)
+    raise ConfigError(f"prefetch (--prefetch) must be 'auto', True, False or a number N >= 1 (at most N of each "
+                      f"token's guessed experts filled a layer, the surest first), got {value!r}")
 
 
 def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object = LOAD_DEFAULTS["expert_cache"],
@@ -182,7 +187,7 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
     c.decode_graph = _as_bool(decode_graph, "decode_graph")
     c.decode_resolve = _as_str(decode_resolve, "decode_resolve", "auto, device or host")
     c.cache_policy = _as_str(cache_policy, "cache_policy (--cache-policy)", "lru, lfu or scan")
-    c.prefetch, c.prefetch_max = _prefetch(prefetch)
+    c.prefetch, c.prefetch_max, c.prefetch_auto = _prefetch(prefetch)
     if gr_unfused is not None and not isinstance(gr_unfused, bool):
         raise ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
     c.gr_unfused = gr_unfused_from_env(gr_unfused)

@@ -164,11 +164,13 @@ def _load_options(ctx_default: int | None = LOAD["ctx"], serving: bool = False) 
                      help="Where streamed experts live: host (a copy in RAM), mmap (read from the file), auto "
                           "(host when it fits in the free RAM)."),
         policy,
-        click.option("--prefetch", default="on" if LOAD["prefetch"] else "off", show_default=True,
-                     metavar="on|off|N",
+        click.option("--prefetch", default=LOAD["prefetch"] if LOAD["prefetch"] == "auto"
+                     else ("on" if LOAD["prefetch"] else "off"), show_default=True,
+                     metavar="auto|on|off|N",
                      help="Decode on a GPU with a bounded cache: fill the experts the next layer's router predicts "
                           "while this layer runs (qwen3moe, deepseek2, deepseek4; --cache-policy lru); N: at most "
-                          "N of each token's guesses a layer, the surest first. Logits are the same."),
+                          "N of each token's guesses a layer, the surest first; auto: 2 for deepseek4 (measured "
+                          "faster), off elsewhere. Logits are the same."),
         click.option("-t", "--threads", type=click.IntRange(min=0), default=LOAD["threads"], show_default=True,
                      help="CPU threads; 0: STRATA_THREADS, else every core."),
         click.option("-q", "--quiet", is_flag=True,
@@ -408,7 +410,7 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
 def _serve_policy(policy: str, parallel: int, prefetch: bool) -> str:
     """serve's --cache-policy auto: scan when several slots decode together (their step's experts can outgrow
     a bounded cache: bench/serve_load.py on an H200, 8 requests at once 1.67x faster than in a row under scan,
-    1.33x under lru) unless --prefetch on (LRU's), else lru."""
+    1.33x under lru) unless --prefetch on or N (LRU's; auto turns prefetch off under scan), else lru."""
     if policy != "auto":
         return policy
     return "scan" if parallel > 1 and not prefetch else "lru"
@@ -447,7 +449,7 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
     conversation runs only its new tokens when its slot's region still holds the earlier ones. Ctrl-C or
     SIGTERM stops the server within a second; requests in flight get an error, not silence."""
     path = _model_path(model, model_opt)
-    cache_policy = _serve_policy(cache_policy, parallel, parse_prefetch(prefetch) is not False)
+    cache_policy = _serve_policy(cache_policy, parallel, parse_prefetch(prefetch) not in (False, "auto"))
     try:
         from strata.serve import Server, is_loopback, listen
     except ImportError as e:

@@ -157,7 +157,9 @@ class Model:
     prefetch: while a decode layer resolved on the device runs, fill the experts that the next layer's
     router picks from this layer's state (qwen3moe, deepseek2, deepseek4; needs cache_policy 'lru' and a
     source the device reads); an int N fills at most N of each token's guesses a layer, the surest
-    first. Wrong guesses cost link time only; the logits are the same on and off.
+    first; 'auto' (the default) is 2 for deepseek4 decoding from a bounded cache on a GPU (measured
+    faster) and off elsewhere (self.prefetch says which, as loaded). Wrong guesses cost link time only; the
+    logits are the same on and off.
     seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
     decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
     the sequence alone.
@@ -183,7 +185,7 @@ class Model:
         decode_resolve: str = _L["decode_resolve"],
         cache_policy: str = _L["cache_policy"],
         seqs: int = _L["seqs"],
-        prefetch: bool | int = _L["prefetch"],
+        prefetch: bool | int | str = _L["prefetch"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -206,6 +208,8 @@ class Model:
         # As resolved at load: 'all' or bytes (auto: all on the CPU; on a GPU what was free).
         loaded = self._m.config
         self.expert_cache: str | int = loaded.expert_cache
+        # As resolved at load (auto: 2 for deepseek4 decoding from a bounded cache on a GPU, else off).
+        self.prefetch: bool | int = (loaded.prefetch_max or True) if loaded.prefetch else False
         if cfg.prefill_mode == "default" and self._m.chunk < min(cfg.prefill, cfg.ctx):
             # No silent switch to a slower path (DESIGN invariant 6): a stepped-down chunk is said.
             warn(f"the expert cache ({self._m.cache_stats()['slots']} slots) has no room for the default prompt "

@@ -393,7 +393,8 @@ def test_load_defaults_are_the_native_ones(f16):
         "device": native.device, "expert_cache": native.expert_cache, "prefill": native.prefill,
         "source": native.source, "ctx": native.ctx, "threads": native.threads, "kv_type": native.kv_type,
         "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve,
-        "cache_policy": native.cache_policy, "seqs": native.seqs, "prefetch": native.prefetch}
+        "cache_policy": native.cache_policy, "seqs": native.seqs,
+        "prefetch": "auto" if native.prefetch_auto else native.prefetch}
     assert native.prefill_mode == "default"
     sig = inspect.signature(strata.Model).parameters
     for k, v in strata.LOAD_DEFAULTS.items():
@@ -405,7 +406,7 @@ def test_load_defaults_are_the_native_ones(f16):
         for k, p in flags.items():
             if p in params:
                 assert params[p].default == strata.LOAD_DEFAULTS[k], (name, k)
-        assert params["prefetch"].default == ("on" if strata.LOAD_DEFAULTS["prefetch"] else "off"), name
+        assert params["prefetch"].default == strata.LOAD_DEFAULTS["prefetch"] == "auto", name
         assert params["prefill"].default is None  # the default chunk, stepping down
     assert {p.name: p.default for p in main.commands["info"].params}["ctx"] == strata.LOAD_DEFAULTS["ctx"]
     # strata serve loads --parallel KV regions (seqs).

@@ -62,6 +62,18 @@ def test_gpu_prefetch_changes_residency_not_results(tmp_path, make_mix, arch, bu
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_prefetch_auto_is_two_for_deepseek4_only(tmp_path, make_mix, arch):
+    """--prefetch auto (the default): 2 for deepseek4 decoding from a bounded cache on the GPU (where it was
+    measured faster), off for the other architectures and for a cache that holds every expert."""
+    path = _file(tmp_path, make_mix, arch)
+    m = strata.Model(path, device="cuda", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX, progress=False)
+    assert m.prefetch == (2 if arch == "deepseek4" else False)
+    assert strata.Model(path, device="cuda", expert_cache="all", ctx=CTX, progress=False).prefetch is False
+    assert strata.Model(path, device="cuda", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX,
+                        prefetch=False, progress=False).prefetch is False
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_gpu_prompt_look_ahead_changes_residency_not_results(tmp_path, make_mix, monkeypatch, arch):
     """A prompt chunk that routes many rows (T * K >= 8 E) looks ahead when the cache has room for two layers
     beside the one computing; STRATA_PROMPT_PREFETCH (read at each layer) switches it."""

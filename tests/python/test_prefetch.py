@@ -57,13 +57,30 @@ def test_prefetch_needs_device_resolution_and_lru(make_mix):
         strata.Model(path, device="cpu", expert_cache=64, prefetch="on", progress=False)
 
 
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek4"])
+def test_prefetch_auto_is_off_on_the_cpu(tmp_path, make_mix, arch):
+    """--prefetch auto (the default) turns prefetch on only for deepseek4 on a GPU (test_gpu_prefetch.py): on the
+    CPU it loads off, and --prefetch auto cannot be given with on or N (one value: the CLI and strata.Model
+    take a single prefetch)."""
+    path = make_mix("q4_k") if arch == "qwen3moe" else _arch_file(tmp_path, arch)
+    m = strata.Model(path, device="cpu", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX,
+                     decode_resolve="device", progress=False)
+    assert m.prefetch is False
+    assert strata.Model(path, device="cpu", expert_cache=_cache(path, 0.3), prefill=PREFILL, ctx=CTX,
+                        decode_resolve="device", prefetch=3, progress=False).prefetch == 3
+    from strata._options import parse_prefetch
+    assert parse_prefetch("auto") == "auto" and parse_prefetch("off") is False and parse_prefetch("2") == 2
+    with pytest.raises(strata.ConfigError, match="auto, on, off"):
+        parse_prefetch("sometimes")
+
+
 def test_prefetch_flag_in_cli_help():
     from click.testing import CliRunner
 
     from strata.cli import main
 
     r = CliRunner().invoke(main, ["generate", "--help"])
-    assert r.exit_code == 0 and "--prefetch on|off|N" in r.output
+    assert r.exit_code == 0 and "--prefetch auto|on|off|N" in r.output
 
 
 def test_prefetch_budget_changes_residency_not_results(make_mix):
@@ -101,7 +118,7 @@ def test_prefetch_cli_value_checked(make_mix):
     from strata.cli import main
 
     r = CliRunner().invoke(main, ["generate", make_mix("q4_k"), "-p", "hi", "--prefetch", "some"])
-    assert r.exit_code != 0 and "--prefetch must be on, off or a number N >= 1" in r.output
+    assert r.exit_code != 0 and "--prefetch must be auto, on, off or a number N >= 1" in r.output
     assert "Traceback" not in r.output
 
 
