@@ -30,8 +30,9 @@ QWEN35MOE_PRESETS: dict[str, dict] = {
                             top_k=8, expert_ffn=512, shared_ffn=512, vocab=248320, ctx=262144, rope_theta=1e7,
                             rms_eps=1e-6, mtp=1),
 }
-# The experts as the common Q4_K_M files carry them, the rest Q8_0.
-PRESET_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "Q8_0", "experts": "Q4_K", "expert_down": "Q6_K",
+# The experts as the common Q4_K_M files carry them, the router F32 (llama.cpp's quantizer leaves ffn_gate_inp
+# alone), the rest Q8_0.
+PRESET_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "F32", "experts": "Q4_K", "expert_down": "Q6_K",
                 "output": "Q8_0"}
 
 
