@@ -57,15 +57,17 @@ class DeltaChunks {
  public:
   // Decays A uniform in [-a_max, -a_min]: strong ones (16, transformers' initial range) make the chunk's
   // cumulative log decay large while neighbouring positions still weigh on each other.
-  DeltaChunks(Backend& be, Qwen35Ops& ops, std::mt19937& rng, int64_t N, int64_t C, float a_min, float a_max)
-      : be_(be), ops_(ops), N_(N), C_(C) {
+  DeltaChunks(Backend& be, Qwen35Ops& ops, std::mt19937& rng, int64_t N, int64_t C, float a_min, float a_max,
+              int64_t value_dim = 20)
+      : dv(value_dim), W(2 * Hk * dk + Hv * value_dim), be_(be), ops_(ops), N_(N), C_(C) {
     qkv = randf(rng, N * W, -1.f, 1.f);
     a = randf(rng, N * Hv, -3.f, 3.f);
     b = randf(rng, N * Hv, -3.f, 3.f);
     A = randf(rng, Hv, -a_max, -a_min);
     dtb = randf(rng, Hv, -1.f, 1.f);
   }
-  static constexpr int64_t Hk = 2, Hv = 6, dk = 12, dv = 20, W = 2 * Hk * dk + Hv * dv;
+  static constexpr int64_t Hk = 2, Hv = 6, dk = 12;
+  const int64_t dv, W;
   std::vector<float> qkv, a, b, A, dtb;
 
   // From position pos_start (a multiple of C) with state s0 (empty: fresh).
@@ -101,55 +103,69 @@ class DeltaChunks {
   int64_t N_, C_;
 };
 
+// Each case also with STRATA_CUDA_DELTA_SPLIT=1 (a GPU's delta rule split over value columns: other sums'
+// order, so its own bits, which every split into passes must give too) and 70 value dims (three column
+// groups, the last one partial).
+struct EnvSet {
+  EnvSet(const char* k, const char* v) : key(k) {
+    if (v) setenv(k, v, 1);
+  }
+  ~EnvSet() { unsetenv(key); }
+  const char* key;
+};
+
 TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
   std::mt19937 rng(67);
   struct Case {
     int64_t N, C, pos_start;
     bool cont, strong;
+    int64_t dv = 20;
   };
   // Chunks of 8 (many ends) and 64; fresh from position 0 and continued from a chunk start; decays up
   // to 4 and from 4 to 16.
-  for (const Case c :
-       {Case{48, 8, 0, false, false}, Case{48, 8, 16, true, false}, Case{130, 64, 0, false, false},
-        Case{70, 64, 64, true, false}, Case{130, 64, 0, false, true}, Case{70, 64, 64, true, true}}) {
-    const int64_t Hv = DeltaChunks::Hv, dk = DeltaChunks::dk, dv = DeltaChunks::dv;
-    DeltaChunks dc(be(), ops(), rng, c.N, c.C, c.strong ? 4.f : 0.02f, c.strong ? 16.f : 4.f);
-    const auto s0 = c.cont ? randf(rng, Hv * dk * dv, -0.5f, 0.5f) : std::vector<float>();
-    const DeltaRun one = dc.run({c.N}, c.pos_start, s0);
-    std::vector<double> state(s0.begin(), s0.end());
-    const auto want =
-        ref::gated_delta_rule(dc.qkv, dc.a, dc.b, c.N, DeltaChunks::Hk, Hv, dk, dv, dc.A, dc.dtb, state);
-    const std::string what = str("gated_delta_chunked N=", c.N, " C=", c.C, c.cont ? " continued" : " fresh",
-                                 c.strong ? " strong decay" : "");
-    // Outputs are O(1); float32 sums of dk = 12 and of <= C earlier rows, each weighted by a decay <= 1
-    // whose exponent is summed back from p (never a difference of two large sums). measured 5.9e-8 (with
-    // the difference of cumulative sums instead: 5.4e-7, and 1.2e-6 with strong decays)
-    expect_err(max_err(one.out, want, ones(want.size())), 1e-6, what + " out");
-    if (c.N % c.C == 0) {  // the pass ended at a chunk end: the state buffer is the recurrent state
-      // measured 1.1e-7
-      expect_err(max_err(one.state, state, ones(state.size())), 1e-6, what + " state");
+  for (const bool split : {false, true})
+    for (const Case c :
+         {Case{48, 8, 0, false, false}, Case{48, 8, 16, true, false}, Case{130, 64, 0, false, false},
+          Case{70, 64, 64, true, false}, Case{130, 64, 0, false, true}, Case{70, 64, 64, true, true},
+          Case{48, 8, 16, true, false, 70}, Case{70, 64, 64, true, true, 70}}) {
+      const EnvSet env("STRATA_CUDA_DELTA_SPLIT", split ? "1" : nullptr);
+      const int64_t Hv = DeltaChunks::Hv, dk = DeltaChunks::dk, dv = c.dv;
+      DeltaChunks dc(be(), ops(), rng, c.N, c.C, c.strong ? 4.f : 0.02f, c.strong ? 16.f : 4.f, dv);
+      const auto s0 = c.cont ? randf(rng, Hv * dk * dv, -0.5f, 0.5f) : std::vector<float>();
+      const DeltaRun one = dc.run({c.N}, c.pos_start, s0);
+      std::vector<double> state(s0.begin(), s0.end());
+      const auto want =
+          ref::gated_delta_rule(dc.qkv, dc.a, dc.b, c.N, DeltaChunks::Hk, Hv, dk, dv, dc.A, dc.dtb, state);
+      const std::string what =
+          str("gated_delta_chunked N=", c.N, " C=", c.C, " dv=", dv, c.cont ? " continued" : " fresh",
+              c.strong ? " strong decay" : "", split ? " split" : "");
+      // Outputs are O(1); float32 sums of dk = 12 and of <= C earlier rows, each weighted by a decay <= 1
+      // whose exponent is summed back from p (never a difference of two large sums). measured 5.9e-8 (with
+      // the difference of cumulative sums instead: 5.4e-7, and 1.2e-6 with strong decays)
+      expect_err(max_err(one.out, want, ones(want.size())), 1e-6, what + " out");
+      if (c.N % c.C == 0) {  // the pass ended at a chunk end: the state buffer is the recurrent state
+        // measured 1.1e-7
+        expect_err(max_err(one.state, state, ones(state.size())), 1e-6, what + " state");
+      }
+      // Splits: single tokens (decode), uneven pieces across chunk ends, a piece spanning several ends.
+      std::vector<std::vector<int64_t>> splits = {std::vector<int64_t>(c.N, 1), {3, c.N - 3}};
+      std::vector<int64_t> uneven;
+      for (int64_t t = 0, i = 0; t < c.N; ++i)
+        uneven.push_back(std::min<int64_t>(c.N - t, 1 + (i * 7) % 11)), t += uneven.back();
+      splits.push_back(uneven);
+      for (const auto& sp : splits) {
+        const DeltaRun r = dc.run(sp, c.pos_start, s0);
+        expect_same(r.out, one.out, what + str(" split in ", sp.size(), " out"));
+        expect_same(r.state, one.state, what + str(" split in ", sp.size(), " state"));
+      }
+      if (!split) {  // a GPU's A/B: the chunk's rows read from global memory instead of shared memory, the
+                     // same bits
+        const EnvSet rows("STRATA_CUDA_DELTA_ROWS", "0");
+        const DeltaRun r = dc.run(uneven, c.pos_start, s0);
+        expect_same(r.out, one.out, what + " rows from global memory, out");
+        expect_same(r.state, one.state, what + " rows from global memory, state");
+      }
     }
-    // Splits: single tokens (decode), uneven pieces across chunk ends, a piece spanning several ends.
-    std::vector<std::vector<int64_t>> splits = {std::vector<int64_t>(c.N, 1), {3, c.N - 3}};
-    std::vector<int64_t> uneven;
-    for (int64_t t = 0, i = 0; t < c.N; ++i)
-      uneven.push_back(std::min<int64_t>(c.N - t, 1 + (i * 7) % 11)), t += uneven.back();
-    splits.push_back(uneven);
-    for (const auto& sp : splits) {
-      const DeltaRun r = dc.run(sp, c.pos_start, s0);
-      expect_same(r.out, one.out, what + str(" split in ", sp.size(), " out"));
-      expect_same(r.state, one.state, what + str(" split in ", sp.size(), " state"));
-    }
-    {  // a GPU's A/B: the chunk's rows read from global memory instead of shared memory, the same bits
-      struct RowsFromGlobal {
-        RowsFromGlobal() { setenv("STRATA_CUDA_DELTA_ROWS", "0", 1); }
-        ~RowsFromGlobal() { unsetenv("STRATA_CUDA_DELTA_ROWS"); }
-      } env;
-      const DeltaRun r = dc.run(uneven, c.pos_start, s0);
-      expect_same(r.out, one.out, what + " rows from global memory, out");
-      expect_same(r.state, one.state, what + " rows from global memory, state");
-    }
-  }
 }
 
 // The one-token forms that pick the state copies by position (a decode step, recorded or not): token by
@@ -160,9 +176,9 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
 TEST_P(Q35Op, OneTokenFormsPickCopiesByPosition) {
   std::mt19937 rng(71);
   const int64_t N = 21, C = 8, Cc = 37, Kc = 4, S = Kc - 1;
-  const int64_t Hk = DeltaChunks::Hk, Hv = DeltaChunks::Hv, dk = DeltaChunks::dk, dv = DeltaChunks::dv,
-                W = DeltaChunks::W;
+  const int64_t Hk = DeltaChunks::Hk, Hv = DeltaChunks::Hv, dk = DeltaChunks::dk;
   DeltaChunks dc(be(), ops(), rng, N, C, 0.02f, 4.f);
+  const int64_t dv = dc.dv, W = dc.W;
   const DeltaRun want = dc.run(std::vector<int64_t>(N, 1), 0, {});
   const auto x = randf(rng, N * Cc, -2.f, 2.f), w = randf(rng, Cc * Kc, -1.f, 1.f);
   // The conv reference: each token with state_in the previous token's state_out (none first).

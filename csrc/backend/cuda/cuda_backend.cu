@@ -465,7 +465,7 @@ class CudaBackend final : public Backend,
     void* ws = scratch(pos_.dev ? cuda::attention_scratch_max_bytes(pos_.max_pos, H, hd)
                                 : cuda::attention_scratch_bytes(T, pos0, H, hd));
     // Tickets past route's word 0.
-    const cuda::AttentionTickets tk{tickets_ + 1, static_cast<int64_t>(kTicketBytes / sizeof(unsigned)) - 1};
+    const cuda::AttentionTickets tk{tickets_ + 1, kDeltaTicket0 - 1};
     cuda::launch_attention(q, kc, vc, t, T, pos0, pos_, H, KV, hd, scale, out, ws, tk, compute_);
   }
   void add(float* x, const float* y, int64_t n) override {
@@ -632,7 +632,8 @@ class CudaBackend final : public Backend,
                            float* rows_d, float* rows_g, float* out) override {
     use();
     cuda::launch_gated_delta_chunked(qkv, a, b, T, pos0, C, Hk, Hv, dk, dv, A, dt_bias, fresh, s_cur, s_other,
-                                     rows_k, rows_d, rows_g, out, compute_);
+                                     rows_k, rows_d, rows_g, out, tickets_ + kDeltaTicket0, kDeltaTickets,
+                                     compute_);
   }
   void conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w, float* conv0, float* conv1,
                       int64_t pos0, float* y) override {
@@ -644,7 +645,8 @@ class CudaBackend final : public Backend,
                       float* state1, float* rows_k, float* rows_d, float* rows_g, float* out) override {
     use();
     cuda::launch_gated_delta_at(qkv, a, b, pos0, pos_.dev, C, Hk, Hv, dk, dv, A, dt_bias, state0, state1,
-                                rows_k, rows_d, rows_g, out, compute_);
+                                rows_k, rows_d, rows_g, out, tickets_ + kDeltaTicket0, kDeltaTickets,
+                                compute_);
   }
   void gated_rms_norm(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps) override {
     use();
@@ -835,7 +837,10 @@ class CudaBackend final : public Backend,
   // Zeroed device words for the kernels whose last block finishes the op (route: word 0; decode
   // attention: one per kv head after it); each such launch leaves its words zeroed again, so graphs
   // replay them.
-  static constexpr size_t kTicketBytes = 256;
+  // Tickets: [0] route, [1, 64) attention's, [kDeltaTicket0, + kDeltaTickets) the split delta rule's per-head
+  // counters (qwen35.cu).
+  static constexpr int64_t kDeltaTicket0 = 64, kDeltaTickets = 1024;
+  static constexpr size_t kTicketBytes = (kDeltaTicket0 + kDeltaTickets) * sizeof(unsigned);
   unsigned* tickets_ = nullptr;
   std::vector<cudaGraphExec_t> graphs_;  // nullptr: destroyed
   bool capturing_ = false;

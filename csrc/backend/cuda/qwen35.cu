@@ -75,6 +75,7 @@ struct DeltaArgs {
   // s_cur state[(position / C) % 2], s_other the other.
   float* state[2] = {nullptr, nullptr};
   const int32_t* pos_dev = nullptr;
+  unsigned* counters = nullptr;  // the split form's: a per-head count of blocks past their first reads
 };
 
 // The sums of a and b over the block (block_sum's order for each, one pair of barriers for both); red holds
@@ -244,6 +245,219 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
   }
 }
 
+// ---- the delta rule with a head's value columns over several blocks (STRATA_CUDA_DELTA_SPLIT=1) ----
+// gated_delta_kernel runs a head's positions on one block of 128 threads, a value column a thread: each
+// position is a chain of ~dk + 2 n dependent steps a thread, on 32 blocks for q36 (ncu: 24% of the SMs
+// active, 4 warps on each; 27 ms a layer for 2048 positions). Here block (h, g) takes value columns
+// g * kSplitCols .. of head h, its 4 warps the 4 parts of each sum: warp r forms the partial sums over its
+// quarter of i (S's rows against kn and qn) and of m (the chunk's earlier delta rows against wk and wq),
+// lane l is column l of the group, and warp 0 adds the 4 partials in order of r and finishes the column. The
+// chunk's state columns of the group, its key rows, its delta columns and its gates stay in shared memory.
+// Every block of a head forms the position's norms, decays and key overlaps itself (the same values: the
+// same operations on the same inputs). The float operations of an output depend on n (the position in its
+// chunk) and the dims only, so any split into passes gives the same bits, and a decode step's the prompt's;
+// against gated_delta_kernel they differ in the order of the sums (the op harness's bound against the CPU).
+constexpr int kSplitCols = 32, kSplitParts = kDeltaThreads / kWarp;
+
+template <int kParts>
+__device__ __forceinline__ int64_t part_begin(int64_t n, int r) {
+  return static_cast<int64_t>(r) * ((n + kParts - 1) / kParts);
+}
+
+__global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaArgs g) {
+  grid_start();
+  extern __shared__ float sm[];
+  const int64_t dk = g.dk, dv = g.dv, C = g.C, Hv = g.Hv, h = blockIdx.x, kh = h % g.Hk;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kSplitCols;
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % kWarp, part = tid / kWarp;
+  const int64_t kst = dk + 1;
+  float* qn = sm;                                      // dk
+  float* kn = qn + dk;                                 // dk
+  float* em = kn + dk;                                 // C
+  float* wk = em + C;                                  // C
+  float* wq = wk + C;                                  // C
+  float* gsm = wq + C;                                 // C: the chunk's gates
+  float* pkk = gsm + C;                                // 2 C: the key overlaps' halves
+  float* pqk = pkk + 2 * C;                            // 2 C
+  float* red = pqk + 2 * C;                            // 2 a warp
+  float* scal = red + 2 * kSplitParts;                 // 2
+  float* part_s = scal + 2;                            // 4 sums x kSplitParts x kSplitCols
+  float* ssm = part_s + 4 * kSplitParts * kSplitCols;  // dk x kSplitCols: the group's state columns
+  float* ksm = ssm + dk * kSplitCols;                  // C x (dk + 1): the chunk's key rows
+  float* dsm = ksm + C * kst;                          // C x kSplitCols: the group's delta columns
+  const int64_t W = 2 * g.Hk * dk + Hv * dv;
+  const float scale = 1.0f / sqrtf(static_cast<float>(dk));
+  int64_t pos0 = g.pos0;
+  bool fresh = g.fresh;
+  float *s_cur = g.s_cur, *s_other = g.s_other;
+  if (g.state[0]) {
+    pos0 += g.pos_dev ? *g.pos_dev : 0;
+    fresh = pos0 == 0;
+    const int odd = static_cast<int>(pos0 / C % 2);
+    s_cur = g.state[odd];
+    s_other = g.state[1 - odd];
+  }
+  float* S = s_cur + h * dk * dv;  // the current chunk's state in global memory; the other buffer the next's
+  float* S_next = s_other + h * dk * dv;
+  const int64_t ncols = min(static_cast<int64_t>(kSplitCols), dv - j0);
+  const auto key_g = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
+  const auto delta_g = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
+  // The group's state columns, and the chunk's rows before this pass.
+  for (int64_t e = tid; e < dk * kSplitCols; e += nt) {
+    const int64_t i = e / kSplitCols, c = e % kSplitCols;
+    float v = 0.0f;
+    if (c < ncols) {
+      if (fresh)
+        S[i * dv + j0 + c] = 0.0f;
+      else
+        v = S[i * dv + j0 + c];
+    }
+    ssm[e] = v;
+  }
+  const int64_t n0 = pos0 % C;
+  for (int64_t e = tid; e < n0 * dk; e += nt) ksm[e / dk * kst + e % dk] = key_g(e / dk)[e % dk];
+  for (int64_t e = tid; e < n0 * kSplitCols; e += nt) {
+    const int64_t m = e / kSplitCols, c = e % kSplitCols;
+    dsm[e] = c < ncols ? delta_g(m)[j0 + c] : 0.0f;
+  }
+  for (int64_t m = tid; m < n0; m += nt) gsm[m] = g.rows_g[m * Hv + h];
+  __syncthreads();
+  // The head's key rows and gates, the same in every block, go to global memory once, from its last block and
+  // only at the end: a pass that crosses a chunk end rewrites rows that the head's other blocks read above,
+  // so the writer first waits until all of them are past those reads (counters[h]). Blocks start in order of
+  // their index (as CUDA's single-pass scans rely on), so the others were started before the last one and
+  // the wait never waits on a block that cannot run.
+  const bool writer = blockIdx.y == gridDim.y - 1;
+  if (tid == 0) {
+    __threadfence();
+    atomicAdd(g.counters + h, 1u);
+  }
+  for (int64_t t = 0; t < g.T; ++t) {
+    const int64_t p = pos0 + t, slot = p % C, n = slot;
+    const float* q = g.qkv + t * W + kh * dk;
+    const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
+    const float* v = g.qkv + t * W + 2 * g.Hk * dk + h * dv;
+    float pq = 0.0f, pk = 0.0f;
+    for (int64_t i = tid; i < dk; i += nt) {
+      pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
+      pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
+    }
+    const float2 sqk = block_sum2(pq, pk, red);
+    const float rq = 1.0f / sqrtf(sqk.x + 1e-6f), rk = 1.0f / sqrtf(sqk.y + 1e-6f);
+    for (int64_t i = tid; i < dk; i += nt) {
+      qn[i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
+      kn[i] = __fmul_rn(k[i], rk);
+      ksm[slot * kst + i] = kn[i];
+    }
+    if (tid == 0) {
+      const float gg = __fmul_rn(g.A[h], softplusf(__fadd_rn(g.a[t * Hv + h], g.dt_bias[h])));
+      float acc = gg;  // the decays' exponents, summed back from p
+      for (int64_t m = n - 1; m >= 0; --m) {
+        em[m] = acc;
+        acc = __fadd_rn(acc, gsm[m]);
+      }
+      gsm[slot] = gg;
+      scal[0] = expf(acc);
+      scal[1] = sigmoidf(g.b[t * Hv + h]);
+    }
+    __syncthreads();
+    const float Gp = scal[0], beta = scal[1];
+    // The earlier positions' key overlaps, each over half of dk (halves added in order below).
+    const int64_t half = (dk + 1) / 2;
+    for (int64_t e = tid; e < 2 * C; e += nt) {
+      const int64_t m = e % C, hf = e / C;
+      if (m >= n) continue;
+      const float* km = ksm + m * kst;
+      float dkk = 0.0f, dqk = 0.0f;
+      for (int64_t i = hf * half; i < min(dk, (hf + 1) * half); ++i) {
+        dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
+        dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
+      }
+      pkk[hf * C + m] = dkk;
+      pqk[hf * C + m] = dqk;
+    }
+    for (int64_t m = tid; m < n; m += nt) em[m] = expf(em[m]);
+    float pqq = 0.0f;
+    for (int64_t i = tid; i < dk; i += nt) pqq = __fadd_rn(pqq, __fmul_rn(qn[i], kn[i]));
+    const float qk = block_sum(pqq, red);  // its barriers publish em and the overlaps' halves
+    for (int64_t m = tid; m < n; m += nt) {
+      wk[m] = __fmul_rn(em[m], __fadd_rn(pkk[m], pkk[C + m]));
+      wq[m] = __fmul_rn(em[m], __fadd_rn(pqk[m], pqk[C + m]));
+    }
+    // Warp `part`'s partial sums for column `lane`: S's rows i of its quarter of dk against kn and qn.
+    const int64_t c = lane;
+    {
+      float kS = 0.0f, qS = 0.0f;
+      const int64_t i1 = min(dk, part_begin<kSplitParts>(dk, part + 1));
+      for (int64_t i = part_begin<kSplitParts>(dk, part); i < i1; ++i) {
+        const float sij = ssm[i * kSplitCols + c];
+        kS = __fadd_rn(kS, __fmul_rn(sij, kn[i]));
+        qS = __fadd_rn(qS, __fmul_rn(sij, qn[i]));
+      }
+      part_s[(0 * kSplitParts + part) * kSplitCols + c] = kS;
+      part_s[(1 * kSplitParts + part) * kSplitCols + c] = qS;
+    }
+    __syncthreads();  // wk, wq
+    {                 // the earlier positions of its quarter of [0, n) against wk and wq
+      float pd = 0.0f, po = 0.0f;
+      const int64_t m1 = min(n, part_begin<kSplitParts>(n, part + 1));
+      for (int64_t m = part_begin<kSplitParts>(n, part); m < m1; ++m) {
+        const float dm = dsm[m * kSplitCols + c];
+        pd = __fadd_rn(pd, __fmul_rn(wk[m], dm));
+        po = __fadd_rn(po, __fmul_rn(wq[m], dm));
+      }
+      part_s[(2 * kSplitParts + part) * kSplitCols + c] = pd;
+      part_s[(3 * kSplitParts + part) * kSplitCols + c] = po;
+    }
+    __syncthreads();
+    if (part == 0 && c < ncols) {
+      const int64_t j = j0 + c;
+      float sum[4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float a = part_s[(w * kSplitParts + 0) * kSplitCols + c];
+        for (int r = 1; r < kSplitParts; ++r)
+          a = __fadd_rn(a, part_s[(w * kSplitParts + r) * kSplitCols + c]);
+        sum[w] = a;
+      }
+      const float d = __fsub_rn(__fsub_rn(v[j], __fmul_rn(Gp, sum[0])), sum[2]);
+      const float dp = __fmul_rn(d, beta);
+      dsm[slot * kSplitCols + c] = dp;
+      delta_g(slot)[j] = dp;
+      g.out[(t * Hv + h) * dv + j] = __fadd_rn(__fadd_rn(__fmul_rn(Gp, sum[1]), sum[3]), __fmul_rn(qk, dp));
+    } else if (part == 0) {
+      dsm[slot * kSplitCols + c] = 0.0f;
+    }
+    __syncthreads();  // this position's rows are written; the next position's reads follow
+    if (slot != C - 1) continue;
+    // The chunk's last position: the next chunk's state columns, in shared memory and in the other buffer.
+    for (int64_t e = tid; e < dk * kSplitCols; e += nt) {
+      const int64_t i = e / kSplitCols, cc = e % kSplitCols;
+      float sn = __fmul_rn(Gp, ssm[e]);
+      for (int64_t m = 0; m <= slot; ++m) {
+        const float w = __fmul_rn(m < slot ? em[m] : 1.0f, ksm[m * kst + i]);
+        sn = __fadd_rn(sn, __fmul_rn(w, dsm[m * kSplitCols + cc]));
+      }
+      ssm[e] = sn;
+      if (cc < ncols) S_next[i * dv + j0 + cc] = sn;
+    }
+    __syncthreads();
+    float* tmp = S;
+    S = S_next;
+    S_next = tmp;
+  }
+  if (!writer) return;
+  // The rows the next pass reads: the last chunk's positions, slots 0 .. (pos0 + T) % C.
+  if (tid == 0) {
+    while (atomicAdd(g.counters + h, 0u) < gridDim.y) __nanosleep(64);
+    g.counters[h] = 0;  // every block of the head has counted: the next launch starts from zero
+  }
+  __syncthreads();
+  const int64_t n_end = (pos0 + g.T) % C;
+  for (int64_t e = tid; e < n_end * dk; e += nt) key_g(e / dk)[e % dk] = ksm[e / dk * kst + e % dk];
+  for (int64_t m = tid; m < n_end; m += nt) g.rows_g[m * Hv + h] = gsm[m];
+}
+
 // Block r: row r.
 __global__ void __launch_bounds__(kThreads)
     gated_rms_norm_kernel(float* x, const float* z, const float* w, int64_t n, float eps) {
@@ -318,6 +532,35 @@ size_t delta_smem(int64_t dk, int64_t dv, int64_t C, bool rows, const char* what
   return rows ? base + ((size_t)C * (1 + (size_t)dk + 1 + (size_t)dv)) * sizeof(float) : base;
 }
 
+// gated_delta_split_kernel's dynamic shared memory (its layout in the kernel).
+size_t delta_split_smem(int64_t dk, int64_t C) {
+  return ((size_t)2 * dk + 8 * (size_t)C + 2 * kSplitParts + 2 + 4 * kSplitParts * kSplitCols +
+          (size_t)dk * kSplitCols + (size_t)C * (dk + 1) + (size_t)C * kSplitCols) *
+         sizeof(float);
+}
+
+// Whether the delta rule runs split over value columns (gated_delta_split_kernel): STRATA_CUDA_DELTA_SPLIT=1
+// (off by default until a GPU has checked and timed it) and the device gives its shared memory.
+bool delta_split(int64_t dk, int64_t C) {
+  if (!env_switch("STRATA_CUDA_DELTA_SPLIT", false)) return false;
+  const size_t bytes = delta_split_smem(dk, C);
+  int dev = 0, max_optin = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&dev));
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  STRATA_CHECK(bytes <= static_cast<size_t>(max_optin), UnsupportedError,
+               "STRATA_CUDA_DELTA_SPLIT=1: the delta rule's key dim ", dk, " and chunk ", C, " need ", bytes,
+               " bytes of shared memory a block; this GPU gives ", max_optin);
+  static std::mutex mu;
+  static size_t allowed = 48 * 1024;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bytes > allowed) {
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(
+        gated_delta_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    allowed = bytes;
+  }
+  return true;
+}
+
 // Whether the chunk's rows go through shared memory (gated_delta_kernel<true>): the device gives the bytes
 // (an RTX 30/40/50 card ~99 KiB a block, an H100 227; the Qwen3.6 shape takes 68), opted in once a size.
 // STRATA_CUDA_DELTA_ROWS=0 reads them from global memory, for the A/B (the same bits).
@@ -340,7 +583,13 @@ bool delta_rows_smem(int64_t dk, int64_t dv, int64_t C, const char* what) {
 }
 
 void launch_delta(const DeltaArgs& g, const char* what, cudaStream_t s) {
-  if (delta_rows_smem(g.dk, g.dv, g.C, what))
+  if (g.counters && delta_split(g.dk, g.C)) {
+    const unsigned groups = static_cast<unsigned>(ceil_div(g.dv, kSplitCols));
+    STRATA_CHECK(g.Hv <= 0x7fffffff && ceil_div(g.dv, kSplitCols) <= 65535, UnsupportedError, what,
+                 ": value heads ", g.Hv, " of ", g.dv, " dims exceed one launch");
+    launch_kernel(gated_delta_split_kernel, dim3(grid_x(g.Hv), groups), kDeltaThreads,
+                  delta_split_smem(g.dk, g.C), s, g);
+  } else if (delta_rows_smem(g.dk, g.dv, g.C, what))
     launch_kernel(gated_delta_kernel<true>, grid_x(g.Hv), kDeltaThreads,
                   delta_smem(g.dk, g.dv, g.C, true, what), s, g);
   else
@@ -354,21 +603,24 @@ void launch_delta(const DeltaArgs& g, const char* what, cudaStream_t s) {
 void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
                                 int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
                                 const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
-                                float* rows_d, float* rows_g, float* out, cudaStream_t s) {
+                                float* rows_d, float* rows_g, float* out, unsigned* counters,
+                                int64_t n_counters, cudaStream_t s) {
   STRATA_CHECK(T >= 0 && pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1, ConfigError,
                "gated_delta_chunked: bad shape T=", T, " C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
                " dv=", dv);
   delta_smem(dk, dv, C, false, "gated_delta_chunked");
   if (T == 0 && !fresh) return;
-  const DeltaArgs g{qkv, a,  b,     A,     dt_bias, T,      pos0,   C,      Hk, Hv,
-                    dk,  dv, fresh, s_cur, s_other, rows_k, rows_d, rows_g, out};
+  DeltaArgs g{qkv, a,  b,     A,     dt_bias, T,      pos0,   C,      Hk, Hv,
+              dk,  dv, fresh, s_cur, s_other, rows_k, rows_d, rows_g, out};
+  g.counters = Hv <= n_counters ? counters : nullptr;
   launch_delta(g, "gated_delta_chunked", s);
 }
 
 void launch_gated_delta_at(const float* qkv, const float* a, const float* b, int64_t pos0,
                            const int32_t* pos_dev, int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv,
                            const float* A, const float* dt_bias, float* state0, float* state1, float* rows_k,
-                           float* rows_d, float* rows_g, float* out, cudaStream_t s) {
+                           float* rows_d, float* rows_g, float* out, unsigned* counters, int64_t n_counters,
+                           cudaStream_t s) {
   STRATA_CHECK(pos0 >= 0 && C >= 1 && Hk >= 1 && Hv >= 1 && dk >= 1 && dv >= 1 && state0 && state1,
                ConfigError, "gated_delta_at: bad shape C=", C, " Hk=", Hk, " Hv=", Hv, " dk=", dk,
                " dv=", dv);
@@ -378,6 +630,7 @@ void launch_gated_delta_at(const float* qkv, const float* a, const float* b, int
   g.state[0] = state0;
   g.state[1] = state1;
   g.pos_dev = pos_dev;
+  g.counters = Hv <= n_counters ? counters : nullptr;
   launch_delta(g, "gated_delta_at", s);
 }
 
