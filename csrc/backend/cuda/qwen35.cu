@@ -96,6 +96,65 @@ __device__ float2 block_sum2(float a, float b, float* red) {
   return make_float2(sa, sb);
 }
 
+// A pass of head h: its first position and its state in the two buffers (the current chunk's, the next's);
+// gated_delta_at's from the position (chunk c's state in copy c % 2, fresh at 0), the chunked form's as
+// given.
+struct DeltaPass {
+  int64_t pos0;
+  bool fresh;
+  float *S, *S_next;
+};
+__device__ __forceinline__ DeltaPass delta_pass(const DeltaArgs& g, int64_t h) {
+  DeltaPass p{g.pos0, g.fresh, g.s_cur, g.s_other};
+  if (g.state[0]) {
+    p.pos0 += g.pos_dev ? *g.pos_dev : 0;
+    p.fresh = p.pos0 == 0;
+    const int odd = static_cast<int>(p.pos0 / g.C % 2);
+    p.S = g.state[odd];
+    p.S_next = g.state[1 - odd];
+  }
+  p.S += h * g.dk * g.dv;
+  p.S_next += h * g.dk * g.dv;
+  return p;
+}
+
+// Entry (i, j) of the next chunk's state at the chunk's last position `slot`: Gp s + the sum over m <= slot
+// of (m < slot ? em[m] : 1) k_m[i] d_m[j], in order of m (key_i(m) = k_m[i], delta_j(m) = d_m[j]).
+template <class KeyI, class DeltaJ>
+__device__ __forceinline__ float next_state(float Gp, float s, const float* em, int64_t slot, KeyI&& key_i,
+                                            DeltaJ&& delta_j) {
+  float sn = __fmul_rn(Gp, s);
+  for (int64_t m = 0; m <= slot; ++m) {
+    const float w = __fmul_rn(m < slot ? em[m] : 1.0f, key_i(m));
+    sn = __fadd_rn(sn, __fmul_rn(w, delta_j(m)));
+  }
+  return sn;
+}
+
+// Position t's query and key rows of key head kh, each over its norm (the query also over sqrt(dk)), into
+// qn and kn by the block (each thread the elements i = tid, tid + nt, ..); returns the position's value row
+// of head h. Ends in a barrier.
+__device__ __forceinline__ const float* delta_norms(const DeltaArgs& g, int64_t t, int64_t h, int64_t kh,
+                                                    float* qn, float* kn, float* red) {
+  const int64_t dk = g.dk, W = 2 * g.Hk * dk + g.Hv * g.dv;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const float* q = g.qkv + t * W + kh * dk;
+  const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
+  float pq = 0.0f, pk = 0.0f;
+  for (int64_t i = tid; i < dk; i += nt) {
+    pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
+    pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
+  }
+  const float2 sqk = block_sum2(pq, pk, red);
+  const float rq = 1.0f / sqrtf(sqk.x + 1e-6f), rk = 1.0f / sqrtf(sqk.y + 1e-6f);
+  const float scale = 1.0f / sqrtf(static_cast<float>(dk));
+  for (int64_t i = tid; i < dk; i += nt) {
+    qn[i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
+    kn[i] = __fmul_rn(k[i], rk);
+  }
+  return g.qkv + t * W + 2 * g.Hk * dk + h * g.dv;
+}
+
 // Block h: value head h's positions in order (backend/qwen35_ops.h's chunked form). Shared memory: qn, kn
 // (dk each), em, wk, wq (C each), the reductions' per-warp sums (two a warp) and two scalars; with kRows
 // also the chunk's gates (C), key rows (C x (dk + 1), the padding spreading a column over the banks) and
@@ -120,20 +179,11 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
   float* ksm = gsm + C;
   float* dsm = ksm + C * kst;
   const int tid = threadIdx.x, nt = blockDim.x;
-  const int64_t W = 2 * g.Hk * dk + Hv * dv;
-  const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  int64_t pos0 = g.pos0;
-  bool fresh = g.fresh;
-  float *s_cur = g.s_cur, *s_other = g.s_other;
-  if (g.state[0]) {
-    pos0 += g.pos_dev ? *g.pos_dev : 0;
-    fresh = pos0 == 0;
-    const int odd = static_cast<int>(pos0 / C % 2);
-    s_cur = g.state[odd];
-    s_other = g.state[1 - odd];
-  }
-  float* S = s_cur + h * dk * dv;  // S_a of the current chunk; the other buffer takes the next one
-  float* S_next = s_other + h * dk * dv;
+  const DeltaPass ps = delta_pass(g, h);
+  const int64_t pos0 = ps.pos0;
+  const bool fresh = ps.fresh;
+  float* S = ps.S;  // S_a of the current chunk; the other buffer takes the next one
+  float* S_next = ps.S_next;
   if (fresh)
     for (int64_t i = tid; i < dk * dv; i += nt) S[i] = 0.0f;
   const auto key_g = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
@@ -159,20 +209,9 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
   }
   for (int64_t t = 0; t < g.T; ++t) {
     const int64_t p = pos0 + t, slot = p % C, n = slot;
-    const float* q = g.qkv + t * W + kh * dk;
-    const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
-    const float* v = g.qkv + t * W + 2 * g.Hk * dk + h * dv;
-    float pq = 0.0f, pk = 0.0f;
-    for (int64_t i = tid; i < dk; i += nt) {
-      pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
-      pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
-    }
-    const float2 sqk = block_sum2(pq, pk, red);
-    const float rq = 1.0f / sqrtf(sqk.x + 1e-6f), rk = 1.0f / sqrtf(sqk.y + 1e-6f);
+    const float* v = delta_norms(g, t, h, kh, qn, kn, red);
     float* ks = key_g(slot);
-    for (int64_t i = tid; i < dk; i += nt) {
-      qn[i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
-      kn[i] = __fmul_rn(k[i], rk);
+    for (int64_t i = tid; i < dk; i += nt) {  // this thread's own elements of kn
       ks[i] = kn[i];
       if constexpr (kRows) ksm[slot * kst + i] = kn[i];
     }
@@ -231,11 +270,8 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
     // The chunk's last position: the next chunk's state, then the buffers swap roles.
     for (int64_t e = tid; e < dk * dv; e += nt) {
       const int64_t i = e / dv, j = e % dv;
-      float sn = __fmul_rn(Gp, S[e]);
-      for (int64_t m = 0; m <= slot; ++m) {
-        const float w = __fmul_rn(m < slot ? em[m] : 1.0f, key(m)[i]);
-        sn = __fadd_rn(sn, __fmul_rn(w, delta(m)[j]));
-      }
+      const float sn = next_state(
+          Gp, S[e], em, slot, [&](int64_t m) { return key(m)[i]; }, [&](int64_t m) { return delta(m)[j]; });
       S_next[e] = sn;
     }
     __syncthreads();
@@ -285,20 +321,11 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
   float* ssm = part_s + 4 * kSplitParts * kSplitCols;  // dk x kSplitCols: the group's state columns
   float* ksm = ssm + dk * kSplitCols;                  // C x (dk + 1): the chunk's key rows
   float* dsm = ksm + C * kst;                          // C x kSplitCols: the group's delta columns
-  const int64_t W = 2 * g.Hk * dk + Hv * dv;
-  const float scale = 1.0f / sqrtf(static_cast<float>(dk));
-  int64_t pos0 = g.pos0;
-  bool fresh = g.fresh;
-  float *s_cur = g.s_cur, *s_other = g.s_other;
-  if (g.state[0]) {
-    pos0 += g.pos_dev ? *g.pos_dev : 0;
-    fresh = pos0 == 0;
-    const int odd = static_cast<int>(pos0 / C % 2);
-    s_cur = g.state[odd];
-    s_other = g.state[1 - odd];
-  }
-  float* S = s_cur + h * dk * dv;  // the current chunk's state in global memory; the other buffer the next's
-  float* S_next = s_other + h * dk * dv;
+  const DeltaPass ps = delta_pass(g, h);
+  const int64_t pos0 = ps.pos0;
+  const bool fresh = ps.fresh;
+  float* S = ps.S;  // the current chunk's state in global memory; the other buffer the next's
+  float* S_next = ps.S_next;
   const int64_t ncols = min(static_cast<int64_t>(kSplitCols), dv - j0);
   const auto key_g = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
   const auto delta_g = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
@@ -334,21 +361,8 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
   }
   for (int64_t t = 0; t < g.T; ++t) {
     const int64_t p = pos0 + t, slot = p % C, n = slot;
-    const float* q = g.qkv + t * W + kh * dk;
-    const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
-    const float* v = g.qkv + t * W + 2 * g.Hk * dk + h * dv;
-    float pq = 0.0f, pk = 0.0f;
-    for (int64_t i = tid; i < dk; i += nt) {
-      pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
-      pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
-    }
-    const float2 sqk = block_sum2(pq, pk, red);
-    const float rq = 1.0f / sqrtf(sqk.x + 1e-6f), rk = 1.0f / sqrtf(sqk.y + 1e-6f);
-    for (int64_t i = tid; i < dk; i += nt) {
-      qn[i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
-      kn[i] = __fmul_rn(k[i], rk);
-      ksm[slot * kst + i] = kn[i];
-    }
+    const float* v = delta_norms(g, t, h, kh, qn, kn, red);
+    for (int64_t i = tid; i < dk; i += nt) ksm[slot * kst + i] = kn[i];  // this thread's own elements
     if (tid == 0) {
       const float gg = __fmul_rn(g.A[h], softplusf(__fadd_rn(g.a[t * Hv + h], g.dt_bias[h])));
       float acc = gg;  // the decays' exponents, summed back from p
@@ -433,11 +447,9 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
     // The chunk's last position: the next chunk's state columns, in shared memory and in the other buffer.
     for (int64_t e = tid; e < dk * kSplitCols; e += nt) {
       const int64_t i = e / kSplitCols, cc = e % kSplitCols;
-      float sn = __fmul_rn(Gp, ssm[e]);
-      for (int64_t m = 0; m <= slot; ++m) {
-        const float w = __fmul_rn(m < slot ? em[m] : 1.0f, ksm[m * kst + i]);
-        sn = __fadd_rn(sn, __fmul_rn(w, dsm[m * kSplitCols + cc]));
-      }
+      const float sn = next_state(
+          Gp, ssm[e], em, slot, [&](int64_t m) { return ksm[m * kst + i]; },
+          [&](int64_t m) { return dsm[m * kSplitCols + cc]; });
       ssm[e] = sn;
       if (cc < ncols) S_next[i * dv + j0 + cc] = sn;
     }
@@ -539,25 +551,35 @@ size_t delta_split_smem(int64_t dk, int64_t C) {
          sizeof(float);
 }
 
-// Whether the delta rule runs split over value columns (gated_delta_split_kernel): STRATA_CUDA_DELTA_SPLIT=1
-// (off by default until a GPU has checked and timed it) and the device gives its shared memory.
-bool delta_split(int64_t dk, int64_t C) {
-  if (!env_switch("STRATA_CUDA_DELTA_SPLIT", false)) return false;
-  const size_t bytes = delta_split_smem(dk, C);
+// The most dynamic shared memory a block of this device may take (opted in).
+size_t smem_optin_max() {
   int dev = 0, max_optin = 0;
   STRATA_CUDA_CHECK(cudaGetDevice(&dev));
   STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  STRATA_CHECK(bytes <= static_cast<size_t>(max_optin), UnsupportedError,
-               "STRATA_CUDA_DELTA_SPLIT=1: the delta rule's key dim ", dk, " and chunk ", C, " need ", bytes,
-               " bytes of shared memory a block; this GPU gives ", max_optin);
+  return static_cast<size_t>(max_optin);
+}
+
+// Kernel opted in to `bytes` of dynamic shared memory (at most smem_optin_max()), once a larger size.
+template <auto Kernel>
+void allow_smem(size_t bytes) {
   static std::mutex mu;
   static size_t allowed = 48 * 1024;
   std::lock_guard<std::mutex> lock(mu);
   if (bytes > allowed) {
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(
-        gated_delta_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     allowed = bytes;
   }
+}
+
+// Whether the delta rule runs split over value columns (gated_delta_split_kernel): STRATA_CUDA_DELTA_SPLIT=1
+// (off by default until a GPU has checked and timed it); a device without its shared memory is an error.
+bool delta_split(int64_t dk, int64_t C) {
+  if (!env_switch("STRATA_CUDA_DELTA_SPLIT", false)) return false;
+  const size_t bytes = delta_split_smem(dk, C), most = smem_optin_max();
+  STRATA_CHECK(bytes <= most, UnsupportedError, "STRATA_CUDA_DELTA_SPLIT=1: the delta rule's key dim ", dk,
+               " and chunk ", C, " need ", bytes, " bytes of shared memory a block; this GPU gives ", most);
+  allow_smem<gated_delta_split_kernel>(bytes);
   return true;
 }
 
@@ -567,18 +589,8 @@ bool delta_split(int64_t dk, int64_t C) {
 bool delta_rows_smem(int64_t dk, int64_t dv, int64_t C, const char* what) {
   if (!env_switch("STRATA_CUDA_DELTA_ROWS", true)) return false;
   const size_t bytes = delta_smem(dk, dv, C, true, what);
-  int dev = 0, max_optin = 0;
-  STRATA_CUDA_CHECK(cudaGetDevice(&dev));
-  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (bytes > static_cast<size_t>(max_optin)) return false;
-  static std::mutex mu;
-  static size_t allowed = 48 * 1024;
-  std::lock_guard<std::mutex> lock(mu);
-  if (bytes > allowed) {
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(
-        gated_delta_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    allowed = bytes;
-  }
+  if (bytes > smem_optin_max()) return false;
+  allow_smem<gated_delta_kernel<true>>(bytes);
   return true;
 }
 
