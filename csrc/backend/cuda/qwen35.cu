@@ -40,7 +40,9 @@ struct ConvAt {
   const int32_t* pos_dev;
 };
 
-// Thread c: channel c's T outputs over its Kc taps in order, then its state rows.
+// Thread e of T x C outputs and then (Kc - 1) x C state rows, grid-stride: output (t, c) over its Kc taps in
+// order (each output its own thread: a prompt's T x C outputs spread over the GPU, not its C channels' T each
+// on one thread), then state_out's element. state_out overlaps neither x nor state_in (the op's contract).
 __global__ void __launch_bounds__(kThreads)
     conv1d_silu_kernel(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w,
                        const float* state_in, float* state_out, float* y, ConvAt at) {
@@ -50,19 +52,22 @@ __global__ void __launch_bounds__(kThreads)
     state_in = p == 0 ? nullptr : at.copy[p % 2];
     state_out = at.copy[(p + 1) % 2];
   }
-  const int64_t S = Kc - 1;
-  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C;
-       c += (int64_t)gridDim.x * blockDim.x) {
-    const auto xx = [&](int64_t r) {
-      return r < S ? (state_in ? state_in[r * C + c] : 0.0f) : x[(r - S) * C + c];
-    };
-    const float* wc = w + c * Kc;
-    for (int64_t t = 0; t < T; ++t) {
+  const int64_t S = Kc - 1, n = T * C, total = n + S * C;
+  const auto xx = [&](int64_t r, int64_t c) {
+    return r < S ? (state_in ? state_in[r * C + c] : 0.0f) : x[(r - S) * C + c];
+  };
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    if (e < n) {
+      const int64_t t = e / C, c = e % C;
+      const float* wc = w + c * Kc;
       float acc = 0.0f;
-      for (int64_t j = 0; j < Kc; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], xx(t + j)));
-      y[t * C + c] = siluf(acc);
+      for (int64_t j = 0; j < Kc; ++j) acc = __fadd_rn(acc, __fmul_rn(wc[j], xx(t + j, c)));
+      y[e] = siluf(acc);
+    } else {
+      const int64_t r = (e - n) / C, c = (e - n) % C;
+      state_out[r * C + c] = xx(T + r, c);
     }
-    for (int64_t r = 0; r < S; ++r) state_out[r * C + c] = xx(T + r);
   }
 }
 
@@ -517,8 +522,8 @@ void launch_conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const 
   STRATA_CHECK(T >= 0 && C >= 0 && Kc >= 1, ConfigError, "conv1d_silu: bad shape T=", T, " C=", C,
                " Kc=", Kc);
   if (C == 0) return;
-  launch_kernel(conv1d_silu_kernel, stride_blocks(C, kThreads), kThreads, 0, s, x, T, C, Kc, w, state_in,
-                state_out, y, ConvAt{{nullptr, nullptr}, 0, nullptr});
+  launch_kernel(conv1d_silu_kernel, stride_blocks((T + Kc - 1) * C, kThreads), kThreads, 0, s, x, T, C, Kc, w,
+                state_in, state_out, y, ConvAt{{nullptr, nullptr}, 0, nullptr});
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
@@ -527,7 +532,7 @@ void launch_conv1d_silu_at(const float* x, int64_t C, int64_t Kc, const float* w
   STRATA_CHECK(C >= 0 && Kc >= 1 && pos0 >= 0 && conv0 && conv1, ConfigError,
                "conv1d_silu_at: bad shape C=", C, " Kc=", Kc, " pos0=", pos0);
   if (C == 0) return;
-  launch_kernel(conv1d_silu_kernel, stride_blocks(C, kThreads), kThreads, 0, s, x, int64_t{1}, C, Kc, w,
+  launch_kernel(conv1d_silu_kernel, stride_blocks(Kc * C, kThreads), kThreads, 0, s, x, int64_t{1}, C, Kc, w,
                 static_cast<const float*>(nullptr), static_cast<float*>(nullptr), y,
                 ConvAt{{conv0, conv1}, pos0, pos_dev});
   STRATA_CUDA_LAUNCH_CHECK();
