@@ -408,9 +408,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
     Backend& be = ctx_.be;
     float *qg = b[scratch_.in], *q = b[scratch_.mid], *gate = b[scratch_.gate], *out = b[scratch_.out];
     float *k = b[scratch_.k], *v = b[scratch_.v];
-    matmul(w.q, x, T, qg);
-    matmul(w.k, x, T, k);
-    matmul(w.v, x, T, v);
+    matmul_same_x(be, x, T, {{w.q, qg}, {w.k, k}, {w.v, v}});  // one launch where the types agree
     ops_.split_q_gate(qg, T, a.n_head, a.head_dim, q, gate);
     const int64_t qw = a.n_head * a.head_dim, kw = a.n_kv_head * a.head_dim;
     const float scale = 1.0f / std::sqrt((float)a.head_dim);
@@ -436,10 +434,9 @@ class Qwen35MoeForward final : public RowsForwardPass {
     const Q35Spec& d = q35_spec(s);
     float *qkv = b[scratch_.in], *conv = b[scratch_.mid], *z = b[scratch_.gate], *dn = b[scratch_.out];
     float *al = b[scratch_.a], *bt = b[scratch_.b];
-    matmul(w.qkv, x, T, qkv);
-    matmul(w.z, x, T, z);
-    matmul(w.alpha, x, T, al);
-    matmul(w.beta, x, T, bt);
+    // One launch where the four share a type (a decode step's alpha and beta are 32-row GEMVs, a launch
+    // each).
+    matmul_same_x(ctx_.be, x, T, {{w.qkv, qkv}, {w.z, z}, {w.alpha, al}, {w.beta, bt}});
     const KVCache& kv = ctx_.kv;
     const int64_t C = d.conv_dim, Vd = d.Hv * d.dv;
     for (const Piece& p : pieces) {
@@ -479,8 +476,7 @@ class Qwen35MoeForward final : public RowsForwardPass {
   // routed experts' sum after moe_block.
   void shared_expert(const PrefillBuffers& b, const Layer& w, const float* x, int64_t T) {
     float *g = b[scratch_.sh_g], *u = b[scratch_.sh_u];
-    matmul(w.sh_gate, x, T, g);
-    matmul(w.sh_up, x, T, u);
+    matmul_same_x(ctx_.be, x, T, {{w.sh_gate, g}, {w.sh_up, u}});
     ctx_.be.swiglu(g, u, T * w.sh_gate.rows);
     matmul(w.sh_down, g, T, b[scratch_.sh_out]);
     matmul(w.sh_gate_inp, x, T, b[scratch_.sh_s]);
