@@ -390,8 +390,7 @@ class Gemma4Forward final : public RowsForwardPass {
       be.rms_norm_read(ffn_out, T, D, eps, ly.post_attn_norm, ngrs, b.proj);
       x = add_gr_read(be, b, T, D, eps, ly.ffn_norm, x_stage);
       float *gate = b[sc_.gate], *up = b[sc_.up];
-      matmul(ly.ffn_gate, x, T, gate);
-      matmul(ly.ffn_up, x, T, up);
+      matmul_same_x(be, x, T, {{ly.ffn_gate, gate}, {ly.ffn_up, up}});  // one launch where the types agree
       // The router reads R through its own unweighted norm, times its scale and 1 / sqrt(D).
       be.apply_norm(b.R, b.grs, ly.router_scale, D, nullptr, 1, T, ffn_out);
       ops_.scale(ffn_out, T * D, router_root_);
@@ -427,12 +426,12 @@ class Gemma4Forward final : public RowsForwardPass {
     Backend& be = ctx_.be;
     const int64_t H = s.n_head, KV = w.kv, hd = w.hd;
     float *q = b[sc_.q], *k = b[sc_.k], *v = b[sc_.v], *out = b[sc_.out];
-    matmul(w.q, x, T, q);
-    matmul(w.k, x, T, k);
-    if (w.v.data)
-      matmul(w.v, x, T, v);
-    else
+    if (w.v.data) {
+      matmul_same_x(be, x, T, {{w.q, q}, {w.k, k}, {w.v, v}});  // one launch where the types agree
+    } else {
+      matmul_same_x(be, x, T, {{w.q, q}, {w.k, k}});
       be.copy(v, k, (size_t)T * KV * hd * sizeof(float));
+    }
     ops_.head_norm(q, T, H, hd, w.q_norm, s.rms_eps);
     ops_.head_norm(k, T, KV, hd, w.k_norm, s.rms_eps);
     ops_.head_norm(v, T, KV, hd, nullptr, s.rms_eps);

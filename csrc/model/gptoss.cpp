@@ -244,9 +244,7 @@ class GptOssForward final : public RowsForwardPass {
     Backend& be = ctx_.be;
     const int64_t H = s.n_head, KV = s.n_kv_head, hd = s.head_dim;
     float *q = b[scratch_.q], *k = b[scratch_.k], *v = b[scratch_.v], *out = b[scratch_.out];
-    matmul(w.q, x, T, q);
-    matmul(w.k, x, T, k);
-    matmul(w.v, x, T, v);
+    matmul_same_x(be, x, T, {{w.q, q}, {w.k, k}, {w.v, v}});  // one launch where the types agree
     ops_.add_bias(q, w.q_b, T, H * hd);
     ops_.add_bias(k, w.k_b, T, KV * hd);
     ops_.add_bias(v, w.v_b, T, KV * hd);
