@@ -464,15 +464,16 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
     S_next = tmp;
   }
   if (!writer) return;
-  // The rows the next pass reads: the last chunk's positions, slots 0 .. (pos0 + T) % C.
+  // The rows the next pass reads that this pass wrote: its last chunk's positions, slots lo .. (pos0 + T) % C
+  // (lo: the pass's first slot if it stayed in one chunk; a decode step writes one row).
   if (tid == 0) {
     while (atomicAdd(g.counters + h, 0u) < gridDim.y) __nanosleep(64);
     g.counters[h] = 0;  // every block of the head has counted: the next launch starts from zero
   }
   __syncthreads();
-  const int64_t n_end = (pos0 + g.T) % C;
-  for (int64_t e = tid; e < n_end * dk; e += nt) key_g(e / dk)[e % dk] = ksm[e / dk * kst + e % dk];
-  for (int64_t m = tid; m < n_end; m += nt) g.rows_g[m * Hv + h] = gsm[m];
+  const int64_t n_end = (pos0 + g.T) % C, lo = (pos0 + g.T) / C == pos0 / C ? n0 : 0;
+  for (int64_t e = lo * dk + tid; e < n_end * dk; e += nt) key_g(e / dk)[e % dk] = ksm[e / dk * kst + e % dk];
+  for (int64_t m = lo + tid; m < n_end; m += nt) g.rows_g[m * Hv + h] = gsm[m];
 }
 
 // Block r: row r.
