@@ -103,9 +103,9 @@ class DeltaChunks {
   int64_t N_, C_;
 };
 
-// Each case also with STRATA_CUDA_DELTA_SPLIT=1 (a GPU's delta rule split over value columns: other sums'
-// order, so its own bits, which every split into passes must give too) and 70 value dims (three column
-// groups, the last one partial).
+// Each case with STRATA_CUDA_DELTA_SPLIT=0 and =1 (a GPU's delta rule on one block a head, and split over
+// value columns, the default: other sums' order, so its own bits, which every split into passes must give
+// too) and 70 value dims (three column groups, the last one partial).
 struct EnvSet {
   EnvSet(const char* k, const char* v) : key(k) {
     if (v) setenv(k, v, 1);
@@ -128,7 +128,7 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
          {Case{48, 8, 0, false, false}, Case{48, 8, 16, true, false}, Case{130, 64, 0, false, false},
           Case{70, 64, 64, true, false}, Case{130, 64, 0, false, true}, Case{70, 64, 64, true, true},
           Case{48, 8, 16, true, false, 70}, Case{70, 64, 64, true, true, 70}}) {
-      const EnvSet env("STRATA_CUDA_DELTA_SPLIT", split ? "1" : nullptr);
+      const EnvSet env("STRATA_CUDA_DELTA_SPLIT", split ? "1" : "0");
       const int64_t Hv = DeltaChunks::Hv, dk = DeltaChunks::dk, dv = c.dv;
       DeltaChunks dc(be(), ops(), rng, c.N, c.C, c.strong ? 4.f : 0.02f, c.strong ? 16.f : 4.f, dv);
       const auto s0 = c.cont ? randf(rng, Hv * dk * dv, -0.5f, 0.5f) : std::vector<float>();

@@ -9,7 +9,7 @@ namespace strata::cuda {
 void launch_conv1d_silu(const float* x, int64_t T, int64_t C, int64_t Kc, const float* w,
                         const float* state_in, float* state_out, float* y, cudaStream_t s);
 // counters (n_counters of them, zero, left zero): the split form's per-head count of blocks past their
-// first reads (STRATA_CUDA_DELTA_SPLIT=1; heads past n_counters run unsplit).
+// first reads (the split form, the default; heads past n_counters run unsplit).
 void launch_gated_delta_chunked(const float* qkv, const float* a, const float* b, int64_t T, int64_t pos0,
                                 int64_t C, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* A,
                                 const float* dt_bias, bool fresh, float* s_cur, float* s_other, float* rows_k,
