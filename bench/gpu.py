@@ -31,7 +31,10 @@ For every strata row: ms per decoded token against its floor (the weights a toke
 over --hbm-gbps plus the bytes it misses over --link-gbps), the hit rate, GB streamed and the link
 GB/s achieved. llama.cpp runs as its own `llama-bench` binary (--llama-bench; build it from
 ../shared/peers as its README says, e.g. in the background while this writes the models: the bench
-waits up to --llama-wait seconds for the binary to appear). Prints a table, writes JSON:
+waits up to --llama-wait seconds for the binary to appear). With --link-probe (strata_bench_cuda_link, built
+from bench/cuda_link.cu) the host link is measured first and again on each scenario's file once it is written
+(registered, as strata's source reads it), so the JSON ("link") and the log say what link the numbers ran on.
+Prints a table, writes JSON:
 
     PYTHONPATH=python python3 bench/gpu.py --dir /tmp/strata-bench --llama-bench /tmp/llama.cpp/build/bin/llama-bench
 """
@@ -44,6 +47,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -295,6 +299,56 @@ def wait_for(binary: str, seconds: float) -> bool:
     return True
 
 
+def link_probe(binary: str, file: str | None = None) -> dict[str, Any]:
+    """strata_bench_cuda_link's JSON (the host link's GB/s and the GPU's NUMA node), its table under "output";
+    with `file`, also that file registered and copied or read zero-copy. {"error": ...} where it fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "link.json")
+        cmd = [binary, "--json", out] + (["--file", file] if file else [])
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            print(f"link probe {' '.join(cmd)} failed: {e}", flush=True)
+            return {"error": str(e)}
+        if res.returncode != 0 or not os.path.exists(out):
+            err = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+            print(f"link probe {' '.join(cmd)} failed ({res.returncode}): {err}", flush=True)
+            return {"error": err, "output": res.stdout + res.stderr}
+        with open(out) as f:
+            got = json.load(f)
+    got["output"] = res.stdout
+    return got
+
+
+def link_summary(probe: dict[str, Any], file: str | None = None) -> str:
+    """One line of a link_probe result: the first row of each test, and the GPU's NUMA node."""
+    if "error" in probe:
+        return f"link{', ' + os.path.basename(file) if file else ''}: probe failed: {probe['error']}"
+    tests: dict[str, dict[str, Any]] = {}
+    for t in probe["tests"]:
+        tests.setdefault(t["name"], t)
+
+    def gbps(name: str) -> str:
+        t = tests.get(name)
+        if t is None:
+            return "-"
+        return f"{t['gbps']:.1f} GB/s" if "gbps" in t else f"error ({t['error']})"
+
+    if file:
+        f = probe.get("file") or {}
+        nodes = ", ".join(f"node {n}: {c}" for n, c in (f.get("page_nodes") or {}).items())
+        return (f"link, {os.path.basename(file)}: registered file {gbps('file_copy')}, zero-copy "
+                f"{gbps('file_zero_copy')} (registered in {f.get('register_s', 0):.1f} s; pages sampled on "
+                f"{nodes or 'unknown nodes'})")
+    big = tests.get("pinned", {}).get("bytes", 0) / 2**30
+    node = probe["gpu_numa_node"]
+    pcie = probe.get("pcie") or {}
+    return (f"link: pinned {big:g} GiB {gbps('pinned')}, expert copies {gbps('pinned_experts')}, pageable "
+            f"{gbps('pageable')}, zero-copy pinned {gbps('pinned_zero_copy')}; GPU on NUMA node "
+            f"{node if node >= 0 else '?'} of {probe['numa_nodes'] or '?'} ({pcie.get('speed') or 'PCIe speed ?'} "
+            f"x{pcie.get('width') or '?'}), the probe's thread on node {probe.get('cpu_numa_node')}")
+
+
 def print_table(rows: list[Row], hbm: float, link: float) -> None:
     print(f"\nfloor: weights read / {hbm / 1e12:.1f} TB/s + missed bytes / {link / 1e9:.0f} GB/s")
     w = max([34] + [len(r.config) for r in rows])  # whole labels: ", prefetch" and the like tell rows apart
@@ -349,6 +403,10 @@ def main() -> None:
                          "else 4300)")
     ap.add_argument("--link-gbps", type=float, default=54, help="host link bandwidth for the floor, GB/s")
     ap.add_argument("--device", default="cuda", help="strata's device (cpu: a smoke test of this script)")
+    ap.add_argument("--link-probe", default=None, metavar="PATH",
+                    help="strata_bench_cuda_link (bench/cuda_link.cu): measure the host link before the scenarios "
+                         "and on each scenario's file once written; a line in the log, \"link\" in the JSON "
+                         "(default: none)")
     ap.add_argument("--mma-q8", choices=("off", "on", "both"), default="on",
                     help="the integer prompt tile on tensor cores (strata's default; off: STRATA_CUDA_MMA_Q8=0, the "
                          "dp4a tile) for the prompt rows: on, off, or both side by side")
@@ -390,6 +448,11 @@ def main() -> None:
     # scenario needs it (unless --keep-files): the 235b, ds3 and v4flash files (48-74 GB) do not fit RAM together.
     files: dict[str, str] = {}
     sizes: dict[str, float] = {}
+    # The link first, on its own (no model loaded); then each file as strata will read it, once written.
+    link_info: dict[str, Any] = {"probe": a.link_probe, "files": {}} if a.link_probe else {}
+    if a.link_probe:
+        link_info["machine"] = link_probe(a.link_probe)
+        print(link_summary(link_info["machine"]), flush=True)
 
     def file_of(s: str) -> str:
         preset, shm = SCENARIO_PRESETS[s]
@@ -398,6 +461,9 @@ def main() -> None:
             files[preset] = write_model(a.shm_dir if shm else a.dir, preset, layers, a.workers, a.route_skew,
                                         a.route_locality)
             sizes[preset] = os.path.getsize(files[preset]) / 2**30
+            if a.link_probe:
+                link_info["files"][files[preset]] = link_probe(a.link_probe, files[preset])
+                print(link_summary(link_info["files"][files[preset]], files[preset]), flush=True)
         return files[preset]
 
     def done_with(i: int) -> None:
@@ -491,10 +557,14 @@ def main() -> None:
     listed = ", ".join(f"{os.path.basename(files[p])} ({sizes[p]:.2f} GiB)" for p in files)
     print(f"\n{rows[0].extra['device'] if rows else a.device}; files: {listed}")
     print_table(rows, hbm, link)
+    if a.link_probe:  # again under the table (scripts/gpu-check prints the log from the table on)
+        print(link_summary(link_info["machine"]))
+        for path, probe in link_info["files"].items():
+            print(link_summary(probe, path))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"files": files, "hbm_gbps": a.hbm_gbps, "link_gbps": a.link_gbps,
-                       "llama_bench": llama_state.get("path"),
+                       "llama_bench": llama_state.get("path"), "link": link_info or None,
                        "rows": [{"scenario": r.scenario, "config": r.config, "test": r.test,
                                  "strata_tps": r.strata_tps, "llama_tps": r.llama_tps, "ratio": r.ratio, **r.extra}
                                 for r in rows]}, f, indent=2)
