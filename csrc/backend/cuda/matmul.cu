@@ -89,6 +89,9 @@ bool gemv_xs_on() {
   return on;
 }
 
+// Read at each launch (the op harness runs both in one process): STRATA_CUDA_EXPERTS_XS=0 for the A/B.
+bool gemv_experts_xs_on() { return env_switch("STRATA_CUDA_EXPERTS_XS", true); }
+
 bool gemv_stage_on() {
   static const bool on = [] {
     const char* e = std::getenv("STRATA_CUDA_GEMV_STAGE");
