@@ -472,7 +472,8 @@ void expect_rows_of_matmul(Backend& be, QType t, const std::vector<std::vector<u
 // matmul_experts (and its q8_0 twin) find each row's expert through the table, resident at a stride
 // or in permuted cache slots, and give per row the bits of the decode matmul on that expert's matrix.
 TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
-  // On a GPU both one-token kernels: activations staged once a block (the default) and read per lane.
+  // On a GPU both one-token kernels: activations staged once a block (opt-in) and read per lane (the
+  // default).
   for (const char* xs : {"1", "0"}) {
     const ExpertsXsEnv env(xs);
     SCOPED_TRACE(str("STRATA_CUDA_EXPERTS_XS=", xs));
@@ -569,7 +570,8 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
 // condition for write-through), pieces that cross a matrix's ends read byte by byte; an expert
 // named twice (a batch's rows) is written twice with the same bytes.
 TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
-  // On a GPU both one-token kernels: activations staged once a block (the default) and read per lane.
+  // On a GPU both one-token kernels: activations staged once a block (opt-in) and read per lane (the
+  // default).
   for (const char* xs : {"1", "0"}) {
     const ExpertsXsEnv env(xs);
     SCOPED_TRACE(str("STRATA_CUDA_EXPERTS_XS=", xs));

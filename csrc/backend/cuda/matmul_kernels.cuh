@@ -179,7 +179,7 @@ __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b
 // Whether one token's GEMV stages its activations in shared memory (gemv_row_xs_kernel; the same bits
 // as gemv_row_kernel): STRATA_CUDA_GEMV_XS=0 turns it off, to measure the difference.
 bool gemv_xs_on();
-// matmul_experts' one-token GEMV with its activations staged once a block (default on).
+// matmul_experts' one-token GEMV with its activations staged once a block (STRATA_CUDA_EXPERTS_XS=1, opt-in).
 bool gemv_experts_xs_on();
 // STRATA_CUDA_GEMV_STAGE=0: the one-token GEMV decodes its weights from global memory, not a warp's copy
 // in shared memory (gemv::WStage; the same bits either way), for the A/B.
