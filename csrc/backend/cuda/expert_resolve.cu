@@ -69,6 +69,41 @@ __device__ int32_t find_victim(const ExpertResolve& r, bool scan, uint64_t pass_
   return bs;
 }
 
+// Thread 0's part of a miss of expert e that found slot bs: the slot's expert (if any) evicted, the slot
+// taken for e and held, the counters c (kResolveCounters) counted, and its fill queued in the job list (or,
+// written through, its pending flag set). Returns the evicted key (-1: the slot was empty). The caller stamps
+// the slot.
+__device__ int32_t take_slot(const ExpertResolve& r, int32_t bs, int32_t e, int64_t base, uint64_t* c,
+                             int32_t& jobs) {
+  const int32_t old = r.key[bs];
+  if (old >= 0) {
+    r.table[old] = -1;
+    ++c[3];
+  }
+  if (r.pref) {
+    if (r.pref[bs]) ++c[7];
+    r.pref[bs] = r.prefetch ? 1 : 0;
+  }
+  r.key[bs] = static_cast<int32_t>(base + e);
+  r.table[base + e] = bs;
+  if (r.prefetch) {
+    ++c[5];
+    c[8] += r.layer_bytes;
+  } else {
+    ++c[1];
+  }
+  c[2] += r.layer_bytes;
+  const bool through = r.write_through && !r.prefetch;
+  if (r.pending) r.pending[bs] = through ? 1 : 0;
+  if (!through) {
+    r.jobs[1 + 2 * jobs] = bs;
+    r.jobs[2 + 2 * jobs] = e;
+    ++jobs;
+  }
+  r.held[bs] = 1;
+  return old;
+}
+
 __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve r) {
   grid_start();
   __shared__ ScanKey red_v[kResolveThreads / kWarp];
@@ -120,31 +155,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
       if (bs < 0) {
         if (!r.prefetch) ++r.counters[4];
       } else {
-        if (r.key[bs] >= 0) {
-          r.table[r.key[bs]] = -1;
-          ++r.counters[3];
-        }
-        if (r.pref) {
-          if (r.pref[bs]) ++r.counters[7];
-          r.pref[bs] = r.prefetch ? 1 : 0;
-        }
-        r.key[bs] = static_cast<int32_t>(base + e);
-        r.table[base + e] = bs;
-        if (r.prefetch) {
-          ++r.counters[5];
-          r.counters[8] += r.layer_bytes;
-        } else {
-          ++r.counters[1];
-        }
-        r.counters[2] += r.layer_bytes;
-        const bool through = r.write_through && !r.prefetch;
-        if (r.pending) r.pending[bs] = through ? 1 : 0;
-        if (!through) {
-          r.jobs[1 + 2 * jobs] = bs;
-          r.jobs[2 + 2 * jobs] = e;
-          ++jobs;
-        }
-        r.held[bs] = 1;
+        take_slot(r, bs, e, base, r.counters, jobs);
         stamp(bs);
       }
     }
@@ -255,34 +266,9 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_preload_kernel(Expert
       if (bs < 0) {
         if (!r.prefetch) ++c[4];
       } else {
-        const int32_t old = r.key[bs];
-        if (old >= 0) {
-          r.table[old] = -1;
-          ++c[3];
-          if (old >= base && old < base + r.E) patch(i, static_cast<int32_t>(old - base), -1);
-        }
-        if (r.pref) {
-          if (r.pref[bs]) ++c[7];
-          r.pref[bs] = r.prefetch ? 1 : 0;
-        }
-        r.key[bs] = static_cast<int32_t>(base + e);
-        r.table[base + e] = bs;
+        const int32_t old = take_slot(r, bs, e, base, c, jobs);
+        if (old >= base && old < base + r.E) patch(i, static_cast<int32_t>(old - base), -1);
         patch(i, e, bs);
-        if (r.prefetch) {
-          ++c[5];
-          c[8] += r.layer_bytes;
-        } else {
-          ++c[1];
-        }
-        c[2] += r.layer_bytes;
-        const bool through = r.write_through && !r.prefetch;
-        if (r.pending) r.pending[bs] = through ? 1 : 0;
-        if (!through) {
-          r.jobs[1 + 2 * jobs] = bs;
-          r.jobs[2 + 2 * jobs] = e;
-          ++jobs;
-        }
-        r.held[bs] = 1;
         stamp(bs);
       }
       ++i;

@@ -558,58 +558,41 @@ __global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs
 }
 
 // matmul_experts with row i's activations staged once a block (gemv_row_xs_kernel's way): block (x, i) takes
-// kXsWarps rows of row i's expert matrix. The experts' float-activation GEMV read each lane's 16 activations
-// of a unit straight from memory, 64 bytes a lane apart, four times the bytes of its Q4_K weights (ncu, the
-// 30B shape's decode with a bounded cache: 22 us a call, 0.3 TB/s). The same units per lane in the same
-// order: the bits of gemv_row_experts_kernel.
-template <class F>
+// kXsWarps rows of row i's expert matrix; kWt: a table with pending slots (gemv_row_experts_wt_kernel's
+// write-through, each warp's kWtArea after the activations). The experts' float-activation GEMV read each
+// lane's 16 activations of a unit straight from memory, 64 bytes a lane apart, four times the bytes of its
+// Q4_K weights (ncu, the 30B shape's decode with a bounded cache: 22 us a call, 0.3 TB/s). The same units per
+// lane in the same order: the bits of gemv_row_experts_kernel.
+template <class F, bool kWt>
 __global__ void __launch_bounds__(kXsThreads)
     gemv_row_experts_xs_kernel(ExpertsArgs g, bool x_vec, bool stage) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t i = blockIdx.y, r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t i = blockIdx.y, r = static_cast<int64_t>(blockIdx.x) * kXsWarps + warp;
   grid_start();
   stage_x_row(gemv_xs, g.X + i * g.ldx, g.cols, x_vec);
   __syncthreads();
   if (r >= g.rows) return;
-  const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
+  const int32_t e = g.ids[g.order[i]];
+  const uint8_t* W = expert_matrix_dev(g.t, g.m, e);
   if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
     if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
-  uint8_t* areas = reinterpret_cast<uint8_t*>(gemv_xs) + xs_bytes(g.cols);
-  const float s = row_dot_xs<F>(W + r * g.rb, gemv_xs, g.cols, lane, warp_stage<F>(areas, stage));
-  if (lane == 0) g.Y[i * g.ldy + r] = s;
-}
-
-template <class F>
-__global__ void __launch_bounds__(kXsThreads)
-    gemv_row_experts_wt_xs_kernel(ExpertsArgs g, bool x_vec, bool stage) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t i = blockIdx.y, r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
-  grid_start();
-  stage_x_row(gemv_xs, g.X + i * g.ldx, g.cols, x_vec);
-  __syncthreads();
-  if (r >= g.rows) return;
-  uint8_t* sh = reinterpret_cast<uint8_t*>(gemv_xs) + xs_bytes(g.cols) + (threadIdx.x / kWarp) * kWtArea;
-  const int32_t e = g.ids[g.order[i]];
-  const uint8_t* W = expert_matrix_dev(g.t, g.m, e);
-  if (!W) {
-    if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
-    return;
-  }
+  uint8_t* area =
+      reinterpret_cast<uint8_t*>(gemv_xs) + xs_bytes(g.cols) + warp * (kWt ? kWtArea : WStage<F>::kAlloc);
   const auto load_x = [&](int64_t u, float* v) {
 #pragma unroll
     for (int q = 0; q < unit::kUnit / 4; ++q)
       *reinterpret_cast<float4*>(v + 4 * q) = reinterpret_cast<const float4*>(gemv_xs + u * kXStride)[q];
   };
   float s;
-  if (g.t.pending[g.t.slots[e]]) {
+  if (kWt && g.t.pending[g.t.slots[e]]) {
     const uint8_t* src = g.t.src[g.m] + static_cast<size_t>(e) * g.t.src_stride[g.m];
-    const uint8_t* row = write_through_row(sh, const_cast<uint8_t*>(W) + r * g.rb, src + r * g.rb, g.rb, src,
-                                           src + g.rows * g.rb, lane);
+    const uint8_t* row = write_through_row(area, const_cast<uint8_t*>(W) + r * g.rb, src + r * g.rb, g.rb,
+                                           src, src + g.rows * g.rb, lane);
     s = row_dot_with<F, false>(row, g.cols, lane, load_x);
   } else {
-    s = row_dot_with<F>(W + r * g.rb, g.cols, lane, load_x, stage ? sh : nullptr);
+    s = row_dot_with<F>(W + r * g.rb, g.cols, lane, load_x, stage ? area : nullptr);
   }
   if (lane == 0) g.Y[i * g.ldy + r] = s;
 }
@@ -700,9 +683,9 @@ void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
     static std::once_flag once;
     std::call_once(once, [] {
       const int most = static_cast<int>(experts_xs_smem<F>(kXsMaxUnits * unit::kUnit, true, true));
-      STRATA_CUDA_CHECK(cudaFuncSetAttribute(gemv_row_experts_xs_kernel<F>,
+      STRATA_CUDA_CHECK(cudaFuncSetAttribute(gemv_row_experts_xs_kernel<F, false>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-      STRATA_CUDA_CHECK(cudaFuncSetAttribute(gemv_row_experts_wt_xs_kernel<F>,
+      STRATA_CUDA_CHECK(cudaFuncSetAttribute(gemv_row_experts_xs_kernel<F, true>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     });
   }
@@ -715,14 +698,14 @@ void launch_gemv_experts(const ExpertsArgs& g, cudaStream_t s) {
                  Error, "internal error: matmul_experts writes through rows of ", g.rb, " bytes (at most ",
                  kWriteThroughRowBytes, ", slots only, the source aligned as the slots modulo 16)");
     if (xs)
-      launch_kernel(gemv_row_experts_wt_xs_kernel<F>, xs_grid, kXsThreads,
+      launch_kernel(gemv_row_experts_xs_kernel<F, true>, xs_grid, kXsThreads,
                     experts_xs_smem<F>(g.cols, gemv_stage_on(), true), s, g, x_rows_aligned(g.X, g.ldx),
                     gemv_stage_on());
     else
       launch_kernel(gemv_row_experts_wt_kernel<F>, grid, kRowThreads, 0, s, g, x_rows_aligned(g.X, g.ldx),
                     gemv_stage_on());
   } else if (xs) {
-    launch_kernel(gemv_row_experts_xs_kernel<F>, xs_grid, kXsThreads,
+    launch_kernel(gemv_row_experts_xs_kernel<F, false>, xs_grid, kXsThreads,
                   experts_xs_smem<F>(g.cols, gemv_stage_on(), false), s, g, x_rows_aligned(g.X, g.ldx),
                   gemv_stage_on());
   } else {
