@@ -103,15 +103,29 @@ class DeltaChunks {
   int64_t N_, C_;
 };
 
-// Each case with STRATA_CUDA_DELTA_SPLIT=0 and =1 (a GPU's delta rule on one block a head, and split over
-// value columns, the default: other sums' order, so its own bits, which every split into passes must give
-// too) and 70 value dims (three column groups, the last one partial).
+// Each case with each of a GPU's delta rule kernels (kDeltaModes: one block a head, split over value columns,
+// the default, and a chunk at a time: each sums in its own order, so has its own bits, which every split into
+// passes must give too) and 70 value dims (three column groups, the last one partial).
 struct EnvSet {
   EnvSet(const char* k, const char* v) : key(k) {
     if (v) setenv(k, v, 1);
   }
   ~EnvSet() { unsetenv(key); }
   const char* key;
+};
+
+// The delta rule kernel a GPU runs: STRATA_CUDA_DELTA_SPLIT and STRATA_CUDA_DELTA_CHUNK for a scope (the CPU
+// backend reads neither).
+struct DeltaMode {
+  const char* name;
+  const char* split;
+  const char* chunk;
+};
+constexpr DeltaMode kDeltaModes[] = {{"one block", "0", "0"}, {"split", "1", "0"}, {"chunk", "0", "1"}};
+struct DeltaModeEnv {
+  explicit DeltaModeEnv(const DeltaMode& m)
+      : split("STRATA_CUDA_DELTA_SPLIT", m.split), chunk("STRATA_CUDA_DELTA_CHUNK", m.chunk) {}
+  EnvSet split, chunk;
 };
 
 TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
@@ -123,12 +137,13 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
   };
   // Chunks of 8 (many ends) and 64; fresh from position 0 and continued from a chunk start; decays up
   // to 4 and from 4 to 16.
-  for (const bool split : {false, true})
+  for (const DeltaMode& mode : kDeltaModes)
     for (const Case c :
          {Case{48, 8, 0, false, false}, Case{48, 8, 16, true, false}, Case{130, 64, 0, false, false},
           Case{70, 64, 64, true, false}, Case{130, 64, 0, false, true}, Case{70, 64, 64, true, true},
           Case{48, 8, 16, true, false, 70}, Case{70, 64, 64, true, true, 70}}) {
-      const EnvSet env("STRATA_CUDA_DELTA_SPLIT", split ? "1" : "0");
+      const DeltaModeEnv env(mode);
+      const bool one_block = std::string(mode.name) == "one block";
       const int64_t Hv = DeltaChunks::Hv, dk = DeltaChunks::dk, dv = c.dv;
       DeltaChunks dc(be(), ops(), rng, c.N, c.C, c.strong ? 4.f : 0.02f, c.strong ? 16.f : 4.f, dv);
       const auto s0 = c.cont ? randf(rng, Hv * dk * dv, -0.5f, 0.5f) : std::vector<float>();
@@ -138,7 +153,7 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
           ref::gated_delta_rule(dc.qkv, dc.a, dc.b, c.N, DeltaChunks::Hk, Hv, dk, dv, dc.A, dc.dtb, state);
       const std::string what =
           str("gated_delta_chunked N=", c.N, " C=", c.C, " dv=", dv, c.cont ? " continued" : " fresh",
-              c.strong ? " strong decay" : "", split ? " split" : "");
+              c.strong ? " strong decay" : "", " (", mode.name, ")");
       // Outputs are O(1); float32 sums of dk = 12 and of <= C earlier rows, each weighted by a decay <= 1
       // whose exponent is summed back from p (never a difference of two large sums). measured 5.9e-8 (with
       // the difference of cumulative sums instead: 5.4e-7, and 1.2e-6 with strong decays)
@@ -158,8 +173,8 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
         expect_same(r.out, one.out, what + str(" split in ", sp.size(), " out"));
         expect_same(r.state, one.state, what + str(" split in ", sp.size(), " state"));
       }
-      if (!split) {  // a GPU's A/B: the chunk's rows read from global memory instead of shared memory, the
-                     // same bits
+      if (one_block) {  // a GPU's A/B: the chunk's rows read from global memory instead of shared memory, the
+                        // same bits
         const EnvSet rows("STRATA_CUDA_DELTA_ROWS", "0");
         const DeltaRun r = dc.run(uneven, c.pos_start, s0);
         expect_same(r.out, one.out, what + " rows from global memory, out");
@@ -174,51 +189,56 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
 // state in copy c % 2); with a position source (a recorded step: pos0 0, the position on the device) the
 // same again.
 TEST_P(Q35Op, OneTokenFormsPickCopiesByPosition) {
-  std::mt19937 rng(71);
-  const int64_t N = 21, C = 8, Cc = 37, Kc = 4, S = Kc - 1;
-  const int64_t Hk = DeltaChunks::Hk, Hv = DeltaChunks::Hv, dk = DeltaChunks::dk;
-  DeltaChunks dc(be(), ops(), rng, N, C, 0.02f, 4.f);
-  const int64_t dv = dc.dv, W = dc.W;
-  const DeltaRun want = dc.run(std::vector<int64_t>(N, 1), 0, {});
-  const auto x = randf(rng, N * Cc, -2.f, 2.f), w = randf(rng, Cc * Kc, -1.f, 1.f);
-  // The conv reference: each token with state_in the previous token's state_out (none first).
-  std::vector<float> want_y;
-  {
-    Dev<float> dx(be(), x, "x"), dw(be(), w, "w"), y(be(), Cc, "y"), s0(be(), S * Cc, "s0"),
-        s1(be(), S * Cc, "s1");
-    for (int64_t p = 0; p < N; ++p) {
-      ops().conv1d_silu(dx.p() + p * Cc, 1, Cc, Kc, dw.p(), p == 0 ? nullptr : (p % 2 ? s1.p() : s0.p()),
-                        (p + 1) % 2 ? s1.p() : s0.p(), y.p());
-      const auto yy = y.get();
-      want_y.insert(want_y.end(), yy.begin(), yy.end());
-    }
-  }
-  for (const bool device : {false, true}) {
-    if (device && !be().supports_graphs()) continue;  // no position source without graphs
-    const int64_t SS = Hv * dk * dv;
-    Dev<float> dqkv(be(), dc.qkv, "qkv"), da(be(), dc.a, "a"), db(be(), dc.b, "b"), dA(be(), dc.A, "A"),
-        ddt(be(), dc.dtb, "dt_bias"), st0(be(), std::vector<float>(SS, 7.f), "state0"),
-        st1(be(), SS, "state1");
-    Dev<float> rk(be(), C * Hv * dk, "rows_k"), rd(be(), C * Hv * dv, "rows_d"), rg(be(), C * Hv, "rows_g");
-    Dev<float> out(be(), N * Hv * dv, "out"), dx(be(), x, "x"), dw(be(), w, "w"), y(be(), N * Cc, "y"),
-        c0(be(), S * Cc, "conv0"), c1(be(), S * Cc, "conv1");
-    Dev<int32_t> dp(be(), 1, "position");
-    for (int64_t p = 0; p < N; ++p) {
-      int64_t pos0 = p;
-      if (device) {
-        dp.set(std::vector<int32_t>{(int32_t)p});
-        be().set_position_source(dp.p(), N);
-        pos0 = 0;
+  for (const DeltaMode& mode : kDeltaModes) {  // each GPU kernel (the CPU runs the same thrice)
+    const DeltaModeEnv env(mode);
+    SCOPED_TRACE(mode.name);
+    std::mt19937 rng(71);
+    const int64_t N = 21, C = 8, Cc = 37, Kc = 4, S = Kc - 1;
+    const int64_t Hk = DeltaChunks::Hk, Hv = DeltaChunks::Hv, dk = DeltaChunks::dk;
+    DeltaChunks dc(be(), ops(), rng, N, C, 0.02f, 4.f);
+    const int64_t dv = dc.dv, W = dc.W;
+    const DeltaRun want = dc.run(std::vector<int64_t>(N, 1), 0, {});
+    const auto x = randf(rng, N * Cc, -2.f, 2.f), w = randf(rng, Cc * Kc, -1.f, 1.f);
+    // The conv reference: each token with state_in the previous token's state_out (none first).
+    std::vector<float> want_y;
+    {
+      Dev<float> dx(be(), x, "x"), dw(be(), w, "w"), y(be(), Cc, "y"), s0(be(), S * Cc, "s0"),
+          s1(be(), S * Cc, "s1");
+      for (int64_t p = 0; p < N; ++p) {
+        ops().conv1d_silu(dx.p() + p * Cc, 1, Cc, Kc, dw.p(), p == 0 ? nullptr : (p % 2 ? s1.p() : s0.p()),
+                          (p + 1) % 2 ? s1.p() : s0.p(), y.p());
+        const auto yy = y.get();
+        want_y.insert(want_y.end(), yy.begin(), yy.end());
       }
-      ops().conv1d_silu_at(dx.p() + p * Cc, Cc, Kc, dw.p(), c0.p(), c1.p(), pos0, y.p() + p * Cc);
-      ops().gated_delta_at(dqkv.p() + p * W, da.p() + p * Hv, db.p() + p * Hv, pos0, C, Hk, Hv, dk, dv,
-                           dA.p(), ddt.p(), st0.p(), st1.p(), rk.p(), rd.p(), rg.p(), out.p() + p * Hv * dv);
-      be().set_position_source(nullptr, 0);
     }
-    const std::string what = device ? "position source" : "host positions";
-    expect_same(y.get(), want_y, "conv1d_silu_at, " + what);
-    expect_same(out.get(), want.out, "gated_delta_at, " + what);
-    expect_same((N / C % 2 ? st1 : st0).get(), want.state, "gated_delta_at's state copy, " + what);
+    for (const bool device : {false, true}) {
+      if (device && !be().supports_graphs()) continue;  // no position source without graphs
+      const int64_t SS = Hv * dk * dv;
+      Dev<float> dqkv(be(), dc.qkv, "qkv"), da(be(), dc.a, "a"), db(be(), dc.b, "b"), dA(be(), dc.A, "A"),
+          ddt(be(), dc.dtb, "dt_bias"), st0(be(), std::vector<float>(SS, 7.f), "state0"),
+          st1(be(), SS, "state1");
+      Dev<float> rk(be(), C * Hv * dk, "rows_k"), rd(be(), C * Hv * dv, "rows_d"), rg(be(), C * Hv, "rows_g");
+      Dev<float> out(be(), N * Hv * dv, "out"), dx(be(), x, "x"), dw(be(), w, "w"), y(be(), N * Cc, "y"),
+          c0(be(), S * Cc, "conv0"), c1(be(), S * Cc, "conv1");
+      Dev<int32_t> dp(be(), 1, "position");
+      for (int64_t p = 0; p < N; ++p) {
+        int64_t pos0 = p;
+        if (device) {
+          dp.set(std::vector<int32_t>{(int32_t)p});
+          be().set_position_source(dp.p(), N);
+          pos0 = 0;
+        }
+        ops().conv1d_silu_at(dx.p() + p * Cc, Cc, Kc, dw.p(), c0.p(), c1.p(), pos0, y.p() + p * Cc);
+        ops().gated_delta_at(dqkv.p() + p * W, da.p() + p * Hv, db.p() + p * Hv, pos0, C, Hk, Hv, dk, dv,
+                             dA.p(), ddt.p(), st0.p(), st1.p(), rk.p(), rd.p(), rg.p(),
+                             out.p() + p * Hv * dv);
+        be().set_position_source(nullptr, 0);
+      }
+      const std::string what = device ? "position source" : "host positions";
+      expect_same(y.get(), want_y, "conv1d_silu_at, " + what);
+      expect_same(out.get(), want.out, "gated_delta_at, " + what);
+      expect_same((N / C % 2 ? st1 : st0).get(), want.state, "gated_delta_at's state copy, " + what);
+    }
   }
 }
 
