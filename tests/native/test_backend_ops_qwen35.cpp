@@ -173,6 +173,12 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
         expect_same(r.out, one.out, what + str(" split in ", sp.size(), " out"));
         expect_same(r.state, one.state, what + str(" split in ", sp.size(), " state"));
       }
+      if (std::string(mode.name) == "chunk") {  // sub-segments of 5 positions: the same bits
+        const EnvSet sub("STRATA_CUDA_DELTA_CHUNK_SUB", "5");
+        const DeltaRun r = dc.run(uneven, c.pos_start, s0);
+        expect_same(r.out, one.out, what + " sub-segments of 5, out");
+        expect_same(r.state, one.state, what + " sub-segments of 5, state");
+      }
       if (one_block) {  // a GPU's A/B: the chunk's rows read from global memory instead of shared memory, the
                         // same bits
         const EnvSet rows("STRATA_CUDA_DELTA_ROWS", "0");

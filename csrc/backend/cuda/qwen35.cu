@@ -495,33 +495,37 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
 // counter).
 constexpr int kChunkThreads = 256, kChunkWarps = kChunkThreads / kWarp, kChunkCols = kWarp;
 
-// gated_delta_chunk_kernel's dynamic shared memory (its layout in the kernel).
-size_t delta_chunk_smem(int64_t dk, int64_t C) {
-  const size_t kst = static_cast<size_t>(dk) + 1, c = static_cast<size_t>(C);
-  return (2 * c * kst + 3 * c * c + 2 * c * kChunkCols + static_cast<size_t>(dk) * kChunkCols +
-          c * kChunkCols + 4 * c) *
+// gated_delta_chunk_kernel's dynamic shared memory (its layout in the kernel) for sub-segments of P
+// positions.
+size_t delta_chunk_smem(int64_t dk, int64_t C, int64_t P) {
+  const size_t kst = static_cast<size_t>(dk) + 1, c = static_cast<size_t>(C), p = static_cast<size_t>(P);
+  return (c * kst + p * kst + 2 * p * c + 2 * p * kChunkCols + static_cast<size_t>(dk) * kChunkCols +
+          c * kChunkCols + 5 * c) *
          sizeof(float);
 }
 
-__global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaArgs g) {
+// A segment goes in sub-segments of P positions (phase 1 then 2 for each; the chunk's end after the last):
+// P = C where the device gives the bytes (141 KiB a block for Qwen3.6: Hopper), else 32 (98 KiB: an RTX
+// card's 99), 16 or 8. Each value's operations do not depend on P, so neither do the bits.
+__global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaArgs g, int64_t P) {
   grid_start();
   extern __shared__ float sm[];
   const int64_t dk = g.dk, dv = g.dv, C = g.C, Hv = g.Hv, h = blockIdx.x, kh = h % g.Hk;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kChunkCols, W = 2 * g.Hk * dk + Hv * dv, kst = dk + 1;
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid % kWarp, warp = tid / kWarp;
   float* ksm = sm;                     // C x (dk + 1): the chunk's normalized key rows
-  float* qsm = ksm + C * kst;          // C x (dk + 1): the segment's normalized query rows
-  float* esm = qsm + C * kst;          // C x C: decays (exponents, then their exponentials), [s][m]
-  float* wk = esm + C * C;             // C x C: [s][m] decay x k_s . k_m
-  float* wq = wk + C * C;              // C x C: [s][m] decay x q_s . k_m
-  float* kS = wq + C * C;              // C x kChunkCols: k_s against the state's columns
-  float* qS = kS + C * kChunkCols;     // C x kChunkCols: q_s likewise
-  float* ssm = qS + C * kChunkCols;    // dk x kChunkCols: the chunk's state, the group's columns
+  float* qsm = ksm + C * kst;          // P x (dk + 1): the sub-segment's normalized query rows
+  float* wk = qsm + P * kst;           // P x C: [s - s0][m] the decay exponent, then decay x k_s . k_m
+  float* wq = wk + P * C;              // P x C: [s - s0][m] decay x q_s . k_m
+  float* kS = wq + P * C;              // P x kChunkCols: k_s against the state's columns
+  float* qS = kS + P * kChunkCols;     // P x kChunkCols: q_s likewise
+  float* ssm = qS + P * kChunkCols;    // dk x kChunkCols: the chunk's state, the group's columns
   float* dsm = ssm + dk * kChunkCols;  // C x kChunkCols: the chunk's delta rows, the group's columns
   float* gsm = dsm + C * kChunkCols;   // C: the chunk's gates
   float* Gsm = gsm + C;                // C: the decay from the chunk's start to s
   float* bsm = Gsm + C;                // C: beta
   float* qksm = bsm + C;               // C: q_s . k_s
+  float* elast = qksm + C;             // C: the decays to the chunk's last position (its next state's)
   const DeltaPass ps = delta_pass(g, h);
   const int64_t pos0 = ps.pos0;
   float* S = ps.S;
@@ -555,106 +559,114 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaA
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
   for (int64_t t0 = 0; t0 < g.T;) {
-    const int64_t a = (pos0 + t0) % C, L = min(C - a, g.T - t0), b = a + L;
-    // (1) the segment's positions: norms and rows, a warp a position; gates and beta.
-    for (int64_t s = a + warp; s < b; s += kChunkWarps) {
-      const int64_t t = t0 + s - a;
-      const float* q = g.qkv + t * W + kh * dk;
-      const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
-      float pq = 0.0f, pk = 0.0f;
-      for (int64_t i = lane; i < dk; i += kWarp) {
-        pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
-        pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
-      }
-      pq = warp_sum(pq);
-      pk = warp_sum(pk);
-      const float rq = 1.0f / sqrtf(pq + 1e-6f), rk = 1.0f / sqrtf(pk + 1e-6f);
-      for (int64_t i = lane; i < dk; i += kWarp) {
-        qsm[s * kst + i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
-        ksm[s * kst + i] = __fmul_rn(k[i], rk);
-      }
-      if (lane == 0) {
-        gsm[s] = __fmul_rn(g.A[h], softplusf(__fadd_rn(g.a[t * Hv + h], g.dt_bias[h])));
-        bsm[s] = sigmoidf(g.b[t * Hv + h]);
-      }
-    }
-    __syncthreads();
-    // Each position's decay exponents, summed back from it over the chunk's earlier gates; the decay from the
-    // chunk's start; q . k.
-    for (int64_t s = a + tid; s < b; s += nt) {
-      float acc = gsm[s];
-      for (int64_t m = s - 1; m >= 0; --m) {
-        esm[s * C + m] = acc;
-        acc = __fadd_rn(acc, gsm[m]);
-      }
-      Gsm[s] = expf(acc);
-      float qk = 0.0f;
-      for (int64_t i = 0; i < dk; ++i) qk = __fadd_rn(qk, __fmul_rn(qsm[s * kst + i], ksm[s * kst + i]));
-      qksm[s] = qk;
-    }
-    __syncthreads();
-    // The key overlaps with the chunk's earlier positions, weighted by their decays: a thread a pair.
-    for (int64_t e = tid; e < L * C; e += nt) {
-      const int64_t s = a + e / C, m = e % C;
-      if (m >= s) continue;
-      const float ex = expf(esm[s * C + m]);
-      esm[s * C + m] = ex;
-      const float* km = ksm + m * kst;
-      const float* kn = ksm + s * kst;
-      const float* qn = qsm + s * kst;
-      float dkk = 0.0f, dqk = 0.0f;
-      for (int64_t i = 0; i < dk; ++i) {
-        dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
-        dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
-      }
-      wk[s * C + m] = __fmul_rn(ex, dkk);
-      wq[s * C + m] = __fmul_rn(ex, dqk);
-    }
-    // The state's columns against each position's key and query: a thread a (position, column).
-    for (int64_t e = tid; e < L * kChunkCols; e += nt) {
-      const int64_t s = a + e / kChunkCols, c = e % kChunkCols;
-      const float* kn = ksm + s * kst;
-      const float* qn = qsm + s * kst;
-      float ks = 0.0f, qs = 0.0f;
-      for (int64_t i = 0; i < dk; ++i) {
-        const float sij = ssm[i * kChunkCols + c];
-        ks = __fadd_rn(ks, __fmul_rn(sij, kn[i]));
-        qs = __fadd_rn(qs, __fmul_rn(sij, qn[i]));
-      }
-      kS[s * kChunkCols + c] = ks;
-      qS[s * kChunkCols + c] = qs;
-    }
-    __syncthreads();
-    // (2) the delta rows and outputs, lane c for column c, positions in order: each reads only its own
-    // column's earlier delta rows.
-    const bool last = t0 + L == g.T;
-    if (warp == 0) {
-      const int64_t c = lane, j = j0 + c;
-      for (int64_t s = a; s < b; ++s) {
-        float dp = 0.0f;
-        if (c < ncols) {
-          const int64_t t = t0 + s - a;
-          const float Gp = Gsm[s];
-          float d =
-              __fsub_rn(g.qkv[t * W + 2 * g.Hk * dk + h * dv + j], __fmul_rn(Gp, kS[s * kChunkCols + c]));
-          for (int64_t m = 0; m < s; ++m) d = __fsub_rn(d, __fmul_rn(wk[s * C + m], dsm[m * kChunkCols + c]));
-          dp = __fmul_rn(d, bsm[s]);
-          float o = __fmul_rn(Gp, qS[s * kChunkCols + c]);
-          for (int64_t m = 0; m < s; ++m) o = __fadd_rn(o, __fmul_rn(wq[s * C + m], dsm[m * kChunkCols + c]));
-          g.out[(t * Hv + h) * dv + j] = __fadd_rn(o, __fmul_rn(qksm[s], dp));
-          if (last && b < C) delta_g(s)[j] = dp;  // the rows a later pass of this chunk reads
+    const int64_t a = (pos0 + t0) % C, b = a + min(C - a, g.T - t0);
+    const bool last = b - a == g.T - t0;  // the pass's last segment
+    for (int64_t s0 = a; s0 < b; s0 += P) {
+      const int64_t s1 = min(b, s0 + P), n = s1 - s0;
+      // (1) the sub-segment's positions: norms and rows, a warp a position; gates and beta.
+      for (int64_t s = s0 + warp; s < s1; s += kChunkWarps) {
+        const int64_t t = t0 + s - a;
+        const float* q = g.qkv + t * W + kh * dk;
+        const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
+        float pq = 0.0f, pk = 0.0f;
+        for (int64_t i = lane; i < dk; i += kWarp) {
+          pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
+          pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
         }
-        dsm[s * kChunkCols + c] = dp;
+        pq = warp_sum(pq);  // every lane the same sum (xor butterflies)
+        pk = warp_sum(pk);
+        const float rq = 1.0f / sqrtf(pq + 1e-6f), rk = 1.0f / sqrtf(pk + 1e-6f);
+        for (int64_t i = lane; i < dk; i += kWarp) {
+          qsm[(s - s0) * kst + i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
+          ksm[s * kst + i] = __fmul_rn(k[i], rk);
+        }
+        if (lane == 0) {
+          gsm[s] = __fmul_rn(g.A[h], softplusf(__fadd_rn(g.a[t * Hv + h], g.dt_bias[h])));
+          bsm[s] = sigmoidf(g.b[t * Hv + h]);
+        }
       }
+      __syncthreads();
+      // Each position's decay exponents, summed back from it over the chunk's earlier gates (into wk for
+      // now); the decay from the chunk's start; q . k.
+      for (int64_t s = s0 + tid; s < s1; s += nt) {
+        float* ex = wk + (s - s0) * C;
+        float acc = gsm[s];
+        for (int64_t m = s - 1; m >= 0; --m) {
+          ex[m] = acc;
+          acc = __fadd_rn(acc, gsm[m]);
+        }
+        Gsm[s] = expf(acc);
+        const float* qn = qsm + (s - s0) * kst;
+        const float* kn = ksm + s * kst;
+        float qk = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) qk = __fadd_rn(qk, __fmul_rn(qn[i], kn[i]));
+        qksm[s] = qk;
+      }
+      __syncthreads();
+      // The key overlaps with the chunk's earlier positions, weighted by their decays: a thread a pair (it
+      // alone reads and then writes its pair's entries).
+      for (int64_t e = tid; e < n * C; e += nt) {
+        const int64_t s = s0 + e / C, m = e % C;
+        if (m >= s) continue;
+        const float ex = expf(wk[e]);
+        if (s == C - 1) elast[m] = ex;
+        const float* km = ksm + m * kst;
+        const float* kn = ksm + s * kst;
+        const float* qn = qsm + (s - s0) * kst;
+        float dkk = 0.0f, dqk = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) {
+          dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
+          dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
+        }
+        wk[e] = __fmul_rn(ex, dkk);
+        wq[e] = __fmul_rn(ex, dqk);
+      }
+      // The state's columns against each position's key and query: a thread a (position, column).
+      for (int64_t e = tid; e < n * kChunkCols; e += nt) {
+        const int64_t s = s0 + e / kChunkCols, c = e % kChunkCols;
+        const float* kn = ksm + s * kst;
+        const float* qn = qsm + (s - s0) * kst;
+        float ks = 0.0f, qs = 0.0f;
+        for (int64_t i = 0; i < dk; ++i) {
+          const float sij = ssm[i * kChunkCols + c];
+          ks = __fadd_rn(ks, __fmul_rn(sij, kn[i]));
+          qs = __fadd_rn(qs, __fmul_rn(sij, qn[i]));
+        }
+        kS[e] = ks;
+        qS[e] = qs;
+      }
+      __syncthreads();
+      // (2) the delta rows and outputs, lane c for column c, positions in order: each reads only its own
+      // column's earlier delta rows.
+      if (warp == 0) {
+        const int64_t c = lane, j = j0 + c;
+        for (int64_t s = s0; s < s1; ++s) {
+          float dp = 0.0f;
+          if (c < ncols) {
+            const int64_t t = t0 + s - a, r = s - s0;
+            const float Gp = Gsm[s];
+            float d =
+                __fsub_rn(g.qkv[t * W + 2 * g.Hk * dk + h * dv + j], __fmul_rn(Gp, kS[r * kChunkCols + c]));
+            for (int64_t m = 0; m < s; ++m)
+              d = __fsub_rn(d, __fmul_rn(wk[r * C + m], dsm[m * kChunkCols + c]));
+            dp = __fmul_rn(d, bsm[s]);
+            float o = __fmul_rn(Gp, qS[r * kChunkCols + c]);
+            for (int64_t m = 0; m < s; ++m)
+              o = __fadd_rn(o, __fmul_rn(wq[r * C + m], dsm[m * kChunkCols + c]));
+            g.out[(t * Hv + h) * dv + j] = __fadd_rn(o, __fmul_rn(qksm[s], dp));
+            if (last && b < C) delta_g(s)[j] = dp;  // the rows a later pass of this chunk reads
+          }
+          dsm[s * kChunkCols + c] = dp;
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
     if (b == C) {  // (3) the chunk's end: the next state's columns, in shared memory and in the other buffer
       const float Gp = Gsm[C - 1];
-      const float* em = esm + (C - 1) * C;
       for (int64_t e = tid; e < dk * kChunkCols; e += nt) {
         const int64_t i = e / kChunkCols, cc = e % kChunkCols;
         const float sn = next_state(
-            Gp, ssm[e], em, C - 1, [&](int64_t m) { return ksm[m * kst + i]; },
+            Gp, ssm[e], elast, C - 1, [&](int64_t m) { return ksm[m * kst + i]; },
             [&](int64_t m) { return dsm[m * kChunkCols + cc]; });
         ssm[e] = sn;
         if (cc < ncols) S_next[i * dv + j0 + cc] = sn;
@@ -664,7 +676,7 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaA
       S = S_next;
       S_next = tmp;
     }
-    t0 += L;
+    t0 += b - a;
   }
   if (!writer) return;
   if (tid == 0) {
@@ -811,27 +823,33 @@ bool delta_rows_smem(int64_t T, int64_t dk, int64_t dv, int64_t C, const char* w
   return true;
 }
 
-// Whether the delta rule runs a chunk at a time (gated_delta_chunk_kernel): STRATA_CUDA_DELTA_CHUNK=1, opt-in
-// until a GPU run has checked and timed it; a device without its shared memory (157 KiB a block for the
-// Qwen3.6 shape: Hopper, not an RTX card) or a model with more value heads than counters is an error then.
-bool delta_chunk(const DeltaArgs& g) {
-  if (!env_switch("STRATA_CUDA_DELTA_CHUNK", false)) return false;
-  const size_t bytes = delta_chunk_smem(g.dk, g.C), most = smem_optin_max();
+// The positions a sub-segment of gated_delta_chunk_kernel takes where the delta rule runs a chunk at a time
+// (STRATA_CUDA_DELTA_CHUNK=1, opt-in until a GPU run has checked and timed it), else 0: the chunk where the
+// device gives the bytes, else 32, 16 or 8 (the same bits whichever); a device without even that's bytes, or
+// a model with more value heads than counters, is an error then.
+int64_t delta_chunk(const DeltaArgs& g) {
+  if (!env_switch("STRATA_CUDA_DELTA_CHUNK", false)) return 0;
+  const size_t most = smem_optin_max();
+  // STRATA_CUDA_DELTA_CHUNK_SUB=N: at most N positions a sub-segment (the op harness checks the bits do not
+  // move).
+  int64_t P = std::min(g.C, env_int("STRATA_CUDA_DELTA_CHUNK_SUB", g.C, 1, 1 << 20, "a number of positions"));
+  while (P > 8 && delta_chunk_smem(g.dk, g.C, P) > most) P = P > 32 ? 32 : P / 2;
+  const size_t bytes = delta_chunk_smem(g.dk, g.C, P);
   STRATA_CHECK(bytes <= most && g.counters, UnsupportedError,
                "STRATA_CUDA_DELTA_CHUNK=1: the delta rule's key dim ", g.dk, " and chunk ", g.C, " need ",
                bytes, " bytes of shared memory a block (this GPU gives ", most,
                ") and a counter per value head; unset it");
   allow_smem<gated_delta_chunk_kernel>(bytes);
-  return true;
+  return P;
 }
 
 void launch_delta(const DeltaArgs& g, const char* what, cudaStream_t s) {
-  if (delta_chunk(g)) {
+  if (const int64_t P = delta_chunk(g)) {
     STRATA_CHECK(g.Hv <= 0x7fffffff && ceil_div(g.dv, kChunkCols) <= 65535, UnsupportedError, what,
                  ": value heads ", g.Hv, " of ", g.dv, " dims exceed one launch");
     launch_kernel(gated_delta_chunk_kernel,
                   dim3(grid_x(g.Hv), static_cast<unsigned>(ceil_div(g.dv, kChunkCols))), kChunkThreads,
-                  delta_chunk_smem(g.dk, g.C), s, g);
+                  delta_chunk_smem(g.dk, g.C, P), s, g, P);
   } else if (g.counters && delta_split(g.dk, g.C)) {
     const unsigned groups = static_cast<unsigned>(ceil_div(g.dv, kSplitCols));
     STRATA_CHECK(g.Hv <= 0x7fffffff && ceil_div(g.dv, kSplitCols) <= 65535, UnsupportedError, what,
