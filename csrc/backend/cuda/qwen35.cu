@@ -636,28 +636,32 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaA
         qS[e] = qs;
       }
       __syncthreads();
-      // (2) the delta rows and outputs, lane c for column c, positions in order: each reads only its own
-      // column's earlier delta rows.
+      // (2) the delta rows, lane c for column c, positions in order: each reads only its own column's earlier
+      // rows (no barrier); then the outputs, a thread a (position, column), from the rows.
       if (warp == 0) {
         const int64_t c = lane, j = j0 + c;
         for (int64_t s = s0; s < s1; ++s) {
           float dp = 0.0f;
           if (c < ncols) {
             const int64_t t = t0 + s - a, r = s - s0;
-            const float Gp = Gsm[s];
-            float d =
-                __fsub_rn(g.qkv[t * W + 2 * g.Hk * dk + h * dv + j], __fmul_rn(Gp, kS[r * kChunkCols + c]));
+            float d = __fsub_rn(g.qkv[t * W + 2 * g.Hk * dk + h * dv + j],
+                                __fmul_rn(Gsm[s], kS[r * kChunkCols + c]));
             for (int64_t m = 0; m < s; ++m)
               d = __fsub_rn(d, __fmul_rn(wk[r * C + m], dsm[m * kChunkCols + c]));
             dp = __fmul_rn(d, bsm[s]);
-            float o = __fmul_rn(Gp, qS[r * kChunkCols + c]);
-            for (int64_t m = 0; m < s; ++m)
-              o = __fadd_rn(o, __fmul_rn(wq[r * C + m], dsm[m * kChunkCols + c]));
-            g.out[(t * Hv + h) * dv + j] = __fadd_rn(o, __fmul_rn(qksm[s], dp));
             if (last && b < C) delta_g(s)[j] = dp;  // the rows a later pass of this chunk reads
           }
           dsm[s * kChunkCols + c] = dp;
         }
+      }
+      __syncthreads();
+      for (int64_t e = tid; e < n * kChunkCols; e += nt) {
+        const int64_t r = e / kChunkCols, s = s0 + r, c = e % kChunkCols;
+        if (c >= ncols) continue;
+        float o = __fmul_rn(Gsm[s], qS[e]);
+        for (int64_t m = 0; m < s; ++m) o = __fadd_rn(o, __fmul_rn(wq[r * C + m], dsm[m * kChunkCols + c]));
+        g.out[((t0 + s - a) * Hv + h) * dv + j0 + c] =
+            __fadd_rn(o, __fmul_rn(qksm[s], dsm[s * kChunkCols + c]));
       }
       __syncthreads();
     }
