@@ -270,44 +270,64 @@ TEST_P(Op, RouteIsItsSteps) {
 }
 
 TEST_P(Op, GroupByExpertAndScatterAdd) {
-  std::mt19937 rng(12);
-  const int64_t E = 37, K = 4, D = 229;
-  for (int64_t T : kTs) {
-    // K distinct experts per token, as the router gives; experts 0, 17 and 36 get none.
-    std::vector<int32_t> ids(T * K), experts;
-    for (int32_t e = 1; e < E - 1; ++e)
-      if (e != 17) experts.push_back(e);
-    for (int64_t t = 0; t < T; ++t) {
-      std::shuffle(experts.begin(), experts.end(), rng);
-      std::copy_n(experts.begin(), K, &ids[t * K]);
-    }
-    Dev<int32_t> dids(be(), ids, "ids"), off(be(), E + 1, "off"), rows(be(), T * K, "rows");
-    be().group_by_expert(dids.p(), T, K, E, off.p(), rows.p());
-    std::vector<int32_t> want_off, want_rows;
-    ref::group_by_expert(ids, T, K, E, &want_off, &want_rows);
-    expect_same(off.get(), want_off, str("group_by_expert off T=", T));
-    expect_same(rows.get(), want_rows, str("group_by_expert rows T=", T));
+  // On a GPU both placements of the sort (one warp, and STRATA_CUDA_SORT_PARALLEL=1's eight): the same
+  // output.
+  for (const char* parallel : {"0", "1"}) {
+    setenv("STRATA_CUDA_SORT_PARALLEL", parallel, 1);
+    SCOPED_TRACE(str("STRATA_CUDA_SORT_PARALLEL=", parallel));
+    std::mt19937 rng(12);
+    const int64_t E = 37, K = 4, D = 229;
+    // kTs, and 2100 tokens: 8400 rows, three of a GPU sort's 4096-item tiles, each placed by 8 warps.
+    std::vector<int64_t> Ts(std::begin(kTs), std::end(kTs));
+    Ts.push_back(2100);
+    for (int64_t T : Ts) {
+      // K distinct experts per token, as the router gives; experts 0, 17 and 36 get none.
+      std::vector<int32_t> ids(T * K), experts;
+      for (int32_t e = 1; e < E - 1; ++e)
+        if (e != 17) experts.push_back(e);
+      for (int64_t t = 0; t < T; ++t) {
+        std::shuffle(experts.begin(), experts.end(), rng);
+        std::copy_n(experts.begin(), K, &ids[t * K]);
+      }
+      Dev<int32_t> dids(be(), ids, "ids"), off(be(), E + 1, "off"), rows(be(), T * K, "rows");
+      be().group_by_expert(dids.p(), T, K, E, off.p(), rows.p());
+      std::vector<int32_t> want_off, want_rows;
+      ref::group_by_expert(ids, T, K, E, &want_off, &want_rows);
+      expect_same(off.get(), want_off, str("group_by_expert off T=", T));
+      expect_same(rows.get(), want_rows, str("group_by_expert rows T=", T));
 
-    // The MoE combine: K rows of every token, in expert order, onto a residual; then only the
-    // first half of them (a partial pass).
-    for (int64_t n : {T * K, T * K / 2}) {
-      const auto y = randf(rng, n * D, -2.f, 2.f), w = randf(rng, T * K, 0.f, 1.f);
-      const auto out0 = randf(rng, T * D, -2.f, 2.f);
-      Dev<float> dy(be(), y, "y"), dw(be(), w, "w"), out(be(), out0, "out");
-      Dev<int32_t> drows(be(), want_rows, "rows");
-      be().scatter_add(dy.p(), drows.p(), dw.p(), K, n, D, out.p());
-      std::vector<double> want(out0.begin(), out0.end()), mag(want.size());
-      for (size_t i = 0; i < mag.size(); ++i) mag[i] = std::fabs(want[i]) + 1e-30;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < D; ++c) {
-          const int64_t r = want_rows[i];
-          want[r / K * D + c] += (double)w[r] * y[i * D + c];
-          mag[r / K * D + c] += std::fabs((double)w[r] * y[i * D + c]);
-        }
-      expect_err(max_err(out.get(), want, mag), 1e-6,  // measured 1.7e-7
-                 str("scatter_add T=", T, " n=", n));
+      // The MoE combine: K rows of every token, in expert order, onto a residual; then only the
+      // first half of them (a partial pass).
+      for (int64_t n : {T * K, T * K / 2}) {
+        const auto y = randf(rng, n * D, -2.f, 2.f), w = randf(rng, T * K, 0.f, 1.f);
+        const auto out0 = randf(rng, T * D, -2.f, 2.f);
+        Dev<float> dy(be(), y, "y"), dw(be(), w, "w"), out(be(), out0, "out");
+        Dev<int32_t> drows(be(), want_rows, "rows");
+        be().scatter_add(dy.p(), drows.p(), dw.p(), K, n, D, out.p());
+        std::vector<double> want(out0.begin(), out0.end()), mag(want.size());
+        for (size_t i = 0; i < mag.size(); ++i) mag[i] = std::fabs(want[i]) + 1e-30;
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t c = 0; c < D; ++c) {
+            const int64_t r = want_rows[i];
+            want[r / K * D + c] += (double)w[r] * y[i * D + c];
+            mag[r / K * D + c] += std::fabs((double)w[r] * y[i * D + c]);
+          }
+        expect_err(max_err(out.get(), want, mag), 1e-6,  // measured 1.7e-7
+                   str("scatter_add T=", T, " n=", n));
+        // Each token's rows added in the order they come (i ascending), as float: the same bits on every
+        // backend (a GPU sorts the rows by token stably to get there).
+        std::vector<float> want_f(out0);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t c = 0; c < D; ++c) {
+            const int64_t r = want_rows[i];
+            float& o = want_f[r / K * D + c];
+            o = o + w[r] * y[i * D + c];
+          }
+        expect_same(out.get(), want_f, str("scatter_add T=", T, " n=", n, " in row order"));
+      }
     }
   }
+  unsetenv("STRATA_CUDA_SORT_PARALLEL");
 }
 
 TEST_P(Op, CopyZeroFill) {

@@ -73,7 +73,8 @@ struct PrevItem {
 // perm = 0..n-1 stably sorted by token (rows[i] / K): least-significant-digit radix passes of 8
 // bits, as many as the largest token needs, the last one landing in perm.
 __global__ void __launch_bounds__(kSortThreads)
-    sort_by_token_kernel(const int32_t* rows, int64_t K, int64_t n, int32_t* perm, int32_t* tmp) {
+    sort_by_token_kernel(const int32_t* rows, int64_t K, int64_t n, int32_t* perm, int32_t* tmp,
+                         bool parallel) {
   grid_start();
   extern __shared__ int smem[];
   __shared__ unsigned top;
@@ -88,7 +89,8 @@ __global__ void __launch_bounds__(kSortThreads)
   const int32_t* prev = nullptr;
   for (int k = 0; k < passes; ++k) {
     int32_t* dst = (passes - 1 - k) % 2 == 0 ? perm : tmp;
-    block_counting_sort(n, 256, TokenDigit{rows, prev, K, 8 * k}, PrevItem{prev}, dst, nullptr, smem);
+    block_counting_sort(n, 256, TokenDigit{rows, prev, K, 8 * k}, PrevItem{prev}, dst, nullptr, smem,
+                        parallel);
     prev = dst;  // block_counting_sort ends with a barrier: dst is visible to the whole block
   }
 }
@@ -183,8 +185,8 @@ void launch_scatter_add(const float* y, const int32_t* rows, const float* w, int
     return;
   }
   int32_t* perm = static_cast<int32_t*>(scratch);
-  launch_kernel(sort_by_token_kernel, 1, kSortThreads, counting_sort_smem(256), s, rows, K, n, perm,
-                perm + n);
+  launch_kernel(sort_by_token_kernel, 1, kSortThreads, counting_sort_smem(256), s, rows, K, n, perm, perm + n,
+                sort_parallel_on());
   STRATA_CUDA_LAUNCH_CHECK();
   launch_kernel(scatter_add_kernel, grid_x(n), kThreads, 0, s, y, rows, w, K, n, D, perm, out);
   STRATA_CUDA_LAUNCH_CHECK();

@@ -199,10 +199,10 @@ struct PairIndex {
 };
 
 __global__ void __launch_bounds__(kSortThreads)
-    group_by_expert_kernel(const int32_t* ids, int64_t n, int E, int32_t* off, int32_t* rows) {
+    group_by_expert_kernel(const int32_t* ids, int64_t n, int E, int32_t* off, int32_t* rows, bool parallel) {
   grid_start();
   extern __shared__ int smem[];
-  block_counting_sort(n, E, ExpertOf{ids, E}, PairIndex{}, rows, off, smem);
+  block_counting_sort(n, E, ExpertOf{ids, E}, PairIndex{}, rows, off, smem, parallel);
 }
 
 }  // namespace
@@ -256,7 +256,7 @@ void launch_group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E,
                " experts exceed the CUDA kernel's shared memory");
   STRATA_CHECK(T * K < 0x7fffffff, ConfigError, "group_by_expert: ", T * K, " rows exceed int32");
   launch_kernel(group_by_expert_kernel, 1, kSortThreads, counting_sort_smem(E), s, ids, T * K, (int)E, off,
-                rows);
+                rows, sort_parallel_on());
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
