@@ -301,6 +301,84 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
 // against gated_delta_kernel they differ in the order of the sums (the op harness's bound against the CPU).
 constexpr int kSplitCols = 32, kSplitParts = kDeltaThreads / kWarp;
 
+// The start of a column-group kernel's pass (gated_delta_split_kernel, gated_delta_chunk_kernel): the state's
+// columns j0 .. j0 + kSplitCols of head h into ssm (dk x kSplitCols; zeros past dv, and the state zeroed
+// where the pass is fresh), the chunk's rows before the pass (its first n0 = pos0 % C positions: key rows
+// into ksm at stride kst, the group's delta columns into dsm, gates into gsm), then a barrier and the block's
+// count in counters[h] (group_rows_end's writer waits for every block's).
+__device__ __forceinline__ void group_rows_begin(const DeltaArgs& g, int64_t h, int64_t j0,
+                                                 const DeltaPass& ps, float* ssm, float* ksm, int64_t kst,
+                                                 float* dsm, float* gsm) {
+  const int64_t dk = g.dk, dv = g.dv, Hv = g.Hv, ncols = min(static_cast<int64_t>(kSplitCols), dv - j0);
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int64_t e = tid; e < dk * kSplitCols; e += nt) {
+    const int64_t i = e / kSplitCols, c = e % kSplitCols;
+    float v = 0.0f;
+    if (c < ncols) {
+      if (ps.fresh)
+        ps.S[i * dv + j0 + c] = 0.0f;
+      else
+        v = ps.S[i * dv + j0 + c];
+    }
+    ssm[e] = v;
+  }
+  const int64_t n0 = ps.pos0 % g.C;
+  for (int64_t e = tid; e < n0 * dk; e += nt)
+    ksm[e / dk * kst + e % dk] = g.rows_k[(e / dk * Hv + h) * dk + e % dk];
+  for (int64_t e = tid; e < n0 * kSplitCols; e += nt) {
+    const int64_t m = e / kSplitCols, c = e % kSplitCols;
+    dsm[e] = c < ncols ? g.rows_d[(m * Hv + h) * dv + j0 + c] : 0.0f;
+  }
+  for (int64_t m = tid; m < n0; m += nt) gsm[m] = g.rows_g[m * Hv + h];
+  __syncthreads();
+  // The head's key rows and gates, the same in every block, go to global memory once, from its last block and
+  // only at the end: a pass that crosses a chunk end rewrites rows that the head's other blocks read above,
+  // so the writer first waits until all of them are past those reads (counters[h]). Blocks start in order of
+  // their index (as CUDA's single-pass scans rely on), so the others were started before the last one and
+  // the wait never waits on a block that cannot run.
+  if (tid == 0) {
+    __threadfence();
+    atomicAdd(g.counters + h, 1u);
+  }
+}
+
+// At the chunk's last position `slot`: the next chunk's state columns of the group (next_state with the
+// decays em to that position, the chunk's key rows and the group's delta columns), into ssm and the other
+// buffer; ends in a barrier.
+__device__ __forceinline__ void group_next_state(const DeltaArgs& g, float Gp, const float* em, int64_t slot,
+                                                 const float* ksm, int64_t kst, const float* dsm, int64_t j0,
+                                                 float* ssm, float* S_next) {
+  const int64_t dk = g.dk, dv = g.dv, ncols = min(static_cast<int64_t>(kSplitCols), dv - j0);
+  for (int64_t e = threadIdx.x; e < dk * kSplitCols; e += blockDim.x) {
+    const int64_t i = e / kSplitCols, cc = e % kSplitCols;
+    const float sn = next_state(
+        Gp, ssm[e], em, slot, [&](int64_t m) { return ksm[m * kst + i]; },
+        [&](int64_t m) { return dsm[m * kSplitCols + cc]; });
+    ssm[e] = sn;
+    if (cc < ncols) S_next[i * dv + j0 + cc] = sn;
+  }
+  __syncthreads();
+}
+
+// The end of the pass, in the head's last block (the writer) only: the rows the next pass reads that this
+// pass wrote (its last chunk's positions, slots lo .. (pos0 + T) % C; lo: the pass's first slot if it stayed
+// in one chunk; a decode step writes one row), from ksm and gsm, once every block of the head has counted.
+__device__ __forceinline__ void group_rows_end(const DeltaArgs& g, int64_t h, int64_t pos0, const float* ksm,
+                                               int64_t kst, const float* gsm) {
+  if (blockIdx.y != gridDim.y - 1) return;
+  const int64_t dk = g.dk, C = g.C, Hv = g.Hv;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (tid == 0) {
+    while (atomicAdd(g.counters + h, 0u) < gridDim.y) __nanosleep(64);
+    g.counters[h] = 0;  // every block of the head has counted: the next launch starts from zero
+  }
+  __syncthreads();
+  const int64_t n0 = pos0 % C, n_end = (pos0 + g.T) % C, lo = (pos0 + g.T) / C == pos0 / C ? n0 : 0;
+  for (int64_t e = lo * dk + tid; e < n_end * dk; e += nt)
+    g.rows_k[(e / dk * Hv + h) * dk + e % dk] = ksm[e / dk * kst + e % dk];
+  for (int64_t m = lo + tid; m < n_end; m += nt) g.rows_g[m * Hv + h] = gsm[m];
+}
+
 template <int kParts>
 __device__ __forceinline__ int64_t part_begin(int64_t n, int r) {
   return static_cast<int64_t>(r) * ((n + kParts - 1) / kParts);
@@ -329,42 +407,12 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
   float* dsm = ksm + C * kst;                          // C x kSplitCols: the group's delta columns
   const DeltaPass ps = delta_pass(g, h);
   const int64_t pos0 = ps.pos0;
-  const bool fresh = ps.fresh;
   float* S = ps.S;  // the current chunk's state in global memory; the other buffer the next's
   float* S_next = ps.S_next;
   const int64_t ncols = min(static_cast<int64_t>(kSplitCols), dv - j0);
-  const auto key_g = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
   const auto delta_g = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
   // The group's state columns, and the chunk's rows before this pass.
-  for (int64_t e = tid; e < dk * kSplitCols; e += nt) {
-    const int64_t i = e / kSplitCols, c = e % kSplitCols;
-    float v = 0.0f;
-    if (c < ncols) {
-      if (fresh)
-        S[i * dv + j0 + c] = 0.0f;
-      else
-        v = S[i * dv + j0 + c];
-    }
-    ssm[e] = v;
-  }
-  const int64_t n0 = pos0 % C;
-  for (int64_t e = tid; e < n0 * dk; e += nt) ksm[e / dk * kst + e % dk] = key_g(e / dk)[e % dk];
-  for (int64_t e = tid; e < n0 * kSplitCols; e += nt) {
-    const int64_t m = e / kSplitCols, c = e % kSplitCols;
-    dsm[e] = c < ncols ? delta_g(m)[j0 + c] : 0.0f;
-  }
-  for (int64_t m = tid; m < n0; m += nt) gsm[m] = g.rows_g[m * Hv + h];
-  __syncthreads();
-  // The head's key rows and gates, the same in every block, go to global memory once, from its last block and
-  // only at the end: a pass that crosses a chunk end rewrites rows that the head's other blocks read above,
-  // so the writer first waits until all of them are past those reads (counters[h]). Blocks start in order of
-  // their index (as CUDA's single-pass scans rely on), so the others were started before the last one and
-  // the wait never waits on a block that cannot run.
-  const bool writer = blockIdx.y == gridDim.y - 1;
-  if (tid == 0) {
-    __threadfence();
-    atomicAdd(g.counters + h, 1u);
-  }
+  group_rows_begin(g, h, j0, ps, ssm, ksm, kst, dsm, gsm);
   for (int64_t t = 0; t < g.T; ++t) {
     const int64_t p = pos0 + t, slot = p % C, n = slot;
     const float* v = delta_norms(g, t, h, kh, qn, kn, red);
@@ -451,30 +499,12 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
     __syncthreads();  // this position's rows are written; the next position's reads follow
     if (slot != C - 1) continue;
     // The chunk's last position: the next chunk's state columns, in shared memory and in the other buffer.
-    for (int64_t e = tid; e < dk * kSplitCols; e += nt) {
-      const int64_t i = e / kSplitCols, cc = e % kSplitCols;
-      const float sn = next_state(
-          Gp, ssm[e], em, slot, [&](int64_t m) { return ksm[m * kst + i]; },
-          [&](int64_t m) { return dsm[m * kSplitCols + cc]; });
-      ssm[e] = sn;
-      if (cc < ncols) S_next[i * dv + j0 + cc] = sn;
-    }
-    __syncthreads();
+    group_next_state(g, Gp, em, slot, ksm, kst, dsm, j0, ssm, S_next);
     float* tmp = S;
     S = S_next;
     S_next = tmp;
   }
-  if (!writer) return;
-  // The rows the next pass reads that this pass wrote: its last chunk's positions, slots lo .. (pos0 + T) % C
-  // (lo: the pass's first slot if it stayed in one chunk; a decode step writes one row).
-  if (tid == 0) {
-    while (atomicAdd(g.counters + h, 0u) < gridDim.y) __nanosleep(64);
-    g.counters[h] = 0;  // every block of the head has counted: the next launch starts from zero
-  }
-  __syncthreads();
-  const int64_t n_end = (pos0 + g.T) % C, lo = (pos0 + g.T) / C == pos0 / C ? n0 : 0;
-  for (int64_t e = lo * dk + tid; e < n_end * dk; e += nt) key_g(e / dk)[e % dk] = ksm[e / dk * kst + e % dk];
-  for (int64_t m = lo + tid; m < n_end; m += nt) g.rows_g[m * Hv + h] = gsm[m];
+  group_rows_end(g, h, pos0, ksm, kst, gsm);
 }
 
 // ---- the delta rule a chunk at a time (STRATA_CUDA_DELTA_CHUNK=1, opt-in) ----
@@ -494,6 +524,7 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
 // sums. The head's key rows and gates go to global memory as gated_delta_split_kernel's do (its writer and
 // counter).
 constexpr int kChunkThreads = 256, kChunkWarps = kChunkThreads / kWarp, kChunkCols = kWarp;
+static_assert(kChunkCols == kSplitCols, "group_rows_begin / group_rows_end take kSplitCols columns a block");
 
 // gated_delta_chunk_kernel's dynamic shared memory (its layout in the kernel) for sub-segments of P
 // positions.
@@ -531,32 +562,8 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaA
   float* S = ps.S;
   float* S_next = ps.S_next;
   const int64_t ncols = min(static_cast<int64_t>(kChunkCols), dv - j0);
-  const auto key_g = [&](int64_t s) { return g.rows_k + (s * Hv + h) * dk; };
   const auto delta_g = [&](int64_t s) { return g.rows_d + (s * Hv + h) * dv; };
-  for (int64_t e = tid; e < dk * kChunkCols; e += nt) {
-    const int64_t i = e / kChunkCols, c = e % kChunkCols;
-    float v = 0.0f;
-    if (c < ncols) {
-      if (ps.fresh)
-        S[i * dv + j0 + c] = 0.0f;
-      else
-        v = S[i * dv + j0 + c];
-    }
-    ssm[e] = v;
-  }
-  const int64_t n0 = pos0 % C;
-  for (int64_t e = tid; e < n0 * dk; e += nt) ksm[e / dk * kst + e % dk] = key_g(e / dk)[e % dk];
-  for (int64_t e = tid; e < n0 * kChunkCols; e += nt) {
-    const int64_t m = e / kChunkCols, c = e % kChunkCols;
-    dsm[e] = c < ncols ? delta_g(m)[j0 + c] : 0.0f;
-  }
-  for (int64_t m = tid; m < n0; m += nt) gsm[m] = g.rows_g[m * Hv + h];
-  __syncthreads();
-  const bool writer = blockIdx.y == gridDim.y - 1;
-  if (tid == 0) {
-    __threadfence();
-    atomicAdd(g.counters + h, 1u);
-  }
+  group_rows_begin(g, h, j0, ps, ssm, ksm, kst, dsm, gsm);
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
   for (int64_t t0 = 0; t0 < g.T;) {
     const int64_t a = (pos0 + t0) % C, b = a + min(C - a, g.T - t0);
@@ -667,30 +674,14 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaA
     }
     if (b == C) {  // (3) the chunk's end: the next state's columns, in shared memory and in the other buffer
       const float Gp = Gsm[C - 1];
-      for (int64_t e = tid; e < dk * kChunkCols; e += nt) {
-        const int64_t i = e / kChunkCols, cc = e % kChunkCols;
-        const float sn = next_state(
-            Gp, ssm[e], elast, C - 1, [&](int64_t m) { return ksm[m * kst + i]; },
-            [&](int64_t m) { return dsm[m * kChunkCols + cc]; });
-        ssm[e] = sn;
-        if (cc < ncols) S_next[i * dv + j0 + cc] = sn;
-      }
-      __syncthreads();
+      group_next_state(g, Gp, elast, C - 1, ksm, kst, dsm, j0, ssm, S_next);
       float* tmp = S;
       S = S_next;
       S_next = tmp;
     }
     t0 += b - a;
   }
-  if (!writer) return;
-  if (tid == 0) {
-    while (atomicAdd(g.counters + h, 0u) < gridDim.y) __nanosleep(64);
-    g.counters[h] = 0;
-  }
-  __syncthreads();
-  const int64_t n_end = (pos0 + g.T) % C, lo = (pos0 + g.T) / C == pos0 / C ? n0 : 0;
-  for (int64_t e = lo * dk + tid; e < n_end * dk; e += nt) key_g(e / dk)[e % dk] = ksm[e / dk * kst + e % dk];
-  for (int64_t m = lo + tid; m < n_end; m += nt) g.rows_g[m * Hv + h] = gsm[m];
+  group_rows_end(g, h, pos0, ksm, kst, gsm);
 }
 
 // Block r: row r.
