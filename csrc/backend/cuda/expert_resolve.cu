@@ -69,6 +69,17 @@ __device__ int32_t find_victim(const ExpertResolve& r, bool scan, uint64_t pass_
   return bs;
 }
 
+// Thread 0's start of a call: under the scan policy, a call (not a prefetch) for a layer no later than the
+// last call's begins a pass; returns the pass now (0 under LRU).
+__device__ __forceinline__ uint64_t begin_call(const ExpertResolve& r) {
+  if (!r.pass) return 0;
+  if (!r.prefetch) {
+    if (static_cast<int64_t>(r.scan_now[1]) >= r.layer) ++r.scan_now[0];
+    r.scan_now[1] = static_cast<uint64_t>(r.layer);
+  }
+  return r.scan_now[0];
+}
+
 // Thread 0's part of a miss of expert e that found slot bs: the slot's expert (if any) evicted, the slot
 // taken for e and held, the counters c (kResolveCounters) counted, and its fill queued in the job list (or,
 // written through, its pending flag set). Returns the evicted key (-1: the slot was empty). The caller stamps
@@ -115,11 +126,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(ExpertResolve 
   const bool scan = r.pass != nullptr;
   if (tid == 0) {
     jobs = 0;
-    if (scan && !r.prefetch) {  // a layer no later than the last call's begins a pass
-      if (static_cast<int64_t>(r.scan_now[1]) >= r.layer) ++r.scan_now[0];
-      r.scan_now[1] = static_cast<uint64_t>(r.layer);
-    }
-    pass_now = scan ? r.scan_now[0] : 0;
+    pass_now = begin_call(r);
   }
   __syncthreads();
   auto stamp = [&](int32_t s) {
@@ -193,11 +200,7 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_preload_kernel(Expert
   const int64_t base = r.layer * r.E, n = r.n;
   const bool scan = r.pass != nullptr;
   if (tid == 0) {
-    if (scan && !r.prefetch) {  // a layer no later than the last call's begins a pass
-      if (static_cast<int64_t>(r.scan_now[1]) >= r.layer) ++r.scan_now[0];
-      r.scan_now[1] = static_cast<uint64_t>(r.layer);
-    }
-    pass_now = scan ? r.scan_now[0] : 0;
+    pass_now = begin_call(r);
   }
   for (int64_t i = tid; i < n; i += kResolveThreads) {
     const int32_t e = r.ids[r.ranked ? i : r.order[i]];

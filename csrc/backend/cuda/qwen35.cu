@@ -137,6 +137,17 @@ __device__ __forceinline__ float next_state(float Gp, float s, const float* em, 
   return sn;
 }
 
+// k_p . k_m and q_p . k_m over dims [i0, i1), each summed in order of i.
+__device__ __forceinline__ float2 key_overlaps(const float* kn, const float* qn, const float* km, int64_t i0,
+                                               int64_t i1) {
+  float dkk = 0.0f, dqk = 0.0f;
+  for (int64_t i = i0; i < i1; ++i) {
+    dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
+    dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
+  }
+  return make_float2(dkk, dqk);
+}
+
 // Position t's query and key rows of key head kh, each over its norm (the query also over sqrt(dk)), into
 // qn and kn by the block (each thread the elements i = tid, tid + nt, ..); returns the position's value row
 // of head h. Ends in a barrier.
@@ -241,14 +252,9 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaArgs g)
     for (int64_t m = tid; m < n; m += nt) {
       const float e = expf(em[m]);
       em[m] = e;
-      const float* km = key(m);
-      float dkk = 0.0f, dqk = 0.0f;
-      for (int64_t i = 0; i < dk; ++i) {
-        dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
-        dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
-      }
-      wk[m] = __fmul_rn(e, dkk);
-      wq[m] = __fmul_rn(e, dqk);
+      const float2 o = key_overlaps(kn, qn, key(m), 0, dk);
+      wk[m] = __fmul_rn(e, o.x);
+      wq[m] = __fmul_rn(e, o.y);
     }
     float pqk = 0.0f;
     for (int64_t i = tid; i < dk; i += nt) pqk = __fadd_rn(pqk, __fmul_rn(qn[i], kn[i]));
@@ -435,14 +441,9 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_split_kernel(DeltaA
     for (int64_t e = tid; e < 2 * C; e += nt) {
       const int64_t m = e % C, hf = e / C;
       if (m >= n) continue;
-      const float* km = ksm + m * kst;
-      float dkk = 0.0f, dqk = 0.0f;
-      for (int64_t i = hf * half; i < min(dk, (hf + 1) * half); ++i) {
-        dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
-        dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
-      }
-      pkk[hf * C + m] = dkk;
-      pqk[hf * C + m] = dqk;
+      const float2 o = key_overlaps(kn, qn, ksm + m * kst, hf * half, min(dk, (hf + 1) * half));
+      pkk[hf * C + m] = o.x;
+      pqk[hf * C + m] = o.y;
     }
     for (int64_t m = tid; m < n; m += nt) em[m] = expf(em[m]);
     float pqq = 0.0f;
@@ -617,16 +618,9 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaA
         if (m >= s) continue;
         const float ex = expf(wk[e]);
         if (s == C - 1) elast[m] = ex;
-        const float* km = ksm + m * kst;
-        const float* kn = ksm + s * kst;
-        const float* qn = qsm + (s - s0) * kst;
-        float dkk = 0.0f, dqk = 0.0f;
-        for (int64_t i = 0; i < dk; ++i) {
-          dkk = __fadd_rn(dkk, __fmul_rn(kn[i], km[i]));
-          dqk = __fadd_rn(dqk, __fmul_rn(qn[i], km[i]));
-        }
-        wk[e] = __fmul_rn(ex, dkk);
-        wq[e] = __fmul_rn(ex, dqk);
+        const float2 o = key_overlaps(ksm + s * kst, qsm + (s - s0) * kst, ksm + m * kst, 0, dk);
+        wk[e] = __fmul_rn(ex, o.x);
+        wq[e] = __fmul_rn(ex, o.y);
       }
       // The state's columns against each position's key and query: a thread a (position, column).
       for (int64_t e = tid; e < n * kChunkCols; e += nt) {
