@@ -320,6 +320,50 @@ def link_probe(binary: str, file: str | None = None) -> dict[str, Any]:
     return got
 
 
+def host_probe(gib: float = 1.0, reps: int = 3) -> dict[str, Any]:
+    """The host's side of a run: CPU model, usable cores, load, available memory and RAM read GB/s on one thread
+    and on every usable core (numpy sums release the GIL), the best of `reps`. llama.cpp's CPU experts run at
+    the host's memory bandwidth and strata's streaming shares it, so two hosts' rows compare only with this."""
+    import concurrent.futures
+
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        pass
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next((int(ln.split()[1]) / 2**20 for ln in f if ln.startswith("MemAvailable")), None)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    buf = np.ones(int(gib * 2**30) // 8, dtype=np.float64)  # written once: every page is resident
+
+    def rate(threads: int) -> float:
+        parts = np.array_split(buf, threads)
+        best = 0.0
+        with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+            for _ in range(reps):
+                t = time.perf_counter()
+                total = sum(ex.map(np.sum, parts))
+                dt = time.perf_counter() - t
+                if total != buf.size:
+                    raise RuntimeError("host probe: the sum of ones is wrong")
+                best = max(best, buf.nbytes / dt / 1e9)
+        return best
+
+    return {"cpu": cpu, "cores": cores, "loadavg": os.getloadavg()[0], "mem_available_gib": avail,
+            "read_gbps_1": rate(1), "read_gbps_all": rate(cores), "bytes": buf.nbytes}
+
+
+def host_summary(h: dict[str, Any]) -> str:
+    avail = f"{h['mem_available_gib']:.0f} GiB available" if h.get("mem_available_gib") else "memory ?"
+    return (f"host: {h['cpu']}, {h['cores']} cores (load {h['loadavg']:.1f}), {avail}; RAM read "
+            f"{h['read_gbps_1']:.1f} GB/s on one thread, {h['read_gbps_all']:.1f} on {h['cores']}")
+
+
 def link_summary(probe: dict[str, Any], file: str | None = None) -> str:
     """One line of a link_probe result: the first row of each test, and the GPU's NUMA node."""
     if "error" in probe:
@@ -450,6 +494,8 @@ def main() -> None:
     sizes: dict[str, float] = {}
     # The link first, on its own (no model loaded); then each file as strata will read it, once written.
     link_info: dict[str, Any] = {"probe": a.link_probe, "files": {}} if a.link_probe else {}
+    host = {"before": host_probe()}
+    print(host_summary(host["before"]), flush=True)
     if a.link_probe:
         link_info["machine"] = link_probe(a.link_probe)
         print(link_summary(link_info["machine"]), flush=True)
@@ -557,6 +603,9 @@ def main() -> None:
     listed = ", ".join(f"{os.path.basename(files[p])} ({sizes[p]:.2f} GiB)" for p in files)
     print(f"\n{rows[0].extra['device'] if rows else a.device}; files: {listed}")
     print_table(rows, hbm, link)
+    host["after"] = host_probe()
+    print(f"{host_summary(host['before'])} (before the scenarios)")
+    print(f"{host_summary(host['after'])} (after them)")
     if a.link_probe:  # again under the table (scripts/gpu-check prints the log from the table on)
         print(link_summary(link_info["machine"]))
         for path, probe in link_info["files"].items():
@@ -564,7 +613,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"files": files, "hbm_gbps": a.hbm_gbps, "link_gbps": a.link_gbps,
-                       "llama_bench": llama_state.get("path"), "link": link_info or None,
+                       "llama_bench": llama_state.get("path"), "link": link_info or None, "host": host,
                        "rows": [{"scenario": r.scenario, "config": r.config, "test": r.test,
                                  "strata_tps": r.strata_tps, "llama_tps": r.llama_tps, "ratio": r.ratio, **r.extra}
                                 for r in rows]}, f, indent=2)
