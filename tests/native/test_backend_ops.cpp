@@ -330,6 +330,34 @@ TEST_P(Op, GroupByExpertAndScatterAdd) {
   unsetenv("STRATA_CUDA_SORT_PARALLEL");
 }
 
+// group_by_expert over many bins: more than a GPU sort block's 1,024 threads, up to the 4,096 experts its
+// one-warp placement takes in 48 KiB (the eight-warp placement fits up to 682 bins and leaves wider sorts to
+// one warp), with 1,100 tokens (4,400 rows: two 4,096-item tiles) routed to a skewed subset.
+TEST_P(Op, GroupByExpertManyExperts) {
+  for (const char* parallel : {"0", "1"}) {
+    setenv("STRATA_CUDA_SORT_PARALLEL", parallel, 1);
+    SCOPED_TRACE(str("STRATA_CUDA_SORT_PARALLEL=", parallel));
+    std::mt19937 rng(21);
+    for (int64_t E : {600, 1500, 4096}) {
+      const int64_t T = 1100, K = 4;
+      std::vector<int32_t> ids(T * K);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < K; ++k) {
+          // Distinct per token: expert (t * 7 + k * (E / K)) % E, skewed towards the low ids half the time.
+          const int64_t e = (rng() % 2 ? (t * 7) % (E / 8) : t * 7) + k * (E / K);
+          ids[t * K + k] = (int32_t)(e % E);
+        }
+      Dev<int32_t> dids(be(), ids, "ids"), off(be(), E + 1, "off"), rows(be(), T * K, "rows");
+      be().group_by_expert(dids.p(), T, K, E, off.p(), rows.p());
+      std::vector<int32_t> want_off, want_rows;
+      ref::group_by_expert(ids, T, K, E, &want_off, &want_rows);
+      expect_same(off.get(), want_off, str("group_by_expert off E=", E));
+      expect_same(rows.get(), want_rows, str("group_by_expert rows E=", E));
+    }
+  }
+  unsetenv("STRATA_CUDA_SORT_PARALLEL");
+}
+
 TEST_P(Op, CopyZeroFill) {
   std::mt19937 rng(13);
   const size_t n = 1003;  // odd sizes at odd offsets

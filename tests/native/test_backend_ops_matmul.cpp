@@ -486,8 +486,11 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
     for (int32_t i = 0; i < n; ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
     for (QType t : kAllTypes) {
-      for (const bool slotted : {false, true}) {
-        const int64_t rows = 37, cols = cols_of(t);
+      // Resident, slotted, and slotted with long rows (a Q6_K row of 2,816 columns fills the GEMV's staged
+      // weight batches of 128 units; 768 columns never reach them).
+      for (const int shape : {0, 1, 2}) {
+        const bool slotted = shape != 0;
+        const int64_t rows = 37, cols = shape == 2 ? long_cols_of(t) : cols_of(t);
         const size_t mb = rows * row_bytes(t, cols);
         std::vector<std::vector<uint8_t>> W(E);
         for (auto& w : W) w = random_weights(t, rows, cols, rng);
@@ -521,7 +524,7 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
                             ldy);
         const auto y = Y.get();
         const std::string what =
-            str("matmul_experts ", quant_traits(t).name, slotted ? " slotted" : " resident");
+            str("matmul_experts ", quant_traits(t).name, slotted ? " slotted" : " resident", " cols=", cols);
         expect_rows_of_matmul(be(), t, W, ids, order, rows, cols, dx.p(), ldx, y, ldy, what);
         if (uses_matmul_q8((uint32_t)t)) {
           const size_t xrb = cols / 32 * 34 + 2;

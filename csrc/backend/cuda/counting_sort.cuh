@@ -20,25 +20,34 @@ static_assert(kSortTile <= 65535, "a tile's offsets within a bin fit 16 bits");
 // each launch).
 inline bool sort_parallel_on() { return env_switch("STRATA_CUDA_SORT_PARALLEL", false); }
 
-// Shared memory block_counting_sort needs for nbins bins: the bins' next free positions and the tile's totals
-// (ints), the tile's keys and items (ints), each placing warp's offsets within the tile's share of a bin.
-constexpr size_t counting_sort_smem(int64_t nbins) {
-  return (size_t)(2 * nbins + 2 * kSortTile) * sizeof(int) + (size_t)kPlaceWarps * nbins * sizeof(uint16_t);
+// Shared memory block_counting_sort needs for nbins bins: the bins' next free positions (ints), the tile's
+// keys and items (ints); placing with kPlaceWarps warps also the tile's totals per bin (ints) and each
+// placing warp's offsets within the tile's share of a bin (uint16). The one-warp placement's size is the
+// bound on nbins (4,096 bins in 48 KiB); the parallel one's more (682).
+constexpr size_t counting_sort_smem(int64_t nbins, bool parallel) {
+  return (size_t)(nbins + 2 * kSortTile) * sizeof(int) +
+         (parallel ? (size_t)nbins * sizeof(int) + (size_t)kPlaceWarps * nbins * sizeof(uint16_t) : 0);
+}
+
+// The placement a sort of nbins bins takes: the parallel one where STRATA_CUDA_SORT_PARALLEL=1 and its shared
+// memory fits 48 KiB, else one warp (the same output).
+inline bool sort_parallel_for(int64_t nbins) {
+  return sort_parallel_on() && counting_sort_smem(nbins, true) <= 48 * 1024;
 }
 
 // out[...] = item_of(p) for p < n, ordered by key_of(p) in [0, nbins) and, within a key, by p;
 // items whose key is negative are left out. off (if not null) gets nbins + 1 prefix counts.
-// Called by all threads of one block of kSortThreads, with `smem` of counting_sort_smem(nbins) bytes.
-// parallel: kPlaceWarps warps place each tile (STRATA_CUDA_SORT_PARALLEL=1, opt-in until a GPU run has
+// Called by all threads of one block of kSortThreads, with `smem` of counting_sort_smem(nbins, parallel)
+// bytes. parallel: kPlaceWarps warps place each tile (STRATA_CUDA_SORT_PARALLEL=1, opt-in until a GPU run has
 // checked and timed it), else one warp walks it; the same output.
 template <class KeyOf, class ItemOf>
 __device__ void block_counting_sort(int64_t n, int nbins, KeyOf key_of, ItemOf item_of, int32_t* out,
                                     int32_t* off, int* smem, bool parallel) {
   int* count = smem;              // [nbins]: counts, then the next free position of each bin
-  int* total = count + nbins;     // [nbins]: the tile's items in each bin
-  int* tile_key = total + nbins;  // [kSortTile]
+  int* tile_key = count + nbins;  // [kSortTile]
   int* tile_item = tile_key + kSortTile;
-  uint16_t* woff = reinterpret_cast<uint16_t*>(tile_item + kSortTile);  // [kPlaceWarps][nbins]
+  int* total = tile_item + kSortTile;  // [nbins], parallel only: a tile's items a bin
+  uint16_t* woff = reinterpret_cast<uint16_t*>(total + nbins);  // [kPlaceWarps][nbins], parallel only
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) count[b] = 0;
   __syncthreads();

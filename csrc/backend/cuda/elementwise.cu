@@ -185,8 +185,9 @@ void launch_scatter_add(const float* y, const int32_t* rows, const float* w, int
     return;
   }
   int32_t* perm = static_cast<int32_t*>(scratch);
-  launch_kernel(sort_by_token_kernel, 1, kSortThreads, counting_sort_smem(256), s, rows, K, n, perm, perm + n,
-                sort_parallel_on());
+  const bool parallel = sort_parallel_for(256);
+  launch_kernel(sort_by_token_kernel, 1, kSortThreads, counting_sort_smem(256, parallel), s, rows, K, n, perm,
+                perm + n, parallel);
   STRATA_CUDA_LAUNCH_CHECK();
   launch_kernel(scatter_add_kernel, grid_x(n), kThreads, 0, s, y, rows, w, K, n, D, perm, out);
   STRATA_CUDA_LAUNCH_CHECK();

@@ -252,11 +252,12 @@ bool launch_route(uint32_t type, const void* W, int64_t E, int64_t D, const floa
 
 void launch_group_by_expert(const int32_t* ids, int64_t T, int64_t K, int64_t E, int32_t* off, int32_t* rows,
                             cudaStream_t s) {
-  STRATA_CHECK(E >= 1 && counting_sort_smem(E) <= 48 * 1024, UnsupportedError, "group_by_expert: E=", E,
-               " experts exceed the CUDA kernel's shared memory");
+  STRATA_CHECK(E >= 1 && counting_sort_smem(E, false) <= 48 * 1024, UnsupportedError,
+               "group_by_expert: E=", E, " experts exceed the CUDA kernel's shared memory");
   STRATA_CHECK(T * K < 0x7fffffff, ConfigError, "group_by_expert: ", T * K, " rows exceed int32");
-  launch_kernel(group_by_expert_kernel, 1, kSortThreads, counting_sort_smem(E), s, ids, T * K, (int)E, off,
-                rows, sort_parallel_on());
+  const bool parallel = sort_parallel_for(E);
+  launch_kernel(group_by_expert_kernel, 1, kSortThreads, counting_sort_smem(E, parallel), s, ids, T * K,
+                (int)E, off, rows, parallel);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 
