@@ -223,13 +223,14 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
   // Query heads per kv head 4, 16 and 1; head dims of the GPU's decode kernel and one it leaves to the
   // general kernel (72); chunks that cross key 128. Then a long context, where a decode step's partials span
   // many key blocks (47 of 64 keys, 24 of 128: more than the combine loads at once, and not a multiple of
-  // it).
+  // it; at 8,303 keys 130 and 65: the combine's register batches of 32 reloaded, the last one partial).
   // Wider rows and groups: 20 heads per kv head (the decode kernel's 16 a block, then 4), gemma4's 512-dim
   // global heads, MLA's 576-dim latent rows under 40 heads.
-  for (const Shape sh : {Shape{8, 2, 64, 120, 19}, Shape{32, 2, 128, 120, 19}, Shape{3, 3, 256, 120, 19},
-                         Shape{4, 2, 72, 120, 19}, Shape{16, 4, 64, 2997, 3}, Shape{16, 4, 128, 2997, 3},
-                         Shape{40, 2, 128, 120, 19}, Shape{4, 2, 512, 120, 19}, Shape{40, 1, 576, 120, 19},
-                         Shape{40, 1, 576, 120, 19, true}, Shape{128, 1, 576, 200, 9, true}})
+  for (const Shape sh :
+       {Shape{8, 2, 64, 120, 19}, Shape{32, 2, 128, 120, 19}, Shape{3, 3, 256, 120, 19},
+        Shape{4, 2, 72, 120, 19}, Shape{16, 4, 64, 2997, 3}, Shape{16, 4, 128, 2997, 3},
+        Shape{16, 4, 128, 8300, 3}, Shape{40, 2, 128, 120, 19}, Shape{4, 2, 512, 120, 19},
+        Shape{40, 1, 576, 120, 19}, Shape{40, 1, 576, 120, 19, true}, Shape{128, 1, 576, 200, 9, true}})
     for (KvType t : {KvType::F32, KvType::F16}) {
       const int64_t H = sh.H, KV = sh.KV, hd = sh.hd, width = KV * hd, pos0 = sh.pos0, T = sh.T;
       const int64_t ctx = pos0 + T, first = std::min<int64_t>(7, T - 1);
