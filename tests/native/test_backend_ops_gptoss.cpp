@@ -85,6 +85,102 @@ TEST_P(OssOp, AttentionSinksWindowAndFull) {
     }
 }
 
+// gpt-oss's attention on the tensor cores (STRATA_CUDA_SINKS_MMA=1; f16 caches of head dims 64 and 128; a
+// backend without it runs its own kernel): a token's output the same bits from a whole chunk, two chunks and
+// one token at a time (decode: a key block a CTA, the combine from the window's first block, the sink last);
+// and against the reference on the values the cache holds, q rounded to fp16 where the tensor cores round it,
+// within AttentionF16HeadDimsOfTheTensorCores' derived bound. Windows of one key, inside one 64-key block,
+// across blocks from an unaligned first key, none; gpt-oss's 64 heads over 8 kv heads at 1,100 keys.
+TEST_P(OssOp, AttentionSinksOnTheTensorCores) {
+  if (!be().supports_kv(KvType::F16)) GTEST_SKIP() << "no f16 cache on this backend";
+  setenv("STRATA_CUDA_SINKS_MMA", "1", 1);
+  std::mt19937 rng(71);
+  struct Case {
+    int64_t H, KV, hd, N, pos0, window;
+  };
+  for (const Case c :
+       {Case{16, 2, 64, 300, 263, 0}, Case{16, 2, 64, 300, 263, 1}, Case{16, 2, 64, 300, 263, 50},
+        Case{16, 2, 64, 300, 263, 128}, Case{12, 3, 128, 140, 0, 0}, Case{12, 3, 128, 140, 0, 70},
+        Case{64, 8, 64, 1100, 1060, 128}}) {
+    const int64_t H = c.H, KV = c.KV, hd = c.hd, width = KV * hd, N = c.N, pos0 = c.pos0, T = N - pos0;
+    const int64_t first = std::min<int64_t>(7, T - 1);
+    const auto k = randf(rng, N * width, -1.f, 1.f), v = randf(rng, N * width, -1.5f, 1.5f);
+    const auto q = randf(rng, T * H * hd, -2.f, 2.f), sinks = randf(rng, H, -1.f, 3.f);
+    Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), dq(be(), q, "q"), ds(be(), sinks, "sinks");
+    Dev<uint8_t> kc(be(), (size_t)N * width * 2, "k cache"), vc(be(), (size_t)N * width * 2, "v cache");
+    be().kv_store(kc.p(), KvType::F16, 0, N, width, dk.p());
+    be().kv_store(vc.p(), KvType::F16, 0, N, width, dv.p());
+    const float scale = 1.0f / std::sqrt((float)hd);
+    Dev<float> whole(be(), T * H * hd, "whole"), chunks(be(), T * H * hd, "chunks"),
+        tokens(be(), T * H * hd, "tokens");
+    ops().attention_sinks(dq.p(), kc.p(), vc.p(), KvType::F16, T, pos0, H, KV, hd, scale, ds.p(), c.window,
+                          whole.p());
+    ops().attention_sinks(dq.p(), kc.p(), vc.p(), KvType::F16, first, pos0, H, KV, hd, scale, ds.p(),
+                          c.window, chunks.p());
+    ops().attention_sinks(dq.p() + first * H * hd, kc.p(), vc.p(), KvType::F16, T - first, pos0 + first, H,
+                          KV, hd, scale, ds.p(), c.window, chunks.p() + first * H * hd);
+    for (int64_t t = 0; t < T; ++t)
+      ops().attention_sinks(dq.p() + t * H * hd, kc.p(), vc.p(), KvType::F16, 1, pos0 + t, H, KV, hd, scale,
+                            ds.p(), c.window, tokens.p() + t * H * hd);
+    const std::string what =
+        str("attention_sinks f16 H=", H, " KV=", KV, " hd=", hd, " at ", N, " keys, window ", c.window);
+    const auto w = whole.get();
+    expect_same(chunks.get(), w, "in two chunks vs one, " + what);
+    expect_same(tokens.get(), w, "token by token vs one chunk, " + what);
+    const auto half = [](std::vector<float> x) {
+      for (float& e : x) e = fp16_to_f32(f32_to_fp16(std::clamp(e, -65504.0f, 65504.0f)));
+      return x;
+    };
+    const bool tc = bounds().attention_f16_tc;
+    const auto qr = tc ? half(q) : q, kr = half(k), vr = half(v);
+    std::vector<double> want;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t p = pos0 + t, kvh = h / (H / KV);
+        const int64_t j0 = c.window ? std::max<int64_t>(0, p - c.window + 1) : 0;
+        const auto o = ref::attend_sinks(&qr[(t * H + h) * hd], &kr[kvh * hd], &vr[kvh * hd], width, j0, p,
+                                         sinks[h], hd, scale);
+        want.insert(want.end(), o.begin(), o.end());
+      }
+    // AttentionF16HeadDimsOfTheTensorCores' bound: p rounded to fp16 (u), float sums over n keys, the scores'
+    // fp16 products; the sink's weight is a float32 exp and moves no bound.
+    double bound = bounds().attention;
+    if (tc) {
+      const double u = std::ldexp(1.0, -11), ulp = std::ldexp(1.0, -23), vmax = 1.5, n = (double)N;
+      const double dsc = scale * 2.0 * (double)(hd * hd) * ulp * 2.0 * 1.0;
+      bound += vmax * (u + n * std::ldexp(1.0, -25) + 2.0 * dsc + 2.0 * 64 * 64 * ulp);
+    }
+    expect_err(max_err(w, want, std::vector<double>(want.size(), 1.0)), bound, what);
+  }
+  // A decode step with its position from the device (a replayed graph's): the bits of the host position.
+  if (be().supports_graphs()) {
+    const int64_t H = 16, KV = 2, hd = 64, width = KV * hd, ctx = 300;
+    const float scale = 1.0f / std::sqrt((float)hd);
+    const auto k = randf(rng, ctx * width, -1.f, 1.f), v = randf(rng, ctx * width, -1.f, 1.f);
+    const auto sinks = randf(rng, H, -1.f, 3.f);
+    Dev<float> dk(be(), k, "k"), dv(be(), v, "v"), ds(be(), sinks, "sinks");
+    Dev<uint8_t> kc(be(), (size_t)ctx * width * 2, "k cache"), vc(be(), (size_t)ctx * width * 2, "v cache");
+    be().kv_store(kc.p(), KvType::F16, 0, ctx, width, dk.p());
+    be().kv_store(vc.p(), KvType::F16, 0, ctx, width, dv.p());
+    for (int32_t pos : {0, 63, 64, 130, 299})
+      for (int64_t window : {0, 1, 70}) {
+        const auto q = randf(rng, H * hd, -2.f, 2.f);
+        std::vector<int32_t> pv = {pos};
+        Dev<int32_t> dp(be(), pv, "pos");
+        Dev<float> dq(be(), q, "q"), o1(be(), H * hd, "out"), o2(be(), H * hd, "out");
+        ops().attention_sinks(dq.p(), kc.p(), vc.p(), KvType::F16, 1, pos, H, KV, hd, scale, ds.p(), window,
+                              o1.p());
+        be().set_position_source(dp.p(), ctx);
+        ops().attention_sinks(dq.p(), kc.p(), vc.p(), KvType::F16, 1, 0, H, KV, hd, scale, ds.p(), window,
+                              o2.p());
+        be().set_position_source(nullptr, 0);
+        expect_same(o2.get(), o1.get(),
+                    str("attention_sinks f16 from the position source at ", pos, " window ", window));
+      }
+  }
+  unsetenv("STRATA_CUDA_SINKS_MMA");
+}
+
 // With a position source, rope_neox and attention_sinks add the device's int32 to pos0 as they run: the
 // same bits as passing the position itself (what a replayed decode step relies on).
 TEST_P(OssOp, PositionSourceMatchesHostPositions) {

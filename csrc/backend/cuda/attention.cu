@@ -24,6 +24,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_impl.cuh"
 #include "backend/cuda/common.cuh"
+#include "core/env.h"
 
 namespace strata::cuda {
 namespace {
@@ -286,15 +287,17 @@ __global__ void __launch_bounds__(kDecThreads)
   if (threadIdx.x == 0) *ticket = 0;
 }
 
-// The decode combine: per head, the key blocks' partials folded in key order, one thread per dim.
+// The decode combine: per head, the key blocks' partials folded in key order, one thread per dim (from the
+// window's first block; the head's sink last).
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
-                   int64_t H, int64_t hd, int64_t key_block, float* out) {
+                   int64_t H, int64_t hd, int64_t key_block, int64_t window, const float* sinks, float* out) {
   grid_start();
   const int64_t h = blockIdx.x;
-  const int64_t nb = ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, key_block);
+  const int64_t p = pos0 + (pos_dev ? *pos_dev : 0);
+  const int64_t nb = ceil_div(p + 1, key_block), jb_lo = window_lo(p, window) / key_block;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x)
-    out[h * hd + d] = combine_one(part_ml, part_acc, nb, H, hd, h, d);
+    out[h * hd + d] = combine_one(part_ml, part_acc, nb, H, hd, h, d, jb_lo, sinks ? sinks + h : nullptr);
 }
 
 // combine_kernel's fold with its serial chains shortened, the same float operations: fold() at block j
@@ -306,15 +309,21 @@ __global__ void __launch_bounds__(kThreads)
 // extra warp, its lane 0 taking l). A thread's partials arrive in two register batches of kCombineBatch, the
 // next batch's loads issued before the current one's fold, so 2 kCombineBatch loads are in flight where
 // one batch at a time paid a memory round trip per 16 key blocks (14.8 us a call at 8K keys on an H100).
-// Shared memory: 5 nb_max floats.
+// Shared memory: 5 nb_max floats. Under a sliding window the blocks from the window's first on (j counts
+// from it); with sinks the head's sink folds last, as combine_one folds it.
 constexpr int kCombineBatch = 32;  // part_acc loads a register batch
 __global__ void __launch_bounds__(kThreads + kWarp)
     combine_scan_kernel(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
-                        int64_t H, int64_t hd, int64_t key_block, float* out) {
+                        int64_t H, int64_t hd, int64_t key_block, int64_t window, const float* sinks,
+                        float* out) {
   grid_start();
   extern __shared__ float sm[];
   const int64_t h = blockIdx.x;
-  const int nb = (int)ceil_div(pos0 + (pos_dev ? *pos_dev : 0) + 1, key_block);
+  const int64_t pos = pos0 + (pos_dev ? *pos_dev : 0);
+  const int64_t jb_lo = window_lo(pos, window) / key_block;
+  const int nb = (int)(ceil_div(pos + 1, key_block) - jb_lo);
+  part_ml += jb_lo * H * 2;  // block jb_lo's partials first
+  part_acc += jb_lo * H * hd;
   float *mb = sm, *lb = sm + nb, *mx = sm + 2 * nb, *fa = sm + 3 * nb, *fb = sm + 4 * nb;
   const int tid = threadIdx.x, nt = blockDim.x;
   for (int j = tid; j < nb; j += nt) {
@@ -344,10 +353,18 @@ __global__ void __launch_bounds__(kThreads + kWarp)
     fb[j] = expf(mb[j] - mx[j]);
   }
   __syncthreads();
+  // The sink's step (fold(m, l, sink, 1) after the last block): its two factors.
+  float sa = 1.0f, sb = 0.0f;
+  if (sinks) {
+    const float m = mx[nb - 1], sink = sinks[h], m_new = fmaxf(m, sink);
+    sa = expf(m - m_new);
+    sb = expf(sink - m_new);
+  }
   __shared__ float l_all;
   if (tid == hd) {
     float l = 0.0f;
     for (int j = 0; j < nb; ++j) l = l * fa[j] + lb[j] * fb[j];
+    if (sinks) l = l * sa + 1.0f * sb;
     l_all = l;
   }
   float acc = 0.0f;
@@ -373,6 +390,7 @@ __global__ void __launch_bounds__(kThreads + kWarp)
       if (j0 + kCombineBatch < nb) fold(vb, j0 + kCombineBatch);
       if (j0 + 3 * kCombineBatch < nb) load(vb, j0 + 3 * kCombineBatch);
     }
+    if (sinks) acc = acc * sa + 0.0f * sb;
   }
   __syncthreads();
   if (tid < hd) out[h * hd + tid] = acc * (1.0f / l_all);
@@ -381,15 +399,16 @@ __global__ void __launch_bounds__(kThreads + kWarp)
 // The decode combine of H heads over up to nb_max key blocks of key_block keys: combine_scan_kernel where its
 // shared memory fits (contexts up to ~150K keys), else combine_kernel.
 void launch_combine(const float* part_ml, const float* part_acc, int64_t pos0, const int32_t* pos_dev,
-                    int64_t H, int64_t hd, int64_t key_block, int64_t nb_max, float* out, cudaStream_t st) {
+                    int64_t H, int64_t hd, int64_t key_block, int64_t nb_max, float* out, cudaStream_t st,
+                    int64_t window = 0, const float* sinks = nullptr) {
   const size_t smem = (size_t)nb_max * 5 * sizeof(float);
   if (hd <= kThreads && smem <= 48 * 1024) {
     launch_kernel(combine_scan_kernel, grid_x(H), (unsigned)(ceil_div(hd, kWarp) * kWarp + kWarp), smem, st,
-                  part_ml, part_acc, pos0, pos_dev, H, hd, key_block, out);
+                  part_ml, part_acc, pos0, pos_dev, H, hd, key_block, window, sinks, out);
   } else {
     launch_kernel(combine_kernel, grid_x(H),
                   (unsigned)std::min<int64_t>(kThreads, ceil_div(hd, kWarp) * kWarp), 0, st, part_ml,
-                  part_acc, pos0, pos_dev, H, hd, key_block, out);
+                  part_acc, pos0, pos_dev, H, hd, key_block, window, sinks, out);
   }
 }
 
@@ -596,6 +615,37 @@ void launch_attention(const float* q, const void* kc, const void* vc, KvType t, 
   else
     launch_typed(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), T, pos0, ps, n_head,
                  n_kv_head, head_dim, scale, out, scratch, tickets, s);
+}
+
+bool attention_mma_sinks_usable(KvType t, int64_t head_dim, const void* kc, const void* vc) {
+  return t == KvType::F16 && env_switch("STRATA_CUDA_SINKS_MMA", false) && mma_usable(head_dim, kc, vc);
+}
+
+void launch_attention_mma_sinks(const float* q, const void* kc, const void* vc, int64_t T, int64_t pos0,
+                                const PosSource& ps, int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                float scale, const float* sinks, int64_t window, float* out, void* scratch,
+                                cudaStream_t s) {
+  STRATA_CHECK(window >= 0, ConfigError, "attention: window ", window, " is negative");
+  if (T <= 0) return;
+  const bool split = attention_should_split(T);
+  Shape sh = make_shape(T, pos0, ps.dev, n_head, n_kv_head, head_dim, scale, split);
+  sh.window = window;
+  sh.sinks = sinks;
+  const auto* k16 = static_cast<const uint16_t*>(kc);
+  const auto* v16 = static_cast<const uint16_t*>(vc);
+  if (!split) {
+    launch_mma_prompt(q, k16, v16, sh, out, s);
+    STRATA_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kMmaKeyBlock) : ceil_div(pos0 + 1, kMmaKeyBlock);
+  float* part_ml = static_cast<float*>(scratch);
+  float* part_acc = part_ml + nb * n_head * 2;
+  launch_mma_decode(q, k16, v16, sh, nb, part_ml, part_acc, s);
+  STRATA_CUDA_LAUNCH_CHECK();
+  launch_combine(part_ml, part_acc, pos0, ps.dev, n_head, head_dim, (int64_t)kMmaKeyBlock, nb, out, s, window,
+                 sinks);
+  STRATA_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace strata::cuda

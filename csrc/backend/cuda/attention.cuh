@@ -37,4 +37,16 @@ void launch_attention(const float* q, const void* kc, const void* vc, KvType t, 
                       const PosSource& ps, int64_t n_head, int64_t n_kv_head, int64_t head_dim, float scale,
                       float* out, void* scratch, const AttentionTickets& tickets, cudaStream_t s);
 
+// gpt-oss's attention (a sink logit per query head in each softmax's denominator, no value; keys
+// window_lo(p, window) .. p for a query at p, all of them at window 0; sinks may be null) on the
+// tensor-core family: prompt and decode steps give a token the same bits, as launch_attention's kernels.
+// Usable where STRATA_CUDA_SINKS_MMA=1 (opt-in until a GPU run checks and times it; read at each call), the
+// cache is f16 and the tensor-core family takes the head dim and the caches' alignment. `scratch` holds
+// attention_scratch_bytes(...) bytes, as for launch_attention.
+bool attention_mma_sinks_usable(KvType t, int64_t head_dim, const void* kc, const void* vc);
+void launch_attention_mma_sinks(const float* q, const void* kc, const void* vc, int64_t T, int64_t pos0,
+                                const PosSource& ps, int64_t n_head, int64_t n_kv_head, int64_t head_dim,
+                                float scale, const float* sinks, int64_t window, float* out, void* scratch,
+                                cudaStream_t s);
+
 }  // namespace strata::cuda

@@ -91,7 +91,16 @@ struct Shape {
   int qt;                  // queries in one block
   int ksub;                // keys staged in shared memory at a time
   float scale;
+  // The tensor-core family's gpt-oss options (launch_mma_sinks): a query at position p sees keys
+  // window_lo(p, window) .. p, and a head's sink logit joins its softmax's denominator (no value).
+  int64_t window = 0;
+  const float* sinks = nullptr;
 };
+
+// The first key a query at position p sees under a sliding window of `window` keys (0: no window).
+__host__ __device__ __forceinline__ int64_t window_lo(int64_t p, int64_t window) {
+  return window > 0 && p + 1 > window ? p + 1 - window : 0;
+}
 
 // ---- decode (one query): attention_decode_kernel ----
 // The same float operations as attention_kernel<., true> laid out for one query: a block per (key
@@ -164,14 +173,21 @@ __device__ __forceinline__ void store_keys(KvT* buf, const Staged<KvT, kBytes>& 
 
 // The decode combine of head h, dim d: the key blocks' partials folded in key order (loads past L1:
 // the fused combine reads what other blocks wrote).
+// Blocks [jb_lo, nb) (a sliding window's first block on); then, with `sink` (gpt-oss), the head's sink logit
+// folded as a block of l_b = 1 and no value, as the prompt kernel folds it after its last block.
 __device__ __forceinline__ float combine_one(const float* part_ml, const float* part_acc, int64_t nb,
-                                             int64_t H, int64_t hd, int64_t h, int64_t d) {
+                                             int64_t H, int64_t hd, int64_t h, int64_t d, int64_t jb_lo = 0,
+                                             const float* sink = nullptr) {
   float m = -INFINITY, l = 0.0f, acc = 0.0f;
 #pragma unroll 8  // the partials' loads of several blocks in flight at once
-  for (int64_t jb = 0; jb < nb; ++jb) {
+  for (int64_t jb = jb_lo; jb < nb; ++jb) {
     const int64_t p = jb * H + h;
     const Fold f = fold(m, l, __ldcg(part_ml + p * 2), __ldcg(part_ml + p * 2 + 1));
     acc = acc * f.a + __ldcg(part_acc + p * hd + d) * f.b;
+  }
+  if (sink) {
+    const Fold f = fold(m, l, *sink, 1.0f);
+    acc = acc * f.a + 0.0f * f.b;
   }
   return acc * (1.0f / l);
 }
@@ -206,7 +222,8 @@ constexpr int kMmaKeyBlock = 64;  // keys per softmax block of those kernels, by
 bool mma_usable(int64_t hd, const void* kc, const void* vc);
 void launch_mma_prompt(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s, float* out,
                        cudaStream_t st);
-// Key blocks [0, nb) (those past the position return): partials for combine_kernel, with kMmaKeyBlock.
+// Key blocks [0, nb) (those past the position, or below its window, return): partials for the combine,
+// with kMmaKeyBlock.
 void launch_mma_decode(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s, int64_t nb,
                        float* part_ml, float* part_acc, cudaStream_t st);
 

@@ -87,13 +87,13 @@ __device__ __forceinline__ void load_q(uint32_t (&qf)[kHd / 16][4], const float*
 }
 
 // One warp's 16 rows against the staged block of keys j0..: for this thread's rows g and g + 8 (index h
-// 0 and 1), which see the keys below lim[h], the block's m_b and l_b (every lane of the quad holds the
-// same) and the a_b fragments (ab[n][2 h + e]: dim 8 n + 2 (lane % 4) + e). The file comment's steps.
-template <int kHd>
+// 0 and 1), which see the keys in [lo[h], lim[h]), the block's m_b and l_b (every lane of the quad holds
+// the same) and the a_b fragments (ab[n][2 h + e]: dim 8 n + 2 (lane % 4) + e). The file comment's steps.
+template <int kHd, bool kWin>
 __device__ __forceinline__ void warp_block(const uint32_t (&qf)[kHd / 16][4], const __half* ks,
-                                           const __half* vs, int64_t j0, const int64_t (&lim)[2], float scale,
-                                           int lane, float (&ab)[kHd / 8][4], float (&mb)[2],
-                                           float (&lb)[2]) {
+                                           const __half* vs, int64_t j0, const int64_t (&lo)[2],
+                                           const int64_t (&lim)[2], float scale, int lane,
+                                           float (&ab)[kHd / 8][4], float (&mb)[2], float (&lb)[2]) {
   using M = MmaDims<kHd>;
   float s[kKeyTiles][4];
 #pragma unroll
@@ -122,7 +122,7 @@ __device__ __forceinline__ void warp_block(const uint32_t (&qf)[kHd / 16][4], co
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int64_t j = j0 + nt * 8 + c + e;
-        const float v = j < lim[h] ? s[nt][2 * h + e] * scale : -INFINITY;
+        const float v = j < lim[h] && (!kWin || j >= lo[h]) ? s[nt][2 * h + e] * scale : -INFINITY;
         s[nt][2 * h + e] = v;
         mx[h] = fmaxf(mx[h], v);
       }
@@ -177,7 +177,7 @@ __device__ __forceinline__ void warp_block(const uint32_t (&qf)[kHd / 16][4], co
 // kvh * group + g0 + gi (as attention_tile_kernel's); the key blocks up to the CTA's last query are
 // staged two at a time (the next one's copy in flight while this one computes), each shared by the
 // 64 rows, and each warp folds the blocks its rows see.
-template <int kHd>
+template <int kHd, bool kWin>
 __global__ void __launch_bounds__(kPromptWarps* kWarp, 2)
     attention_mma_kernel(const float* q, const uint16_t* kc, const uint16_t* vc, Shape sh, float* out) {
   grid_start();
@@ -192,19 +192,23 @@ __global__ void __launch_bounds__(kPromptWarps* kWarp, 2)
   const int64_t t0 = (int64_t)blockIdx.x * sh.qt;
   const int nq = (int)min((int64_t)sh.qt, sh.T - t0);
   const int R = ng * nq;
-  int64_t lim[2];
+  int64_t lim[2], lo[2], head[2];
   const float* qrow[2];
   float* orow[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = warp * kRowsPerWarp + lane / 4 + 8 * h;
     if (r < R) {
-      const int64_t t = t0 + r / ng, head = kvh * sh.group + g0 + r % ng;
+      const int64_t t = t0 + r / ng;
+      head[h] = kvh * sh.group + g0 + r % ng;
       lim[h] = pos0 + t + 1;
-      qrow[h] = q + (t * sh.H + head) * kHd;
-      orow[h] = out + (t * sh.H + head) * kHd;
+      lo[h] = kWin ? window_lo(pos0 + t, sh.window) : 0;
+      qrow[h] = q + (t * sh.H + head[h]) * kHd;
+      orow[h] = out + (t * sh.H + head[h]) * kHd;
     } else {
       lim[h] = 0;
+      lo[h] = 0;
+      head[h] = 0;
       qrow[h] = nullptr;
       orow[h] = nullptr;
     }
@@ -215,6 +219,8 @@ __global__ void __launch_bounds__(kPromptWarps* kWarp, 2)
   const int64_t warp_keys = __reduce_max_sync(kFullMask, (unsigned)max(lim[0], lim[1]));
   const int64_t keys = pos0 + t0 + nq;  // the most any row of the CTA sees
   const int64_t nblk = ceil_div(keys, kMmaKeyBlock);
+  // The first block any row of the CTA sees: its first query's window start (0 without a window).
+  const int64_t jb0 = kWin ? window_lo(pos0 + t0, sh.window) / kMmaKeyBlock : 0;
 
   float acc[M::kOutTiles][4];
 #pragma unroll
@@ -223,11 +229,13 @@ __global__ void __launch_bounds__(kPromptWarps* kWarp, 2)
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  stage_block<kHd>(stage, stage + M::kTile, kc, vc, 0, keys, sh.KV, kvh, threadIdx.x, blockDim.x);
+  stage_block<kHd>(stage, stage + M::kTile, kc, vc, jb0 * kMmaKeyBlock, keys, sh.KV, kvh, threadIdx.x,
+                   blockDim.x);
   cp_async_commit();
-  for (int64_t jb = 0; jb < nblk; ++jb) {
+  for (int64_t jb = jb0; jb < nblk; ++jb) {
+    const int64_t i = jb - jb0;  // the block's buffer: i & 1
     if (jb + 1 < nblk) {
-      __half* nx = stage + ((jb + 1) & 1) * 2 * M::kTile;
+      __half* nx = stage + ((i + 1) & 1) * 2 * M::kTile;
       stage_block<kHd>(nx, nx + M::kTile, kc, vc, (jb + 1) * kMmaKeyBlock, keys, sh.KV, kvh, threadIdx.x,
                        blockDim.x);
     }
@@ -236,12 +244,14 @@ __global__ void __launch_bounds__(kPromptWarps* kWarp, 2)
     __syncthreads();
     const int64_t j0 = jb * kMmaKeyBlock;
     if (j0 < warp_keys) {
-      const __half* ks = stage + (jb & 1) * 2 * M::kTile;
+      const __half* ks = stage + (i & 1) * 2 * M::kTile;
       float ab[M::kOutTiles][4], mb[2], lb[2];
-      warp_block<kHd>(qf, ks, ks + M::kTile, j0, lim, sh.scale, lane, ab, mb, lb);
+      warp_block<kHd, kWin>(qf, ks, ks + M::kTile, j0, lo, lim, sh.scale, lane, ab, mb, lb);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (j0 >= lim[h]) continue;  // the row sees no key of this block: no fold (decode has no such block)
+        // The row sees no key of this block (past its position, or before its window): no fold (decode
+        // has no such block).
+        if (j0 >= lim[h] || (kWin && j0 + kMmaKeyBlock <= lo[h])) continue;
         const Fold f = fold(m[h], l[h], mb[h], lb[h]);
 #pragma unroll
         for (int n = 0; n < M::kOutTiles; ++n)
@@ -255,6 +265,13 @@ __global__ void __launch_bounds__(kPromptWarps* kWarp, 2)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (!orow[h]) continue;
+    if (kWin && sh.sinks) {  // the head's sink after the last block: l_b = 1, no value (combine_one's step)
+      const Fold f = fold(m[h], l[h], sh.sinks[head[h]], 1.0f);
+#pragma unroll
+      for (int n = 0; n < M::kOutTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) acc[n][2 * h + e] = acc[n][2 * h + e] * f.a + 0.0f * f.b;
+    }
     const float inv = 1.0f / l[h];
 #pragma unroll
     for (int n = 0; n < M::kOutTiles; ++n)
@@ -266,7 +283,7 @@ __global__ void __launch_bounds__(kPromptWarps* kWarp, 2)
 // ---- decode: attention_mma_decode_kernel ----
 // A CTA is one warp: key block blockIdx.x of kv head blockIdx.y for the group's heads 16 blockIdx.z..
 // (the single query's rows), its partials (m_b, l_b, a_b) to part_ml / part_acc for the combine.
-template <int kHd>
+template <int kHd, bool kWin>
 __global__ void __launch_bounds__(kWarp)
     attention_mma_decode_kernel(const float* q, const uint16_t* kc, const uint16_t* vc, Shape sh,
                                 float* part_ml, float* part_acc) {
@@ -275,13 +292,16 @@ __global__ void __launch_bounds__(kWarp)
   __shared__ __align__(16) __half ks[M::kTile], vs[M::kTile];
   const int64_t pos0 = sh.pos0 + (sh.pos_dev ? *sh.pos_dev : 0);
   const int64_t jb = blockIdx.x, j0 = jb * kMmaKeyBlock;
-  if (j0 > pos0) return;  // a launch sized for the largest position
+  const int64_t key_lo = kWin ? window_lo(pos0, sh.window) : 0;
+  // A launch sized for the largest position; a block before the window has no partials (the combine
+  // starts at the window's first block).
+  if (j0 > pos0 || j0 + kMmaKeyBlock <= key_lo) return;
   const int lane = threadIdx.x;
   const int64_t kvh = blockIdx.y;
   const int g0 = (int)blockIdx.z * kRowsPerWarp, ng = (int)min((int64_t)kRowsPerWarp, sh.group - g0);
   stage_block<kHd>(ks, vs, kc, vc, j0, pos0 + 1, sh.KV, kvh, lane, kWarp);
   cp_async_commit();
-  int64_t lim[2];
+  int64_t lim[2], lo[2];
   const float* qrow[2];
   int64_t head[2];
 #pragma unroll
@@ -289,6 +309,7 @@ __global__ void __launch_bounds__(kWarp)
     const int r = lane / 4 + 8 * h;
     head[h] = kvh * sh.group + g0 + r;
     lim[h] = r < ng ? pos0 + 1 : 0;
+    lo[h] = key_lo;
     qrow[h] = r < ng ? q + head[h] * kHd : nullptr;
   }
   uint32_t qf[M::kSteps][4];
@@ -296,7 +317,7 @@ __global__ void __launch_bounds__(kWarp)
   cp_async_wait<0>();
   __syncwarp();
   float ab[M::kOutTiles][4], mb[2], lb[2];
-  warp_block<kHd>(qf, ks, vs, j0, lim, sh.scale, lane, ab, mb, lb);
+  warp_block<kHd, kWin>(qf, ks, vs, j0, lo, lim, sh.scale, lane, ab, mb, lb);
   const int c = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -313,22 +334,25 @@ __global__ void __launch_bounds__(kWarp)
   }
 }
 
-template <int kHd>
+template <int kHd, bool kWin>
 void launch_prompt_dims(const float* q, const uint16_t* kc, const uint16_t* vc, Shape s, float* out,
                         cudaStream_t st) {
   constexpr int kRows = kPromptWarps * kRowsPerWarp;
   constexpr size_t kSmem = 2 * 2 * MmaDims<kHd>::kTile * sizeof(__half);
   static std::once_flag opt_in;  // more than the default 48 KiB of dynamic shared memory
   std::call_once(opt_in, [] {
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<kHd>,
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<kHd, kWin>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
   });
   s.gr = (int)std::min<int64_t>(s.group, kRows);
   s.qt = kRows / s.gr;
-  launch_kernel(attention_mma_kernel<kHd>,
+  launch_kernel(attention_mma_kernel<kHd, kWin>,
                 dim3(grid_x(ceil_div(s.T, s.qt)), (unsigned)s.KV, (unsigned)ceil_div(s.group, s.gr)),
                 kPromptWarps * kWarp, kSmem, st, q, kc, vc, s, out);
 }
+
+// The kernels with a window or sinks (gpt-oss) apart from those without, whose code stays as it was.
+bool windowed(const Shape& s) { return s.window > 0 || s.sinks != nullptr; }
 
 }  // namespace
 
@@ -341,19 +365,23 @@ bool mma_usable(int64_t hd, const void* kc, const void* vc) {
 
 void launch_mma_prompt(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s, float* out,
                        cudaStream_t st) {
+  const bool w = windowed(s);
   if (s.hd == 64)
-    launch_prompt_dims<64>(q, kc, vc, s, out, st);
+    w ? launch_prompt_dims<64, true>(q, kc, vc, s, out, st)
+      : launch_prompt_dims<64, false>(q, kc, vc, s, out, st);
   else
-    launch_prompt_dims<128>(q, kc, vc, s, out, st);
+    w ? launch_prompt_dims<128, true>(q, kc, vc, s, out, st)
+      : launch_prompt_dims<128, false>(q, kc, vc, s, out, st);
 }
 
 void launch_mma_decode(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s, int64_t nb,
                        float* part_ml, float* part_acc, cudaStream_t st) {
   const dim3 grid(grid_x(nb), (unsigned)s.KV, (unsigned)ceil_div(s.group, kRowsPerWarp));
-  if (s.hd == 64)
-    launch_kernel(attention_mma_decode_kernel<64>, grid, kWarp, 0, st, q, kc, vc, s, part_ml, part_acc);
-  else
-    launch_kernel(attention_mma_decode_kernel<128>, grid, kWarp, 0, st, q, kc, vc, s, part_ml, part_acc);
+  const auto kernel =
+      s.hd == 64
+          ? (windowed(s) ? attention_mma_decode_kernel<64, true> : attention_mma_decode_kernel<64, false>)
+          : (windowed(s) ? attention_mma_decode_kernel<128, true> : attention_mma_decode_kernel<128, false>);
+  launch_kernel(kernel, grid, kWarp, 0, st, q, kc, vc, s, part_ml, part_acc);
 }
 
 }  // namespace strata::cuda::attn

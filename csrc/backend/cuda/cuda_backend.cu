@@ -599,9 +599,7 @@ class CudaBackend final : public Backend,
   }
   void attention_window(const float* q, const void* kc, const void* vc, KvType t, int64_t T, int64_t pos0,
                         int64_t H, int64_t KV, int64_t hd, float scale, int64_t window, float* out) override {
-    use();
-    cuda::launch_attention_sinks(q, kc, vc, t, T, pos0, pos_.dev, H, KV, hd, scale, nullptr, window, out,
-                                 compute_);
+    attention_sinks(q, kc, vc, t, T, pos0, H, KV, hd, scale, nullptr, window, out);
   }
   void geglu(float* g, const float* u, int64_t n) override {
     use();
@@ -679,6 +677,13 @@ class CudaBackend final : public Backend,
                        int64_t H, int64_t KV, int64_t hd, float scale, const float* sinks, int64_t window,
                        float* out) override {
     use();
+    if (cuda::attention_mma_sinks_usable(t, hd, kc, vc)) {  // STRATA_CUDA_SINKS_MMA=1: the tensor-core family
+      void* ws = scratch(pos_.dev ? cuda::attention_scratch_max_bytes(pos_.max_pos, H, hd)
+                                  : cuda::attention_scratch_bytes(T, pos0, H, hd));
+      cuda::launch_attention_mma_sinks(q, kc, vc, T, pos0, pos_, H, KV, hd, scale, sinks, window, out, ws,
+                                       compute_);
+      return;
+    }
     cuda::launch_attention_sinks(q, kc, vc, t, T, pos0, pos_.dev, H, KV, hd, scale, sinks, window, out,
                                  compute_);
   }
