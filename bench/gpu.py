@@ -12,6 +12,9 @@ Scenarios (each a cache configuration of one file):
            host resolution, graph or op by op)
   oss120b  the gpt-oss-120b preset (MXFP4 experts, Q8_0 dense; ~65 GB, written to --shm-dir): a quarter of
            the experts cached against -ncmoe 27; a 2048-token prompt and decode after 512 tokens
+  oss20b   the gpt-oss-20b preset (24 layers, 32 experts; MXFP4 experts, Q8_0 dense; ~12 GB): every expert on
+           the GPU (prompts of 512 and 2048 tokens, decode after 512 and 8192), and half of them cached
+           against -ncmoe 12 (a 2048-token prompt, decode after 512)
   q36      the qwen3.6-35b-a3b preset (qwen35moe: DeltaNet and gated attention, 256 experts, Q4_K / Q6_K
            experts, Q8_0 dense): every expert on the GPU, and a quarter of them cached against -ncmoe 30
   ds3      the deepseek-v3 preset (deepseek2: latent attention, 256 experts top-8 in 8 groups, IQ2_XS experts,
@@ -267,6 +270,12 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool, long_prompts: bo
         if scenario == "v4flash":
             return [Config("all on GPU", 0, {"expert_cache": "all"}, (2048,), (512,)), scaled(14900, "14,900 MiB")]
         return [scaled(14900, "14,900 MiB"), scaled(24 * 1024, "24 GiB")]
+    if scenario == "oss20b":
+        long = () if quick else (8192,)
+        return [
+            Config("all on GPU", 0, {"expert_cache": "all"}, (512, 2048), (512, *long)),
+            Config(f"half the experts (-ncmoe {L // 2})", L // 2, layers_cached(L // 2), (2048,), (512,)),
+        ]
     if scenario == "oss120b":
         return [Config(f"a quarter cached (-ncmoe {L - L // 4})", L - L // 4, layers_cached(L - L // 4), (2048,),
                        (512,))]
@@ -283,6 +292,7 @@ def configs(scenario: str, info: strata.ModelInfo, quick: bool, long_prompts: bo
 # The file each scenario runs on, and whether it is written to --shm-dir (too large for the disk's page cache).
 SCENARIO_PRESETS = {"30b": ("qwen3-30b-a3b", False), "designs": ("qwen3-30b-a3b", False),
                     "235b": ("qwen3-235b-a22b", True), "oss120b": ("gpt-oss-120b", True),
+                    "oss20b": ("gpt-oss-20b", False),
                     "q36": ("qwen3.6-35b-a3b", False), "ds3": ("deepseek-v3", True),
                     "v4flash": ("v4-flash", True)}
 DS3_MOE_LAYERS = 58  # DeepSeek V3: 61 blocks, the first 3 dense
@@ -415,7 +425,7 @@ def print_table(rows: list[Row], hbm: float, link: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="30b",
-                    help="comma-separated: 30b, 235b, designs, oss120b, q36, ds3, v4flash (default: 30b)")
+                    help="comma-separated: 30b, 235b, designs, oss120b, oss20b, q36, ds3, v4flash (default: 30b)")
     ap.add_argument("--dir", default="/tmp/strata-bench", help="where the 30B file is written (once)")
     ap.add_argument("--shm-dir", default="/dev/shm/strata-bench",
                     help="where the 235B and gpt-oss-120b files are written (once)")
