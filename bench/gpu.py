@@ -17,10 +17,11 @@ Scenarios (each a cache configuration of one file):
            against -ncmoe 12 (a 2048-token prompt, decode after 512)
   q36      the qwen3.6-35b-a3b preset (qwen35moe: DeltaNet and gated attention, 256 experts, Q4_K / Q6_K
            experts, Q8_0 dense): every expert on the GPU, and a quarter of them cached against -ncmoe 30
-  ds3      the deepseek-v3 preset (deepseek2: latent attention, 256 experts top-8 in 8 groups, IQ2_XS experts,
-           Q8_0 dense; written to --shm-dir) with 23 of V3's 61 layers unless --layers (3 dense, 20 MoE:
-           ~70 GB): the caches a 14,900 MiB and a 24 GiB cache are on the 61-layer model, scaled to the
-           file's MoE layers and rounded to whole layers for -ncmoe; a 2048-token prompt, decode after 512
+  ds3      the deepseek-v3 preset (deepseek2: latent attention, 256 experts top-8 in 8 groups, the UD-IQ1_S
+           files' IQ1_S / IQ1_M experts, Q8_0 dense; written to --shm-dir) with 31 of V3's 61 layers unless
+           --layers (3 dense, 28 MoE: 69.9 GiB): the caches a 14,900 MiB and a 24 GiB cache are on the
+           61-layer model, scaled to the file's MoE layers and rounded to whole layers for -ncmoe; a 2048-token
+           prompt, decode after 512
   v4flash  the v4-flash preset (deepseek4: hyper-connections, compressed attention, 256 experts top-6,
            IQ2_XXS / Q2_K experts, Q8_0 dense; written to --shm-dir) with 24 of its 43 layers unless --layers
            (~48 GB): every expert on the GPU, and the cache a 14,900 MiB cache is on the 43-layer model, scaled
@@ -296,7 +297,7 @@ SCENARIO_PRESETS = {"30b": ("qwen3-30b-a3b", False), "designs": ("qwen3-30b-a3b"
                     "q36": ("qwen3.6-35b-a3b", False), "ds3": ("deepseek-v3", True),
                     "v4flash": ("v4-flash", True)}
 DS3_MOE_LAYERS = 58  # DeepSeek V3: 61 blocks, the first 3 dense
-DS3_LAYERS = 23  # the ds3 file's blocks unless --layers: 3 dense and 20 MoE, ~70 GB with IQ2_XS experts
+DS3_LAYERS = 31  # the ds3 file's blocks unless --layers: 3 dense and 28 MoE, 69.9 GiB with IQ1_S / IQ1_M experts
 V4F_LAYERS = 24  # the v4flash file's blocks unless --layers: ~48 GB with IQ2_XXS / Q2_K experts
 
 

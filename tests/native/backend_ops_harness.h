@@ -86,6 +86,33 @@ std::vector<BackendFactory> backends_under_test() {
 
 const int64_t kTs[] = {1, 3, 8, 9, 257};
 // Every type strata reads; every op that takes a weight type runs on all of them.
+// An environment variable set for a scope: the CUDA backend reads its STRATA_CUDA_* switches at each launch
+// (the CPU ignores them), so a test runs a GPU's kernels both ways in one process. The value it had before
+// comes back at the scope's end, also when a failed assertion leaves the scope early.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* key, const char* value) : key_(key) {
+    if (const char* old = std::getenv(key)) {
+      old_ = old;
+      had_ = true;
+    }
+    setenv(key, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(key_, old_.c_str(), 1);
+    else
+      unsetenv(key_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* key_;
+  std::string old_;
+  bool had_ = false;
+};
+
 const QType kAllTypes[] = {QType::F32,   QType::F16,    QType::BF16,   QType::Q8_0,    QType::Q4_K,
                            QType::Q6_K,  QType::IQ2_XS, QType::Q2_K,   QType::IQ2_XXS, QType::Q5_K,
                            QType::Q3_K,  QType::IQ4_XS, QType::MXFP4,  QType::Q5_0,    QType::Q4_0,

@@ -273,7 +273,7 @@ TEST_P(Op, GroupByExpertAndScatterAdd) {
   // On a GPU both placements of the sort (one warp, and STRATA_CUDA_SORT_PARALLEL=1's eight): the same
   // output.
   for (const char* parallel : {"0", "1"}) {
-    setenv("STRATA_CUDA_SORT_PARALLEL", parallel, 1);
+    const ScopedEnv env("STRATA_CUDA_SORT_PARALLEL", parallel);
     SCOPED_TRACE(str("STRATA_CUDA_SORT_PARALLEL=", parallel));
     std::mt19937 rng(12);
     const int64_t E = 37, K = 4, D = 229;
@@ -327,7 +327,6 @@ TEST_P(Op, GroupByExpertAndScatterAdd) {
       }
     }
   }
-  unsetenv("STRATA_CUDA_SORT_PARALLEL");
 }
 
 // group_by_expert over many bins: more than a GPU sort block's 1,024 threads, up to the 4,096 experts its
@@ -335,7 +334,7 @@ TEST_P(Op, GroupByExpertAndScatterAdd) {
 // one warp), with 1,100 tokens (4,400 rows: two 4,096-item tiles) routed to a skewed subset.
 TEST_P(Op, GroupByExpertManyExperts) {
   for (const char* parallel : {"0", "1"}) {
-    setenv("STRATA_CUDA_SORT_PARALLEL", parallel, 1);
+    const ScopedEnv env("STRATA_CUDA_SORT_PARALLEL", parallel);
     SCOPED_TRACE(str("STRATA_CUDA_SORT_PARALLEL=", parallel));
     std::mt19937 rng(21);
     for (int64_t E : {600, 1500, 4096}) {
@@ -355,7 +354,6 @@ TEST_P(Op, GroupByExpertManyExperts) {
       expect_same(rows.get(), want_rows, str("group_by_expert rows E=", E));
     }
   }
-  unsetenv("STRATA_CUDA_SORT_PARALLEL");
 }
 
 TEST_P(Op, CopyZeroFill) {
@@ -597,9 +595,8 @@ void resolve_experts_matches_reference(Backend& backend) {
 TEST_P(Op, ResolveExpertsMatchesReference) {
   for (const char* preload : {"1", "0"}) {
     SCOPED_TRACE(str("STRATA_CUDA_RESOLVE_PRELOAD=", preload));
-    setenv("STRATA_CUDA_RESOLVE_PRELOAD", preload, 1);
+    const ScopedEnv env("STRATA_CUDA_RESOLVE_PRELOAD", preload);
     resolve_experts_matches_reference(be());
-    unsetenv("STRATA_CUDA_RESOLVE_PRELOAD");
   }
 }
 

@@ -223,7 +223,8 @@ TEST_P(AttentionOp, AttentionIndependentOfChunking) {
   // Query heads per kv head 4, 16 and 1; head dims of the GPU's decode kernel and one it leaves to the
   // general kernel (72); chunks that cross key 128. Then a long context, where a decode step's partials span
   // many key blocks (47 of 64 keys, 24 of 128: more than the combine loads at once, and not a multiple of
-  // it; at 8,303 keys 130 and 65: the combine's register batches of 32 reloaded, the last one partial).
+  // it; at 8,303 keys 130 of 64 on an f16 cache: the tensor cores' combine reloads its register batches of
+  // 32, the last one partial).
   // Wider rows and groups: 20 heads per kv head (the decode kernel's 16 a block, then 4), gemma4's 512-dim
   // global heads, MLA's 576-dim latent rows under 40 heads.
   for (const Shape sh :
@@ -316,10 +317,7 @@ TEST_P(AttentionOp, AttentionDecodeWideRowsF16) {
 // take otherwise, are off (STRATA_CUDA_ATTN_MMA=0). (A backend with one prompt kernel runs it twice.)
 TEST_P(AttentionOp, AttentionTileKernelIsTheGeneralOne) {
   std::mt19937 rng(61);
-  setenv("STRATA_CUDA_ATTN_MMA", "0", 1);
-  struct MmaBackOn {
-    ~MmaBackOn() { unsetenv("STRATA_CUDA_ATTN_MMA"); }
-  } back_on;
+  const ScopedEnv mma_off("STRATA_CUDA_ATTN_MMA", "0");
   struct Shape {
     int64_t H, KV, hd, T, pos0;
   };
@@ -339,9 +337,10 @@ TEST_P(AttentionOp, AttentionTileKernelIsTheGeneralOne) {
       const float scale = 1.0f / std::sqrt((float)sh.hd);
       Dev<float> tile(be(), sh.T * sh.H * sh.hd, "tile"), general(be(), sh.T * sh.H * sh.hd, "general");
       be().attention(dq.p(), kc.p(), vc.p(), t, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, tile.p());
-      setenv("STRATA_CUDA_ATTN_TILE", "0", 1);
-      be().attention(dq.p(), kc.p(), vc.p(), t, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, general.p());
-      unsetenv("STRATA_CUDA_ATTN_TILE");
+      {
+        const ScopedEnv tile_off("STRATA_CUDA_ATTN_TILE", "0");
+        be().attention(dq.p(), kc.p(), vc.p(), t, sh.T, sh.pos0, sh.H, sh.KV, sh.hd, scale, general.p());
+      }
       const auto g = general.get();
       const std::string what =
           str(kv_type_name(t), ", H=", sh.H, " KV=", sh.KV, " hd=", sh.hd, " T=", sh.T, " pos0=", sh.pos0);

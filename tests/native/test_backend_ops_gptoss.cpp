@@ -93,7 +93,7 @@ TEST_P(OssOp, AttentionSinksWindowAndFull) {
 // across blocks from an unaligned first key, none; gpt-oss's 64 heads over 8 kv heads at 1,100 keys.
 TEST_P(OssOp, AttentionSinksOnTheTensorCores) {
   if (!be().supports_kv(KvType::F16)) GTEST_SKIP() << "no f16 cache on this backend";
-  setenv("STRATA_CUDA_SINKS_MMA", "1", 1);
+  const ScopedEnv mma("STRATA_CUDA_SINKS_MMA", "1");
   std::mt19937 rng(71);
   struct Case {
     int64_t H, KV, hd, N, pos0, window;
@@ -127,6 +127,14 @@ TEST_P(OssOp, AttentionSinksOnTheTensorCores) {
     const auto w = whole.get();
     expect_same(chunks.get(), w, "in two chunks vs one, " + what);
     expect_same(tokens.get(), w, "token by token vs one chunk, " + what);
+    if (bounds().attention_f16_tc) {  // the tensor cores ran: their fp16 q and p give other bits than the
+                                      // CUDA-core kernel somewhere in the chunk
+      const ScopedEnv cores("STRATA_CUDA_SINKS_MMA", "0");
+      Dev<float> other(be(), T * H * hd, "cuda cores");
+      ops().attention_sinks(dq.p(), kc.p(), vc.p(), KvType::F16, T, pos0, H, KV, hd, scale, ds.p(), c.window,
+                            other.p());
+      EXPECT_NE(other.get(), w) << what << ": the same bits as the CUDA-core kernel";
+    }
     const auto half = [](std::vector<float> x) {
       for (float& e : x) e = fp16_to_f32(f32_to_fp16(std::clamp(e, -65504.0f, 65504.0f)));
       return x;
@@ -178,7 +186,6 @@ TEST_P(OssOp, AttentionSinksOnTheTensorCores) {
                     str("attention_sinks f16 from the position source at ", pos, " window ", window));
       }
   }
-  unsetenv("STRATA_CUDA_SINKS_MMA");
 }
 
 // With a position source, rope_neox and attention_sinks add the device's int32 to pos0 as they run: the

@@ -72,24 +72,13 @@ TEST_P(MatmulOp, QuantizeQ8_0) {
 
 // The GPU's integer kernels of many tokens have two tiles, dp4a and tensor cores (STRATA_CUDA_MMA_Q8=1):
 // the tests below run a GPU backend under both.
-class MmaQ8Env {
- public:
-  explicit MmaQ8Env(bool on) { setenv("STRATA_CUDA_MMA_Q8", on ? "1" : "0", 1); }
-  ~MmaQ8Env() { unsetenv("STRATA_CUDA_MMA_Q8"); }
-};
-
-// STRATA_CUDA_EXPERTS_XS for a scope (the CUDA backend reads it at each launch; the CPU ignores it).
-struct ExpertsXsEnv {
-  explicit ExpertsXsEnv(const char* v) { setenv("STRATA_CUDA_EXPERTS_XS", v, 1); }
-  ~ExpertsXsEnv() { unsetenv("STRATA_CUDA_EXPERTS_XS"); }
-};
 std::vector<bool> mma_q8_modes(Backend& be) {
   return be.host_is_device() ? std::vector<bool>{false} : std::vector<bool>{false, true};
 }
 
 TEST_P(MatmulOp, MatmulQ8) {
   for (const bool mma : mma_q8_modes(be())) {
-    const MmaQ8Env env(mma);
+    const ScopedEnv env("STRATA_CUDA_MMA_Q8", mma ? "1" : "0");
     std::mt19937 rng(6);
     ThreadPool pool(1);
     for (QType t : kAllTypes) {
@@ -324,7 +313,7 @@ TEST_P(MatmulOp, MatmulQ8ExpertsPairIsItsCalls) {
 // tile and one, more than two tiles) and a gap between runs that no run may write, one matrix and two.
 TEST_P(MatmulOp, MatmulQ8RunsIsMatmulQ8OnEachRun) {
   for (const bool mma : mma_q8_modes(be())) {
-    const MmaQ8Env env(mma);
+    const ScopedEnv env("STRATA_CUDA_MMA_Q8", mma ? "1" : "0");
     std::mt19937 rng(41);
     ThreadPool pool(1);
     const std::vector<int64_t> lens = {3, 1, 16, 17, 40, 70};  // 70: two of the tensor-core tiles
@@ -475,7 +464,7 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
   // On a GPU both one-token kernels: activations staged once a block (opt-in) and read per lane (the
   // default).
   for (const char* xs : {"1", "0"}) {
-    const ExpertsXsEnv env(xs);
+    const ScopedEnv env("STRATA_CUDA_EXPERTS_XS", xs);
     SCOPED_TRACE(str("STRATA_CUDA_EXPERTS_XS=", xs));
     std::mt19937 rng(18);
     const int64_t E = 5, K = 3, T = 2, n = T * K;
@@ -576,7 +565,7 @@ TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
   // On a GPU both one-token kernels: activations staged once a block (opt-in) and read per lane (the
   // default).
   for (const char* xs : {"1", "0"}) {
-    const ExpertsXsEnv env(xs);
+    const ScopedEnv env("STRATA_CUDA_EXPERTS_XS", xs);
     SCOPED_TRACE(str("STRATA_CUDA_EXPERTS_XS=", xs));
     std::mt19937 rng(19);
     const int64_t E = 5, n = 6;

@@ -106,14 +106,6 @@ class DeltaChunks {
 // Each case with each of a GPU's delta rule kernels (kDeltaModes: one block a head, split over value columns,
 // the default, and a chunk at a time: each sums in its own order, so has its own bits, which every split into
 // passes must give too) and 70 value dims (three column groups, the last one partial).
-struct EnvSet {
-  EnvSet(const char* k, const char* v) : key(k) {
-    if (v) setenv(k, v, 1);
-  }
-  ~EnvSet() { unsetenv(key); }
-  const char* key;
-};
-
 // The delta rule kernel a GPU runs: STRATA_CUDA_DELTA_SPLIT and STRATA_CUDA_DELTA_CHUNK for a scope (the CPU
 // backend reads neither).
 struct DeltaMode {
@@ -125,7 +117,7 @@ constexpr DeltaMode kDeltaModes[] = {{"one block", "0", "0"}, {"split", "1", "0"
 struct DeltaModeEnv {
   explicit DeltaModeEnv(const DeltaMode& m)
       : split("STRATA_CUDA_DELTA_SPLIT", m.split), chunk("STRATA_CUDA_DELTA_CHUNK", m.chunk) {}
-  EnvSet split, chunk;
+  ScopedEnv split, chunk;
 };
 
 TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
@@ -174,14 +166,14 @@ TEST_P(Q35Op, GatedDeltaChunkedAgainstRecurrentAndAnySplit) {
         expect_same(r.state, one.state, what + str(" split in ", sp.size(), " state"));
       }
       if (std::string(mode.name) == "chunk") {  // sub-segments of 5 positions: the same bits
-        const EnvSet sub("STRATA_CUDA_DELTA_CHUNK_SUB", "5");
+        const ScopedEnv sub("STRATA_CUDA_DELTA_CHUNK_SUB", "5");
         const DeltaRun r = dc.run(uneven, c.pos_start, s0);
         expect_same(r.out, one.out, what + " sub-segments of 5, out");
         expect_same(r.state, one.state, what + " sub-segments of 5, state");
       }
       if (one_block) {  // a GPU's A/B: the chunk's rows read from global memory instead of shared memory, the
                         // same bits
-        const EnvSet rows("STRATA_CUDA_DELTA_ROWS", "0");
+        const ScopedEnv rows("STRATA_CUDA_DELTA_ROWS", "0");
         const DeltaRun r = dc.run(uneven, c.pos_start, s0);
         expect_same(r.out, one.out, what + " rows from global memory, out");
         expect_same(r.state, one.state, what + " rows from global memory, state");

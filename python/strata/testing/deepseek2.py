@@ -31,8 +31,10 @@ DEEPSEEK2_PRESETS: dict[str, dict[str, Any]] = {
 }
 """Model shapes for `make_deepseek2_preset`."""
 
-DEEPSEEK2_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "F32", "experts": "IQ2_XS", "output": "Q8_0"}
-"""`make_deepseek2_preset`'s mix: IQ2_XS experts (the 1.5-2.5 bit files people run on one GPU), Q8_0 dense."""
+DEEPSEEK2_QUANT = {"embed": "Q8_0", "attn": "Q8_0", "router": "F32", "experts": "IQ1_S", "expert_down": "IQ1_M",
+                   "output": "Q8_0"}
+"""`make_deepseek2_preset`'s mix: the experts of unsloth's UD-IQ1_S DeepSeek files (IQ1_S gate/up, IQ1_M down:
+the ~1.6-bit files people run V3 and R1 from on one GPU), Q8_0 dense."""
 
 
 def make_deepseek2(
@@ -215,7 +217,7 @@ def make_deepseek2_preset(
     **overrides: Any,
 ) -> Path:
     """`make_deepseek2` with the shapes of DEEPSEEK2_PRESETS[name] (any overridden, e.g. layers=8) and the
-    DEEPSEEK2_QUANT mix unless `quant` is given (the real model is ~200 GB at IQ2_XS: `workers` processes
+    DEEPSEEK2_QUANT mix unless `quant` is given (the real model's experts are ~133 GB in that mix: `workers` processes
     write the layers asked for)."""
     if name not in DEEPSEEK2_PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(DEEPSEEK2_PRESETS)}")
