@@ -269,6 +269,19 @@ TEST_P(Op, RouteIsItsSteps) {
           }
 }
 
+// The backend's group_by_expert of ids against the reference (offsets and rows, bit for bit); returns the
+// rows.
+std::vector<int32_t> expect_group_by_expert(Backend& be, const std::vector<int32_t>& ids, int64_t T,
+                                            int64_t K, int64_t E, const std::string& what) {
+  Dev<int32_t> dids(be, ids, "ids"), off(be, E + 1, "off"), rows(be, T * K, "rows");
+  be.group_by_expert(dids.p(), T, K, E, off.p(), rows.p());
+  std::vector<int32_t> want_off, want_rows;
+  ref::group_by_expert(ids, T, K, E, &want_off, &want_rows);
+  expect_same(off.get(), want_off, "group_by_expert off " + what);
+  expect_same(rows.get(), want_rows, "group_by_expert rows " + what);
+  return want_rows;
+}
+
 TEST_P(Op, GroupByExpertAndScatterAdd) {
   // On a GPU both placements of the sort (one warp, and STRATA_CUDA_SORT_PARALLEL=1's eight): the same
   // output.
@@ -289,12 +302,7 @@ TEST_P(Op, GroupByExpertAndScatterAdd) {
         std::shuffle(experts.begin(), experts.end(), rng);
         std::copy_n(experts.begin(), K, &ids[t * K]);
       }
-      Dev<int32_t> dids(be(), ids, "ids"), off(be(), E + 1, "off"), rows(be(), T * K, "rows");
-      be().group_by_expert(dids.p(), T, K, E, off.p(), rows.p());
-      std::vector<int32_t> want_off, want_rows;
-      ref::group_by_expert(ids, T, K, E, &want_off, &want_rows);
-      expect_same(off.get(), want_off, str("group_by_expert off T=", T));
-      expect_same(rows.get(), want_rows, str("group_by_expert rows T=", T));
+      const std::vector<int32_t> want_rows = expect_group_by_expert(be(), ids, T, K, E, str("T=", T));
 
       // The MoE combine: K rows of every token, in expert order, onto a residual; then only the
       // first half of them (a partial pass).
@@ -346,12 +354,7 @@ TEST_P(Op, GroupByExpertManyExperts) {
           const int64_t e = (rng() % 2 ? (t * 7) % (E / 8) : t * 7) + k * (E / K);
           ids[t * K + k] = (int32_t)(e % E);
         }
-      Dev<int32_t> dids(be(), ids, "ids"), off(be(), E + 1, "off"), rows(be(), T * K, "rows");
-      be().group_by_expert(dids.p(), T, K, E, off.p(), rows.p());
-      std::vector<int32_t> want_off, want_rows;
-      ref::group_by_expert(ids, T, K, E, &want_off, &want_rows);
-      expect_same(off.get(), want_off, str("group_by_expert off E=", E));
-      expect_same(rows.get(), want_rows, str("group_by_expert rows E=", E));
+      expect_group_by_expert(be(), ids, T, K, E, str("E=", E));
     }
   }
 }

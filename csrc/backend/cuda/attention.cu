@@ -412,6 +412,25 @@ void launch_combine(const float* part_ml, const float* part_acc, int64_t pos0, c
   }
 }
 
+// The tensor-core family (attention_mma.cu) for shape s: the prompt kernel, or a decode step's key blocks and
+// the combine (with s.window and s.sinks: gpt-oss's attention).
+void launch_mma_family(const float* q, const uint16_t* kc, const uint16_t* vc, const Shape& s,
+                       const PosSource& ps, bool split, void* scratch, float* out, cudaStream_t st) {
+  if (!split) {
+    launch_mma_prompt(q, kc, vc, s, out, st);
+    STRATA_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kMmaKeyBlock) : ceil_div(s.pos0 + 1, kMmaKeyBlock);
+  float* part_ml = static_cast<float*>(scratch);
+  float* part_acc = part_ml + nb * s.H * 2;
+  launch_mma_decode(q, kc, vc, s, nb, part_ml, part_acc, st);
+  STRATA_CUDA_LAUNCH_CHECK();
+  launch_combine(part_ml, part_acc, s.pos0, ps.dev, s.H, s.hd, (int64_t)kMmaKeyBlock, nb, out, st, s.window,
+                 s.sinks);
+  STRATA_CUDA_LAUNCH_CHECK();
+}
+
 __global__ void kv_store_f32_kernel(float* dst, const int32_t* pos_dev, int64_t width, const float* src,
                                     int64_t n) {
   grid_start();
@@ -537,18 +556,7 @@ void launch_typed(const float* q, const KvT* kc, const KvT* vc, int64_t T, int64
       return;
     }
     if (mma_usable(hd, kc, vc)) {  // the tensor-core family, prompt and decode alike
-      if (!split) {
-        launch_mma_prompt(q, kc, vc, s, out, st);
-        STRATA_CUDA_LAUNCH_CHECK();
-        return;
-      }
-      const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kMmaKeyBlock) : ceil_div(pos0 + 1, kMmaKeyBlock);
-      float* part_ml = static_cast<float*>(scratch);
-      float* part_acc = part_ml + nb * H * 2;
-      launch_mma_decode(q, kc, vc, s, nb, part_ml, part_acc, st);
-      STRATA_CUDA_LAUNCH_CHECK();
-      launch_combine(part_ml, part_acc, pos0, ps.dev, H, hd, (int64_t)kMmaKeyBlock, nb, out, st);
-      STRATA_CUDA_LAUNCH_CHECK();
+      launch_mma_family(q, kc, vc, s, ps, split, scratch, out, st);
       return;
     }
   }
@@ -631,21 +639,8 @@ void launch_attention_mma_sinks(const float* q, const void* kc, const void* vc, 
   Shape sh = make_shape(T, pos0, ps.dev, n_head, n_kv_head, head_dim, scale, split);
   sh.window = window;
   sh.sinks = sinks;
-  const auto* k16 = static_cast<const uint16_t*>(kc);
-  const auto* v16 = static_cast<const uint16_t*>(vc);
-  if (!split) {
-    launch_mma_prompt(q, k16, v16, sh, out, s);
-    STRATA_CUDA_LAUNCH_CHECK();
-    return;
-  }
-  const int64_t nb = ps.dev ? ceil_div(ps.max_pos, kMmaKeyBlock) : ceil_div(pos0 + 1, kMmaKeyBlock);
-  float* part_ml = static_cast<float*>(scratch);
-  float* part_acc = part_ml + nb * n_head * 2;
-  launch_mma_decode(q, k16, v16, sh, nb, part_ml, part_acc, s);
-  STRATA_CUDA_LAUNCH_CHECK();
-  launch_combine(part_ml, part_acc, pos0, ps.dev, n_head, head_dim, (int64_t)kMmaKeyBlock, nb, out, s, window,
-                 sinks);
-  STRATA_CUDA_LAUNCH_CHECK();
+  launch_mma_family(q, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), sh, ps, split,
+                    scratch, out, s);
 }
 
 }  // namespace strata::cuda
