@@ -486,6 +486,10 @@ def main() -> None:
                     help="a decode step's misses written through by the expert products (bounded caches resolved on "
                          "the device; strata's default; off: STRATA_WRITE_THROUGH=0, each layer's misses filled by "
                          "the fill kernel first) for the decode rows: on, off, or both side by side")
+    ap.add_argument("--moe-layout", choices=("auto", "mmq", "both"), default="auto",
+                    help="the bounded caches' MoE layout: auto (strata's default: float expert products, misses "
+                         "written through), mmq (q8_0 products as every expert resident runs them: "
+                         "strata.Model(moe_layout='mmq')), or both side by side")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.decode_only and a.prompt_only:
@@ -592,6 +596,14 @@ def main() -> None:
             chosen += [dataclasses.replace(c, label=f"{c.label}, fill first", ncmoe=None,
                                            load={**c.load, "_write_through": False})
                        for c in chosen if c.decode_after and c.load.get("expert_cache") != "all"]
+        # The bounded caches with the MMQ layout (q8_0 expert products, strata.Model(moe_layout="mmq")): their own
+        # rows beside the default's (both), or instead of them (mmq).
+        if a.moe_layout != "auto":
+            mmq = [dataclasses.replace(c, label=f"{c.label}, mmq", load={**c.load, "moe_layout": "mmq"},
+                                       ncmoe=c.ncmoe if a.moe_layout == "mmq" else None)
+                   for c in chosen if c.load.get("expert_cache") != "all"]
+            chosen = (list(chosen) if a.moe_layout == "both" else
+                      [c for c in chosen if c.load.get("expert_cache") == "all"]) + mmq
         for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())

@@ -185,7 +185,8 @@ void bind_model(py::module_& m) {
       .def("live_allocations", &Backend::live_allocations);
 
   py::class_<ModelPlan>(m, "ModelPlan", "What a GGUF header tells: spec, expert slots, prompt-chunk plan.")
-      .def(py::init(&ModelPlan::read), py::arg("file"), py::arg("gr_unfused") = false)
+      .def(py::init(&ModelPlan::read), py::arg("file"), py::arg("gr_unfused") = false,
+           py::arg("streamed_mmq") = false)
       .def_readonly("file", &ModelPlan::file)
       .def_property_readonly("spec", &spec_dict)
       .def_property_readonly("slot_bytes", [](const ModelPlan& p) { return p.experts.slot_bytes; })
@@ -250,6 +251,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("kv_type", &ModelConfig::kv_type)
       .def_readwrite("decode_graph", &ModelConfig::decode_graph)
       .def_readwrite("decode_resolve", &ModelConfig::decode_resolve)
+      .def_readwrite("moe_layout", &ModelConfig::moe_layout)
       .def_readwrite("cache_policy", &ModelConfig::cache_policy)
       .def_readwrite("prefetch", &ModelConfig::prefetch)
       .def_readwrite("prefetch_max", &ModelConfig::prefetch_max)

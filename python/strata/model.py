@@ -160,6 +160,10 @@ class Model:
     first; 'auto' (the default) is 2 for deepseek4 decoding from a bounded cache on a GPU (measured
     faster) and off elsewhere (self.prefetch says which, as loaded). Wrong guesses cost link time only; the
     logits are the same on and off.
+    moe_layout: where a bounded cache streams the experts, 'auto' runs them with float activations (the
+    fused layout: small prompt buffers, misses written through by a GPU decode step), 'mmq' with q8_0
+    activations as every expert resident runs them (the integer and tensor-core kernels; larger prompt
+    buffers, so a smaller chunk may fit; the same logits as a load with every expert resident).
     seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
     decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
     the sequence alone.
@@ -186,6 +190,7 @@ class Model:
         cache_policy: str = _L["cache_policy"],
         seqs: int = _L["seqs"],
         prefetch: bool | int | str = _L["prefetch"],
+        moe_layout: str = _L["moe_layout"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -195,7 +200,7 @@ class Model:
         cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
                           threads=threads, kv_type=kv_type, decode_graph=decode_graph,
                           decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused,
-                          seqs=seqs, prefetch=prefetch)
+                          seqs=seqs, prefetch=prefetch, moe_layout=moe_layout)
         if log_level_error():
             warn(f"{log_level_error()}; using warn")
         file = _open(self.path)  # mapped and validated once; the native model shares it

@@ -393,7 +393,7 @@ def test_load_defaults_are_the_native_ones(f16):
         "device": native.device, "expert_cache": native.expert_cache, "prefill": native.prefill,
         "source": native.source, "ctx": native.ctx, "threads": native.threads, "kv_type": native.kv_type,
         "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve,
-        "cache_policy": native.cache_policy, "seqs": native.seqs,
+        "cache_policy": native.cache_policy, "seqs": native.seqs, "moe_layout": native.moe_layout,
         "prefetch": "auto" if native.prefetch_auto else native.prefetch}
     assert native.prefill_mode == "default"
     sig = inspect.signature(strata.Model).parameters

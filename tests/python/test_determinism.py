@@ -138,3 +138,47 @@ def test_thread_count_does_not_change_logits(make_mix, prompt, cache):
     a = build(path, expert_cache=cache, prefill=16, source="host", threads=1).logits(prompt)
     b = build(path, expert_cache=cache, prefill=16, source="host", threads=3).logits(prompt)
     assert np.array_equal(a, b), np.abs(a - b).max()
+
+
+@pytest.mark.parametrize("mix", MODELS)
+def test_streamed_mmq_identical_to_resident(make_mix, mix, prompt):
+    """moe_layout='mmq': a streamed run takes the q8_0 products that a load with every expert resident runs,
+    so its logits are that run's bit for bit, whatever the cache (thrashing, some resident, half), the
+    source and the chunking, and its greedy decode gives the same tokens and the same logits after them."""
+    path = make_mix(mix)
+    ref = build(path, expert_cache="all", prefill=40)
+    want = ref.logits(prompt)
+    want_tokens = ref.generate(prompt, max_tokens=12, temperature=0.0).tokens
+    want_after = ref.logits(prompt + want_tokens[:6])
+    info = strata.ModelInfo(path, moe_layout="mmq")
+    spec = info.spec
+    n = spec["layers"] * spec["experts"]
+    runs = 0
+    for prefill, source in zip(PREFILLS, ("host", "mmap", "host"), strict=True):
+        plan = info.layout(min(prefill, CTX), True)
+        assert plan["kind"] == "mmq"
+        region, slot = plan["slots"], plan["slot_bytes"]
+        for slots in (region + 1, region + spec["top_k"] + 2, region + n // 2):
+            m = build(path, expert_cache=f"{slots * slot}b", prefill=prefill, source=source, moe_layout="mmq")
+            assert not m.cache["all_resident"] and m.cache["slots"] == slots
+            assert m.layout(m.chunk, True)["kind"] == "mmq"
+            cfg = dict(prefill=prefill, source=source, slots=slots)
+            out = m.logits(prompt)
+            assert m.cache["misses"] > 0, cfg
+            assert np.array_equal(out, want), f"{cfg}: {np.abs(out - want).max()}"
+            got = m.generate(prompt, max_tokens=12, temperature=0.0).tokens
+            assert got == want_tokens, cfg
+            after = m.logits(prompt + got[:6])
+            assert np.array_equal(after, want_after), f"{cfg} after decoding: {np.abs(after - want_after).max()}"
+            runs += 1
+    assert runs == 9
+
+
+def test_moe_layout_is_checked(make_mix):
+    path = make_mix("q4_k")
+    with pytest.raises(strata.ConfigError, match="moe_layout"):
+        build(path, expert_cache=64, moe_layout="fast")
+    with pytest.raises(strata.ConfigError, match="moe_layout"):
+        strata.ModelInfo(path, moe_layout="MMQ")
+    m = build(path, expert_cache=64, prefill=16, moe_layout="auto")
+    assert m.layout(m.chunk, True)["kind"] == "fused"
