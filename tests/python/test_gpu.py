@@ -123,6 +123,33 @@ def test_gpu_expert_cache_auto_and_describe(mix_path):
     assert plan["device"] == "cuda" and plan["fits"] and plan["all_resident"] == m.cache["all_resident"]
 
 
+@pytest.mark.parametrize("source", ["host", "mmap"])
+def test_gpu_streamed_mmq_matches_all_resident(mix_path, source):
+    """moe_layout='mmq' on the GPU: a bounded cache (thrashing, and some experts resident) runs the q8_0 expert
+    products of a load with every expert resident, so its prompt logits, its greedy tokens (decode resolved on
+    the device and replayed as one graph from the host source, on the host from mmap) and the logits after them
+    are that load's bit for bit."""
+    path = mix_path("q4_k")
+    full = gpu(path, expert_cache="all", ctx=128, kv_type="f16")
+    want = full.logits(PROMPT)
+    want_tokens = full.generate(PROMPT[:8], max_tokens=24, temperature=0).tokens
+    want_after = full.logits(PROMPT[:8] + want_tokens[:8])
+    info = strata.ModelInfo(path, moe_layout="mmq")
+    plan = info.layout(16, True)
+    assert plan["kind"] == "mmq"
+    for extra in (1, info.spec["top_k"] + 2):
+        m = gpu(path, expert_cache=f"{(plan['slots'] + extra) * plan['slot_bytes']}b", prefill=16, ctx=128,
+                source=source, kv_type="f16", moe_layout="mmq")
+        assert m.layout(m.chunk, True)["kind"] == "mmq" and not m.cache["all_resident"]
+        out = m.logits(PROMPT)
+        assert m.cache["misses"] > 0
+        assert np.array_equal(out, want), (source, extra, rel(out, want))
+        got = m.generate(PROMPT[:8], max_tokens=24, temperature=0).tokens
+        assert m._m.decode_resolution == ("device" if source == "host" else "host")
+        assert got == want_tokens, (source, extra)
+        assert np.array_equal(m.logits(PROMPT[:8] + got[:8]), want_after), (source, extra)
+
+
 @pytest.mark.parametrize("mix", ["q4_k", "f16"])
 def test_gpu_decode_graph_matches_op_by_op(mix_path, mix):
     """A decode step replayed from one recorded CUDA graph (every expert resident) computes what the
