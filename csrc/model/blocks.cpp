@@ -254,15 +254,16 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   const ModelSpec& s = ctx.spec;
   const auto& xl = ctx.experts.layers[l];
   const int64_t D = s.D, F = s.F, K = s.K, n = T * K;
-  // Write-through: a token's K experts are distinct, so each miss is read from the source once.
-  const bool wt = path == ExpertPath::Device && T == 1 && b.moe == MoeLayout::Fused && write_through_on();
+  // Write-through: a token's K experts are distinct, so each miss is read from the source once (the float
+  // products and the q8_0 ones alike).
+  const bool wt = path == ExpertPath::Device && T == 1 && write_through_on();
   if (path == ExpertPath::Resident) {
     // Nothing is looked up: the rows' experts count as hits (one token's K distinct ones; a batch's
     // rows are not reduced to their union, which would cost a download, a host sync, a layer).
     cache.count_hits((uint64_t)n);
   } else if (path == ExpertPath::Device) {
-    // Design (b): the device resolves hits and misses and fills the misses' slots itself, or (one token,
-    // the float-activation products) leaves them to the products, which write them through.
+    // Design (b): the device resolves hits and misses and fills the misses' slots itself, or (one token)
+    // leaves them to the products, which write them through.
     be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n, wt));
   } else {
     const Routed r = routed_experts(be, b, s.E);

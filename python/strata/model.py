@@ -161,9 +161,9 @@ class Model:
     faster) and off elsewhere (self.prefetch says which, as loaded). Wrong guesses cost link time only; the
     logits are the same on and off.
     moe_layout: where a bounded cache streams the experts, 'auto' runs them with float activations (the
-    fused layout: small prompt buffers, misses written through by a GPU decode step), 'mmq' with q8_0
-    activations as every expert resident runs them (the integer and tensor-core kernels; larger prompt
-    buffers, so a smaller chunk may fit; the same logits as a load with every expert resident).
+    fused layout: small prompt buffers), 'mmq' with q8_0 activations as every expert resident runs them (the
+    integer and tensor-core kernels; larger prompt buffers, so a smaller chunk may fit; the same logits as a
+    load with every expert resident).
     seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
     decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
     the sequence alone.

@@ -630,4 +630,100 @@ TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
   }
 }
 
+// matmul_q8_experts (and its gate/up pair) writing missed experts through: the q8_0 GEMV stages a pending
+// slot's rows from the source instead of the slot and stores them into it. Rows as the per-expert matmul_q8
+// on each expert's matrix (bit for bit), the pending slots' bytes the experts' after, the other slots
+// untouched.
+TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
+  std::mt19937 rng(23);
+  const int64_t E = 5, n = 6;
+  be().set_phase(Phase::Decode);
+  const std::vector<int32_t> ids = {4, 0, 2, 2, 3, 0};
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  const std::vector<int32_t> perm = {2, -1, 0, 4, 1};    // expert -> slot
+  const std::vector<uint8_t> pending = {1, 0, 0, 0, 1};  // slots 0 (expert 2) and 4 (expert 3) pending
+  for (QType t : kAllTypes) {
+    if (!uses_matmul_q8((uint32_t)t)) continue;
+    for (const bool long_rows : {false, true}) {
+      const int64_t rows = 21, cols = long_rows ? long_cols_of(t) : cols_of(t);
+      const size_t rb = row_bytes(t, cols), mb = rows * rb, mpad = (mb + 255) / 256 * 256;
+      for (const size_t lead : {size_t{0}, size_t{48}}) {
+        // Two matrices an expert (m 0 and 1, the pair's gate and up): in a slot at 256 and 256 + mpad, in the
+        // source at lead + (m E + e) stride.
+        std::vector<std::vector<uint8_t>> W[2];
+        for (auto& ws : W) {
+          ws.resize(E);
+          for (auto& w : ws) w = random_weights(t, rows, cols, rng);
+        }
+        const size_t slot_bytes = 256 + 2 * mpad, stride = mpad + 256;
+        PinnedBuffer src(be(), 2 * E * stride + lead, "expert source");
+        std::memset(src.get(), 0x5A, 2 * E * stride + lead);
+        std::vector<uint8_t> mem(5 * slot_bytes, 0xC3);  // pending slots: stale bytes
+        for (int m = 0; m < 2; ++m)
+          for (int64_t e = 0; e < E; ++e) {
+            std::memcpy(src.get() + lead + (m * E + e) * stride, W[m][e].data(), mb);
+            if (perm[e] >= 0 && !pending[perm[e]]) {
+              std::memcpy(&mem[perm[e] * slot_bytes + 256 + m * mpad], W[m][e].data(), mb);
+              // a resident expert's source differs from its slot: write-through must not read it
+              std::memset(src.get() + lead + (m * E + e) * stride, 0x11, mb);
+            }
+          }
+        const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
+        ASSERT_NE(view, nullptr) << "pinned memory has no device view";
+        Dev<int32_t> dslots(be(), perm, "slot table"), dids(be(), ids, "ids"), dorder(be(), order, "order");
+        Dev<uint8_t> dpending(be(), pending, "pending");
+        const int64_t ldy = rows + 3;
+        const auto x = randf(rng, n * cols, -2.f, 2.f);
+        const size_t xrb = cols / 32 * 34 + 2;
+        std::vector<uint8_t> xq(n * xrb, kPoison);
+        for (int64_t i = 0; i < n; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
+        Dev<uint8_t> dxq(be(), xq, "Xq");
+        std::vector<uint8_t> want = mem;
+        for (int m = 0; m < 2; ++m)
+          for (int64_t e : {2, 3})
+            std::memcpy(&want[perm[e] * slot_bytes + 256 + m * mpad], W[m][e].data(), mb);
+        for (const bool pair : {false, true}) {
+          Dev<uint8_t> dmem(be(), mem, "slots");
+          ExpertTable tab;
+          tab.E = E;
+          tab.slots = dslots.p();
+          tab.arena = dmem.p();
+          tab.slot_bytes = slot_bytes;
+          tab.pending = dpending.p();
+          for (int m = 0; m < 2; ++m) {
+            tab.off[m] = 256 + m * mpad;
+            tab.src[m] = view + lead + m * E * stride;
+            tab.src_stride[m] = stride;
+          }
+          Dev<float> Y0(be(), n * ldy, "Y gate"), Y1(be(), n * ldy, "Y up");
+          if (pair) {
+            be().matmul_q8_experts_pair((uint32_t)t, tab, 0, 1, rows, cols, dids.p(), dorder.p(), n, dxq.p(),
+                                        xrb, Y0.p(), Y1.p(), ldy);
+          } else {
+            be().matmul_q8_experts((uint32_t)t, tab, 0, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb,
+                                   Y0.p(), ldy);
+            be().matmul_q8_experts((uint32_t)t, tab, 1, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb,
+                                   Y1.p(), ldy);
+          }
+          const std::string what = str("matmul_q8_experts", pair ? "_pair" : "", " write-through ",
+                                       quant_traits(t).name, " ", cols, " columns, source lead ", lead);
+          const std::vector<float> y[2] = {Y0.get(), Y1.get()};
+          for (int m = 0; m < 2; ++m)
+            for (int64_t i = 0; i < n; ++i) {
+              Dev<uint8_t> dw(be(), W[m][ids[order[i]]], "W");
+              Dev<float> yi(be(), rows, "Y row");
+              be().matmul_q8((uint32_t)t, dw.p(), rows, cols, dxq.p() + i * xrb, xrb, 1, yi.p(), rows);
+              expect_same(std::vector<float>(y[m].begin() + i * ldy, y[m].begin() + i * ldy + rows), yi.get(),
+                          str(what, " matrix ", m, " row ", i));
+            }
+          expect_same(dmem.get(), want, what + ": the slots after");
+        }
+      }
+    }
+  }
+  be().set_phase(Phase::Any);
+}
+
 }  // namespace

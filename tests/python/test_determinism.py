@@ -144,7 +144,8 @@ def test_thread_count_does_not_change_logits(make_mix, prompt, cache):
 def test_streamed_mmq_identical_to_resident(make_mix, mix, prompt):
     """moe_layout='mmq': a streamed run takes the q8_0 products that a load with every expert resident runs,
     so its logits are that run's bit for bit, whatever the cache (thrashing, some resident, half), the
-    source and the chunking, and its greedy decode gives the same tokens and the same logits after them."""
+    source and the chunking, and its greedy decode (misses written through by the q8_0 products where the
+    device resolves them) gives the same tokens and the same logits after them."""
     path = make_mix(mix)
     ref = build(path, expert_cache="all", prefill=40)
     want = ref.logits(prompt)
@@ -168,6 +169,10 @@ def test_streamed_mmq_identical_to_resident(make_mix, mix, prompt):
             assert np.array_equal(out, want), f"{cfg}: {np.abs(out - want).max()}"
             got = m.generate(prompt, max_tokens=12, temperature=0.0).tokens
             assert got == want_tokens, cfg
+            # with room for a token's experts, a decode resolved on the device (the CPU backend reads either
+            # source) writes its misses through the q8_0 products
+            if slots > region + spec["top_k"]:
+                assert m._m.decode_resolution == "device" and m._m.decode_write_through, cfg
             after = m.logits(prompt + got[:6])
             assert np.array_equal(after, want_after), f"{cfg} after decoding: {np.abs(after - want_after).max()}"
             runs += 1

@@ -239,7 +239,6 @@ void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_
     using F = decltype(fmt);
     check_shape("matmul_q8_experts", rows, cols, n, ldy);
     STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_q8_experts: matrix ", m, " is not 0, 1 or 2");
-    STRATA_CHECK(!t.pending, Error, "internal error: matmul_q8_experts does not write experts through");
     STRATA_CHECK(m2 < 0 || (m2 < 3 && Y2), ConfigError, "matmul_q8_experts: second matrix ", m2,
                  " is not 0, 1 or 2 with an output");
     STRATA_CHECK(m2 < 0 || n <= 65535 / 2, ConfigError, "matmul_q8_experts: ", n,

@@ -240,11 +240,12 @@ __device__ __forceinline__ void q4k_superblock(const uint8_t* blk, const uint32_
 
 // Rows r0 .. r0 + kRows of W (rows x cols, rows rb bytes apart, readable up to W + rows * rb) against
 // the q8_0 row xq, whose readable extent is [xlo, xhi). SB: Q4_K's phase 1 a superblock a thread where
-// the rows allow (q4k_superblock).
+// the rows allow (q4k_superblock). through (write-through): W is the source in host memory, and the staged
+// rows also go to the same bytes of `through` (the slot).
 template <class F, bool SB = false>
 __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t rows, int64_t cols,
                                            const uint8_t* xq, const uint8_t* xlo, const uint8_t* xhi,
-                                           float* y, int64_t r0) {
+                                           float* y, int64_t r0, uint8_t* through = nullptr) {
   using C = Cfg<F>;
   __shared__ __align__(16) uint8_t wraw[C::kRows * C::kWStride];
   __shared__ __align__(16) uint8_t xraw[C::kXStride];
@@ -268,6 +269,9 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
+    if (through)
+      write_back_rows<C::kWPieces>(wraw, through + r0 * rb, wrows, rb, nrows, woff,
+                                   nb * kQK / F::kBlock * F::kBytes, tid, kThreads);
 
     bool phase1_done = false;
     if constexpr (SB) {
@@ -353,15 +357,22 @@ __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
   const int64_t i = second ? blockIdx.y - g.n : blockIdx.y;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block<F>();
   float* Y = (second ? g.Y2 : g.Y) + i * g.ldy;
-  const uint8_t* W = expert_matrix_dev(g.t, second ? g.m2 : g.m, g.ids[g.order[i]]);
+  const int m = second ? g.m2 : g.m;
+  const int32_t e = g.ids[g.order[i]];
+  const uint8_t* W = expert_matrix_dev(g.t, m, e);
   if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
     for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + rows_per_block<F>()); r += kThreads)
       Y[r] = __int_as_float(0x7fc00000);
     return;
   }
   const int64_t nblk = g.cols / kQK;
-  mmvq_block<F, SB>(W, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq,
-                    g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y, r0);
+  // A slot whose expert has not landed (write-through): its rows come from the source in host memory,
+  // staged as the slot's would be, and go on to the slot; the same bytes, so the same products.
+  const bool pending = g.t.pending && g.t.pending[g.t.slots[e]];
+  const uint8_t* src = pending ? g.t.src[m] + static_cast<size_t>(e) * g.t.src_stride[m] : W;
+  mmvq_block<F, SB>(src, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq,
+                    g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y, r0,
+                    pending ? const_cast<uint8_t*>(W) : nullptr);
 }
 }  // namespace vec
 

@@ -65,6 +65,31 @@ __device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* src, siz
   }
 }
 
+// Write-through of what stage_rows staged from a source the slot has not received (ExpertTable::pending): row
+// i's bytes [off, off + n) from its staged pieces (dst + i * 16 kPieces, as stage_rows laid them out from
+// src) to the same bytes of slot, whose rows lie as src's modulo 16 (ExpertCache::write_through's condition):
+// whole 16-byte pieces as one store, the row's ends byte by byte. After the staging has completed (the
+// caller's barrier); the staged bytes stay for the product.
+template <int kPieces>
+__device__ __forceinline__ void write_back_rows(const uint8_t* dst, uint8_t* slot, const uint8_t* src,
+                                                size_t stride, int count, size_t off, int n, int tid,
+                                                int nthreads) {
+  for (int it = tid; it < count * kPieces; it += nthreads) {
+    const int i = it / kPieces, k = it % kPieces;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(src + static_cast<size_t>(i) * stride + off);
+    const uintptr_t p = (first & ~uintptr_t{15}) + 16 * static_cast<uintptr_t>(k);
+    if (p >= first + static_cast<uintptr_t>(n)) continue;
+    const uint8_t* d = dst + i * 16 * kPieces + 16 * k;
+    uint8_t* out = slot + static_cast<size_t>(i) * stride + off;  // the row's first byte, as `first`
+    if (p >= first && p + 16 <= first + static_cast<uintptr_t>(n)) {
+      *reinterpret_cast<uint4*>(out + (p - first)) = *reinterpret_cast<const uint4*>(d);
+    } else {
+      for (int b = 0; b < 16; ++b)
+        if (p + b >= first && p + b < first + static_cast<uintptr_t>(n)) out[p + b - first] = d[b];
+    }
+  }
+}
+
 // ---- fp16 tiles and the tensor cores ----
 
 // The largest finite fp16. Values beyond it are clamped rather than rounded to inf, which a zero
