@@ -649,15 +649,17 @@ TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
     for (const bool long_rows : {false, true}) {
       const int64_t rows = 21, cols = long_rows ? long_cols_of(t) : cols_of(t);
       const size_t rb = row_bytes(t, cols), mb = rows * rb, mpad = (mb + 255) / 256 * 256;
-      for (const size_t lead : {size_t{0}, size_t{48}}) {
-        // Two matrices an expert (m 0 and 1, the pair's gate and up): in a slot at 256 and 256 + mpad, in the
-        // source at lead + (m E + e) stride.
+      for (const size_t lead : {size_t{0}, size_t{48}, size_t{8}}) {
+        // Two matrices an expert (m 0 and 1, the pair's gate and up): in a slot at base and base + mpad, in
+        // the source at lead + (m E + e) stride; base lies as lead modulo 16 (write-through's condition), so
+        // a lead of 8 puts every matrix off 16-byte alignment on both sides.
+        const size_t base = 256 + lead % 16;
         std::vector<std::vector<uint8_t>> W[2];
         for (auto& ws : W) {
           ws.resize(E);
           for (auto& w : ws) w = random_weights(t, rows, cols, rng);
         }
-        const size_t slot_bytes = 256 + 2 * mpad, stride = mpad + 256;
+        const size_t slot_bytes = 256 + 16 + 2 * mpad, stride = mpad + 256;
         PinnedBuffer src(be(), 2 * E * stride + lead, "expert source");
         std::memset(src.get(), 0x5A, 2 * E * stride + lead);
         std::vector<uint8_t> mem(5 * slot_bytes, 0xC3);  // pending slots: stale bytes
@@ -665,7 +667,7 @@ TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
           for (int64_t e = 0; e < E; ++e) {
             std::memcpy(src.get() + lead + (m * E + e) * stride, W[m][e].data(), mb);
             if (perm[e] >= 0 && !pending[perm[e]]) {
-              std::memcpy(&mem[perm[e] * slot_bytes + 256 + m * mpad], W[m][e].data(), mb);
+              std::memcpy(&mem[perm[e] * slot_bytes + base + m * mpad], W[m][e].data(), mb);
               // a resident expert's source differs from its slot: write-through must not read it
               std::memset(src.get() + lead + (m * E + e) * stride, 0x11, mb);
             }
@@ -683,7 +685,7 @@ TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
         std::vector<uint8_t> want = mem;
         for (int m = 0; m < 2; ++m)
           for (int64_t e : {2, 3})
-            std::memcpy(&want[perm[e] * slot_bytes + 256 + m * mpad], W[m][e].data(), mb);
+            std::memcpy(&want[perm[e] * slot_bytes + base + m * mpad], W[m][e].data(), mb);
         for (const bool pair : {false, true}) {
           Dev<uint8_t> dmem(be(), mem, "slots");
           ExpertTable tab;
@@ -693,7 +695,7 @@ TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
           tab.slot_bytes = slot_bytes;
           tab.pending = dpending.p();
           for (int m = 0; m < 2; ++m) {
-            tab.off[m] = 256 + m * mpad;
+            tab.off[m] = base + m * mpad;
             tab.src[m] = view + lead + m * E * stride;
             tab.src_stride[m] = stride;
           }

@@ -241,6 +241,17 @@ void launch_matmul_q8_experts(uint32_t type, const ExpertTable& t, int m, int64_
     STRATA_CHECK(m >= 0 && m < 3, ConfigError, "matmul_q8_experts: matrix ", m, " is not 0, 1 or 2");
     STRATA_CHECK(m2 < 0 || (m2 < 3 && Y2), ConfigError, "matmul_q8_experts: second matrix ", m2,
                  " is not 0, 1 or 2 with an output");
+    // Write-through: the staged source rows go to the slot in 16-byte pieces, so the source lies as the
+    // slots modulo 16 (ExpertCache::write_through's condition).
+    for (const int mm : {m, m2}) {
+      if (!t.pending || mm < 0) continue;
+      const uintptr_t src = reinterpret_cast<uintptr_t>(t.src[mm]),
+                      dst = reinterpret_cast<uintptr_t>(t.arena) + t.off[mm];
+      STRATA_CHECK(t.slots && (src - dst) % 16 == 0 && t.src_stride[mm] % 16 == 0 && t.slot_bytes % 16 == 0,
+                   Error,
+                   "internal error: matmul_q8_experts writes through slots only, the source aligned as "
+                   "the slots modulo 16");
+    }
     STRATA_CHECK(m2 < 0 || n <= 65535 / 2, ConfigError, "matmul_q8_experts: ", n,
                  " rows of two matrices exceed one launch (32767)");
     STRATA_CHECK(xrow_bytes >= static_cast<size_t>(cols / kQK8_0 * kQ8_0Bytes), ConfigError,
