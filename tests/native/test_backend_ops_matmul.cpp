@@ -561,6 +561,21 @@ TEST_P(MatmulOp, MatmulExpertsMatchesPerExpertMatmul) {
 // start anywhere modulo 16), the source's matrices at offsets aligned as the slots' modulo 16 (the cache's
 // condition for write-through), pieces that cross a matrix's ends read byte by byte; an expert
 // named twice (a batch's rows) is written twice with the same bytes.
+// The write-through tests' rows and slots: 6 rows on 5 experts (0 and 2 twice), sorted by expert as
+// group_by_expert leaves them; expert -> slot (expert 1 absent); slots 0 (expert 2) and 4 (expert 3) pending.
+struct WriteThroughCase {
+  static constexpr int64_t E = 5, n = 6;
+  const std::vector<int32_t> ids = {4, 0, 2, 2, 3, 0};
+  const std::vector<int32_t> perm = {2, -1, 0, 4, 1};
+  const std::vector<uint8_t> pending = {1, 0, 0, 0, 1};
+  std::vector<int32_t> order = [this] {
+    std::vector<int32_t> o(n);
+    for (int32_t i = 0; i < n; ++i) o[i] = i;
+    std::stable_sort(o.begin(), o.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+    return o;
+  }();
+};
+
 TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
   // On a GPU both one-token kernels: activations staged once a block (opt-in) and read per lane (the
   // default).
@@ -568,41 +583,36 @@ TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
     const ScopedEnv env("STRATA_CUDA_EXPERTS_XS", xs);
     SCOPED_TRACE(str("STRATA_CUDA_EXPERTS_XS=", xs));
     std::mt19937 rng(19);
-    const int64_t E = 5, n = 6;
+    const WriteThroughCase wc;
     be().set_phase(Phase::Decode);
-    const std::vector<int32_t> ids = {4, 0, 2, 2, 3, 0};
-    std::vector<int32_t> order(n);
-    for (int32_t i = 0; i < n; ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
-    const std::vector<int32_t> perm = {2, -1, 0, 4, 1};    // expert -> slot
-    const std::vector<uint8_t> pending = {1, 0, 0, 0, 1};  // slots 0 (expert 2) and 4 (expert 3) pending
     for (QType t : kAllTypes) {
       for (const bool long_rows : {false, true}) {
         const int64_t rows = 21, cols = long_rows ? long_cols_of(t) : cols_of(t);
         const size_t rb = row_bytes(t, cols), mb = rows * rb;
         if (rb > kWriteThroughRowBytes) continue;
         for (const size_t lead : {size_t{0}, size_t{48}}) {  // the source's matrices at 256 k + lead
-          std::vector<std::vector<uint8_t>> W(E);
+          std::vector<std::vector<uint8_t>> W(wc.E);
           for (auto& w : W) w = random_weights(t, rows, cols, rng);
           const size_t slot_bytes = (mb + 256 + 255) / 256 * 256, stride = (mb + 255) / 256 * 256 + 256;
-          PinnedBuffer src(be(), E * stride + lead, "expert source");
-          std::memset(src.get(), 0x5A, E * stride + lead);
-          for (int64_t e = 0; e < E; ++e) std::memcpy(src.get() + lead + e * stride, W[e].data(), mb);
+          PinnedBuffer src(be(), wc.E * stride + lead, "expert source");
+          std::memset(src.get(), 0x5A, wc.E * stride + lead);
+          for (int64_t e = 0; e < wc.E; ++e) std::memcpy(src.get() + lead + e * stride, W[e].data(), mb);
           std::vector<uint8_t> mem(5 * slot_bytes, 0xC3);  // pending slots: stale bytes
           auto stale_weights = random_weights(t, rows, cols, rng);
-          for (int64_t e = 0; e < E; ++e) {
-            if (perm[e] < 0 || pending[perm[e]]) continue;
-            std::memcpy(&mem[perm[e] * slot_bytes + 256], W[e].data(), mb);
+          for (int64_t e = 0; e < wc.E; ++e) {
+            if (wc.perm[e] < 0 || wc.pending[wc.perm[e]]) continue;
+            std::memcpy(&mem[wc.perm[e] * slot_bytes + 256], W[e].data(), mb);
             // the source of a resident expert differs from its slot: write-through must not read it
             std::memcpy(src.get() + lead + e * stride, stale_weights.data(), mb);
           }
           const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
           ASSERT_NE(view, nullptr) << "pinned memory has no device view";
           Dev<uint8_t> dmem(be(), mem, "slots");
-          Dev<int32_t> dslots(be(), perm, "slot table"), dids(be(), ids, "ids"), dorder(be(), order, "order");
-          Dev<uint8_t> dpending(be(), pending, "pending");
+          Dev<int32_t> dslots(be(), wc.perm, "slot table"), dids(be(), wc.ids, "wc.ids"),
+              dorder(be(), wc.order, "wc.order");
+          Dev<uint8_t> dpending(be(), wc.pending, "wc.pending");
           ExpertTable tab;
-          tab.E = E;
+          tab.E = wc.E;
           const int m = 2;
           tab.slots = dslots.p();
           tab.arena = dmem.p();
@@ -612,16 +622,16 @@ TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
           tab.src[m] = view + lead;
           tab.src_stride[m] = stride;
           const int64_t ldx = cols + 4, ldy = rows + 3;
-          const auto x = randf(rng, n * ldx, -2.f, 2.f);
-          Dev<float> dx(be(), x, "X"), Y(be(), n * ldy, "Y");
-          be().matmul_experts((uint32_t)t, tab, m, rows, cols, dids.p(), dorder.p(), n, dx.p(), ldx, Y.p(),
+          const auto x = randf(rng, wc.n * ldx, -2.f, 2.f);
+          Dev<float> dx(be(), x, "X"), Y(be(), wc.n * ldy, "Y");
+          be().matmul_experts((uint32_t)t, tab, m, rows, cols, dids.p(), dorder.p(), wc.n, dx.p(), ldx, Y.p(),
                               ldy);
           const auto y = Y.get();
           const std::string what = str("matmul_experts write-through ", quant_traits(t).name, " ", cols,
                                        " columns, source lead ", lead);
-          expect_rows_of_matmul(be(), t, W, ids, order, rows, cols, dx.p(), ldx, y, ldy, what);
+          expect_rows_of_matmul(be(), t, W, wc.ids, wc.order, rows, cols, dx.p(), ldx, y, ldy, what);
           std::vector<uint8_t> want = mem;
-          for (int64_t e : {2, 3}) std::memcpy(&want[perm[e] * slot_bytes + 256], W[e].data(), mb);
+          for (int64_t e : {2, 3}) std::memcpy(&want[wc.perm[e] * slot_bytes + 256], W[e].data(), mb);
           expect_same(dmem.get(), want, what + ": the slots after");
         }
       }
@@ -636,14 +646,8 @@ TEST_P(MatmulOp, MatmulExpertsWritesThrough) {
 // untouched.
 TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
   std::mt19937 rng(23);
-  const int64_t E = 5, n = 6;
+  const WriteThroughCase wc;
   be().set_phase(Phase::Decode);
-  const std::vector<int32_t> ids = {4, 0, 2, 2, 3, 0};
-  std::vector<int32_t> order(n);
-  for (int32_t i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
-  const std::vector<int32_t> perm = {2, -1, 0, 4, 1};    // expert -> slot
-  const std::vector<uint8_t> pending = {1, 0, 0, 0, 1};  // slots 0 (expert 2) and 4 (expert 3) pending
   for (QType t : kAllTypes) {
     if (!uses_matmul_q8((uint32_t)t)) continue;
     for (const bool long_rows : {false, true}) {
@@ -651,70 +655,71 @@ TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
       const size_t rb = row_bytes(t, cols), mb = rows * rb, mpad = (mb + 255) / 256 * 256;
       for (const size_t lead : {size_t{0}, size_t{48}, size_t{8}}) {
         // Two matrices an expert (m 0 and 1, the pair's gate and up): in a slot at base and base + mpad, in
-        // the source at lead + (m E + e) stride; base lies as lead modulo 16 (write-through's condition), so
-        // a lead of 8 puts every matrix off 16-byte alignment on both sides.
+        // the source at lead + (m E + e) stride; base lies as lead modulo 16 (write-through's condition),
+        // so a lead of 8 puts every matrix off 16-byte alignment on both sides.
         const size_t base = 256 + lead % 16;
         std::vector<std::vector<uint8_t>> W[2];
         for (auto& ws : W) {
-          ws.resize(E);
+          ws.resize(wc.E);
           for (auto& w : ws) w = random_weights(t, rows, cols, rng);
         }
         const size_t slot_bytes = 256 + 16 + 2 * mpad, stride = mpad + 256;
-        PinnedBuffer src(be(), 2 * E * stride + lead, "expert source");
-        std::memset(src.get(), 0x5A, 2 * E * stride + lead);
+        PinnedBuffer src(be(), 2 * wc.E * stride + lead, "expert source");
+        std::memset(src.get(), 0x5A, 2 * wc.E * stride + lead);
         std::vector<uint8_t> mem(5 * slot_bytes, 0xC3);  // pending slots: stale bytes
         for (int m = 0; m < 2; ++m)
-          for (int64_t e = 0; e < E; ++e) {
-            std::memcpy(src.get() + lead + (m * E + e) * stride, W[m][e].data(), mb);
-            if (perm[e] >= 0 && !pending[perm[e]]) {
-              std::memcpy(&mem[perm[e] * slot_bytes + base + m * mpad], W[m][e].data(), mb);
+          for (int64_t e = 0; e < wc.E; ++e) {
+            std::memcpy(src.get() + lead + (m * wc.E + e) * stride, W[m][e].data(), mb);
+            if (wc.perm[e] >= 0 && !wc.pending[wc.perm[e]]) {
+              std::memcpy(&mem[wc.perm[e] * slot_bytes + base + m * mpad], W[m][e].data(), mb);
               // a resident expert's source differs from its slot: write-through must not read it
-              std::memset(src.get() + lead + (m * E + e) * stride, 0x11, mb);
+              std::memset(src.get() + lead + (m * wc.E + e) * stride, 0x11, mb);
             }
           }
         const uint8_t* view = static_cast<const uint8_t*>(be().device_view(src.get()));
         ASSERT_NE(view, nullptr) << "pinned memory has no device view";
-        Dev<int32_t> dslots(be(), perm, "slot table"), dids(be(), ids, "ids"), dorder(be(), order, "order");
-        Dev<uint8_t> dpending(be(), pending, "pending");
+        Dev<int32_t> dslots(be(), wc.perm, "slot table"), dids(be(), wc.ids, "wc.ids"),
+            dorder(be(), wc.order, "wc.order");
+        Dev<uint8_t> dpending(be(), wc.pending, "wc.pending");
         const int64_t ldy = rows + 3;
-        const auto x = randf(rng, n * cols, -2.f, 2.f);
+        const auto x = randf(rng, wc.n * cols, -2.f, 2.f);
         const size_t xrb = cols / 32 * 34 + 2;
-        std::vector<uint8_t> xq(n * xrb, kPoison);
-        for (int64_t i = 0; i < n; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
+        std::vector<uint8_t> xq(wc.n * xrb, kPoison);
+        for (int64_t i = 0; i < wc.n; ++i) ref::quantize_q8_0(&x[i * cols], &xq[i * xrb], cols);
         Dev<uint8_t> dxq(be(), xq, "Xq");
         std::vector<uint8_t> want = mem;
         for (int m = 0; m < 2; ++m)
           for (int64_t e : {2, 3})
-            std::memcpy(&want[perm[e] * slot_bytes + base + m * mpad], W[m][e].data(), mb);
+            std::memcpy(&want[wc.perm[e] * slot_bytes + base + m * mpad], W[m][e].data(), mb);
         for (const bool pair : {false, true}) {
           Dev<uint8_t> dmem(be(), mem, "slots");
           ExpertTable tab;
-          tab.E = E;
+          tab.E = wc.E;
           tab.slots = dslots.p();
           tab.arena = dmem.p();
           tab.slot_bytes = slot_bytes;
           tab.pending = dpending.p();
           for (int m = 0; m < 2; ++m) {
             tab.off[m] = base + m * mpad;
-            tab.src[m] = view + lead + m * E * stride;
+            tab.src[m] = view + lead + m * wc.E * stride;
             tab.src_stride[m] = stride;
           }
-          Dev<float> Y0(be(), n * ldy, "Y gate"), Y1(be(), n * ldy, "Y up");
+          Dev<float> Y0(be(), wc.n * ldy, "Y gate"), Y1(be(), wc.n * ldy, "Y up");
           if (pair) {
-            be().matmul_q8_experts_pair((uint32_t)t, tab, 0, 1, rows, cols, dids.p(), dorder.p(), n, dxq.p(),
-                                        xrb, Y0.p(), Y1.p(), ldy);
+            be().matmul_q8_experts_pair((uint32_t)t, tab, 0, 1, rows, cols, dids.p(), dorder.p(), wc.n,
+                                        dxq.p(), xrb, Y0.p(), Y1.p(), ldy);
           } else {
-            be().matmul_q8_experts((uint32_t)t, tab, 0, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb,
+            be().matmul_q8_experts((uint32_t)t, tab, 0, rows, cols, dids.p(), dorder.p(), wc.n, dxq.p(), xrb,
                                    Y0.p(), ldy);
-            be().matmul_q8_experts((uint32_t)t, tab, 1, rows, cols, dids.p(), dorder.p(), n, dxq.p(), xrb,
+            be().matmul_q8_experts((uint32_t)t, tab, 1, rows, cols, dids.p(), dorder.p(), wc.n, dxq.p(), xrb,
                                    Y1.p(), ldy);
           }
           const std::string what = str("matmul_q8_experts", pair ? "_pair" : "", " write-through ",
                                        quant_traits(t).name, " ", cols, " columns, source lead ", lead);
           const std::vector<float> y[2] = {Y0.get(), Y1.get()};
           for (int m = 0; m < 2; ++m)
-            for (int64_t i = 0; i < n; ++i) {
-              Dev<uint8_t> dw(be(), W[m][ids[order[i]]], "W");
+            for (int64_t i = 0; i < wc.n; ++i) {
+              Dev<uint8_t> dw(be(), W[m][wc.ids[wc.order[i]]], "W");
               Dev<float> yi(be(), rows, "Y row");
               be().matmul_q8((uint32_t)t, dw.p(), rows, cols, dxq.p() + i * xrb, xrb, 1, yi.p(), rows);
               expect_same(std::vector<float>(y[m].begin() + i * ldy, y[m].begin() + i * ldy + rows), yi.get(),
