@@ -148,6 +148,17 @@ __device__ __forceinline__ float2 key_overlaps(const float* kn, const float* qn,
   return make_float2(dkk, dqk);
 }
 
+// A thread's partial sums of squares of q and k (elements i = first, first + step, .. below dk, in order).
+__device__ __forceinline__ float2 sq_partials(const float* q, const float* k, int64_t dk, int64_t first,
+                                              int64_t step) {
+  float pq = 0.0f, pk = 0.0f;
+  for (int64_t i = first; i < dk; i += step) {
+    pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
+    pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
+  }
+  return make_float2(pq, pk);
+}
+
 // Position t's query and key rows of key head kh, each over its norm (the query also over sqrt(dk)), into
 // qn and kn by the block (each thread the elements i = tid, tid + nt, ..); returns the position's value row
 // of head h. Ends in a barrier.
@@ -157,12 +168,8 @@ __device__ __forceinline__ const float* delta_norms(const DeltaArgs& g, int64_t 
   const int tid = threadIdx.x, nt = blockDim.x;
   const float* q = g.qkv + t * W + kh * dk;
   const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
-  float pq = 0.0f, pk = 0.0f;
-  for (int64_t i = tid; i < dk; i += nt) {
-    pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
-    pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
-  }
-  const float2 sqk = block_sum2(pq, pk, red);
+  const float2 p = sq_partials(q, k, dk, tid, nt);
+  const float2 sqk = block_sum2(p.x, p.y, red);
   const float rq = 1.0f / sqrtf(sqk.x + 1e-6f), rk = 1.0f / sqrtf(sqk.y + 1e-6f);
   const float scale = 1.0f / sqrtf(static_cast<float>(dk));
   for (int64_t i = tid; i < dk; i += nt) {
@@ -576,13 +583,8 @@ __global__ void __launch_bounds__(kChunkThreads) gated_delta_chunk_kernel(DeltaA
         const int64_t t = t0 + s - a;
         const float* q = g.qkv + t * W + kh * dk;
         const float* k = g.qkv + t * W + g.Hk * dk + kh * dk;
-        float pq = 0.0f, pk = 0.0f;
-        for (int64_t i = lane; i < dk; i += kWarp) {
-          pq = __fadd_rn(pq, __fmul_rn(q[i], q[i]));
-          pk = __fadd_rn(pk, __fmul_rn(k[i], k[i]));
-        }
-        pq = warp_sum(pq);  // every lane the same sum (xor butterflies)
-        pk = warp_sum(pk);
+        const float2 p = sq_partials(q, k, dk, lane, kWarp);
+        const float pq = warp_sum(p.x), pk = warp_sum(p.y);  // every lane the same sums (xor butterflies)
         const float rq = 1.0f / sqrtf(pq + 1e-6f), rk = 1.0f / sqrtf(pk + 1e-6f);
         for (int64_t i = lane; i < dk; i += kWarp) {
           qsm[(s - s0) * kst + i] = __fmul_rn(__fmul_rn(q[i], rq), scale);
