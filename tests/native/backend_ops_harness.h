@@ -20,6 +20,7 @@
 #include "backend/backend.h"
 #include "backend_ops_ref.h"
 #include "core/error.h"
+#include "core/exp_portable.h"
 #include "core/half.h"
 #include "quant/quant.h"
 

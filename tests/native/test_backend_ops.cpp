@@ -189,6 +189,10 @@ TEST_P(Op, AddAndSwiglu) {
   std::vector<double> want(n);
   for (int64_t i = 0; i < n; ++i) want[i] = g[i] / (1.0 + std::exp(-(double)g[i])) * u[i];
   expect_err(max_err(dg.get(), want, abs_of(want)), 1.5e-6, "swiglu");  // measured 1.5e-7
+  // Every backend's bits: swiglu_portable's (an expert computed on either side of the link is the same).
+  std::vector<float> same(n);
+  for (int64_t i = 0; i < n; ++i) same[i] = swiglu_portable(g[i], u[i]);
+  expect_same(dg.get(), same, "swiglu against swiglu_portable");
 }
 
 TEST_P(Op, RouterTopk) {

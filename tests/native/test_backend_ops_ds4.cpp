@@ -466,11 +466,15 @@ TEST_P(Ds4Op, SwigluClamp) {
     Dev<float> dg(be(), g, "g"), du(be(), u, "u");
     ops().swiglu_clamp(dg.p(), du.p(), n, limit);
     std::vector<double> want(n);
+    std::vector<float> same(n);  // every backend's bits: swiglu_portable of the clamped pair
     for (int64_t i = 0; i < n; ++i) {
       double x = g[i], y = u[i];
       if (limit > 0) x = std::min<double>(x, limit), y = std::clamp<double>(y, -limit, limit);
       want[i] = x / (1 + std::exp(-x)) * y;
+      same[i] = swiglu_portable(limit > 0 ? std::min(g[i], limit) : g[i],
+                                limit > 0 ? std::clamp(u[i], -limit, limit) : u[i]);
     }
+    expect_same(dg.get(), same, str("swiglu_clamp limit=", limit, " against swiglu_portable"));
     expect_err(max_err(dg.get(), want, std::vector<double>(n, 1.0)), 4e-6,  // measured 6.8e-7 (|values| <= 9)
                str("swiglu_clamp limit=", limit));
   }

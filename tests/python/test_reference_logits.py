@@ -4,6 +4,11 @@ The fused layout (streamed experts, float32 from exactly dequantized weights) mu
 bit on any test mix. The MMQ layout must not move either where its weights have an integer kernel
 (q8_0 activations by design); for float experts (F32, F16) release 0.1 quantized activations by
 mistake, so those fingerprints must now differ (issue: float experts stay float).
+
+One deliberate move since: the fused fingerprints were saved again on 2026-12-07, when the experts' SwiGLU
+took exp_portable (core/exp_portable.h: the same bits on the CPU and a GPU, within 0.92 ulp of e^x where
+glibc's expf is within 0.5) in place of the C library's expf. The integer MMQ fingerprints did not move (the
+activations' q8_0 rounding absorbed the change on these mixes).
 """
 
 from __future__ import annotations

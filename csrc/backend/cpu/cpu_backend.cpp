@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/activation.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/deepseek2_ops.h"
 #include "backend/cpu/ds4_ops.h"
@@ -300,14 +301,7 @@ class CpuBackend final : public Backend,
     for (int64_t i = 0; i < T * K; ++i) rows[fill[ids[i]]++] = (int32_t)i;
   }
 
-  void swiglu(float* g, const float* u, int64_t n) override {
-    pool_.parallel_for(n, 1 << 12, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) {
-        const float x = g[i];
-        g[i] = (x / (1.0f + std::exp(-x))) * u[i];
-      }
-    });
-  }
+  void swiglu(float* g, const float* u, int64_t n) override { cpu_swiglu(best_isa(), g, u, n, pool_); }
 
   void scatter_add(const float* y, const int32_t* rows, const float* w, int64_t K, int64_t n, int64_t D,
                    float* out) override {
@@ -388,7 +382,7 @@ class CpuBackend final : public Backend,
     cpu_router_v4(logits, T, E, K, bias, table, tokens, norm, scale, ids, weights, pool_);
   }
   void swiglu_clamp(float* g, const float* u, int64_t n, float limit) override {
-    cpu_swiglu_clamp(g, u, n, limit, pool_);
+    cpu_swiglu_clamp(best_isa(), g, u, n, limit, pool_);
   }
 
   // Deepseek2Ops (backend/deepseek2_ops.h), implemented in deepseek2_ops.cpp and ds4_misc.cpp.
@@ -423,7 +417,7 @@ class CpuBackend final : public Backend,
   }
   void swiglu_oai(float* g, const float* u, const int32_t* ids, const int32_t* rows, int64_t n, int64_t F,
                   const float* gate_b, const float* up_b, float alpha, float limit) override {
-    cpu_swiglu_oai(g, u, ids, rows, n, F, gate_b, up_b, alpha, limit, pool_);
+    cpu_swiglu_oai(best_isa(), g, u, ids, rows, n, F, gate_b, up_b, alpha, limit, pool_);
   }
   void expert_bias(float* y, const int32_t* ids, const float* w, const float* bias, int64_t T, int64_t K,
                    int64_t D) override {

@@ -94,17 +94,4 @@ void cpu_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const f
   });
 }
 
-void cpu_swiglu_clamp(float* g, const float* u, int64_t n, float limit, ThreadPool& pool) {
-  pool.parallel_for(n, 1 << 12, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) {
-      float x = g[i], y = u[i];
-      if (limit > 0) {
-        x = std::min(x, limit);
-        y = std::clamp(y, -limit, limit);
-      }
-      g[i] = (x / (1.0f + std::exp(-x))) * y;
-    }
-  });
-}
-
 }  // namespace strata

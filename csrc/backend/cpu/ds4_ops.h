@@ -39,6 +39,5 @@ void cpu_ring_store(float* ring, int64_t slots, int64_t width, int64_t pos0, int
 void cpu_router_v4(const float* logits, int64_t T, int64_t E, int64_t K, const float* bias,
                    const int32_t* table, const int32_t* tokens, bool norm, float scale, int32_t* ids,
                    float* weights, ThreadPool& pool);
-void cpu_swiglu_clamp(float* g, const float* u, int64_t n, float limit, ThreadPool& pool);
 
 }  // namespace strata

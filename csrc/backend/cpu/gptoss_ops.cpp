@@ -38,22 +38,6 @@ void cpu_rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const float
   });
 }
 
-void cpu_swiglu_oai(float* g, const float* u, const int32_t* ids, const int32_t* rows, int64_t n, int64_t F,
-                    const float* gate_b, const float* up_b, float alpha, float limit, ThreadPool& pool) {
-  pool.parallel_for(n, 1, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t ex = ids[rows[i]];
-      float* gi = g + i * F;
-      const float* ui = u + i * F;
-      for (int64_t c = 0; c < F; ++c) {
-        const float x = std::min(gi[c] + gate_b[ex * F + c], limit);
-        const float y = std::clamp(ui[c] + up_b[ex * F + c], -limit, limit);
-        gi[c] = (y + 1.0f) * (x / (1.0f + std::exp(-alpha * x)));
-      }
-    }
-  });
-}
-
 void cpu_expert_bias(float* y, const int32_t* ids, const float* w, const float* bias, int64_t T, int64_t K,
                      int64_t D, ThreadPool& pool) {
   pool.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {

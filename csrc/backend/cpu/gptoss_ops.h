@@ -10,8 +10,6 @@ class ThreadPool;
 void cpu_add_bias(float* y, const float* bias, int64_t T, int64_t n, ThreadPool& pool);
 void cpu_rope_neox(float* x, int64_t T, int64_t n_heads, int64_t hd, const float* inv_freq, float mscale,
                    int64_t pos0, ThreadPool& pool);
-void cpu_swiglu_oai(float* g, const float* u, const int32_t* ids, const int32_t* rows, int64_t n, int64_t F,
-                    const float* gate_b, const float* up_b, float alpha, float limit, ThreadPool& pool);
 void cpu_expert_bias(float* y, const int32_t* ids, const float* w, const float* bias, int64_t T, int64_t K,
                      int64_t D, ThreadPool& pool);
 

@@ -14,6 +14,7 @@
 #include "backend/cuda/ds4.cuh"
 #include "backend/cuda/quantize.cuh"
 #include "core/error.h"
+#include "core/exp_portable.h"
 #include "quant/formats.h"
 
 namespace strata::cuda {
@@ -796,7 +797,7 @@ __global__ void __launch_bounds__(kThreads)
       x = fminf(x, limit);
       y = fminf(fmaxf(y, -limit), limit);
     }
-    g[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), y);
+    g[i] = swiglu_portable(x, y);
   }
 }
 

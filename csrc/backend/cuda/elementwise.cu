@@ -9,6 +9,7 @@
 #include "backend/cuda/counting_sort.cuh"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/quantize.cuh"
+#include "core/exp_portable.h"
 
 namespace strata::cuda {
 namespace {
@@ -24,10 +25,8 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
     x[i] = __fadd_rn(x[i], y[i]);
 }
 
-// silu(g) * u, as the CPU writes it: (x / (1 + exp(-x))) * u.
-__device__ __forceinline__ float swiglu_one(float x, float u) {
-  return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u);
-}
+// silu(g) * u, the CPU's bits: swiglu_portable (core/exp_portable.h).
+__device__ __forceinline__ float swiglu_one(float x, float u) { return swiglu_portable(x, u); }
 __global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
   grid_start();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gptoss.cuh"
+#include "core/exp_portable.h"
 
 namespace strata::cuda {
 namespace {
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = e / F, c = e % F, ex = ids[rows[i]];
     const float x = fminf(__fadd_rn(g[e], gate_b[ex * F + c]), limit);
     const float y = fminf(fmaxf(__fadd_rn(u[e], up_b[ex * F + c]), -limit), limit);
-    const float sig = __fdiv_rn(x, __fadd_rn(1.0f, expf(-__fmul_rn(alpha, x))));
+    const float sig = __fdiv_rn(x, __fadd_rn(1.0f, exp_portable(-__fmul_rn(alpha, x))));
     g[e] = __fmul_rn(__fadd_rn(y, 1.0f), sig);
   }
 }
