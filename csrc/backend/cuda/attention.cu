@@ -626,7 +626,7 @@ void launch_attention(const float* q, const void* kc, const void* vc, KvType t, 
 }
 
 bool attention_mma_sinks_usable(KvType t, int64_t head_dim, const void* kc, const void* vc) {
-  return t == KvType::F16 && env_switch("STRATA_CUDA_SINKS_MMA", false) && mma_usable(head_dim, kc, vc);
+  return t == KvType::F16 && env_switch("STRATA_CUDA_SINKS_MMA", true) && mma_usable(head_dim, kc, vc);
 }
 
 void launch_attention_mma_sinks(const float* q, const void* kc, const void* vc, int64_t T, int64_t pos0,

@@ -16,9 +16,10 @@ constexpr int kSortTile = 4096;  // items staged in shared memory at a time
 constexpr int kPlaceWarps = 8;   // warps that place a tile's items, each a contiguous slice of it
 static_assert(kSortTile <= 65535, "a tile's offsets within a bin fit 16 bits");
 
-// Whether block_counting_sort's callers place with kPlaceWarps warps: STRATA_CUDA_SORT_PARALLEL=1 (read at
-// each launch).
-inline bool sort_parallel_on() { return env_switch("STRATA_CUDA_SORT_PARALLEL", false); }
+// Whether block_counting_sort's callers place with kPlaceWarps warps: the default (H100, 2026-12-07: the 30B
+// shape's 2048-token prompt 10,066 -> 10,498 tok/s all resident, q36's 5,770 -> 5,975);
+// STRATA_CUDA_SORT_PARALLEL=0 places with one warp for the A/B (read at each launch; the same output).
+inline bool sort_parallel_on() { return env_switch("STRATA_CUDA_SORT_PARALLEL", true); }
 
 // Shared memory block_counting_sort needs for nbins bins: the bins' next free positions (ints), the tile's
 // keys and items (ints); placing with kPlaceWarps warps also the tile's totals per bin (ints) and each
@@ -29,8 +30,8 @@ constexpr size_t counting_sort_smem(int64_t nbins, bool parallel) {
          (parallel ? (size_t)nbins * sizeof(int) + (size_t)kPlaceWarps * nbins * sizeof(uint16_t) : 0);
 }
 
-// The placement a sort of nbins bins takes: the parallel one where STRATA_CUDA_SORT_PARALLEL=1 and its shared
-// memory fits 48 KiB, else one warp (the same output).
+// The placement a sort of nbins bins takes: the parallel one (unless STRATA_CUDA_SORT_PARALLEL=0) where its
+// shared memory fits 48 KiB, else one warp (the same output).
 inline bool sort_parallel_for(int64_t nbins) {
   return sort_parallel_on() && counting_sort_smem(nbins, true) <= 48 * 1024;
 }
@@ -38,8 +39,8 @@ inline bool sort_parallel_for(int64_t nbins) {
 // out[...] = item_of(p) for p < n, ordered by key_of(p) in [0, nbins) and, within a key, by p;
 // items whose key is negative are left out. off (if not null) gets nbins + 1 prefix counts.
 // Called by all threads of one block of kSortThreads, with `smem` of counting_sort_smem(nbins, parallel)
-// bytes. parallel: kPlaceWarps warps place each tile (STRATA_CUDA_SORT_PARALLEL=1, opt-in until a GPU run has
-// checked and timed it), else one warp walks it; the same output.
+// bytes. parallel: kPlaceWarps warps place each tile (sort_parallel_for), else one warp walks it; the same
+// output.
 template <class KeyOf, class ItemOf>
 __device__ void block_counting_sort(int64_t n, int nbins, KeyOf key_of, ItemOf item_of, int32_t* out,
                                     int32_t* off, int* smem, bool parallel) {

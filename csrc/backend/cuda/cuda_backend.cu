@@ -677,7 +677,8 @@ class CudaBackend final : public Backend,
                        int64_t H, int64_t KV, int64_t hd, float scale, const float* sinks, int64_t window,
                        float* out) override {
     use();
-    if (cuda::attention_mma_sinks_usable(t, hd, kc, vc)) {  // STRATA_CUDA_SINKS_MMA=1: the tensor-core family
+    if (cuda::attention_mma_sinks_usable(
+            t, hd, kc, vc)) {  // the tensor-core family (STRATA_CUDA_SINKS_MMA=0: CUDA cores)
       void* ws = scratch(pos_.dev ? cuda::attention_scratch_max_bytes(pos_.max_pos, H, hd)
                                   : cuda::attention_scratch_bytes(T, pos0, H, hd));
       cuda::launch_attention_mma_sinks(q, kc, vc, T, pos0, pos_, H, KV, hd, scale, sinks, window, out, ws,
