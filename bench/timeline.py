@@ -32,6 +32,12 @@ from typing import Any
 CLASSES = ("copy", "fill", "experts", "compute")
 
 
+def base_name(name: str) -> str:
+    """A kernel's name without its argument list; "(anonymous namespace)::" is dropped first, so the kernels of
+    an anonymous namespace keep their own names (a plain cut at the first "(" left "strata::cuda::" for all)."""
+    return name.replace("(anonymous namespace)::", "").split("(")[0]
+
+
 def classify(cat: str, name: str) -> str | None:
     """The class of one trace event, or None for what is not GPU work (CPU ops, flows, counters)."""
     if cat == "gpu_memcpy":
@@ -40,7 +46,7 @@ def classify(cat: str, name: str) -> str | None:
         return "compute"
     if cat != "kernel":
         return None
-    base = name.split("(")[0]
+    base = base_name(name)
     if "fill_kernel" in base:
         return "fill"
     if "experts" in base:
@@ -116,7 +122,7 @@ def summarize_events(ev: list[dict[str, Any]], units: int) -> dict[str, Any]:
         streams[s][1] = length(union((e["start"], e["end"]) for e in ev if e["stream"] == s))
     top: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     for e in ev:
-        key = e["name"].split("(")[0][:100]
+        key = base_name(e["name"])[:100]
         top[key][0] += 1
         top[key][1] += e["end"] - e["start"]
     return {

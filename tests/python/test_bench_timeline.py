@@ -67,3 +67,18 @@ def test_union_and_intersection():
 def test_a_trace_without_gpu_work_is_refused():
     with pytest.raises(ValueError, match="no GPU activity"):
         timeline.summarize_events(timeline.events({"traceEvents": [_x("cpu_op", "aten::add", 0, 1, 0)]}), 1)
+
+
+def test_kernels_of_an_anonymous_namespace_keep_their_names():
+    # CUPTI names them "ns::(anonymous namespace)::kernel(args)": cut at the first "(", every one of them was
+    # "ns::", and an experts kernel among them was not counted as the experts'.
+    name = "void strata::cuda::(anonymous namespace)::mmvq_experts_kernel<(strata::QType)12>(strata::cuda::Args)"
+    assert timeline.base_name(name) == "void strata::cuda::mmvq_experts_kernel<"
+    assert timeline.classify("kernel", name) == "experts"
+    assert timeline.classify("kernel", "void strata::cuda::(anonymous namespace)::gather_rows(float*)") == "compute"
+    ev = timeline.events({"traceEvents": [
+        _x("kernel", "void strata::cuda::(anonymous namespace)::gather_rows(float*)", 0, 4, 7),
+        _x("kernel", "void strata::cuda::(anonymous namespace)::scatter_add_kernel(float*)", 4, 2, 7)]})
+    s = timeline.summarize_events(ev, 1)
+    names = sorted(t["name"] for t in s["top"])
+    assert names == ["void strata::cuda::gather_rows", "void strata::cuda::scatter_add_kernel"]
