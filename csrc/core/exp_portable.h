@@ -15,15 +15,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "core/float_ops.h"
 #include "core/host_device.h"
 
 namespace strata {
 
 namespace exp_detail {
 
-// The constants, shared with the eight-lane form (backend/cpu/exp_avx2.h).
+// The constants, shared with the eight-lane form (backend/cpu/activation.cpp).
 inline constexpr float kLog2e = 1.44269502162933349609375f;  // the float nearest log2(e)
 inline constexpr float kShift = 12582912.0f;                 // 1.5 * 2^23: adding it rounds to an integer
 inline constexpr float kLn2Hi = 0.693147182464599609375f;    // the float nearest ln 2
@@ -39,38 +39,8 @@ inline constexpr float kC2 = 0.5f;
 inline constexpr float kHigh = 89.0f;
 inline constexpr float kLow = -104.0f;
 
-STRATA_HD inline float fma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-STRATA_HD inline float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-STRATA_HD inline float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
 // 2^k as a float, k in [-126, 127].
-STRATA_HD inline float pow2(int k) {
-  const uint32_t bits = static_cast<uint32_t>(k + 127) << 23;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
+STRATA_HD inline float pow2(int k) { return rn::as_float(static_cast<uint32_t>(k + 127) << 23); }
 
 }  // namespace exp_detail
 
@@ -79,7 +49,8 @@ STRATA_HD inline float exp_portable(float x) {
   if (x != x) return x;
   if (x > kHigh) return INFINITY;
   if (x < kLow) return 0.0f;
-  const float n = sub_rn(fma_rn(x, kLog2e, kShift), kShift);
+  using rn::fma_rn;
+  const float n = rn::sub(fma_rn(x, kLog2e, kShift), kShift);
   const float r = fma_rn(n, -kLn2Lo, fma_rn(n, -kLn2Hi, x));
   float p = fma_rn(kC7, r, kC6);
   p = fma_rn(p, r, kC5);
@@ -90,7 +61,7 @@ STRATA_HD inline float exp_portable(float x) {
   p = fma_rn(p, r, 1.0f);
   // n in [-150, 128]: 2^n as 2^(n >> 1) * 2^(n - (n >> 1)), both normal; the first product is exact.
   const int ni = static_cast<int>(n), n1 = ni >> 1;
-  return mul_rn(mul_rn(p, pow2(n1)), pow2(ni - n1));
+  return rn::mul(rn::mul(p, pow2(n1)), pow2(ni - n1));
 }
 
 // silu(x) * u, as every backend's expert FFN computes it: (x / (1 + e^-x)) * u.

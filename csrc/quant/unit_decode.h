@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/float_ops.h"
 #include "core/half.h"
 #include "core/host_device.h"
 #include "quant/formats.h"
@@ -24,6 +25,11 @@
 #endif
 
 namespace strata::unit {
+
+using rn::as_float;
+using rn::fma_rn;
+using rn::mul;
+using rn::sub;
 
 // Elements decoded by one call of a format's decode().
 constexpr int kUnit = 16;
@@ -48,13 +54,6 @@ STRATA_HD inline uint32_t ld32(const uint8_t* p) {  // p a multiple of 4
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
-#endif
-}
-STRATA_HD inline float as_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  return f32_from_bits(u);
 #endif
 }
 // The low 32 bits of (hi:lo) >> sh, for sh 0 or 16.
@@ -111,28 +110,6 @@ STRATA_HD inline float half_float(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 #else
   return fp16_to_f32(static_cast<uint16_t>(h));
-#endif
-}
-STRATA_HD inline float mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-STRATA_HD inline float sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-// a * b + c with one rounding.
-STRATA_HD inline float fma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
 #endif
 }
 // c + the dot product of the four signed bytes of a and of b.

@@ -7,14 +7,7 @@
 
 namespace strata::unit {
 
-// a + b with one rounding (never fused).
-STRATA_HD inline float add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
+using rn::add;
 
 // Words of bytes [p, p + 4N) at any address (MXFP4's 17-byte blocks), from byte reads.
 template <int N>
