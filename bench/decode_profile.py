@@ -18,7 +18,7 @@ import io
 import sys
 
 
-def profile(path: str, tokens: int, prompt: int, cache: str, phase: str = "decode") -> None:
+def profile(path: str, tokens: int, prompt: int, cache: str, phase: str = "decode", moe_layout: str = "auto") -> None:
     import numpy as np
 
     import strata
@@ -26,7 +26,7 @@ def profile(path: str, tokens: int, prompt: int, cache: str, phase: str = "decod
     from strata.model import sampling_params
 
     m = strata.Model(path, device="cuda", ctx=prompt + tokens + 64, progress=False, expert_cache=cache,
-                     decode_graph=False)
+                     decode_graph=False, moe_layout=moe_layout)
     # strata links the CUDA runtime statically: the driver's profiler calls act on the context its
     # runtime made current on this thread.
     drv = ctypes.CDLL("libcuda.so.1")
@@ -81,12 +81,13 @@ def main() -> None:
     ap.add_argument("--expert-cache", default="all")
     ap.add_argument("--phase", choices=("decode", "prompt"), default="decode",
                     help="profile decode steps, or one prompt (summarize with --tokens 1: per prompt)")
+    ap.add_argument("--moe-layout", default="auto", help="strata.Model(moe_layout=...): auto or mmq")
     ap.add_argument("--summarize", default=None, help="an ncu CSV log to summarize")
     a = ap.parse_args()
     if a.summarize:
         summarize(a.summarize, a.tokens)
     elif a.model:
-        profile(a.model, a.tokens, a.prompt, a.expert_cache, a.phase)
+        profile(a.model, a.tokens, a.prompt, a.expert_cache, a.phase, a.moe_layout)
     else:
         sys.exit("give a model file or --summarize CSV")
 

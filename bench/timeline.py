@@ -189,14 +189,15 @@ def profile(a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     from strata.model import sampling_params
 
     m = strata.Model(a.model, device="cuda", ctx=a.prompt + a.tokens + 64, progress=False,
-                     expert_cache=a.expert_cache, source=a.source, prefetch=a.prefetch, prefill=a.prefill)
+                     expert_cache=a.expert_cache, source=a.source, prefetch=a.prefetch, prefill=a.prefill,
+                     moe_layout=a.moe_layout)
     ids = np.random.default_rng(0).integers(0, 1000, size=a.prompt).tolist()
     p = sampling_params(max_tokens=a.tokens + 4, temperature=0)
     p.stop_ids = []
     g = _core.Generator(m._m)
     torch.cuda.init()  # the profiler's CUDA tracing attaches to the process's primary context
     run: dict[str, Any] = {"phase": a.phase, "expert_cache": a.expert_cache, "source": a.source,
-                           "prompt": a.prompt}
+                           "prompt": a.prompt, "moe_layout": a.moe_layout}
     if a.phase == "prompt":
         m.logits([(t + 1) % 1000 for t in ids[:64]])  # first launches outside the trace; other tokens
         m.reset_stats()
@@ -239,6 +240,7 @@ def main() -> None:
     ap.add_argument("--source", default="auto")
     ap.add_argument("--prefetch", default="auto")
     ap.add_argument("--prefill", default=None)
+    ap.add_argument("--moe-layout", default="auto", help="strata.Model(moe_layout=...): auto or mmq")
     ap.add_argument("--trace", default=None, help="where the Chrome trace goes (default /tmp)")
     ap.add_argument("--json", default=None, help="write the run and its summary here")
     ap.add_argument("--summarize", default=None, help="a Chrome trace (.json or .json.gz) to summarize instead")
