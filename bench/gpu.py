@@ -475,6 +475,10 @@ def main() -> None:
     ap.add_argument("--prefetch-budget", type=int, default=0, metavar="N",
                     help="the prefetch rows fill at most N of each token's guesses a layer, the surest first "
                          "(strata --prefetch N; 0: every guess)")
+    ap.add_argument("--cpu-experts", default="", metavar="N[,N...]",
+                    help="also decode the bounded caches with up to N of each step's missed experts a layer computed "
+                         "on the CPU beside the link (strata.Model(cpu_experts=N), moe_layout mmq, resolved on the "
+                         "host): a row per N, decode only")
     ap.add_argument("--resolve-host", action="store_true",
                     help="also decode the bounded caches with --decode-resolve host (misses found on the host and "
                          "copied by the copy engine, op by op) beside strata's default (resolved on the device, "
@@ -569,6 +573,13 @@ def main() -> None:
             chosen += [dataclasses.replace(c, label=f"{c.label}, resolve host", prompts=(), ncmoe=None,
                                            load={**c.load, "decode_resolve": "host"})
                        for c in list(chosen) if c.load.get("expert_cache") != "all" and not c.load.get("prefetch")]
+        if a.cpu_experts:  # the CPU share's rows: decode only, no llama.cpp again
+            shares = [int(v) for v in a.cpu_experts.split(",")]
+            chosen += [dataclasses.replace(c, label=f"{c.label}, cpu {n}", prompts=(), ncmoe=None,
+                                           load={**c.load, "moe_layout": "mmq", "decode_resolve": "host",
+                                                 "cpu_experts": n})
+                       for n in shares for c in list(chosen)
+                       if c.load.get("expert_cache") != "all" and not c.load.get("prefetch") and c.decode_after]
         if a.source:  # the chosen source's rows for the bounded caches (decode and prompt, no llama.cpp again)
             sourced = [dataclasses.replace(c, label=f"{c.label}, {a.source}", load={**c.load, "source": a.source},
                                            ncmoe=None if a.source_both else c.ncmoe)

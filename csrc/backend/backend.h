@@ -59,6 +59,10 @@ struct ExpertTable {
   const uint8_t* pending = nullptr;
   const uint8_t* src[3] = {nullptr, nullptr, nullptr};
   size_t src_stride[3] = {0, 0, 0};
+  // An expert without a slot is computed elsewhere (on the host, from its source: a decode step's CPU
+  // share): matmul_experts leaves its rows of Y as they are. False: such an expert is a caller's bug (the
+  // CPU backend throws, a GPU writes NaN rows).
+  bool leave_absent = false;
 };
 // The longest row (bytes) of an expert matrix that matmul_experts writes through (a GPU stages each such
 // row in shared memory); the cache offers write-through for a layer only when every row fits.

@@ -70,6 +70,8 @@ py::dict cache_dict(Model& m) {
   d["prefetch_used"] = st.prefetch_used;
   d["prefetch_wasted"] = st.prefetch_wasted;
   d["prefetch_bytes"] = st.prefetch_bytes;
+  d["cpu_experts"] = st.cpu_experts;
+  d["cpu_bytes"] = st.cpu_bytes;
   d["chunks"] = ch.chunks;
   d["chunk_tokens"] = ch.chunk_tokens;
   d["slots_borrowed"] = ch.slots_borrowed;
@@ -255,7 +257,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("cache_policy", &ModelConfig::cache_policy)
       .def_readwrite("prefetch", &ModelConfig::prefetch)
       .def_readwrite("prefetch_max", &ModelConfig::prefetch_max)
-      .def_readwrite("prefetch_auto", &ModelConfig::prefetch_auto);
+      .def_readwrite("prefetch_auto", &ModelConfig::prefetch_auto)
+      .def_readwrite("cpu_experts", &ModelConfig::cpu_experts);
   m.attr("PREFILL_AUTO_MAX") = kPrefillAutoMax;
   m.attr("MAX_SEQS") = kMaxSeqs;
 

@@ -33,6 +33,9 @@ struct CacheStats {
   // Prefetches (decode resolved on the device, --prefetch on): experts filled ahead of their layer, those
   // of them a resolution then hit, those evicted before any did, and their bytes (in bytes_streamed too).
   uint64_t prefetch_fills = 0, prefetch_used = 0, prefetch_wasted = 0, prefetch_bytes = 0;
+  // Misses a decode step computed on the host from the source instead of streaming them (cpu_experts;
+  // counted in misses too), and the bytes of their matrices read there.
+  uint64_t cpu_experts = 0, cpu_bytes = 0;
 };
 
 class ExpertCache {
@@ -44,6 +47,13 @@ class ExpertCache {
   ExpertCache& operator=(const ExpertCache&) = delete;
 
   bool all_resident() const { return src_ == nullptr; }
+  const ExpertSource* source() const { return src_; }
+  // A decode step computed n missed experts of `bytes` on the host (HostExperts): counted as misses.
+  void count_cpu(uint64_t n, uint64_t bytes) {
+    stats_.misses += n;
+    stats_.cpu_experts += n;
+    stats_.cpu_bytes += bytes;
+  }
   size_t slot_bytes() const { return layout_.slot_bytes; }
   int32_t n_slots() const { return n_slots_; }
   int32_t free_slots() const;  // slots not lent and not pinned

@@ -15,6 +15,7 @@
 
 namespace strata {
 
+class HostExperts;
 class KVCache;
 
 // Called by a forward pass before each layer and once after the last (layer == L), with the
@@ -37,6 +38,8 @@ struct StepPlan {
   ExpertPath experts = ExpertPath::PerExpert;
   bool prefetch = false;     // Device path: each layer prefetches the next one's predicted experts
   int64_t prefetch_max = 0;  // with prefetch: at most this many of each token's guesses filled (0: all)
+  int64_t cpu_experts =
+      0;  // Host path, one token: at most this many of a layer's misses computed on the host
 };
 
 struct ForwardContext {
@@ -47,6 +50,7 @@ struct ForwardContext {
   KVCache& kv;
   const LayerHook* layer_hook = nullptr;  // the Model's; empty when no caller watches
   const StepPlan* step = nullptr;         // the Model's plan of the call running; null: a prompt's
+  HostExperts* host_experts = nullptr;    // the Model's, where cpu_experts > 0
 };
 
 // The rows of a batched pass: row i is at position pos[i] of KV region seq[i] (host memory). A decode

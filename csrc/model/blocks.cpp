@@ -10,8 +10,10 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "model/host_experts.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
+#include "quant/formats.h"
 #include "quant/quant.h"
 
 namespace strata {
@@ -239,6 +241,30 @@ void expert_swiglu_q8(Backend& be, const PrefillBuffers& b, const int32_t* rows,
   if (q8_down) be.quantize_q8_0(g, nullptr, nullptr, F, nullptr, 1, n, xq, xrb);
 }
 
+// The CPU share of a one-token decode step (cpu_experts): the host computes experts `ids` (missed, without
+// slots; the products left their rows of yd as they were, ExpertTable::leave_absent) from the source,
+// HostExperts' bits being the products' (see host_experts.h), and puts each one's row at its place in yd, so
+// scatter_add adds them in ascending expert order as always. xq: the token's q8_0 row, downloaded before
+// the products were queued, so the host works while they run; the uploads wait for them.
+void cpu_share(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, const Routed& r,
+               const std::vector<int32_t>& ids, const std::vector<uint8_t>& xq) {
+  Backend& be = ctx.be;
+  const int64_t D = ctx.spec.D;
+  const ExpertLayerLayout& lay = ctx.experts.layers[l];
+  const ExpertSource* src = ctx.cache.source();
+  STRATA_CHECK(src && b.moe == MoeLayout::MMQ, Error,
+               "internal error: the CPU share needs a source and the MMQ layout");
+  std::vector<float> y(static_cast<size_t>(D));
+  uint64_t bytes = 0;
+  for (int32_t e : ids) {
+    ctx.host_experts->run(lay, *src, l, e, xq.data(), y.data());
+    for (int32_t row = r.off[e]; row < r.off[e + 1]; ++row)
+      be.upload(b.yd + (int64_t)row * D, y.data(), y.size() * sizeof(float));
+    bytes += lay.gate.bytes + lay.up.bytes + lay.down.bytes;
+  }
+  ctx.cache.count_cpu(ids.size(), bytes);
+}
+
 // A decode step's experts all at once: each matrix is one matmul_experts over the token's K rows,
 // the device finding every expert's weights by id (ExpertCache::table). The float operations per row
 // are the per-expert path's, in the same order (the rows are sorted by expert, so scatter_add adds
@@ -257,6 +283,8 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
   // Write-through: a token's K experts are distinct, so each miss is read from the source once (the float
   // products and the q8_0 ones alike).
   const bool wt = path == ExpertPath::Device && T == 1 && write_through_on();
+  Routed r;                      // Host path: the experts routed to, ascending
+  std::vector<int32_t> cpu_ids;  // Host path: those computed on the host (ascending)
   if (path == ExpertPath::Resident) {
     // Nothing is looked up: the rows' experts count as hits (one token's K distinct ones; a batch's
     // rows are not reduced to their union, which would cost a download, a host sync, a layer).
@@ -266,13 +294,22 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     // leaves them to the products, which write them through.
     be.resolve_experts(cache.resolve_args(l, b.topk_ids, b.expert_rows, n, wt));
   } else {
-    const Routed r = routed_experts(be, b, s.E);
-    const int64_t got = cache.prepare(l, r.ids.data(), (int64_t)r.ids.size());
-    STRATA_CHECK(got == (int64_t)r.ids.size(), Error, "internal error: the decode step's ", r.ids.size(),
+    r = routed_experts(be, b, s.E);
+    // The CPU share (cpu_experts): up to that many of the token's misses are computed on the host from the
+    // source, below, while the link brings the others; they take no slot.
+    std::vector<int32_t> dev_ids;
+    const int64_t cpu_max = T == 1 && ctx.host_experts ? ctx.step->cpu_experts : 0;
+    for (int32_t e : r.ids)
+      ((int64_t)cpu_ids.size() < cpu_max && !cache.resident(l, e) ? cpu_ids : dev_ids).push_back(e);
+    const int64_t got = cache.prepare(l, dev_ids.data(), (int64_t)dev_ids.size());
+    STRATA_CHECK(got == (int64_t)dev_ids.size(), Error, "internal error: the decode step's ", dev_ids.size(),
                  " experts of layer ", l, " did not all get slots");
-    for (int32_t e : r.ids) cache.wait(l, e);
+    for (int32_t e : dev_ids) cache.wait(l, e);
   }
-  const ExpertTable tab = cache.table(l, wt);
+  STRATA_CHECK(cpu_ids.empty() || b.moe == MoeLayout::MMQ, Error,
+               "internal error: the CPU share runs in the MMQ layout only");
+  ExpertTable tab = cache.table(l, wt);
+  tab.leave_absent = !cpu_ids.empty();
   const int32_t* ids = b.topk_ids;
   const int32_t* order = b.expert_rows;
   if (b.moe == MoeLayout::Fused) {
@@ -286,6 +323,12 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     const bool q8_in = uses_matmul_q8(xl.gate.type) || uses_matmul_q8(xl.up.type);
     const bool float_in = !uses_matmul_q8(xl.gate.type) || !uses_matmul_q8(xl.up.type);
     if (q8_in) expert_input_q8(be, b, ffn_norm, D, K, order, n, b.xq, xrb, var);
+    std::vector<uint8_t> cpu_xq;  // the CPU share's input: the token's q8_0 row (every row of xq holds it)
+    if (!cpu_ids.empty()) {
+      STRATA_CHECK(q8_in, Error, "internal error: the CPU share needs the q8_0 expert products");
+      cpu_xq.resize(static_cast<size_t>(D / kQK8_0) * kQ8_0Bytes);
+      be.download(cpu_xq.data(), b.xq, cpu_xq.size());
+    }
     if (float_in) expert_input(be, b, ffn_norm, D, K, order, n, b.xg, var);
     auto mm = [&](uint32_t type, int m, int64_t rows, int64_t cols, const float* x, float* y) {
       if (uses_matmul_q8(type))
@@ -301,6 +344,7 @@ void moe_gathered(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l,
     }
     expert_swiglu_q8(be, b, order, n, F, b.hg, b.hu, var, uses_matmul_q8(xl.down.type), b.xq, xrb);
     mm(xl.down.type, 2, D, F, b.hg, b.yd);
+    if (!cpu_ids.empty()) cpu_share(ctx, b, l, r, cpu_ids, cpu_xq);
   }
   be.zero(b.proj, (size_t)T * D * sizeof(float));
   be.scatter_add(b.yd, order, b.topk_w, K, n, D, b.proj);

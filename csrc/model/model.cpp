@@ -100,6 +100,20 @@ void check_config(const ModelConfig& c) {
       !c.prefetch || (c.cache_policy == "lru" && c.decode_resolve != "host"), ConfigError,
       "--prefetch on fills the next layer's experts from a decode step resolved on the device: it needs "
       "--cache-policy lru and decode_resolve 'auto' or 'device'");
+  STRATA_CHECK(c.cpu_experts >= 0 && c.cpu_experts <= 64, ConfigError,
+               "cpu_experts (--cpu-experts) must be 0 (off) to 64, got ", c.cpu_experts);
+  if (c.cpu_experts > 0) {
+    STRATA_CHECK(c.decode_resolve != "device", ConfigError,
+                 "--cpu-experts computes missed experts on the host, which resolves the step's experts: use "
+                 "decode_resolve 'host' or 'auto' with it");
+    STRATA_CHECK(
+        !c.prefetch || c.prefetch_auto, ConfigError,
+        "--prefetch on fills experts from a step resolved on the device; --cpu-experts resolves on the "
+        "host: use one or the other");
+    STRATA_CHECK(c.moe_layout == "mmq", ConfigError,
+                 "--cpu-experts needs moe_layout='mmq': the host computes an expert with the q8_0 products' "
+                 "bits, which the default layout of a streamed cache does not run");
+  }
 }
 
 std::shared_ptr<Backend> make_backend(const std::string& device, int threads) {
@@ -228,12 +242,24 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
       UnsupportedError, "--prefetch on: the ", arch_name,
       " architecture does not predict its next layer's experts (qwen3moe, deepseek2 and deepseek4 do)");
   cache_ = std::make_unique<ExpertCache>(*be_, xl, src_.get(), cfg_.cache_bytes, cfg_.cache_policy);
+  if (cfg_.cpu_experts > 0) {
+    STRATA_CHECK(arch_name == "qwen3moe" || arch_name == "deepseek2" || arch_name == "qwen35moe",
+                 UnsupportedError, "--cpu-experts: the ", arch_name,
+                 " architecture's experts have their own activation, which the host does not compute yet "
+                 "(qwen3moe, deepseek2 and qwen35moe's plain SwiGLU experts it does)");
+    for (int64_t l = 0; l < xl.L; ++l)
+      if (const char* why = HostExperts::unsupported(xl.layers[l]))
+        STRATA_CHECK(false, UnsupportedError, "--cpu-experts: layer ", l, " of ", plan_.file->path(), " has ",
+                     why, "; run without it");
+    host_experts_ =
+        std::make_unique<HostExperts>(cfg_.threads > 0 ? cfg_.threads : ThreadPool::default_threads());
+  }
   if (cfg_.prefetch_auto) {
     // --prefetch auto: kAutoPrefetch where it was measured to win (deepseek4, a bounded cache on a GPU
     // resolved there), else off. The load's config says which (Model.config).
     const bool on = arch_name == "deepseek4" && !be_->host_is_device() && !cache_->all_resident() &&
                     cache_->can_resolve_on_device() && cfg_.cache_policy == "lru" &&
-                    cfg_.decode_resolve != "host";
+                    cfg_.decode_resolve != "host" && cfg_.cpu_experts == 0;
     cfg_.prefetch = on;
     cfg_.prefetch_max = on ? kAutoPrefetch : 0;
     cfg_.prefetch_auto = false;
@@ -255,7 +281,8 @@ Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shar
   // Op scratch for the largest chunk (or decode step of seqs rows) and context, now: no op allocates
   // later (nor inside a graph).
   be_->reserve_scratch(cfg_.ctx, std::max(chunk_, cfg_.seqs) * s.K, s.n_head, s.head_dim);
-  forward_ = arch.make_forward(ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_, &step_});
+  forward_ = arch.make_forward(
+      ForwardContext{*be_, s, xl, *cache_, *kv_, &layer_hook_, &step_, host_experts_.get()});
 
   log(LogLevel::Info, plan_.file->path(), ": ", s.arch, " L=", s.L, " D=", s.D, " E=", s.E, " K=", s.K,
       " F=", s.F, " V=", s.V, "; dense ", mib_str(s.dense_bytes), ", experts ", mib_str(s.expert_bytes),
@@ -381,8 +408,8 @@ int64_t step_experts(const ModelSpec& s, int64_t rows) { return std::min(rows * 
 }  // namespace
 
 bool Model::resolve_on_device(int64_t rows) const {
-  return !cache_->all_resident() && cfg_.decode_resolve != "host" && cache_->can_resolve_on_device() &&
-         cache_->free_slots() >= step_experts(plan_.spec, rows);
+  return !cache_->all_resident() && cfg_.decode_resolve != "host" && cfg_.cpu_experts == 0 &&
+         cache_->can_resolve_on_device() && cache_->free_slots() >= step_experts(plan_.spec, rows);
 }
 
 ExpertPath Model::decode_path(int64_t rows) const {
@@ -410,7 +437,7 @@ void Model::decode(int32_t id, int64_t pos, float* logits, bool all_logits) {
   // gets its phase from it).
   const ExpertPath path = decode_path(1);
   const bool on_device = path == ExpertPath::Device;
-  set_step(StepPlan{true, path, cfg_.prefetch && on_device, cfg_.prefetch_max});
+  set_step(StepPlan{true, path, cfg_.prefetch && on_device, cfg_.prefetch_max, cfg_.cpu_experts});
   if (on_device)
     cache_->to_device();
   else

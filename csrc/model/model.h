@@ -13,6 +13,7 @@
 #include "expert_cache/expert_source.h"
 #include "gguf/gguf.h"
 #include "model/arch.h"
+#include "model/host_experts.h"
 #include "model/kv_cache.h"
 #include "model/plan.h"
 #include "prefill/chunk_plan.h"
@@ -54,6 +55,9 @@ struct ModelConfig {
                                         // surest first (0: every guess that misses)
   bool prefetch_auto = true;            // --prefetch auto: the load decides prefetch and prefetch_max
                                         // (kAutoPrefetch where measured to win; off elsewhere)
+  int cpu_experts = 0;                  // --cpu-experts N: at most N of a one-token decode step's missed
+                                        // experts a layer computed on the host from the source beside the
+                                        // link (moe_layout mmq, resolved on the host; the same logits)
   Progress progress;                    // long loads report here
 
   bool all_resident() const { return cache == CacheKind::All; }
@@ -212,6 +216,7 @@ class Model {
   ModelPlan plan_;
   std::unique_ptr<ExpertSource> src_;
   std::unique_ptr<ExpertCache> cache_;
+  std::unique_ptr<HostExperts> host_experts_;  // cpu_experts > 0: the decode step's CPU share
   std::unique_ptr<KVCache> kv_;
   DeviceBuffer decode_region_;  // layout(seqs, src): a decode step of up to seqs rows, allocated once
   DeviceBuffer own_region_;     // all-resident cache: the chunk region has no slots to borrow

@@ -97,7 +97,7 @@ def _load_defaults() -> Mapping[str, Any]:
         "device": c.device, "expert_cache": c.expert_cache, "prefill": c.prefill, "source": c.source,
         "ctx": c.ctx, "seqs": c.seqs, "threads": c.threads, "kv_type": c.kv_type, "decode_graph": c.decode_graph,
         "decode_resolve": c.decode_resolve, "cache_policy": c.cache_policy, "moe_layout": c.moe_layout,
-        "prefetch": "auto" if c.prefetch_auto else c.prefetch,
+        "prefetch": "auto" if c.prefetch_auto else c.prefetch, "cpu_experts": c.cpu_experts,
     })
 
 
@@ -172,7 +172,8 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
                 cache_policy: object = LOAD_DEFAULTS["cache_policy"],
                 gr_unfused: bool | None = None, seqs: object = LOAD_DEFAULTS["seqs"],
                 prefetch: object = LOAD_DEFAULTS["prefetch"],
-                moe_layout: object = LOAD_DEFAULTS["moe_layout"]) -> _core.ModelConfig:
+                moe_layout: object = LOAD_DEFAULTS["moe_layout"],
+                cpu_experts: object = LOAD_DEFAULTS["cpu_experts"]) -> _core.ModelConfig:
     """The native ModelConfig of strata.Model's keywords: user text parsed and types checked here
     (strata.ConfigError naming the argument), ranges and names checked natively (ModelConfig.check)."""
     c = _core.ModelConfig()
@@ -190,6 +191,8 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
     c.cache_policy = _as_str(cache_policy, "cache_policy (--cache-policy)", "lru, lfu or scan")
     c.moe_layout = _as_str(moe_layout, "moe_layout", "auto or mmq")
     c.prefetch, c.prefetch_max, c.prefetch_auto = _prefetch(prefetch)
+    c.cpu_experts = as_int(cpu_experts, "cpu_experts (--cpu-experts)", 0, 64,
+                           "missed experts a layer computed on the CPU, 0: off")
     if gr_unfused is not None and not isinstance(gr_unfused, bool):
         raise ConfigError(f"gr_unfused must be True, False or None, got {gr_unfused!r}")
     c.gr_unfused = gr_unfused_from_env(gr_unfused)

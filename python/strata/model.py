@@ -164,6 +164,11 @@ class Model:
     fused layout: small prompt buffers), 'mmq' with q8_0 activations as every expert resident runs them (the
     integer and tensor-core kernels; larger prompt buffers, so a smaller chunk may fit; the same logits as a
     load with every expert resident).
+    cpu_experts: N > 0 computes up to N of a one-token decode step's missed experts a layer on the CPU, from
+    the source in host memory, while the link brings the others (llama.cpp's CPU experts beside strata's
+    streaming): the same logits, bit for bit, as with 0 (the default). It needs moe_layout 'mmq' (the q8_0
+    products whose bits the CPU reproduces), resolves each decode step on the host, and takes qwen3moe,
+    deepseek2 and qwen35moe files whose expert types have an integer kernel. cache['cpu_experts'] counts them.
     seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
     decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
     the sequence alone.
@@ -191,6 +196,7 @@ class Model:
         seqs: int = _L["seqs"],
         prefetch: bool | int | str = _L["prefetch"],
         moe_layout: str = _L["moe_layout"],
+        cpu_experts: int = _L["cpu_experts"],
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise _core.ConfigError(f"path must be a GGUF file's path, got {path!r}")
@@ -200,7 +206,7 @@ class Model:
         cfg = load_config(device=device, expert_cache=expert_cache, prefill=prefill, source=source, ctx=ctx,
                           threads=threads, kv_type=kv_type, decode_graph=decode_graph,
                           decode_resolve=decode_resolve, cache_policy=cache_policy, gr_unfused=gr_unfused,
-                          seqs=seqs, prefetch=prefetch, moe_layout=moe_layout)
+                          seqs=seqs, prefetch=prefetch, moe_layout=moe_layout, cpu_experts=cpu_experts)
         if log_level_error():
             warn(f"{log_level_error()}; using warn")
         file = _open(self.path)  # mapped and validated once; the native model shares it

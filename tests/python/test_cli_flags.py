@@ -394,7 +394,7 @@ def test_load_defaults_are_the_native_ones(f16):
         "source": native.source, "ctx": native.ctx, "threads": native.threads, "kv_type": native.kv_type,
         "decode_graph": native.decode_graph, "decode_resolve": native.decode_resolve,
         "cache_policy": native.cache_policy, "seqs": native.seqs, "moe_layout": native.moe_layout,
-        "prefetch": "auto" if native.prefetch_auto else native.prefetch}
+        "prefetch": "auto" if native.prefetch_auto else native.prefetch, "cpu_experts": native.cpu_experts}
     assert native.prefill_mode == "default"
     sig = inspect.signature(strata.Model).parameters
     for k, v in strata.LOAD_DEFAULTS.items():

@@ -497,6 +497,10 @@ class CpuBackend final : public Backend,
       int64_t j = i + 1;
       while (j < n && ids[order[j]] == e) ++j;
       const uint8_t* W = expert_matrix(t, m, e);
+      if (!W && t.leave_absent) {  // computed on the host: its rows stay as they are
+        i = j;
+        continue;
+      }
       STRATA_CHECK(W != nullptr, Error, "internal error: matmul_experts: expert ", e, " is not resident");
       if (t.pending && t.slots && t.pending[t.slots[e]])  // the slot is ours to write: see ExpertTable
         std::memcpy(const_cast<uint8_t*>(W), t.src[m] + (size_t)e * t.src_stride[m], bytes);

@@ -360,8 +360,8 @@ __global__ void __launch_bounds__(kRowThreads)
   if (r >= g.rows) return;
   const int lane = threadIdx.x % kWarp;
   const uint8_t* W = expert_matrix_dev(g.t, g.m, g.ids[g.order[i]]);
-  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
-    if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+  if (!W) {  // not resident: computed on the host (leave_absent), else a caller's bug, made loud
+    if (lane == 0 && !g.t.leave_absent) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
   const float s = row_dot<F>(W + r * g.rb, g.X + i * g.ldx, g.cols, x_vec, lane, warp_stage<F>(wst, stage));
@@ -436,8 +436,8 @@ __global__ void __launch_bounds__(kRowThreads)
   uint8_t* sh = area + (threadIdx.x / kWarp) * kWtArea;
   const int32_t e = g.ids[g.order[i]];
   const uint8_t* W = expert_matrix_dev(g.t, g.m, e);
-  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
-    if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+  if (!W) {  // not resident: computed on the host (leave_absent), else a caller's bug, made loud
+    if (lane == 0 && !g.t.leave_absent) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
   float s;
@@ -574,8 +574,8 @@ __global__ void __launch_bounds__(kXsThreads)
   if (r >= g.rows) return;
   const int32_t e = g.ids[g.order[i]];
   const uint8_t* W = expert_matrix_dev(g.t, g.m, e);
-  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
-    if (lane == 0) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
+  if (!W) {  // not resident: computed on the host (leave_absent), else a caller's bug, made loud
+    if (lane == 0 && !g.t.leave_absent) g.Y[i * g.ldy + r] = __int_as_float(0x7fc00000);
     return;
   }
   uint8_t* area =

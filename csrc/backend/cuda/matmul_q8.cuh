@@ -360,9 +360,10 @@ __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
   const int m = second ? g.m2 : g.m;
   const int32_t e = g.ids[g.order[i]];
   const uint8_t* W = expert_matrix_dev(g.t, m, e);
-  if (!W) {  // not resident: a caller's bug, made loud rather than reading a stale slot
-    for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + rows_per_block<F>()); r += kThreads)
-      Y[r] = __int_as_float(0x7fc00000);
+  if (!W) {  // not resident: computed on the host (leave_absent), else a caller's bug, made loud
+    if (!g.t.leave_absent)
+      for (int64_t r = r0 + threadIdx.x; r < min64(g.rows, r0 + rows_per_block<F>()); r += kThreads)
+        Y[r] = __int_as_float(0x7fc00000);
     return;
   }
   const int64_t nblk = g.cols / kQK;
