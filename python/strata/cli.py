@@ -261,6 +261,9 @@ def _decode_stream(stats: dict[str, Any]) -> str:
     if fills:  # over the model's life (the cache's counters), as the experts line
         text += (f"; prefetch: {fills} filled ({_fmt_bytes(stats['cache_prefetch_bytes'])}), "
                  f"{stats['cache_prefetch_used']} used, {stats['cache_prefetch_wasted']} evicted unused")
+    cpu = stats.get("cache_cpu_experts", 0)
+    if cpu:  # the CPU share (cpu_experts), over the model's life
+        text += f"; {cpu} missed experts computed on the CPU ({_fmt_bytes(stats['cache_cpu_bytes'])} read there)"
     return text
 
 

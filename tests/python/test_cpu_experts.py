@@ -41,3 +41,16 @@ def test_cpu_experts_refuses_other_activations_and_float_experts(tmp_path):
                   vocab=512, seed=1)
     with pytest.raises(strata.UnsupportedError, match="integer"):
         strata.Model(f32, expert_cache=64, cpu_experts=1, moe_layout="mmq", progress=False, device="cpu")
+
+
+def test_stats_tell_the_cpu_share(tmp_path):
+    from strata.cli import _decode_stream
+
+    path = make(str(tmp_path / "q.gguf"), "qwen3moe-q4_k")
+    slot = strata.ModelInfo(path, moe_layout="mmq").spec["slot_bytes"]
+    m = strata.Model(path, expert_cache=f"{5 * slot}b", prefill=8, cpu_experts=2, moe_layout="mmq", progress=False,
+                     device="cpu")
+    m.generate(list(range(1, 20)), max_tokens=8, temperature=0.0)
+    stats = m.last_stats
+    assert stats["cache_cpu_experts"] > 0
+    assert "computed on the CPU" in _decode_stream(stats)
