@@ -150,6 +150,8 @@ PrefillShape shape_of(const py::dict& shape) {
   s.F = shape["F"].cast<int64_t>();
   s.expert_types = shape["expert_types"].cast<std::vector<uint32_t>>();
   s.gr_unfused = shape["unfused"].cast<bool>();
+  // moe_layout "fused": the fused layout where a source streams the experts (else MMQ there too).
+  if (shape.contains("streamed_fused")) s.streamed_fused = shape["streamed_fused"].cast<bool>();
   // The architecture's buffers: (name, dtype "f32" or "i32", dims after T) each.
   if (shape.contains("scratch"))
     for (const auto& [name, dtype, row] :
@@ -188,7 +190,7 @@ void bind_model(py::module_& m) {
 
   py::class_<ModelPlan>(m, "ModelPlan", "What a GGUF header tells: spec, expert slots, prompt-chunk plan.")
       .def(py::init(&ModelPlan::read), py::arg("file"), py::arg("gr_unfused") = false,
-           py::arg("streamed_mmq") = false)
+           py::arg("streamed_fused") = false)
       .def_readonly("file", &ModelPlan::file)
       .def_property_readonly("spec", &spec_dict)
       .def_property_readonly("slot_bytes", [](const ModelPlan& p) { return p.experts.slot_bytes; })

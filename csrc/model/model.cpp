@@ -84,8 +84,8 @@ void check_config(const ModelConfig& c) {
                "kv_type (--kv-type) must be auto, f16 or f32, got '", c.kv_type, "'");
   STRATA_CHECK(one_of(c.decode_resolve, {"auto", "device", "host"}), ConfigError,
                "decode_resolve must be auto, device or host, got '", c.decode_resolve, "'");
-  STRATA_CHECK(one_of(c.moe_layout, {"auto", "mmq"}), ConfigError, "moe_layout must be auto or mmq, got '",
-               c.moe_layout, "'");
+  STRATA_CHECK(one_of(c.moe_layout, {"auto", "mmq", "fused"}), ConfigError,
+               "moe_layout must be auto, mmq or fused, got '", c.moe_layout, "'");
   STRATA_CHECK(one_of(c.cache_policy, {"lru", "lfu", "scan"}), ConfigError, "--cache-policy must be one of ",
                cache_policy_names(), ", got '", c.cache_policy, "'");
   // A prefetch fills layer l + 1's experts before its pass reaches it, which the scan policy's ranks
@@ -110,9 +110,10 @@ void check_config(const ModelConfig& c) {
         !c.prefetch || c.prefetch_auto, ConfigError,
         "--prefetch on fills experts from a step resolved on the device; --cpu-experts resolves on the "
         "host: use one or the other");
-    STRATA_CHECK(c.moe_layout == "mmq", ConfigError,
-                 "--cpu-experts needs moe_layout='mmq': the host computes an expert with the q8_0 products' "
-                 "bits, which the default layout of a streamed cache does not run");
+    STRATA_CHECK(
+        c.moe_layout != "fused", ConfigError,
+        "--cpu-experts needs the MMQ layout (moe_layout 'auto' or 'mmq'): the host computes an expert "
+        "with the q8_0 products' bits, which moe_layout 'fused' does not run");
   }
 }
 
@@ -200,7 +201,7 @@ LoadPlan plan_load(const ModelPlan& plan, const ModelConfig& cfg, Backend& be) {
 Model::Model(std::shared_ptr<gguf::File> file, const ModelConfig& cfg, std::shared_ptr<Backend> be)
     : cfg_(checked(cfg)),
       be_(backend_for(cfg, std::move(be))),
-      plan_(ModelPlan::read(std::move(file), cfg.gr_unfused, cfg.moe_layout == "mmq")) {
+      plan_(ModelPlan::read(std::move(file), cfg.gr_unfused, cfg.moe_layout == "fused")) {
   const ModelSpec& s = plan_.spec;
   const Prefill& pf = plan_.prefill;
   const Architecture& arch = find_architecture(s.arch, plan_.file->path());

@@ -47,8 +47,8 @@ struct ModelConfig {
   std::string cache_policy = "lru";     // the expert cache's eviction policy: lru | lfu (LFU with aging;
                                         // host resolution only)
   std::string moe_layout = "auto";      // the MoE scratch layout where a source streams the experts: auto
-                                        // (fused: float expert products) | mmq (q8_0 products, as every
-                                        // expert resident runs them; the same logits as all resident)
+                                        // = mmq (q8_0 products, as every expert resident runs them; the
+                                        // same logits as all resident) | fused (float expert products)
   bool prefetch = false;                // --prefetch on: each decode layer resolved on the device fills the
                                         // next layer's predicted experts beside its work (qwen3moe)
   int64_t prefetch_max = 0;             // --prefetch N: at most N of each token's guesses a layer, the

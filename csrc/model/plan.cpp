@@ -17,7 +17,7 @@ ExpertTensor expert_tensor(const WeightRef& w, int64_t E) {
 }
 }  // namespace
 
-PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused, bool streamed_mmq) {
+PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused, bool streamed_fused) {
   PrefillShape p;
   p.D = s.D;
   p.HC = s.HC;
@@ -27,13 +27,13 @@ PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused, bool streamed_mm
   for (const auto& l : s.layers)
     for (const WeightRef* w : {&l.gate_exps, &l.up_exps, &l.down_exps}) p.expert_types.push_back(w->type());
   p.gr_unfused = gr_unfused;
-  p.streamed_mmq = streamed_mmq;
+  p.streamed_fused = streamed_fused;
   p.scratch = s.scratch;
   set_expert_kernels(p, uses_matmul_q8);
   return p;
 }
 
-ModelPlan ModelPlan::read(std::shared_ptr<gguf::File> file, bool gr_unfused, bool streamed_mmq) {
+ModelPlan ModelPlan::read(std::shared_ptr<gguf::File> file, bool gr_unfused, bool streamed_fused) {
   ModelSpec spec = read_spec(*file);
   std::vector<ExpertLayerLayout> layers;
   for (const auto& l : spec.layers) {
@@ -44,7 +44,7 @@ ModelPlan ModelPlan::read(std::shared_ptr<gguf::File> file, bool gr_unfused, boo
     layers.push_back(ll);
   }
   ExpertLayout experts = ExpertLayout::make(spec.E, std::move(layers));
-  Prefill prefill(prefill_shape(spec, gr_unfused, streamed_mmq));
+  Prefill prefill(prefill_shape(spec, gr_unfused, streamed_fused));
   return ModelPlan{std::move(file), std::move(spec), std::move(experts), std::move(prefill)};
 }
 

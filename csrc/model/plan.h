@@ -13,7 +13,7 @@
 namespace strata {
 
 // The shapes the prefill plan is sized from, as the spec gives them.
-PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused, bool streamed_mmq = false);
+PrefillShape prefill_shape(const ModelSpec& s, bool gr_unfused, bool streamed_fused = false);
 
 struct ModelPlan {
   std::shared_ptr<gguf::File> file;
@@ -22,8 +22,9 @@ struct ModelPlan {
   Prefill prefill;
 
   // Reads and validates the spec of `file` (FormatError / UnsupportedError naming the cause).
-  // streamed_mmq: the MMQ layout also where a source streams the experts (ModelConfig::moe_layout "mmq").
-  static ModelPlan read(std::shared_ptr<gguf::File> file, bool gr_unfused, bool streamed_mmq = false);
+  // streamed_fused: the fused layout where a source streams the experts (ModelConfig::moe_layout "fused");
+  // else the MMQ layout everywhere.
+  static ModelPlan read(std::shared_ptr<gguf::File> file, bool gr_unfused, bool streamed_fused = false);
 };
 
 }  // namespace strata

@@ -63,7 +63,7 @@ bool Prefill::fused_supported() const {
 }
 
 MoeLayout Prefill::fused_layout(int64_t /*T*/, bool has_src) const {
-  return (has_src && fused_supported() && !shape_.streamed_mmq) ? MoeLayout::Fused : MoeLayout::MMQ;
+  return (has_src && fused_supported() && shape_.streamed_fused) ? MoeLayout::Fused : MoeLayout::MMQ;
 }
 
 PrefillPlan Prefill::layout(int64_t T, bool src) const {

@@ -53,8 +53,8 @@ struct PrefillShape {
   int64_t F = 0;                       // routed expert FFN width
   std::vector<uint32_t> expert_types;  // ggml types of gate/up/down experts, 3 per layer
   bool gr_unfused = false;             // STRATA_GR_UNFUSED=1: carve xn and normalize into it
-  bool streamed_mmq = false;           // the MMQ layout also where a source streams the experts
-                                       // (ModelConfig::moe_layout "mmq"); else fused there
+  bool streamed_fused = false;         // the fused layout where a source streams the experts
+                                       // (ModelConfig::moe_layout "fused"); else MMQ there too
   // How the MMQ layout feeds the experts, from the kernel choice per weight type (set_expert_kernels):
   // some layer's gate/up use the integer kernel (q8_0 input rows) / the float matmul (f32 input
   // rows); some layer's down uses the integer kernel (its input requantized into the q8_0 rows).
@@ -129,8 +129,8 @@ class Prefill {
   explicit Prefill(PrefillShape shape);
 
   const PrefillShape& shape() const { return shape_; }
-  // Fused needs an ExpertSource streaming the experts and expert types the fused path handles; with
-  // shape().streamed_mmq the MMQ layout runs there too.
+  // Fused needs an ExpertSource streaming the experts, expert types the fused path handles and
+  // shape().streamed_fused; otherwise the MMQ layout runs, source or not.
   bool fused_supported() const;
   MoeLayout fused_layout(int64_t T, bool has_src) const;
 

@@ -189,7 +189,7 @@ def load_config(device: object = LOAD_DEFAULTS["device"], expert_cache: object =
     c.decode_graph = _as_bool(decode_graph, "decode_graph")
     c.decode_resolve = _as_str(decode_resolve, "decode_resolve", "auto, device or host")
     c.cache_policy = _as_str(cache_policy, "cache_policy (--cache-policy)", "lru, lfu or scan")
-    c.moe_layout = _as_str(moe_layout, "moe_layout", "auto or mmq")
+    c.moe_layout = _as_str(moe_layout, "moe_layout", "auto, mmq or fused")
     c.prefetch, c.prefetch_max, c.prefetch_auto = _prefetch(prefetch)
     c.cpu_experts = as_int(cpu_experts, "cpu_experts (--cpu-experts)", 0, 64,
                            "missed experts a layer computed on the CPU, 0: off")

@@ -35,15 +35,15 @@ class ModelInfo:
 
     Nothing is loaded: no weight is read and no expert copied, so this is cheap for any model size.
     gr_unfused: plan with the normalized input xn carved (None: from STRATA_GR_UNFUSED). moe_layout: plan a
-    streamed prompt as strata.Model(moe_layout=...) runs it ('auto': fused, 'mmq').
+    streamed prompt as strata.Model(moe_layout=...) runs it ('auto' and 'mmq': MMQ, 'fused': fused).
     `strata.Model(...).info` is the same object for a loaded model.
     """
 
     def __init__(self, path: str | os.PathLike, gr_unfused: bool | None = None, moe_layout: str = "auto") -> None:
-        if moe_layout not in ("auto", "mmq"):
-            raise _core.ConfigError(f"moe_layout must be 'auto' or 'mmq', got {moe_layout!r}")
+        if moe_layout not in ("auto", "mmq", "fused"):
+            raise _core.ConfigError(f"moe_layout must be 'auto', 'mmq' or 'fused', got {moe_layout!r}")
         f = _open(path)
-        self._init(f, _core.ModelPlan(f, gr_unfused_from_env(gr_unfused), moe_layout == "mmq"))
+        self._init(f, _core.ModelPlan(f, gr_unfused_from_env(gr_unfused), moe_layout == "fused"))
 
     @classmethod
     def _of(cls, file: _core.GGUFFile, plan: _core.ModelPlan) -> ModelInfo:

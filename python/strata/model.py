@@ -160,15 +160,18 @@ class Model:
     first; 'auto' (the default) is 2 for deepseek4 decoding from a bounded cache on a GPU (measured
     faster) and off elsewhere (self.prefetch says which, as loaded). Wrong guesses cost link time only; the
     logits are the same on and off.
-    moe_layout: where a bounded cache streams the experts, 'auto' runs them with float activations (the
-    fused layout: small prompt buffers), 'mmq' with q8_0 activations as every expert resident runs them (the
-    integer and tensor-core kernels; larger prompt buffers, so a smaller chunk may fit; the same logits as a
-    load with every expert resident).
+    moe_layout: how a bounded cache whose experts a source streams runs them. 'auto' (the default) and
+    'mmq': with q8_0 activations as a load with every expert resident runs them (the integer and
+    tensor-core kernels), so the logits are the same whatever the cache; faster on a GPU wherever a fifth
+    or more of the experts are cached; larger prompt buffers, so a smaller chunk may fit. 'fused': float
+    products of the exactly dequantized weights (the fused layout): small prompt buffers, logits a little
+    closer to float but not the all-resident load's; faster with a cache of a few percent of the experts.
     cpu_experts: N > 0 computes up to N of a one-token decode step's missed experts a layer on the CPU, from
     the source in host memory, while the link brings the others (llama.cpp's CPU experts beside strata's
-    streaming): the same logits, bit for bit, as with 0 (the default). It needs moe_layout 'mmq' (the q8_0
-    products whose bits the CPU reproduces), resolves each decode step on the host, and takes qwen3moe,
-    deepseek2 and qwen35moe files whose expert types have an integer kernel. cache['cpu_experts'] counts them.
+    streaming): the same logits, bit for bit, as with 0 (the default). It needs the MMQ layout (moe_layout
+    'auto' or 'mmq', not 'fused': the q8_0 products whose bits the CPU reproduces), resolves each decode step
+    on the host, and takes qwen3moe, deepseek2 and qwen35moe files whose expert types have an integer kernel.
+    cache['cpu_experts'] counts them.
     seqs: KV sequence regions (llama.cpp's -np): ctx is divided among them, and up to seqs sequences
     decode together in one step (decode_batch, strata serve --parallel), each row's logits those of
     the sequence alone.

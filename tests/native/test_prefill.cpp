@@ -71,9 +71,11 @@ PrefillShape v4(PrefillShape s, std::vector<int64_t> ratios) {
   return s;
 }
 
-// Small enough that T = 65536 stays around 200 MB in the largest layout.
+// Small enough that T = 65536 stays around 200 MB in the largest layout. Each shape twice: as the
+// default plans it (MMQ with a source too) and with streamed_fused (moe_layout "fused"), so the
+// src=true cases carve both MoE layouts.
 std::vector<std::pair<std::string, PrefillShape>> shapes() {
-  return {
+  std::vector<std::pair<std::string, PrefillShape>> v = {
       {"qwen-like", make_shape(64, 1, 8, 2, 32, 4, 2, 16, false)},
       {"qwen-like-unfused", make_shape(64, 1, 8, 2, 32, 4, 2, 16, true)},
       {"hc4-unfused", make_shape(32, 4, 4, 4, 96, 2, 1, 16, true)},  // K == E, F not a power of two
@@ -82,6 +84,13 @@ std::vector<std::pair<std::string, PrefillShape>> shapes() {
       {"v4-hca-only", v4(make_shape(32, 4, 5, 3, 32, 4, 1, 18, false), {128, 0})},
       {"v4-window-only", v4(make_shape(64, 4, 3, 1, 32, 2, 1, 16, false), {0})},
   };
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) {
+    PrefillShape s = v[i].second;
+    s.streamed_fused = true;
+    v.emplace_back(v[i].first + "-streamed-fused", std::move(s));
+  }
+  return v;
 }
 
 const std::vector<int64_t> kTokens = {1, 2, 3, 17, 255, 256, 257, 4096, 65536};
@@ -259,21 +268,24 @@ TEST(Prefill, LayoutAndBytesNeededAgree) {
   }
 }
 
-TEST(Prefill, FusedOrMmqChosenBySource) {
+TEST(Prefill, FusedOrMmqChosenBySourceAndFlag) {
   for (const auto& [name, shape] : shapes()) {
     const Prefill pf(shape);
     ASSERT_TRUE(pf.fused_supported()) << name;
+    // fused only where a source streams the experts and streamed_fused asks for it; MMQ otherwise
+    const MoeLayout streamed = shape.streamed_fused ? MoeLayout::Fused : MoeLayout::MMQ;
     for (const int64_t T : kTokens) {
-      EXPECT_EQ(pf.fused_layout(T, true), MoeLayout::Fused);
-      EXPECT_EQ(pf.fused_layout(T, false), MoeLayout::MMQ);
-      EXPECT_EQ(pf.layout(T, true).moe, MoeLayout::Fused);
-      EXPECT_EQ(pf.layout(T, false).moe, MoeLayout::MMQ);
+      EXPECT_EQ(pf.fused_layout(T, true), streamed) << name;
+      EXPECT_EQ(pf.fused_layout(T, false), MoeLayout::MMQ) << name;
+      EXPECT_EQ(pf.layout(T, true).moe, streamed) << name;
+      EXPECT_EQ(pf.layout(T, false).moe, MoeLayout::MMQ) << name;
     }
   }
   EXPECT_STREQ(moe_layout_name(MoeLayout::Fused), "fused");
   EXPECT_STREQ(moe_layout_name(MoeLayout::MMQ), "mmq");
-  // no expert type the fused path supports: MMQ even with a source
+  // no expert type the fused path supports: MMQ even with a source and streamed_fused
   PrefillShape s = shapes()[0].second;
+  s.streamed_fused = true;
   s.expert_types.clear();
   const Prefill pf(s);
   EXPECT_FALSE(pf.fused_supported());

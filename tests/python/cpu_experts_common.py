@@ -31,12 +31,12 @@ def make(path: str, mix: str) -> str:
 def check_same_tokens(path: str, device: str) -> None:
     """Greedy tokens with up to 1, 2 and every one of a step's misses on the host equal those without, over
     caches that thrash and that keep some experts, and both sources; and experts were computed there."""
-    info = strata.ModelInfo(path, moe_layout="mmq")
+    info = strata.ModelInfo(path)
     spec = info.spec
     slot, K = spec["slot_bytes"], spec["top_k"]
     for slots, source in ((K + 3, "host"), (K + 3, "mmap"), (spec["experts"] + K, "host")):
-        load = dict(expert_cache=f"{slots * slot}b", prefill=8, source=source, moe_layout="mmq",
-                    decode_resolve="host", device=device, progress=False, ctx=128)
+        load = dict(expert_cache=f"{slots * slot}b", prefill=8, source=source, decode_resolve="host",
+                    device=device, progress=False, ctx=128)
         want = strata.Model(path, **load).generate(PROMPT, max_tokens=16, temperature=0.0).tokens
         for n in (1, 2, K):
             m = strata.Model(path, cpu_experts=n, **load)

@@ -58,9 +58,9 @@ def fp16_movement(path: str, tmp_dir, prompt: list[int], ctx: int, **kw) -> floa
     return rel(cpu(rounded), cpu(path))
 
 
-def streamed_cache(path: str, prefill: int) -> str:
-    """A bounded cache that streams: a third of the experts' bytes, or the chunk's region and 8 slots if that is
-    more (test_deepseek4's)."""
-    info = strata.ModelInfo(path)
+def streamed_cache(path: str, prefill: int, moe_layout: str = "auto") -> str:
+    """A bounded cache that streams: a third of the experts' bytes, or the chunk's region (in the layout
+    moe_layout streams) and 8 slots if that is more (test_deepseek4's)."""
+    info = strata.ModelInfo(path, moe_layout=moe_layout)
     spec = info.spec
     return f"{max(spec['expert_bytes'] // 3, (info.layout(prefill)['slots'] + 8) * spec['slot_bytes'])}b"

@@ -36,9 +36,10 @@ MIXES = {
 }
 SEED = 11
 
-# name -> Model kwargs; "fused" streams experts (the exact float path), "mmq" keeps them resident.
+# name -> Model kwargs; "fused" streams experts (the exact float path, which a streamed load ran by default
+# before moe_layout="fused" named it), "mmq" keeps them resident.
 CONFIGS = {
-    "fused": dict(expert_cache=64, prefill=16, source="host"),
+    "fused": dict(expert_cache=64, prefill=16, source="host", moe_layout="fused"),
     "mmq": dict(expert_cache="all", prefill=16),
 }
 

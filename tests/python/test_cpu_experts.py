@@ -19,37 +19,37 @@ def test_cpu_share_gives_the_same_tokens(tmp_path, mix):
 def test_cpu_experts_is_checked(tmp_path):
     path = make(str(tmp_path / "q.gguf"), "qwen3moe-q4_k")
     base = dict(expert_cache=64, prefill=8, progress=False, device="cpu")
-    with pytest.raises(strata.ConfigError, match="moe_layout='mmq'"):
-        strata.Model(path, cpu_experts=2, **base)
+    with pytest.raises(strata.ConfigError, match="moe_layout 'auto' or 'mmq'"):
+        strata.Model(path, cpu_experts=2, moe_layout="fused", **base)
     with pytest.raises(strata.ConfigError, match="decode_resolve"):
-        strata.Model(path, cpu_experts=2, moe_layout="mmq", decode_resolve="device", **base)
+        strata.Model(path, cpu_experts=2, decode_resolve="device", **base)
     for bad in (-1, 65, "two", 1.5):
         with pytest.raises(strata.ConfigError, match="cpu_experts"):
-            strata.Model(path, cpu_experts=bad, moe_layout="mmq", **base)
-    m = strata.Model(path, cpu_experts=2, moe_layout="mmq", **base)
-    assert m._m.decode_resolution == "host"  # auto resolves on the host with a CPU share
+            strata.Model(path, cpu_experts=bad, **base)
+    for layout in ("auto", "mmq"):  # the MMQ layout, the default
+        m = strata.Model(path, cpu_experts=2, moe_layout=layout, **base)
+        assert m._m.decode_resolution == "host"  # auto resolves on the host with a CPU share
 
 
 def test_cpu_experts_refuses_other_activations_and_float_experts(tmp_path):
     oss = make_gpt_oss(tmp_path / "oss.gguf")
     with pytest.raises(strata.UnsupportedError, match="gpt-oss|activation"):
-        strata.Model(oss, expert_cache=64, cpu_experts=1, moe_layout="mmq", progress=False, device="cpu")
+        strata.Model(oss, expert_cache=64, cpu_experts=1, progress=False, device="cpu")
     f32 = str(tmp_path / "f32.gguf")
     from strata.testing import make_qwen3moe
 
     make_qwen3moe(f32, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, experts=8, top_k=2, expert_ffn=32,
                   vocab=512, seed=1)
     with pytest.raises(strata.UnsupportedError, match="integer"):
-        strata.Model(f32, expert_cache=64, cpu_experts=1, moe_layout="mmq", progress=False, device="cpu")
+        strata.Model(f32, expert_cache=64, cpu_experts=1, progress=False, device="cpu")
 
 
 def test_stats_tell_the_cpu_share(tmp_path):
     from strata.cli import _decode_stream
 
     path = make(str(tmp_path / "q.gguf"), "qwen3moe-q4_k")
-    slot = strata.ModelInfo(path, moe_layout="mmq").spec["slot_bytes"]
-    m = strata.Model(path, expert_cache=f"{5 * slot}b", prefill=8, cpu_experts=2, moe_layout="mmq", progress=False,
-                     device="cpu")
+    slot = strata.ModelInfo(path).spec["slot_bytes"]
+    m = strata.Model(path, expert_cache=f"{5 * slot}b", prefill=8, cpu_experts=2, progress=False, device="cpu")
     m.generate(list(range(1, 20)), max_tokens=8, temperature=0.0)
     stats = m.last_stats
     assert stats["cache_cpu_experts"] > 0

@@ -73,8 +73,10 @@ def _third_of_experts(path: str) -> str:
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_logits_match_transformers(ds2_model, mix):
     path = ds2_model(mix, **MIX_SHAPES[mix])
-    # Streamed through a cache a third the size of the experts, in chunks of 8.
-    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False)
+    # Streamed through a cache a third the size of the experts, in chunks of 8, under moe_layout="fused": the
+    # fused layout's float products of exactly dequantized weights, which the float32 bound holds.
+    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False, moe_layout="fused")
+    assert m.layout(8)["kind"] == "fused"
     ids = m.tokenize(PROMPT)
     assert len(ids) > 16
     ours = m.logits(ids)
@@ -123,15 +125,16 @@ def test_greedy_tokens_match_transformers(ds2_model, cache):
 
 def test_logits_do_not_depend_on_cache_chunking_or_batching(ds2_model):
     """The same tokens give bit-identical logits whatever the expert cache, the prompt chunk, and whether
-    a decode step runs alone or batched with another sequence. (A cache that holds every expert runs the
-    MMQ layout, its expert inputs through q8_0, and one that streams the fused float layout: each is
-    compared within its layout.)"""
+    a decode step runs alone or batched with another sequence. (The default runs the MMQ layout, its
+    expert inputs through q8_0, whether a cache holds every expert or streams them: one layout, one set
+    of logits; moe_layout="fused" streams the fused float layout, compared within its layout.)"""
     path = ds2_model("q8_0", **MIX_SHAPES["q8_0"])
     ids = strata.Model(path, progress=False).tokenize(PROMPT)
     half = f"{strata.ModelInfo(path).spec['expert_bytes'] // 2}b"
-    for runs in ([{}, {"prefill": 8}, {"prefill": 5}],
-                 [{"expert_cache": half, "prefill": 6}, {"expert_cache": _third_of_experts(path), "prefill": 5},
-                  {"expert_cache": half, "prefill": 1}]):
+    streamed = [{"expert_cache": half, "prefill": 6}, {"expert_cache": _third_of_experts(path), "prefill": 5},
+                {"expert_cache": half, "prefill": 1}]
+    for runs in ([{}, {"prefill": 8}, {"prefill": 5}, *streamed],
+                 [{**kw, "moe_layout": "fused"} for kw in streamed]):
         ref = strata.Model(path, progress=False, **runs[0]).logits(ids)
         for kw in runs[1:]:
             got = strata.Model(path, progress=False, **kw).logits(ids)

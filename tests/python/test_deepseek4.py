@@ -63,9 +63,10 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def third_of_experts(path: str, prefill: int = 32) -> str:
-    """A cache a third the experts' size, or the chunk's region and 8 expert slots if that is more."""
-    info = strata.ModelInfo(path)
+def third_of_experts(path: str, prefill: int = 32, moe_layout: str = "auto") -> str:
+    """A cache a third the experts' size, or the chunk's region (in the layout moe_layout streams) and 8
+    expert slots if that is more."""
+    info = strata.ModelInfo(path, moe_layout=moe_layout)
     spec = info.spec
     return f"{max(spec['expert_bytes'] // 3, (info.layout(prefill)['slots'] + 8) * spec['slot_bytes'])}b"
 
@@ -80,8 +81,9 @@ def test_logits_match_transformers_f32(tiny):
 
 @pytest.mark.parametrize("layout", ["fused", "mmq"])
 def test_logits_match_transformers_iq2xxs_q2k(quant, layout):
-    streamed = layout == "fused"
-    m = strata.Model(quant, expert_cache=third_of_experts(quant) if streamed else "all", prefill=32, progress=False)
+    streamed = layout == "fused"  # streamed under moe_layout="fused"; MMQ: every expert resident
+    m = strata.Model(quant, expert_cache=third_of_experts(quant, moe_layout=layout) if streamed else "all", prefill=32,
+                     progress=False, moe_layout=layout)
     assert m.layout(32, source=streamed)["kind"] == layout
     ids = prompt()
     ref = hf_logits(quant, ids)
@@ -137,11 +139,13 @@ def check_mmq_against_q8_reference(path: str, ours: np.ndarray, ids: list[int], 
 
 
 def test_logits_match_transformers_q8_0(ds4_dir):
-    # Q8_0 everywhere but the hyper-connection matrices and norms, streamed (the fused layout), and
-    # with every expert resident (the MMQ layout: the integer kernels on q8_0 activations).
+    # Q8_0 everywhere but the hyper-connection matrices and norms, streamed under moe_layout="fused" (the
+    # fused layout), and with every expert resident (the MMQ layout: the integer kernels on q8_0 activations).
     q8 = {r: "Q8_0" for r in ("embed", "attn", "compressor", "router", "experts", "shared", "output")}
     path = str(make_deepseek4(os.path.join(ds4_dir, "q8_0.gguf"), quant=q8, seed=8))
-    m = strata.Model(path, expert_cache=third_of_experts(path), prefill=32, progress=False)
+    m = strata.Model(path, expert_cache=third_of_experts(path, moe_layout="fused"), prefill=32, progress=False,
+                     moe_layout="fused")
+    assert m.layout(32)["kind"] == "fused"
     ids = prompt()
     err = rel_err(m.logits(ids), hf_logits(path, ids))
     print(f"deepseek4 q8_0 fused: max relative logit error {err:.3e}")

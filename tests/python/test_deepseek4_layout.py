@@ -53,7 +53,7 @@ def v4_shapes(draw):
     return dict(
         D=32 * draw(st.integers(1, 128)), HC=4, E=(E := draw(st.integers(1, 256))), K=draw(st.integers(1, min(E, 8))),
         F=32 * draw(st.integers(1, 64)), heads=heads, kv_heads=1, head_dim=2 * draw(st.integers(8, 256)),
-        expert_types=types, unfused=draw(st.booleans()),
+        expert_types=types, unfused=draw(st.booleans()), streamed_fused=draw(st.booleans()),
         v4=dict(q_lora=draw(st.integers(1, 1536)), o_groups=groups, o_lora=draw(st.integers(1, 1024)),
                 comp_lanes=lanes, idx_heads=draw(st.integers(1, 64)) if indexer else 0,
                 idx_dim=draw(st.integers(16, 256)) if indexer else 0,
@@ -108,10 +108,9 @@ def test_v4_unfused_adds_only_xn(shape, T):
 @pytest.mark.parametrize("ratios, lanes", [((0, 4, 128, 4), 2), ((128, 0, 128, 0), 1), ((0, 0, 0, 0), 0)])
 def test_v4_model_layout_matches_shape_plan(tmp_path, ratios, lanes):
     """A V4 file's plan is the shape plan of its hyperparameters: the compressor buffers as wide as its
-    widest compressor, the indexer's only with a ratio-4 layer."""
+    widest compressor, the indexer's only with a ratio-4 layer; under either MoE layout a load runs."""
     path = str(make_deepseek4(os.path.join(tmp_path, "t.gguf"), seed=1, compress_ratios=ratios))
-    m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False)
-    s = m.spec
+    s = strata.ModelInfo(path).spec
     by_name = {t["name"]: t["type"] for t in strata.inspect(path)["tensors"]}
     types = [by_name[f"blk.{i}.ffn_{w}_exps.weight"] for i in range(s["layers"]) for w in ("gate", "up", "down")]
     md = strata.inspect(path)["metadata"]
@@ -125,11 +124,14 @@ def test_v4_model_layout_matches_shape_plan(tmp_path, ratios, lanes):
                          idx_dim=md["deepseek4.attention.indexer.key_length"] if indexer else 0,
                          idx_topk=md["deepseek4.attention.indexer.top_k"] if indexer else 0,
                          shared_ffn=s["expert_ffn"]))
-    for T in (1, 2, 17, 64, 257, 4096):
-        for src in (True, False):
-            got = m.layout(T, src)
-            want = prefill_layout(shape, T, src)
-            check_plan(with_scratch(shape), T, src, got)
-            check_v4(shape, T, got)
-            assert got["buffers"] == want["buffers"] and got["bytes_needed"] == want["bytes_needed"]
-            assert got["slots"] == math.ceil(got["bytes_needed"] / got["slot_bytes"])
+    for moe_layout in ("auto", "fused"):
+        m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False, moe_layout=moe_layout)
+        shape["streamed_fused"] = moe_layout == "fused"
+        for T in (1, 2, 17, 64, 257, 4096):
+            for src in (True, False):
+                got = m.layout(T, src)
+                want = prefill_layout(shape, T, src)
+                check_plan(with_scratch(shape), T, src, got)
+                check_v4(shape, T, got)
+                assert got["buffers"] == want["buffers"] and got["bytes_needed"] == want["bytes_needed"]
+                assert got["slots"] == math.ceil(got["bytes_needed"] / got["slot_bytes"])

@@ -13,6 +13,7 @@ experts 0.9e-6, the hyperparameter variants 1.0e-6 to 1.9e-6.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -73,8 +74,9 @@ def _third_of_experts(path: str) -> str:
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_logits_match_transformers(gemma_model, mix):
     path = gemma_model(mix)
-    # Streamed through a cache a third the size of the experts, in chunks of 8: the fused layout.
-    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False)
+    # Streamed through a cache a third the size of the experts, in chunks of 8, under moe_layout="fused": the
+    # fused layout.
+    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False, moe_layout="fused")
     assert not m.cache["all_resident"]
     assert m.layout(8)["kind"] == "fused"
     ids = m.tokenize(PROMPT)
@@ -89,10 +91,10 @@ def test_logits_match_transformers(gemma_model, mix):
 @pytest.mark.parametrize("cache", ["all", "third"])
 def test_greedy_tokens_match_transformers(gemma_model, cache):
     """Every expert resident (the MMQ layout, float experts never quantized) or streamed through a third
-    of them (the fused layout): one prompt chunk, then greedy decoding (the gathered decode MoE) token for
-    token against transformers' argmax."""
+    of them (the fused layout, moe_layout="fused"): one prompt chunk, then greedy decoding (the gathered
+    decode MoE) token for token against transformers' argmax."""
     path = gemma_model("f32")
-    streamed = {} if cache == "all" else {"expert_cache": _third_of_experts(path), "prefill": 8}
+    streamed = {} if cache == "all" else {"expert_cache": _third_of_experts(path), "prefill": 8, "moe_layout": "fused"}
     m = strata.Model(path, progress=False, **streamed)
     assert m.cache["all_resident"] == (cache == "all")
     ids = m.tokenize(PROMPT)
@@ -161,17 +163,19 @@ def test_each_hyperparameter_from_metadata_moves_the_logits(gemma_model, key):
     assert err <= TOLERANCE
 
 
-def _slot_bytes(path: str, prefill: int, unfused: bool) -> tuple[int, int]:
-    plan = strata.ModelInfo(path, gr_unfused=unfused).layout(prefill, True)
-    assert plan["kind"] == "fused"
+def _slot_bytes(path: str, prefill: int, unfused: bool, moe_layout: str) -> tuple[int, int]:
+    plan = strata.ModelInfo(path, gr_unfused=unfused, moe_layout=moe_layout).layout(prefill, True)
+    assert plan["kind"] == ("fused" if moe_layout == "fused" else "mmq")
     return plan["slots"], plan["slot_bytes"]
 
 
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
 @pytest.mark.parametrize("mix", ["q8_0", "q4_0"])
-def test_logits_do_not_depend_on_cache_or_chunk_size(gemma_model, mix):
-    """Streamed (fused layout): byte-identical logits across cache sizes from thrashing to all, chunk sizes
-    that cut the prompt unevenly, both sources and both GR modes; the one-token decode scratch equals the
-    first row of a prompt; with every expert resident (MMQ) identical across chunk sizes."""
+def test_logits_do_not_depend_on_cache_or_chunk_size(gemma_model, mix, moe_layout):
+    """Streamed, in either MoE layout: byte-identical logits across cache sizes from thrashing to all, chunk
+    sizes that cut the prompt unevenly, both sources and both GR modes; the one-token decode scratch equals
+    the first row of a prompt; with every expert resident (MMQ) identical across chunk sizes, and (the
+    default, MMQ streamed too) identical to the streamed logits."""
     path = gemma_model(mix)
     rng = np.random.default_rng(99)
     prompt = [int(x) for x in rng.integers(1, 690, size=37)]
@@ -179,19 +183,23 @@ def test_logits_do_not_depend_on_cache_or_chunk_size(gemma_model, mix):
     n = spec["layers"] * spec["experts"]
     ref = None
     for prefill, source, unfused in ((5, "host", False), (13, "mmap", True), (37, "host", False)):
-        region, slot = _slot_bytes(path, prefill, unfused)
+        region, slot = _slot_bytes(path, prefill, unfused, moe_layout)
         for slots in (region + 1, region + spec["top_k"] + 2, region + n):
             m = strata.Model(path, ctx=64, expert_cache=f"{slots * slot}b", prefill=prefill, source=source,
-                             gr_unfused=unfused, progress=False)
+                             gr_unfused=unfused, progress=False, moe_layout=moe_layout)
             assert not m.cache["all_resident"]
             out = m.logits(prompt)
             if ref is None:
                 ref = out
             assert np.array_equal(out, ref), f"prefill {prefill}, {slots} slots: {np.abs(out - ref).max()}"
-    one = strata.Model(path, ctx=64, expert_cache=64, prefill=16, progress=False).logits(prompt[:1])
+    one = strata.Model(path, ctx=64, expert_cache=64, prefill=16, progress=False,
+                       moe_layout=moe_layout).logits(prompt[:1])
     assert np.array_equal(one[0], ref[0])
     mmq = [strata.Model(path, ctx=64, expert_cache="all", prefill=p, progress=False).logits(prompt) for p in (7, 37)]
     assert np.array_equal(mmq[0], mmq[1])
+    if moe_layout != "fused":
+        assert np.array_equal(mmq[0], ref), f"streamed MMQ vs all resident: {np.abs(mmq[0] - ref).max()}"
+        return
     # The MMQ layout quantizes the experts' input rows to q8_0: each element moves by at most half a step,
     # 1/254 of its block's largest, ~0.2% RMS; through 4 layers of norms that is ~1% of a logit (measured
     # median 0.85% on q8_0, 0.66% on q4_0). Where that noise flips a near-tie of a later layer's router, the top-K
@@ -228,7 +236,8 @@ def test_batched_decode_rows_equal_alone(gemma_model):
 def test_model_layout_matches_shape_plan(gemma_model, kw):
     """A gemma4 file's chunk plan is the shape plan of its scratch list (attention buffers as wide as the
     widest layer kind, the dense FFN's): bytes_needed equals what carve assigns, every buffer where the
-    plan puts it, for several T, both layouts and GR modes."""
+    plan puts it, for several T, both layouts (a source under moe_layout 'fused': fused; else MMQ) and GR
+    modes."""
     from test_prefill_layout import check_plan, prefill_layout
 
     path = gemma_model("q4_0", **kw)
@@ -244,10 +253,10 @@ def test_model_layout_matches_shape_plan(gemma_model, kw):
     scratch = [("attn.q", "f32", [H, hd_max]), ("attn.k", "f32", [kv_width]), ("attn.v", "f32", [kv_width]),
                ("attn.out", "f32", [H * hd_max]), ("ffn.x", "f32", [D]), ("ffn.gate", "f32", [Fd]),
                ("ffn.up", "f32", [Fd]), ("ffn.out", "f32", [D]), ("ffn.grs", "f32", [1])]
-    for unfused in (False, True):
+    for unfused, moe_layout in itertools.product((False, True), ("auto", "fused")):
         shape = dict(D=D, HC=1, E=s["experts"], K=s["top_k"], F=s["expert_ffn"], expert_types=types, unfused=unfused,
-                     scratch=scratch)
-        info = strata.ModelInfo(path, gr_unfused=unfused)
+                     scratch=scratch, streamed_fused=moe_layout == "fused")
+        info = strata.ModelInfo(path, gr_unfused=unfused, moe_layout=moe_layout)
         for T in (1, 2, 17, 64, 257):
             for src in (True, False):
                 got, want = info.layout(T, src), prefill_layout(shape, T, src)

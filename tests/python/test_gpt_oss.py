@@ -71,8 +71,9 @@ def _third_of_experts(path: str) -> str:
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_logits_match_transformers(oss_model, mix):
     path = oss_model(mix)
-    # Streamed through a cache a third the size of the experts, in chunks of 8: the fused layout.
-    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False)
+    # Streamed through a cache a third the size of the experts, in chunks of 8, under moe_layout="fused": the
+    # fused layout.
+    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False, moe_layout="fused")
     assert m.layout(8)["kind"] == "fused"
     ids = m.tokenize(PROMPT)
     assert len(ids) > 3 * 6  # past the sliding window several times over
@@ -86,10 +87,10 @@ def test_logits_match_transformers(oss_model, mix):
 @pytest.mark.parametrize("cache", ["all", "third"])
 def test_greedy_tokens_match_transformers(oss_model, cache):
     """Every expert resident (the default: the MMQ layout, float experts never quantized) or streamed
-    through a third of them (the fused layout): one prompt chunk, then greedy decoding (the gathered
+    through a third of them (the fused layout, moe_layout="fused"): one prompt chunk, then greedy decoding (the gathered
     decode MoE) token for token against transformers' argmax."""
     path = oss_model("f32")
-    streamed = {} if cache == "all" else {"expert_cache": _third_of_experts(path), "prefill": 8}
+    streamed = {} if cache == "all" else {"expert_cache": _third_of_experts(path), "prefill": 8, "moe_layout": "fused"}
     m = strata.Model(path, progress=False, **streamed)
     assert m.cache["all_resident"] == (cache == "all")
     assert m.layout(m.chunk, source=cache != "all")["kind"] == ("mmq" if cache == "all" else "fused")
@@ -141,17 +142,19 @@ def test_each_hyperparameter_from_metadata_moves_the_logits(oss_model, key):
     assert err <= TOLERANCE
 
 
-def _slot_bytes(path: str, prefill: int, unfused: bool) -> tuple[int, int]:
-    plan = strata.ModelInfo(path, gr_unfused=unfused).layout(prefill, True)
-    assert plan["kind"] == "fused"
+def _slot_bytes(path: str, prefill: int, unfused: bool, moe_layout: str) -> tuple[int, int]:
+    plan = strata.ModelInfo(path, gr_unfused=unfused, moe_layout=moe_layout).layout(prefill, True)
+    assert plan["kind"] == ("fused" if moe_layout == "fused" else "mmq")
     return plan["slots"], plan["slot_bytes"]
 
 
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
 @pytest.mark.parametrize("mix", ["q8_0", "mxfp4"])
-def test_logits_do_not_depend_on_cache_or_chunk_size(oss_model, mix):
-    """Streamed (fused layout): byte-identical logits across cache sizes from thrashing to all, chunk
+def test_logits_do_not_depend_on_cache_or_chunk_size(oss_model, mix, moe_layout):
+    """Streamed, in either MoE layout: byte-identical logits across cache sizes from thrashing to all, chunk
     sizes that cut the prompt unevenly, both sources and both GR modes; the one-token decode scratch
-    equals the first row of a prompt; with every expert resident (MMQ) identical across chunk sizes."""
+    equals the first row of a prompt; with every expert resident (MMQ) identical across chunk sizes, and
+    (the default, MMQ streamed too) identical to the streamed logits."""
     path = oss_model(mix)
     rng = np.random.default_rng(99)
     prompt = [int(x) for x in rng.integers(1, 500, size=37)]
@@ -159,19 +162,23 @@ def test_logits_do_not_depend_on_cache_or_chunk_size(oss_model, mix):
     n = spec["layers"] * spec["experts"]
     ref = None
     for prefill, source, unfused in ((5, "host", False), (13, "mmap", True), (37, "host", False)):
-        region, slot = _slot_bytes(path, prefill, unfused)
+        region, slot = _slot_bytes(path, prefill, unfused, moe_layout)
         for slots in (region + 1, region + spec["top_k"] + 2, region + n):
             m = strata.Model(path, ctx=64, expert_cache=f"{slots * slot}b", prefill=prefill, source=source,
-                             gr_unfused=unfused, progress=False)
+                             gr_unfused=unfused, progress=False, moe_layout=moe_layout)
             assert not m.cache["all_resident"]
             out = m.logits(prompt)
             if ref is None:
                 ref = out
             assert np.array_equal(out, ref), f"prefill {prefill}, {slots} slots: {np.abs(out - ref).max()}"
-    one = strata.Model(path, ctx=64, expert_cache=64, prefill=16, progress=False).logits(prompt[:1])
+    one = strata.Model(path, ctx=64, expert_cache=64, prefill=16, progress=False,
+                       moe_layout=moe_layout).logits(prompt[:1])
     assert np.array_equal(one[0], ref[0])
     mmq = [strata.Model(path, ctx=64, expert_cache="all", prefill=p, progress=False).logits(prompt) for p in (7, 37)]
     assert np.array_equal(mmq[0], mmq[1])
+    if moe_layout != "fused":
+        assert np.array_equal(mmq[0], ref), f"streamed MMQ vs all resident: {np.abs(mmq[0] - ref).max()}"
+        return
     rel = _rel_err(mmq[0], ref)
     print(f"{mix}: MMQ (q8_0 activations) vs fused logits {rel:.2e}")
     assert rel <= 6e-2  # as test_determinism's q8_0 bound: the MMQ layout quantizes the experts' inputs

@@ -51,9 +51,12 @@ def gpu(path: str, **kw) -> strata.Model:
 @pytest.mark.parametrize("mix", list(ref.MIXES))
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_gpu_logits_match_cpu_and_transformers(mix_path, mix, kv):
+    """The fused layout (a bounded cache under moe_layout="fused": float products of exactly dequantized
+    weights) against the CPU's and transformers' float logits."""
     path = mix_path(mix)
-    cpu = strata.Model(path, device="cpu", expert_cache=64, prefill=16, ctx=64, progress=False).logits(PROMPT)
-    m = gpu(path, expert_cache=64, prefill=16, kv_type=kv)
+    fused = dict(expert_cache=64, prefill=16, moe_layout="fused")
+    cpu = strata.Model(path, device="cpu", ctx=64, progress=False, **fused).logits(PROMPT)
+    m = gpu(path, kv_type=kv, **fused)
     assert m.device == "cuda" and m.layout(16)["kind"] == "fused"
     out = m.logits(PROMPT)
     e_cpu, e_hf = rel(out, cpu), rel(out, HF[f"{mix}/logits"])
@@ -80,18 +83,21 @@ def test_gpu_greedy_tokens_match_cpu_with_f32_kv(mix_path, mix):
     assert got.tokens == want.tokens
 
 
-def test_gpu_logits_do_not_depend_on_memory(mix_path):
-    """Invariant 4 on the GPU: cache size, source, chunk size and GR mode leave the logits' bytes.
-    A prompt runs its matmuls on tensor cores whatever the chunk's token count (decode on GEMV), and
-    a row's result does not depend on the chunk it sat in (the op harness checks each kernel)."""
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
+def test_gpu_logits_do_not_depend_on_memory(mix_path, moe_layout):
+    """Invariant 4 on the GPU, in either MoE layout: cache size, source, chunk size and GR mode leave the
+    logits' bytes. A prompt runs its matmuls on tensor cores whatever the chunk's token count (decode on
+    GEMV), and a row's result does not depend on the chunk it sat in (the op harness checks each kernel)."""
     path = mix_path("q4_k")
     probe = gpu(path, expert_cache="all")
     slot = probe.spec["slot_bytes"]
     ref_out = None
     for unfused, prefill, source in itertools.product((False, True), (7, 64, 40), ("host", "mmap")):
-        region = strata.ModelInfo(path, gr_unfused=unfused).layout(min(prefill, 64), True)["slots"]
+        info = strata.ModelInfo(path, gr_unfused=unfused, moe_layout=moe_layout)
+        region = info.layout(min(prefill, 64), True)["slots"]
         for cache in (f"{(region + 1) * slot}b", 64):
-            m = gpu(path, expert_cache=cache, prefill=prefill, source=source, gr_unfused=unfused, kv_type="f16")
+            m = gpu(path, expert_cache=cache, prefill=prefill, source=source, gr_unfused=unfused, kv_type="f16",
+                    moe_layout=moe_layout)
             out = m.logits(PROMPT)
             if ref_out is None:
                 ref_out = out
@@ -125,21 +131,21 @@ def test_gpu_expert_cache_auto_and_describe(mix_path):
 
 @pytest.mark.parametrize("source", ["host", "mmap"])
 def test_gpu_streamed_mmq_matches_all_resident(mix_path, source):
-    """moe_layout='mmq' on the GPU: a bounded cache (thrashing, and some experts resident) runs the q8_0 expert
-    products of a load with every expert resident, so its prompt logits, its greedy tokens (decode resolved on
-    the device from the host source, its misses written through, on the host from mmap) and the logits after
-    them are that load's bit for bit."""
+    """The default MoE layout (auto, as moe_layout='mmq') on the GPU: a bounded cache (thrashing, and some
+    experts resident) runs the q8_0 expert products of a load with every expert resident, so its prompt logits,
+    its greedy tokens (decode resolved on the device from the host source, its misses written through, on the
+    host from mmap) and the logits after them are that load's bit for bit."""
     path = mix_path("q4_k")
     full = gpu(path, expert_cache="all", ctx=128, kv_type="f16")
     want = full.logits(PROMPT)
     want_tokens = full.generate(PROMPT[:8], max_tokens=24, temperature=0).tokens
     want_after = full.logits(PROMPT[:8] + want_tokens[:8])
-    info = strata.ModelInfo(path, moe_layout="mmq")
+    info = strata.ModelInfo(path)
     plan = info.layout(16, True)
     assert plan["kind"] == "mmq"
     for extra in (1, info.spec["top_k"] + 2):
         m = gpu(path, expert_cache=f"{(plan['slots'] + extra) * plan['slot_bytes']}b", prefill=16, ctx=128,
-                source=source, kv_type="f16", moe_layout="mmq")
+                source=source, kv_type="f16")
         assert m.layout(m.chunk, True)["kind"] == "mmq" and not m.cache["all_resident"]
         out = m.logits(PROMPT)
         assert m.cache["misses"] > 0
@@ -304,20 +310,22 @@ REAL_MIXES = ["ud-q4_k_xl", "gpt-oss", "q3_k_m", "iq4_xs", "legacy", "q2_k", "ud
 
 @pytest.mark.parametrize("mix", REAL_MIXES)
 def test_gpu_real_file_mixes_match_cpu(tmp_path_factory, mix):
-    """Each mix on the GPU against the CPU: streamed experts (the fused layout: the device decoders feed the
-    float tiles and GEMVs) with the f32 and the f16 KV cache, and every expert resident (the MMQ layout:
-    q8_0 activations, the integer tiles). The files route every token to all of their experts: with top-k
-    of them, random weights have routing near-ties that the GPU's fp16 tiles can flip, a discontinuity no
-    rounding bound covers (test_gpu_archs.py measured it); what is left is gpu_common's rounding."""
+    """Each mix on the GPU against the CPU: streamed experts under moe_layout="fused" (the fused layout: the
+    device decoders feed the float tiles and GEMVs) with the f32 and the f16 KV cache, and every expert
+    resident (the MMQ layout: q8_0 activations, the integer tiles). The files route every token to all of
+    their experts: with top-k of them, random weights have routing near-ties that the GPU's fp16 tiles can
+    flip, a discontinuity no rounding bound covers (test_gpu_archs.py measured it); what is left is
+    gpu_common's rounding."""
     import conftest
 
     shape, quant = conftest.MIXES[mix]
     path = str(tmp_path_factory.mktemp("gpu-real-mixes") / f"{mix}.gguf")
     make_qwen3moe(path, **{**shape, "top_k": shape["experts"]}, quant=quant, seed=conftest.SEED)
     prompt = PROMPT[:40]
-    want = strata.Model(path, device="cpu", expert_cache=64, prefill=16, ctx=64, progress=False).logits(prompt)
+    fused = dict(expert_cache=64, prefill=16, moe_layout="fused")
+    want = strata.Model(path, device="cpu", ctx=64, progress=False, **fused).logits(prompt)
     for kv, bound in (("f32", F32_KV_VS_CPU), ("f16", F16_KV_VS_CPU)):
-        m = gpu(path, expert_cache=64, prefill=16, kv_type=kv)
+        m = gpu(path, kv_type=kv, **fused)
         assert m.layout(16)["kind"] == "fused"
         e = rel(m.logits(prompt), want)
         print(f"{mix} kv={kv}: vs cpu {e:.2e}")

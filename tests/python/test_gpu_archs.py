@@ -1,5 +1,6 @@
 """qwen35moe and gemma4 on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU
-backend (streamed experts: the fused layout; every expert resident: the MMQ layout), greedy tokens, decode
+backend (streamed experts under moe_layout="fused": the fused layout; every expert resident: the MMQ layout),
+greedy tokens, decode
 as one recorded graph (checked against op by op: gemma4 and deepseek2, deepseek2 also at DeepSeek V3's 576-dim
 latent rows, which the GPU's MLA attention kernels take; qwen35moe's one-token steps as one graph,
 its recurrent state's copies picked by the position on the device), and the logits' independence of the
@@ -86,9 +87,10 @@ def cpu(path: str, **kw) -> strata.Model:
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_gpu_logits_match_cpu(files, tmp_path, arch, mix, kv):
     path = files(arch, mix, all_experts=True)
-    want = cpu(path, expert_cache=64).logits(PROMPT)
-    moved = fp16_movement(path, tmp_path, PROMPT, CTX, expert_cache=64)
-    e = rel(gpu(path, kv_type=kv, expert_cache=64).logits(PROMPT), want)
+    fused = dict(expert_cache=64, moe_layout="fused")
+    want = cpu(path, **fused).logits(PROMPT)
+    moved = fp16_movement(path, tmp_path, PROMPT, CTX, **fused)
+    e = rel(gpu(path, kv_type=kv, **fused).logits(PROMPT), want)
     print(f"{arch} {mix} kv={kv}: vs cpu {e:.2e} (fp16 weights on the cpu: {moved:.2e})")
     assert e <= max(F32_KV_VS_CPU if kv == "f32" else F16_KV_VS_CPU, 3 * moved)
 
@@ -154,9 +156,11 @@ def test_gpu_qwen35moe_decode_graph_matches_op_by_op(files, cache):
     assert np.array_equal(runs[True][2].view(np.uint32), runs[False][2].view(np.uint32))
 
 
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_gpu_logits_independent_of_chunking(files, arch):
+def test_gpu_logits_independent_of_chunking(files, arch, moe_layout):
     path = files(arch, "quant")
-    whole = gpu(path, expert_cache=64, prefill=150).logits(PROMPT)
+    whole = gpu(path, expert_cache=64, prefill=150, moe_layout=moe_layout).logits(PROMPT)
     for chunk in (1, 37, 64):
-        np.testing.assert_array_equal(gpu(path, expert_cache=64, prefill=chunk).logits(PROMPT), whole)
+        np.testing.assert_array_equal(gpu(path, expert_cache=64, prefill=chunk, moe_layout=moe_layout).logits(PROMPT),
+                                      whole)

@@ -1,7 +1,8 @@
 """DeepSeek V4 on the CUDA backend (pytest -m gpu; skipped without a GPU): logits against the CPU backend
-(F32, Q8_0 and the IQ2_XXS + Q2_K pack, streamed in the fused layout and with every expert resident in the
-MMQ one), greedy decode across the first ratio-128 block, and the invariants the CPU holds: logits
-byte-identical across cache sizes, chunk sizes, sources and the GR read fused or not, and a decode step
+(F32, Q8_0 and the IQ2_XXS + Q2_K pack, streamed in the fused layout (moe_layout="fused") and with every
+expert resident in the MMQ one), greedy decode across the first ratio-128 block, and the invariants the CPU
+holds: logits byte-identical across cache sizes, chunk sizes, sources and the GR read fused or not (in either
+MoE layout; the default MMQ one streamed gives the all-resident load's logits), and a decode step
 replayed from its recorded graph equal to the step op by op; the KV cache reused across turns only for a
 true prefix. The CPU's logits are checked against transformers in test_deepseek4.py.
 
@@ -71,10 +72,11 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 @pytest.mark.parametrize("name", ["f32", "q8", "pack"])
 def test_gpu_streamed_logits_match_cpu(files, tmp_path, name):
     path = files(name)
-    cache = streamed_cache(path, 32)
-    want = build(path, "cpu", expert_cache=cache, prefill=32).logits(PROMPT)
-    moved = fp16_movement(path, tmp_path, PROMPT, ctx=CTX, expert_cache=cache, prefill=32)
-    m = build(path, "cuda", expert_cache=cache, prefill=32)
+    cache = streamed_cache(path, 32, "fused")
+    fused = dict(expert_cache=cache, prefill=32, moe_layout="fused")
+    want = build(path, "cpu", **fused).logits(PROMPT)
+    moved = fp16_movement(path, tmp_path, PROMPT, ctx=CTX, **fused)
+    m = build(path, "cuda", **fused)
     assert m.layout(32, source=True)["kind"] == "fused"
     e = rel(m.logits(PROMPT), want)
     print(f"deepseek4 {name} fused: vs cpu {e:.2e} (fp16 weights on the cpu: {moved:.2e})")
@@ -123,21 +125,25 @@ def test_gpu_decode_graph_matches_op_by_op(files, cache):
     assert same(runs[True], runs[False])
 
 
-def test_gpu_logits_identical_across_cache_chunk_source_and_gr(files):
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
+def test_gpu_logits_identical_across_cache_chunk_source_and_gr(files, moe_layout):
     path = files("q8-top2")
     ref = None
     for unfused, prefill in itertools.product((False, True), (1, 7, 64, N_PROMPT)):
-        probe = build(path, "cuda", expert_cache="all", prefill=prefill, gr_unfused=unfused)
+        probe = build(path, "cuda", expert_cache="all", prefill=prefill, gr_unfused=unfused, moe_layout=moe_layout)
         plan = probe.layout(probe.chunk, True)
-        assert plan["kind"] == "fused" and any(b["name"] == "xn" for b in plan["buffers"]) == unfused
+        assert plan["kind"] == ("fused" if moe_layout == "fused" else "mmq")
+        assert any(b["name"] == "xn" for b in plan["buffers"]) == unfused
         smallest = f"{(plan['slots'] + 1) * plan['slot_bytes']}b"
         del probe
         for cache, source in itertools.product((smallest, "64"), ("host", "mmap")):
-            out = build(path, "cuda", expert_cache=cache, prefill=prefill, source=source, gr_unfused=unfused).logits(
-                PROMPT)
+            out = build(path, "cuda", expert_cache=cache, prefill=prefill, source=source, gr_unfused=unfused,
+                        moe_layout=moe_layout).logits(PROMPT)
             assert np.isfinite(out).all()
             ref = out if ref is None else ref
             assert same(out, ref), f"prefill={prefill} cache={cache} source={source} unfused={unfused}"
+    if moe_layout == "auto":  # the MMQ layout streamed: the all-resident load's logits, bit for bit
+        assert same(build(path, "cuda", expert_cache="all", prefill=64).logits(PROMPT), ref)
 
 
 def test_gpu_resident_logits_identical_across_chunks(files):

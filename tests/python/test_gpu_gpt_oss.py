@@ -46,10 +46,10 @@ def gpu(path: str, **kw) -> strata.Model:
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_gpu_gpt_oss_logits_match_cpu(oss, mix, kv):
-    """The fused layout (a 64 MiB cache: the experts read float activations)."""
+    """The fused layout (a 64 MiB cache under moe_layout="fused": the experts read float activations)."""
     path = oss(mix)
-    cpu = strata.Model(path, device="cpu", ctx=128, expert_cache=64, progress=False).logits(PROMPT)
-    m = gpu(path, kv_type=kv, expert_cache=64)
+    cpu = strata.Model(path, device="cpu", ctx=128, expert_cache=64, moe_layout="fused", progress=False).logits(PROMPT)
+    m = gpu(path, kv_type=kv, expert_cache=64, moe_layout="fused")
     assert m.layout(16)["kind"] == "fused"
     e = rel(m.logits(PROMPT), cpu)
     print(f"gpt-oss {mix} kv={kv}: vs cpu {e:.2e}")
@@ -88,16 +88,17 @@ def test_gpu_gpt_oss_decode_graph_matches_op_by_op(oss, mix):
     assert with_graph.tokens == without.tokens
 
 
-def test_gpu_gpt_oss_logits_do_not_depend_on_chunks_or_cache(oss):
-    """Invariant 4: chunk size and cache size (64 MiB, or one slot more than a chunk borrows)
-    leave the logits' bytes."""
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
+def test_gpu_gpt_oss_logits_do_not_depend_on_chunks_or_cache(oss, moe_layout):
+    """Invariant 4, in either MoE layout: chunk size and cache size (64 MiB, or one slot more than a chunk
+    borrows) leave the logits' bytes."""
     path = oss("mxfp4")
     slot = gpu(path, expert_cache="all").spec["slot_bytes"]
     ref_out = None
     for prefill in (64, 7, 40):
-        region = strata.ModelInfo(path).layout(prefill, True)["slots"]
+        region = strata.ModelInfo(path, moe_layout=moe_layout).layout(prefill, True)["slots"]
         for cache in (64, f"{(region + 1) * slot}b"):
-            out = gpu(path, prefill=prefill, expert_cache=cache).logits(PROMPT)
+            out = gpu(path, prefill=prefill, expert_cache=cache, moe_layout=moe_layout).logits(PROMPT)
             if ref_out is None:
                 ref_out = out
             assert np.array_equal(out, ref_out), (prefill, cache)

@@ -38,7 +38,8 @@ def scratch_of(shape: dict) -> list:
 
 def prefill_layout(shape: dict, T: int, src: bool) -> dict:
     """_core.prefill_layout with the shape's optional keys filled: one stream, Q4_K experts, GR fused,
-    the attention block's scratch for the shape's heads."""
+    the attention block's scratch for the shape's heads, the default MoE layout (MMQ with a source too;
+    streamed_fused=True: fused there, as strata.Model(moe_layout='fused'))."""
     full = {"HC": 1, "expert_types": [12, 12, 12], "unfused": False, **shape, "scratch": scratch_of(shape)}
     return _core.prefill_layout(full, T, src)
 
@@ -81,6 +82,7 @@ def shapes(draw):
         head_dim=head_dim,
         expert_types=types,
         unfused=draw(st.booleans()),
+        streamed_fused=draw(st.booleans()),
     )
 
 
@@ -97,8 +99,9 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
     D, HC, E, K, F = shape["D"], shape["HC"], shape["E"], shape["K"], shape["F"]
     assert plan["tokens"] == T
     assert plan["source"] == src
-    # kind: fused iff an ExpertSource streams the experts (every type here supports fused)
-    assert plan["kind"] == ("fused" if src else "mmq"), plan["kind"]
+    # kind: fused iff an ExpertSource streams the experts and the shape asks for fused there (every type
+    # here supports fused); MMQ otherwise, the default with a source too
+    assert plan["kind"] == ("fused" if src and shape.get("streamed_fused", False) else "mmq"), plan["kind"]
     bufs = plan["buffers"]
     names = [b["name"] for b in bufs]
     assert len(set(names)) == len(names), f"duplicate buffer names {names}"
@@ -176,7 +179,14 @@ def check_plan(shape: dict, T: int, src: bool, plan: dict) -> None:
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=shapes(), T=chunk_tokens(), src=st.booleans())
 @example(
-    shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12, 12, 12], unfused=False),
+    shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12, 12, 12], unfused=False,
+               streamed_fused=True),
+    T=1,
+    src=True,
+)
+@example(
+    shape=dict(D=32, HC=1, E=1, K=1, F=32, heads=1, kv_heads=1, head_dim=16, expert_types=[12, 12, 12], unfused=False,
+               streamed_fused=False),
     T=1,
     src=True,
 )
@@ -232,8 +242,9 @@ def test_bad_scratch_rejected(bad):
 
 
 def test_layout_kind_needs_supported_types():
-    """With no expert type the fused path supports, even a streamed run uses the MMQ layout (and says so)."""
-    shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32, expert_types=[])
+    """With no expert type the fused path supports, even a streamed run asking for fused uses the MMQ
+    layout (and says so)."""
+    shape = dict(D=256, E=8, K=2, F=256, heads=4, kv_heads=2, head_dim=32, expert_types=[], streamed_fused=True)
     assert prefill_layout(shape, 16, True)["kind"] == "mmq"
     assert prefill_layout(shape, 16, False)["kind"] == "mmq"
 
@@ -255,10 +266,12 @@ def test_zero_tokens_rejected():
 
 
 @pytest.mark.parametrize("mix", ["f32", "q4_k"])
-def test_model_layout_matches_shape_plan(make_mix, mix):
-    """m.layout is the same plan as prefill_layout on the model's shape, with slots = ceil(bytes / slot)."""
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
+def test_model_layout_matches_shape_plan(make_mix, mix, moe_layout):
+    """m.layout is the same plan as prefill_layout on the model's shape and MoE layout, with
+    slots = ceil(bytes / slot)."""
     path = make_mix(mix)
-    m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False)
+    m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False, moe_layout=moe_layout)
     s = m.spec
     by_name = {t["name"]: t["type"] for t in strata.inspect(path)["tensors"]}
     types = [by_name[f"blk.{i}.ffn_{w}_exps.weight"] for i in range(s["layers"]) for w in ("gate", "up", "down")]
@@ -273,6 +286,7 @@ def test_model_layout_matches_shape_plan(make_mix, mix):
         head_dim=s["head_dim"],
         expert_types=types,
         unfused=False,
+        streamed_fused=moe_layout == "fused",
     )
     for T in (1, 2, 17, 64, 255, 256, 257, 4096):
         for src in (True, False):

@@ -84,9 +84,9 @@ def _third_of_experts(path: str, prefill: int = 8) -> str:
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_logits_match_transformers(q35_model, mix):
     path = q35_model(mix)
-    # Streamed through a cache a third the size of the experts, in chunks of 8: the fused layout, and the
-    # recurrent state carried across six chunks.
-    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False)
+    # Streamed through a cache a third the size of the experts, in chunks of 8, under moe_layout="fused": the
+    # fused layout, and the recurrent state carried across six chunks.
+    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False, moe_layout="fused")
     assert m.layout(8)["kind"] == "fused"
     ids = m.tokenize(PROMPT)
     assert len(ids) > 2 * 64
@@ -99,11 +99,11 @@ def test_logits_match_transformers(q35_model, mix):
 @pytest.mark.parametrize("cache", ["all", "third"])
 def test_greedy_tokens_match_transformers(q35_model, cache):
     """Every expert resident (the MMQ layout; float experts are never quantized) or streamed through a
-    third of them (the fused layout): the prompt, then greedy decoding (one token a pass, the gathered
-    decode MoE, the recurrent state advanced a token at a time) token for token against transformers'
-    argmax over the whole sequence."""
+    third of them (the fused layout, moe_layout="fused"): the prompt, then greedy decoding (one token a
+    pass, the gathered decode MoE, the recurrent state advanced a token at a time) token for token against
+    transformers' argmax over the whole sequence."""
     path = q35_model("f32")
-    streamed = {} if cache == "all" else {"expert_cache": _third_of_experts(path), "prefill": 8}
+    streamed = {} if cache == "all" else {"expert_cache": _third_of_experts(path), "prefill": 8, "moe_layout": "fused"}
     m = strata.Model(path, progress=False, **streamed)
     assert m.cache["all_resident"] == (cache == "all")
     ids = m.tokenize(PROMPT)
@@ -290,19 +290,20 @@ def test_each_hyperparameter_from_metadata_moves_the_logits(q35_model, key):
     assert err <= TOLERANCE
 
 
-def _slot_bytes(path: str, prefill: int, unfused: bool) -> tuple[int, int]:
-    plan = strata.ModelInfo(path, gr_unfused=unfused).layout(prefill, True)
-    assert plan["kind"] == "fused"
+def _slot_bytes(path: str, prefill: int, unfused: bool, moe_layout: str) -> tuple[int, int]:
+    plan = strata.ModelInfo(path, gr_unfused=unfused, moe_layout=moe_layout).layout(prefill, True)
+    assert plan["kind"] == ("fused" if moe_layout == "fused" else "mmq")
     return plan["slots"], plan["slot_bytes"]
 
 
+@pytest.mark.parametrize("moe_layout", ["auto", "fused"])
 @pytest.mark.parametrize("mix", ["q8_0", "mxfp4"])
-def test_logits_do_not_depend_on_cache_or_chunk_size(q35_model, mix):
-    """Streamed (fused layout): byte-identical logits across cache sizes from thrashing to all, chunk
+def test_logits_do_not_depend_on_cache_or_chunk_size(q35_model, mix, moe_layout):
+    """Streamed, in either MoE layout: byte-identical logits across cache sizes from thrashing to all, chunk
     sizes that cut the prompt unevenly (the recurrent state crossing each cut, the cuts falling inside
     and across the DeltaNet's 64-position chunks), both sources and both GR modes; the one-token decode
     scratch equals the first row of a prompt; with every expert resident (MMQ) identical across chunk
-    sizes."""
+    sizes, and (the default, MMQ streamed too) identical to the streamed logits."""
     path = q35_model(mix)
     rng = np.random.default_rng(99)
     prompt = [int(x) for x in rng.integers(1, 500, size=150)]
@@ -310,25 +311,29 @@ def test_logits_do_not_depend_on_cache_or_chunk_size(q35_model, mix):
     n = spec["layers"] * spec["experts"]
     ref = None
     for prefill, source, unfused in ((5, "host", False), (13, "mmap", True), (150, "host", False)):
-        region, slot = _slot_bytes(path, prefill, unfused)
+        region, slot = _slot_bytes(path, prefill, unfused, moe_layout)
         for slots in (region + 1, region + spec["top_k"] + 2, region + n):
             m = strata.Model(path, ctx=160, expert_cache=f"{slots * slot}b", prefill=prefill, source=source,
-                             gr_unfused=unfused, progress=False)
+                             gr_unfused=unfused, progress=False, moe_layout=moe_layout)
             assert not m.cache["all_resident"]
             out = m.logits(prompt)
             if ref is None:
                 ref = out
             assert np.array_equal(out, ref), f"prefill {prefill}, {slots} slots: {np.abs(out - ref).max()}"
-    one = strata.Model(path, ctx=160, expert_cache=64, prefill=16, progress=False).logits(prompt[:1])
+    one = strata.Model(path, ctx=160, expert_cache=64, prefill=16, progress=False,
+                       moe_layout=moe_layout).logits(prompt[:1])
     assert np.array_equal(one[0], ref[0])
     mmq = [strata.Model(path, ctx=160, expert_cache="all", prefill=p, progress=False).logits(prompt)
            for p in (7, 150)]
     assert np.array_equal(mmq[0], mmq[1])
-    # The MMQ layout's q8_0 activations move these logits by 9e-2 (q8_0) and 2.5e-1 (MXFP4) of max |logit|:
-    # the random DeltaNet outputs are small next to rms_eps (the rms_eps variant above moves the logits by
-    # 0.6), so the rounding of the experts' inputs is amplified. No closeness bound here would be derived;
-    # the MMQ block itself is checked against float64 with the same q8_0 activations on qwen3moe
-    # (test_vs_transformers.py), and on this model with float experts (test_greedy_tokens_match_transformers).
+    if moe_layout != "fused":
+        assert np.array_equal(mmq[0], ref), f"streamed MMQ vs all resident: {np.abs(mmq[0] - ref).max()}"
+    # Against the fused layout, the MMQ layout's q8_0 activations move these logits by 9e-2 (q8_0) and 2.5e-1
+    # (MXFP4) of max |logit|: the random DeltaNet outputs are small next to rms_eps (the rms_eps variant above
+    # moves the logits by 0.6), so the rounding of the experts' inputs is amplified. No closeness bound here
+    # would be derived; the MMQ block itself is checked against float64 with the same q8_0 activations on
+    # qwen3moe (test_vs_transformers.py), and on this model with float experts
+    # (test_greedy_tokens_match_transformers).
 
 
 def test_chat_turns_keep_the_recurrent_state_only_when_extended(q35_model):
@@ -415,22 +420,23 @@ def q35_scratch(md: dict, spec: dict) -> list[tuple[str, str, list[int]]]:
 def test_model_layout_matches_shape_plan(q35_model, mix):
     """Invariants 1 and 2: the model's chunk plan is the shape plan of its scratch list (the two layer kinds'
     shared mixer buffers, each as wide as its wider use, and the shared expert's), exact and 256-aligned, for
-    every T and both layouts."""
+    every T and both layouts (a source under moe_layout 'fused': fused; else MMQ)."""
     path = q35_model(mix)
-    m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False)
-    s = m.spec
     info = strata.inspect(path)
-    by_name = {t["name"]: t["type"] for t in info["tensors"]}
-    types = [by_name[f"blk.{i}.ffn_{w}_exps.weight"] for i in range(s["layers"]) for w in ("gate", "up", "down")]
-    shape = dict(D=s["hidden"], HC=1, E=s["experts"], K=s["top_k"], F=s["expert_ffn"], heads=s["heads"],
-                 kv_heads=s["kv_heads"], head_dim=s["head_dim"], expert_types=types, unfused=False,
-                 scratch=q35_scratch(info["metadata"], s))
-    for T in (1, 2, 17, 64, 257, 4096):
-        for src in (True, False):
-            got = m.layout(T, src)
-            check_plan(shape, T, src, got)
-            want = prefill_layout(shape, T, src)
-            assert got["buffers"] == want["buffers"] and got["bytes_needed"] == want["bytes_needed"]
+    for moe_layout in ("auto", "fused"):
+        m = strata.Model(path, expert_cache="all", prefill=64, ctx=256, progress=False, moe_layout=moe_layout)
+        s = m.spec
+        by_name = {t["name"]: t["type"] for t in info["tensors"]}
+        types = [by_name[f"blk.{i}.ffn_{w}_exps.weight"] for i in range(s["layers"]) for w in ("gate", "up", "down")]
+        shape = dict(D=s["hidden"], HC=1, E=s["experts"], K=s["top_k"], F=s["expert_ffn"], heads=s["heads"],
+                     kv_heads=s["kv_heads"], head_dim=s["head_dim"], expert_types=types, unfused=False,
+                     scratch=q35_scratch(info["metadata"], s), streamed_fused=moe_layout == "fused")
+        for T in (1, 2, 17, 64, 257, 4096):
+            for src in (True, False):
+                got = m.layout(T, src)
+                check_plan(shape, T, src, got)
+                want = prefill_layout(shape, T, src)
+                assert got["buffers"] == want["buffers"] and got["bytes_needed"] == want["bytes_needed"]
 
 
 def _edited(src: str, dst, edit) -> str:

@@ -19,6 +19,7 @@ import os
 import pytest
 
 import reference_logits as ref
+import strata
 from strata.testing import make_qwen3moe
 
 SAVED = json.load(open(os.path.join(os.path.dirname(__file__), "data", "logits_v0.1.json")))
@@ -47,3 +48,13 @@ def test_logits_match_release_0_1(v01_mix, mix, config):
         assert got != SAVED[f"{mix}/{config}"], "float experts must no longer be quantized to q8_0"
     else:
         assert got == SAVED[f"{mix}/{config}"]
+
+
+@pytest.mark.parametrize("mix", list(ref.MIXES))
+def test_streamed_default_gives_the_mmq_logits(v01_mix, mix):
+    """The "fused" config's bounded cache and source under the default moe_layout: the MMQ layout, whose
+    logits are the all-resident "mmq" config's bit for bit."""
+    streamed = {k: v for k, v in ref.CONFIGS["fused"].items() if k != "moe_layout"}
+    m = strata.Model(v01_mix(mix), ctx=64, progress=False, **streamed)
+    assert m.layout(m.chunk, True)["kind"] == "mmq"
+    assert ref.fingerprint(m.logits(ref.prompt())) == ref.fingerprint(ref.compute(v01_mix(mix), "mmq"))

@@ -152,8 +152,8 @@ def _check_mmq(mix: str, ours: np.ndarray, path: str, ids: list[int]) -> None:
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_logits_match_transformers(make_mix, mix):
     path = make_mix(mix)
-    # Streamed through a cache a third the size of the experts: the fused layout.
-    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False)
+    # Streamed through a cache a third the size of the experts, under moe_layout="fused": the fused layout.
+    m = strata.Model(path, expert_cache=_third_of_experts(path), prefill=8, progress=False, moe_layout="fused")
     assert m.layout(8)["kind"] == "fused"
     ids = m.tokenize(PROMPT)
     assert len(ids) > 10
@@ -189,18 +189,21 @@ def test_greedy_tokens_match_transformers(make_mix, mix):
 
 
 @pytest.mark.parametrize("unfused", [False, True], ids=["gr-fused", "gr-unfused"])
-@pytest.mark.parametrize("layout", ["fused", "mmq"])
-def test_layouts_and_gr_modes_match_transformers(make_mix, layout, unfused):
+@pytest.mark.parametrize("layout,streamed", [("fused", True), ("mmq", False), ("mmq", True)],
+                         ids=["fused", "mmq", "mmq-streamed"])
+def test_layouts_and_gr_modes_match_transformers(make_mix, layout, streamed, unfused):
+    """The fused layout (a third of the experts cached, moe_layout="fused") against float transformers; the
+    MMQ layout, every expert resident or streamed through the same cache (the default), against q8_0
+    activations."""
     path = make_mix("q4_k")
-    streamed = layout == "fused"
     m = strata.Model(path, expert_cache=_third_of_experts(path) if streamed else "all", prefill=8, progress=False,
-                     gr_unfused=unfused)
+                     gr_unfused=unfused, moe_layout="fused" if layout == "fused" else "auto")
     lay = m.layout(8, source=streamed)
     assert lay["kind"] == layout
     assert any(b["name"] == "xn" for b in lay["buffers"]) == unfused
     ids = m.tokenize(PROMPT)
     ours = m.logits(ids)
-    if streamed:
+    if layout == "fused":
         err = _rel_err(ours, _hf_logits(path, tuple(ids)))
         print(f"fused {'unfused' if unfused else 'fused'} GR: max relative logit error {err:.3e}")
         assert err <= TOLERANCE["q4_k"]
