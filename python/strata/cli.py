@@ -142,6 +142,12 @@ _POLICY_HELP = ("Expert cache eviction: lru (least recently used), lfu (least fr
                 "then it keeps part of them). lfu resolves decode on the host. Logits are the same.")
 
 
+_MOE_LAYOUT_HELP = ("How a bounded cache runs the experts it streams: auto or mmq (q8_0 products as with every expert "
+                    "resident: the same logits whatever the cache; faster on a GPU wherever a fifth or more of the "
+                    "experts are cached; larger prompt buffers) or fused (float products of exactly dequantized "
+                    "weights: smaller prompt buffers; faster with a cache of a few percent of the experts).")
+
+
 def _load_options(ctx_default: int | None = LOAD["ctx"], serving: bool = False) -> Decorator:
     policy = (click.option("--cache-policy", type=click.Choice(["auto", "lru", "lfu", "scan"]), default="auto",
                            show_default=True,
@@ -171,6 +177,8 @@ def _load_options(ctx_default: int | None = LOAD["ctx"], serving: bool = False) 
                           "while this layer runs (qwen3moe, deepseek2, deepseek4; --cache-policy lru); N: at most "
                           "N of each token's guesses a layer, the surest first; auto: 2 for deepseek4 (measured "
                           "faster), off elsewhere. Logits are the same."),
+        click.option("--moe-layout", type=click.Choice(["auto", "mmq", "fused"]), default=LOAD["moe_layout"],
+                     show_default=True, help=_MOE_LAYOUT_HELP),
         click.option("-t", "--threads", type=click.IntRange(min=0), default=LOAD["threads"], show_default=True,
                      help="CPU threads; 0: STRATA_THREADS, else every core."),
         click.option("-q", "--quiet", is_flag=True,
@@ -328,7 +336,7 @@ def _ctx_full_note(m: strata.Model, stats: dict[str, Any]) -> str | None:
 def generate(model: str | None, model_opt: str | None, prompt: str | None, prompt_file: Any, chat: bool,
              system: str | None, max_tokens: int, ignore_eos: bool, device: str, kv_type: str, expert_cache: str,
              prefill: str,
-             source: str, cache_policy: str, prefetch: str,
+             source: str, cache_policy: str, prefetch: str, moe_layout: str,
              ctx: int, threads: int, quiet: bool, temperature: float, top_k: int, top_p: float, min_p: float,
              repeat_penalty: float, repeat_last_n: int, seed: int | None, stop: tuple[str, ...],
              stats: bool) -> None:
@@ -348,7 +356,7 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
     if prompt_file is not None:
         prompt = prompt_file.read()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch),
+              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
               ctx=ctx, threads=threads)
     it = None
     try:
@@ -386,8 +394,8 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
 @_sampling_options
 def chat(model: str | None, model_opt: str | None, system: str | None, max_tokens: int | None, device: str,
          kv_type: str,
-         expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, ctx: int, threads: int,
-         quiet: bool,
+         expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, moe_layout: str, ctx: int,
+         threads: int, quiet: bool,
          temperature: float,
          top_k: int, top_p: float, min_p: float, repeat_penalty: float, repeat_last_n: int, seed: int | None,
          stop: tuple[str, ...], stats: bool) -> None:
@@ -403,7 +411,7 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
     kw = _sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
                    ctx if max_tokens is None else max_tokens)
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch),
+              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
               ctx=ctx, threads=threads)
     session = ChatSession(m, system=system, stop=list(stop), stats=stats, print_stats=_print_stats,
                           ctx_full_note=_ctx_full_note, **kw)
@@ -442,7 +450,8 @@ def _serve_policy(policy: str, parallel: int, prefetch: bool) -> str:
 @_load_options(serving=True)
 def serve(model: str | None, model_opt: str | None, host: str, port: int, parallel: int, queue: int, turn: int,
           api_key: str | None, model_id: str | None, device: str, kv_type: str, expert_cache: str, prefill: str,
-          source: str, cache_policy: str, prefetch: str, ctx: int, threads: int, quiet: bool) -> None:
+          source: str, cache_policy: str, prefetch: str, moe_layout: str, ctx: int, threads: int,
+          quiet: bool) -> None:
     """Serve MODEL (a GGUF file) over OpenAI's HTTP API: POST /v1/chat/completions (the model's chat
     template) and /v1/completions, streamed (SSE) or not; GET /v1/models, /health and /metrics
     (Prometheus).
@@ -468,8 +477,8 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
                    "can use the model; give --api-key KEY (or STRATA_API_KEY)", err=True)
     try:
         m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill,
-                  source=source, cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), ctx=ctx, threads=threads,
-                  seqs=parallel)
+                  source=source, cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
+                  ctx=ctx, threads=threads, seqs=parallel)
     except BaseException:
         sock.close()
         raise
@@ -505,13 +514,15 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
                    "when the cache is too small for it]")
 @click.option("-c", "--ctx", type=click.IntRange(min=1), default=LOAD["ctx"], show_default=True,
               help="With --expert-cache: the --ctx of that load (a chunk is at most ctx tokens).")
+@click.option("--moe-layout", type=click.Choice(["auto", "mmq", "fused"]), default=LOAD["moe_layout"],
+              show_default=True, help="With --expert-cache: the --moe-layout of that load (its chunk's buffers).")
 @_device_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def info(model: str | None, model_opt: str | None, expert_cache: str | None, prefill: str | None, ctx: int,
-         device: str, as_json: bool) -> None:
+         moe_layout: str, device: str, as_json: bool) -> None:
     """Architecture, shapes, parameters, quant mix and memory of MODEL (a GGUF file), from its header
     alone: nothing is loaded. With --expert-cache, the slots and the prompt chunk that a load with the
-    same --expert-cache, --prefill and --ctx takes, or the error it stops with."""
+    same --expert-cache, --prefill, --ctx and --moe-layout takes, or the error it stops with."""
     path = _model_path(model, model_opt)
     if expert_cache is not None:
         try:
@@ -519,7 +530,7 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
             parse_prefill(prefill)
         except strata.Error as e:
             _fail(e)
-    m = _info(path)
+    m = _info(path, moe_layout=moe_layout)
     s = m.spec
     mix: Counter[tuple[str, str]] = Counter()
     mix_bytes: Counter[tuple[str, str]] = Counter()
@@ -578,15 +589,18 @@ def info(model: str | None, model_opt: str | None, expert_cache: str | None, pre
               help="Tokens in the chunk (T).")
 @click.option("--no-source", is_flag=True, help="Plan for an all-resident cache (no ExpertSource streams experts).")
 @click.option("--unfused", is_flag=True, help="Plan with the GR read unfused (xn carved), as STRATA_GR_UNFUSED=1.")
+@click.option("--moe-layout", type=click.Choice(["auto", "mmq", "fused"]), default=LOAD["moe_layout"],
+              show_default=True, help="Plan a streamed chunk as generate's --moe-layout runs it (fused: the fused "
+                                      "layout's buffers; auto, mmq: the MMQ layout's, as with no source).")
 @click.option("--expert-cache", default=None, metavar="SIZE",
               help="Also show how many slots of a cache this size (MiB or units, as generate's) the chunk borrows.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of a table.")
-def layout(model: str | None, model_opt: str | None, tokens: int, no_source: bool, unfused: bool,
+def layout(model: str | None, model_opt: str | None, tokens: int, no_source: bool, unfused: bool, moe_layout: str,
            expert_cache: str | None, as_json: bool) -> None:
     """Every buffer of one prompt chunk's scratch in MODEL (a GGUF file): name, dtype, shape, offset
     and bytes; bytes_needed, and the slots of the expert cache the chunk borrows."""
     path = _model_path(model, model_opt)
-    m = _info(path, gr_unfused=True if unfused else None)
+    m = _info(path, gr_unfused=True if unfused else None, moe_layout=moe_layout)
     try:
         lay = m.layout(tokens=tokens, source=not no_source)
         n = m.cache_slots(expert_cache) if expert_cache is not None else None
@@ -633,8 +647,8 @@ def _check_out_file(path: str, flag: str) -> None:
               help="Also write the results to this JSON file.")
 def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_tokens: int, device: str,
           kv_type: str,
-          expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, threads: int, quiet: bool,
-          seed: int,
+          expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, moe_layout: str,
+          threads: int, quiet: bool, seed: int,
           json_out: str | None) -> None:
     """Time a prompt of random tokens and a greedy decode with MODEL (a GGUF file); print a table
     (and JSON with --json). The context is the prompt plus the decode."""
@@ -645,7 +659,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
         _check_out_file(json_out, "--json")
     t0 = time.monotonic()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
-              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch),
+              cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
               ctx=prompt_tokens + gen_tokens + 1, threads=threads)
     load_s = time.monotonic() - t0
     specials = sorted(m.tokenizer.special_ids)

@@ -138,6 +138,8 @@ def test_layout_table(f16_model):
     r = run("layout", f16_model, "--tokens", "64")
     assert r.exit_code == 0, r.output
     assert "bytes_needed" in r.output and "grs" in r.output and "layout=mmq" in r.output
+    r = run("layout", f16_model, "--tokens", "64", "--moe-layout", "fused")
+    assert r.exit_code == 0 and "layout=fused" in r.output, r.output
     r = run("layout", f16_model, "--tokens", "64", "--no-source", "--unfused", "--json")
     lay = json.loads(r.output)
     assert lay["kind"] == "mmq" and any(b["name"] == "xn" for b in lay["buffers"])

@@ -47,6 +47,7 @@ LOAD_FLAGS = [
     (["--prefill", "auto:x"], "--prefill"),
     (["--prefill", "lots"], "--prefill"),
     (["--source", "disk"], "--source"),
+    (["--moe-layout", "fast"], "--moe-layout"),
     (["-t", "-1"], "--threads"),
     (["--threads", "many"], "--threads"),
     (["--device", "tpu"], "device"),
@@ -106,6 +107,8 @@ CASES += [
     (["layout", M, "--tokens", "many"], "--tokens"),
     (["layout", M, "--expert-cache", "abc"], "--expert-cache"),
     (["layout", M, "--expert-cache", "all"], "--expert-cache"),
+    (["layout", M, "--moe-layout", "MMQ"], "--moe-layout"),
+    (["info", M, "--moe-layout", "float"], "--moe-layout"),
     (["bench", M, "--prompt-tokens", "-5"], "--prompt-tokens"),
     (["bench", M, "--prompt-tokens", "0"], "--prompt-tokens"),
     (["bench", M, "--gen-tokens", "-1"], "--gen-tokens"),
@@ -285,6 +288,25 @@ def test_info_expert_cache_agrees_with_a_load(f16, prefill, ctx):
             assert plan["slots"] == m.cache["slots"]
 
 
+def test_moe_layout_flag_reaches_the_load_and_the_plans(f16):
+    """--moe-layout fused carves the fused layout's smaller chunk buffers: a cache with room for them and one
+    expert loads with it and not under the default (the MMQ layout); strata info --expert-cache and
+    strata layout plan the same chunk."""
+    fused = strata.ModelInfo(f16, moe_layout="fused").layout(64, True)
+    assert fused["slots"] < strata.ModelInfo(f16).layout(64, True)["slots"]
+    cache = f"{(fused['slots'] + 1) * fused['slot_bytes']}b"
+    load = ["--expert-cache", cache, "--prefill", "64", "--source", "mmap"]
+    r = run("generate", f16, "-p", "Once upon", "-n", "2", "--temp", "0", "--moe-layout", "fused", *load)
+    assert r.exit_code == 0, r.output
+    r = run("generate", f16, "-p", "Once upon", "-n", "2", "--temp", "0", *load)
+    assert r.exit_code == 2 and "--expert-cache" in r.stderr, r.output
+    for name, kind in (("auto", "mmq"), ("mmq", "mmq"), ("fused", "fused")):
+        r = run("layout", f16, "--tokens", "64", "--moe-layout", name, "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout)["kind"] == kind, r.output
+        r = run("info", f16, "--expert-cache", cache, "--prefill", "64", "--moe-layout", name, "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout)["cache"]["fits"] == (name == "fused"), r.output
+
+
 def test_auto_steps_down_below_256(f16):
     """Where some fixed --prefill loads, auto loads too (stepping down below 256 tokens if need be);
     where none does, both name the same smallest cache."""
@@ -400,7 +422,7 @@ def test_load_defaults_are_the_native_ones(f16):
     for k, v in strata.LOAD_DEFAULTS.items():
         assert sig[k].default == (None if k == "prefill" else v), k
     flags = {"device": "device", "expert_cache": "expert_cache", "source": "source", "ctx": "ctx",
-             "threads": "threads", "kv_type": "kv_type", "cache_policy": "cache_policy"}
+             "threads": "threads", "kv_type": "kv_type", "cache_policy": "cache_policy", "moe_layout": "moe_layout"}
     for name in ("generate", "chat", "bench"):
         params = {p.name: p for p in main.commands[name].params}
         for k, p in flags.items():
