@@ -81,7 +81,8 @@ def main() -> None:
     ap.add_argument("--expert-cache", default="all")
     ap.add_argument("--phase", choices=("decode", "prompt"), default="decode",
                     help="profile decode steps, or one prompt (summarize with --tokens 1: per prompt)")
-    ap.add_argument("--moe-layout", default="auto", help="strata.Model(moe_layout=...): auto or mmq")
+    ap.add_argument("--moe-layout", default="auto", choices=("auto", "mmq", "fused"),
+                    help="strata.Model(moe_layout=...): auto (the MMQ layout), mmq or fused")
     ap.add_argument("--summarize", default=None, help="an ncu CSV log to summarize")
     a = ap.parse_args()
     if a.summarize:

@@ -490,10 +490,11 @@ def main() -> None:
                     help="a decode step's misses written through by the expert products (bounded caches resolved on "
                          "the device; strata's default; off: STRATA_WRITE_THROUGH=0, each layer's misses filled by "
                          "the fill kernel first) for the decode rows: on, off, or both side by side")
-    ap.add_argument("--moe-layout", choices=("auto", "mmq", "both"), default="auto",
-                    help="the bounded caches' MoE layout: auto (strata's default: float expert products, misses "
-                         "written through), mmq (q8_0 products as every expert resident runs them: "
-                         "strata.Model(moe_layout='mmq')), or both side by side")
+    ap.add_argument("--moe-layout", choices=("auto", "fused", "both"), default="auto",
+                    help="the bounded caches' MoE layout: auto (strata's default: the MMQ layout, q8_0 expert "
+                         "products as every expert resident runs them), fused (float products of exactly dequantized "
+                         "weights: strata.Model(moe_layout='fused')), or both side by side; misses written through "
+                         "in each")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.decode_only and a.prompt_only:
@@ -607,14 +608,15 @@ def main() -> None:
             chosen += [dataclasses.replace(c, label=f"{c.label}, fill first", ncmoe=None,
                                            load={**c.load, "_write_through": False})
                        for c in chosen if c.decode_after and c.load.get("expert_cache") != "all"]
-        # The bounded caches with the MMQ layout (q8_0 expert products, strata.Model(moe_layout="mmq")): their own
-        # rows beside the default's (both), or instead of them (mmq).
+        # The bounded caches with the fused layout (float expert products, strata.Model(moe_layout="fused")): their
+        # own rows beside the default's MMQ ones (both), or instead of them (fused). The CPU share's rows need the
+        # MMQ layout: they stay as they are.
         if a.moe_layout != "auto":
-            mmq = [dataclasses.replace(c, label=f"{c.label}, mmq", load={**c.load, "moe_layout": "mmq"},
-                                       ncmoe=c.ncmoe if a.moe_layout == "mmq" else None)
-                   for c in chosen if c.load.get("expert_cache") != "all"]
+            fused = [dataclasses.replace(c, label=f"{c.label}, fused", load={**c.load, "moe_layout": "fused"},
+                                         ncmoe=c.ncmoe if a.moe_layout == "fused" else None)
+                     for c in chosen if c.load.get("expert_cache") != "all" and not c.load.get("cpu_experts")]
             chosen = (list(chosen) if a.moe_layout == "both" else
-                      [c for c in chosen if c.load.get("expert_cache") == "all"]) + mmq
+                      [c for c in chosen if c.load.get("expert_cache") == "all" or c.load.get("cpu_experts")]) + fused
         for cfg in chosen:
             if a.decode_only:
                 cfg = dataclasses.replace(cfg, prompts=())

@@ -240,7 +240,8 @@ def main() -> None:
     ap.add_argument("--source", default="auto")
     ap.add_argument("--prefetch", default="auto")
     ap.add_argument("--prefill", default=None)
-    ap.add_argument("--moe-layout", default="auto", help="strata.Model(moe_layout=...): auto or mmq")
+    ap.add_argument("--moe-layout", default="auto", choices=("auto", "mmq", "fused"),
+                    help="strata.Model(moe_layout=...): auto (the MMQ layout), mmq or fused")
     ap.add_argument("--trace", default=None, help="where the Chrome trace goes (default /tmp)")
     ap.add_argument("--json", default=None, help="write the run and its summary here")
     ap.add_argument("--summarize", default=None, help="a Chrome trace (.json or .json.gz) to summarize instead")
