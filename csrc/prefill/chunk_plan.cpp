@@ -45,6 +45,9 @@ ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_
   auto mib = [&](int64_t slots) { return ((uint64_t)slots * slot_bytes + (1 << 20) - 1) >> 20; };
   const std::string cache =
       str("--expert-cache ", mib_str(cache_bytes), " (", n_slots, " slots of ", slot_bytes, " bytes)");
+  // The MMQ layout's chunk buffers are the larger: where the fused layout could run, say so.
+  const std::string fused_hint =
+      !s.streamed_fused && p.fused_supported() ? ", or --moe-layout fused (smaller chunk buffers)" : "";
   if (mode != PrefillMode::Auto) {
     ChunkPlan c = make(max_T, false);
     if (c.fits) return c;
@@ -60,6 +63,7 @@ ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_
               " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs), "MiB or more");
       if (lo >= 1)  // lo only ever takes a chunk that fits
         c.error += str(", or --prefill ", lo, " or fewer tokens, or --prefill auto");
+      c.error += fused_hint;
       return c;
     }
     // Default: no --prefill was given, so a cache too small for the default chunk steps down.
@@ -80,6 +84,7 @@ ChunkPlan plan_chunk(const Prefill& p, size_t slot_bytes, int64_t n_slots, size_
                 " slots and needs ", c.needs, "; use --expert-cache ", mib(c.needs), "MiB or more");
   if (useful > 1 && mib(make(useful, true).needs) > mib(c.needs))
     c.error += str(" (", mib(make(useful, true).needs), "MiB or more for chunks of ", useful, " tokens)");
+  c.error += fused_hint;
   return c;
 }
 

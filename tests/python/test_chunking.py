@@ -57,3 +57,12 @@ def test_error_names_a_cache_that_works(q4k):
     assert smallest.endswith("MiB") and useful.endswith("MiB")
     assert probe.plan_chunk(smallest, 4096)["fits"]
     assert probe.plan_chunk(useful, 4096)["chunk"] >= 256
+
+
+def test_error_names_the_fused_layout_where_it_could_run(q4k):
+    # The MMQ layout's chunk buffers are the larger: a cache too small for its chunk is told about the fused
+    # layout's; a load that already runs the fused layout is not.
+    path, probe = q4k
+    assert "--moe-layout fused" in probe.plan_chunk(f"{probe.spec['slot_bytes']}b", 4096)["error"]
+    fused = strata.ModelInfo(path, moe_layout="fused")
+    assert "--moe-layout fused" not in fused.plan_chunk(f"{fused.spec['slot_bytes']}b", 4096)["error"]

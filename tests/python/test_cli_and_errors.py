@@ -257,8 +257,13 @@ def test_cache_too_small_names_the_fix(f16_model):
     prefill = int(str(e.value).split(", or --prefill ")[1].split()[0])
     assert strata.Model(f16_model, expert_cache=cache, prefill=512, progress=False).chunk == 512
     assert strata.Model(f16_model, expert_cache=f"{6 * slot}b", prefill=prefill, progress=False).chunk == prefill
+    # No chunk fits: no --prefill; the fused layout's smaller buffers are named (the default runs MMQ), and
+    # not where the load asks for the fused layout already.
+    with pytest.raises(strata.MemoryError,
+                       match=r"use --expert-cache \d+MiB or more, or --moe-layout fused \(smaller chunk buffers\)$"):
+        strata.Model(f16_model, expert_cache="20KiB", prefill=512, progress=False)
     with pytest.raises(strata.MemoryError, match=r"use --expert-cache \d+MiB or more$"):
-        strata.Model(f16_model, expert_cache="20KiB", prefill=512, progress=False)  # no chunk fits: no --prefill
+        strata.Model(f16_model, expert_cache="20KiB", prefill=512, progress=False, moe_layout="fused")
 
 
 def test_default_prefill_steps_down_for_a_small_cache(f16_model):
