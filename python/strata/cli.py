@@ -179,6 +179,12 @@ def _load_options(ctx_default: int | None = LOAD["ctx"], serving: bool = False) 
                           "faster), off elsewhere. Logits are the same."),
         click.option("--moe-layout", type=click.Choice(["auto", "mmq", "fused"]), default=LOAD["moe_layout"],
                      show_default=True, help=_MOE_LAYOUT_HELP),
+        click.option("--cpu-experts", type=click.IntRange(0, 64), default=LOAD["cpu_experts"], show_default=True,
+                     metavar="N",
+                     help="Decode with a bounded cache: compute up to N of each token's missed experts a layer on "
+                          "the CPU from host memory while the link brings the others (llama.cpp's CPU experts beside "
+                          "strata's streaming; qwen3moe, deepseek2, qwen35moe; not with --moe-layout fused). 0: off. "
+                          "Logits are the same."),
         click.option("-t", "--threads", type=click.IntRange(min=0), default=LOAD["threads"], show_default=True,
                      help="CPU threads; 0: STRATA_THREADS, else every core."),
         click.option("-q", "--quiet", is_flag=True,
@@ -336,7 +342,7 @@ def _ctx_full_note(m: strata.Model, stats: dict[str, Any]) -> str | None:
 def generate(model: str | None, model_opt: str | None, prompt: str | None, prompt_file: Any, chat: bool,
              system: str | None, max_tokens: int, ignore_eos: bool, device: str, kv_type: str, expert_cache: str,
              prefill: str,
-             source: str, cache_policy: str, prefetch: str, moe_layout: str,
+             source: str, cache_policy: str, prefetch: str, moe_layout: str, cpu_experts: int,
              ctx: int, threads: int, quiet: bool, temperature: float, top_k: int, top_p: float, min_p: float,
              repeat_penalty: float, repeat_last_n: int, seed: int | None, stop: tuple[str, ...],
              stats: bool) -> None:
@@ -357,6 +363,7 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
         prompt = prompt_file.read()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
               cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
+              cpu_experts=cpu_experts,
               ctx=ctx, threads=threads)
     it = None
     try:
@@ -394,7 +401,8 @@ def generate(model: str | None, model_opt: str | None, prompt: str | None, promp
 @_sampling_options
 def chat(model: str | None, model_opt: str | None, system: str | None, max_tokens: int | None, device: str,
          kv_type: str,
-         expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, moe_layout: str, ctx: int,
+         expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, moe_layout: str,
+         cpu_experts: int, ctx: int,
          threads: int, quiet: bool,
          temperature: float,
          top_k: int, top_p: float, min_p: float, repeat_penalty: float, repeat_last_n: int, seed: int | None,
@@ -412,6 +420,7 @@ def chat(model: str | None, model_opt: str | None, system: str | None, max_token
                    ctx if max_tokens is None else max_tokens)
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
               cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
+              cpu_experts=cpu_experts,
               ctx=ctx, threads=threads)
     session = ChatSession(m, system=system, stop=list(stop), stats=stats, print_stats=_print_stats,
                           ctx_full_note=_ctx_full_note, **kw)
@@ -450,7 +459,7 @@ def _serve_policy(policy: str, parallel: int, prefetch: bool) -> str:
 @_load_options(serving=True)
 def serve(model: str | None, model_opt: str | None, host: str, port: int, parallel: int, queue: int, turn: int,
           api_key: str | None, model_id: str | None, device: str, kv_type: str, expert_cache: str, prefill: str,
-          source: str, cache_policy: str, prefetch: str, moe_layout: str, ctx: int, threads: int,
+          source: str, cache_policy: str, prefetch: str, moe_layout: str, cpu_experts: int, ctx: int, threads: int,
           quiet: bool) -> None:
     """Serve MODEL (a GGUF file) over OpenAI's HTTP API: POST /v1/chat/completions (the model's chat
     template) and /v1/completions, streamed (SSE) or not; GET /v1/models, /health and /metrics
@@ -478,6 +487,7 @@ def serve(model: str | None, model_opt: str | None, host: str, port: int, parall
     try:
         m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill,
                   source=source, cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
+                  cpu_experts=cpu_experts,
                   ctx=ctx, threads=threads, seqs=parallel)
     except BaseException:
         sock.close()
@@ -648,6 +658,7 @@ def _check_out_file(path: str, flag: str) -> None:
 def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_tokens: int, device: str,
           kv_type: str,
           expert_cache: str, prefill: str, source: str, cache_policy: str, prefetch: str, moe_layout: str,
+          cpu_experts: int,
           threads: int, quiet: bool, seed: int,
           json_out: str | None) -> None:
     """Time a prompt of random tokens and a greedy decode with MODEL (a GGUF file); print a table
@@ -660,6 +671,7 @@ def bench(model: str | None, model_opt: str | None, prompt_tokens: int, gen_toke
     t0 = time.monotonic()
     m = _load(path, quiet, device=device, kv_type=kv_type, expert_cache=expert_cache, prefill=prefill, source=source,
               cache_policy=cache_policy, prefetch=parse_prefetch(prefetch), moe_layout=moe_layout,
+              cpu_experts=cpu_experts,
               ctx=prompt_tokens + gen_tokens + 1, threads=threads)
     load_s = time.monotonic() - t0
     specials = sorted(m.tokenizer.special_ids)

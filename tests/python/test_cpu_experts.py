@@ -54,3 +54,23 @@ def test_stats_tell_the_cpu_share(tmp_path):
     stats = m.last_stats
     assert stats["cache_cpu_experts"] > 0
     assert "computed on the CPU" in _decode_stream(stats)
+
+
+def test_cli_takes_cpu_experts(tmp_path):
+    from click.testing import CliRunner
+
+    from strata.cli import main
+
+    path = make(str(tmp_path / "q.gguf"), "qwen3moe-q4_k")
+    slot = strata.ModelInfo(path).spec["slot_bytes"]
+    args = ["generate", path, "-p", "hello there", "-n", "6", "--temp", "0", "--device", "cpu", "--expert-cache",
+            f"{5 * slot}b", "--prefill", "8", "-q"]
+    plain = CliRunner().invoke(main, args)
+    shared = CliRunner().invoke(main, [*args, "--cpu-experts", "2", "--stats"])
+    assert plain.exit_code == 0 and shared.exit_code == 0, (plain.output, shared.output)
+    assert shared.stdout == plain.stdout  # the same greedy text
+    assert "computed on the CPU" in shared.output
+    bad = CliRunner().invoke(main, [*args, "--cpu-experts", "65"])
+    assert bad.exit_code == 2 and "--cpu-experts" in bad.output
+    fused = CliRunner().invoke(main, [*args, "--cpu-experts", "1", "--moe-layout", "fused"])
+    assert fused.exit_code != 0 and "moe_layout" in fused.output and "Traceback" not in fused.output
