@@ -254,12 +254,17 @@ void cpu_share(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, co
   const ExpertSource* src = ctx.cache.source();
   STRATA_CHECK(src && b.moe == MoeLayout::MMQ, Error,
                "internal error: the CPU share needs a source and the MMQ layout");
-  std::vector<float> y(static_cast<size_t>(D));
+  // Each expert's row in its own place of the host buffer: the uploads are queued on the compute stream
+  // behind the products (no wait here) and read the buffer until they run; the next layer's routing download
+  // waits for them before any cpu_share writes it again.
+  float* out = ctx.host_experts->rows(static_cast<int64_t>(ids.size()), D);
   uint64_t bytes = 0;
-  for (int32_t e : ids) {
-    ctx.host_experts->run(lay, *src, l, e, xq.data(), y.data());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t e = ids[i];
+    float* y = out + i * D;
+    ctx.host_experts->run(lay, *src, l, e, xq.data(), y);
     for (int32_t row = r.off[e]; row < r.off[e + 1]; ++row)
-      be.upload(b.yd + (int64_t)row * D, y.data(), y.size() * sizeof(float));
+      be.upload_async(b.yd + (int64_t)row * D, y, static_cast<size_t>(D) * sizeof(float), Stream::Compute);
     bytes += lay.gate.bytes + lay.up.bytes + lay.down.bytes;
   }
   ctx.cache.count_cpu(ids.size(), bytes);

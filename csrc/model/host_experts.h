@@ -29,10 +29,16 @@ class HostExperts {
            float* y);
 
   int threads() const { return pool_.size(); }
+  // Room for n output rows of D floats, the rows a step's uploads read until they run: it grows, never
+  // shrinks, and the caller writes it only once the uploads from the last use have completed.
+  float* rows(int64_t n, int64_t D) {
+    if (out_.size() < static_cast<size_t>(n * D)) out_.resize(static_cast<size_t>(n * D));
+    return out_.data();
+  }
 
  private:
   ThreadPool pool_;
-  std::vector<float> g_, u_;
+  std::vector<float> g_, u_, out_;
   std::vector<uint8_t> hq_;
 };
 
