@@ -66,11 +66,7 @@ STRATA_HD inline float exp_portable(float x) {
 
 // silu(x) * u, as every backend's expert FFN computes it: (x / (1 + e^-x)) * u.
 STRATA_HD inline float swiglu_portable(float x, float u) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, exp_portable(-x))), u);
-#else
-  return (x / (1.0f + exp_portable(-x))) * u;
-#endif
+  return rn::mul(rn::div(x, rn::add(1.0f, exp_portable(-x))), u);
 }
 
 }  // namespace strata

@@ -18,6 +18,13 @@ STRATA_HD inline float add(float a, float b) {
   return a + b;
 #endif
 }
+STRATA_HD inline float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
 STRATA_HD inline float mul(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);

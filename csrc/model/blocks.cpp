@@ -252,22 +252,19 @@ void cpu_share(const ForwardContext& ctx, const PrefillBuffers& b, int64_t l, co
   const int64_t D = ctx.spec.D;
   const ExpertLayerLayout& lay = ctx.experts.layers[l];
   const ExpertSource* src = ctx.cache.source();
-  STRATA_CHECK(src && b.moe == MoeLayout::MMQ, Error,
-               "internal error: the CPU share needs a source and the MMQ layout");
+  STRATA_CHECK(src, Error, "internal error: the CPU share needs a source");
   // Each expert's row in its own place of the host buffer: the uploads are queued on the compute stream
   // behind the products (no wait here) and read the buffer until they run; the next layer's routing download
   // waits for them before any cpu_share writes it again.
   float* out = ctx.host_experts->rows(static_cast<int64_t>(ids.size()), D);
-  uint64_t bytes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t e = ids[i];
     float* y = out + i * D;
     ctx.host_experts->run(lay, *src, l, e, xq.data(), y);
     for (int32_t row = r.off[e]; row < r.off[e + 1]; ++row)
       be.upload_async(b.yd + (int64_t)row * D, y, static_cast<size_t>(D) * sizeof(float), Stream::Compute);
-    bytes += lay.gate.bytes + lay.up.bytes + lay.down.bytes;
   }
-  ctx.cache.count_cpu(ids.size(), bytes);
+  ctx.cache.count_cpu(ids.size(), ids.size() * (lay.gate.bytes + lay.up.bytes + lay.down.bytes));
 }
 
 // A decode step's experts all at once: each matrix is one matmul_experts over the token's K rows,
