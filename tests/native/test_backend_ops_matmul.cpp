@@ -691,7 +691,11 @@ TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
         for (int m = 0; m < 2; ++m)
           for (int64_t e : {2, 3})
             std::memcpy(&want[wc.perm[e] * slot_bytes + base + m * mpad], W[m][e].data(), mb);
-        for (const bool pair : {false, true}) {
+        // On a GPU both stagings of the pending rows: cp.async (the default) and register loads
+        // (STRATA_CUDA_WT_LD=1).
+        for (const int combo : {0, 1, 2, 3}) {
+          const bool pair = combo % 2 == 1;
+          const ScopedEnv env("STRATA_CUDA_WT_LD", combo / 2 ? "1" : "0");
           Dev<uint8_t> dmem(be(), mem, "slots");
           ExpertTable tab;
           tab.E = wc.E;
@@ -714,8 +718,9 @@ TEST_P(MatmulOp, MatmulQ8ExpertsWritesThrough) {
             be().matmul_q8_experts((uint32_t)t, tab, 1, rows, cols, dids.p(), dorder.p(), wc.n, dxq.p(), xrb,
                                    Y1.p(), ldy);
           }
-          const std::string what = str("matmul_q8_experts", pair ? "_pair" : "", " write-through ",
-                                       quant_traits(t).name, " ", cols, " columns, source lead ", lead);
+          const std::string what =
+              str("matmul_q8_experts", pair ? "_pair" : "", " write-through ", quant_traits(t).name, " ",
+                  cols, " columns, source lead ", lead, combo / 2 ? ", STRATA_CUDA_WT_LD=1" : "");
           const std::vector<float> y[2] = {Y0.get(), Y1.get()};
           for (int m = 0; m < 2; ++m)
             for (int64_t i = 0; i < wc.n; ++i) {

@@ -184,6 +184,10 @@ bool gemv_experts_xs_on();
 // STRATA_CUDA_GEMV_STAGE=0: the one-token GEMV decodes its weights from global memory, not a warp's copy
 // in shared memory (gemv::WStage; the same bits either way), for the A/B.
 bool gemv_stage_on();
+// Whether mmvq_experts stages a pending slot's rows (the write-through) by register loads instead of
+// cp.async (STRATA_CUDA_WT_LD=1, read at each launch; the same bytes, so the same bits). Opt-in until a GPU
+// has timed it.
+bool wt_ld_on();
 // Whether the Q4_K MMVQ kernel's integer phase goes a superblock a thread (the same bits):
 // STRATA_CUDA_MMVQ_SB=0 turns it off, to measure the difference.
 bool mmvq_sb_on();

@@ -241,8 +241,9 @@ __device__ __forceinline__ void q4k_superblock(const uint8_t* blk, const uint32_
 // Rows r0 .. r0 + kRows of W (rows x cols, rows rb bytes apart, readable up to W + rows * rb) against
 // the q8_0 row xq, whose readable extent is [xlo, xhi). SB: Q4_K's phase 1 a superblock a thread where
 // the rows allow (q4k_superblock). through (write-through): W is the source in host memory, and the staged
-// rows also go to the same bytes of `through` (the slot).
-template <class F, bool SB = false>
+// rows also go to the same bytes of `through` (the slot); kLd: such rows staged by register loads
+// (stage_rows_ld), not cp.async.
+template <class F, bool SB = false, bool kLd = false>
 __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t rows, int64_t cols,
                                            const uint8_t* xq, const uint8_t* xlo, const uint8_t* xhi,
                                            float* y, int64_t r0, uint8_t* through = nullptr) {
@@ -263,8 +264,12 @@ __device__ __forceinline__ void mmvq_block(const uint8_t* W, size_t rb, int64_t 
     const int nb = static_cast<int>(min64(kNB, nblk - c0));
     const size_t woff = static_cast<size_t>(c0 * kQK / F::kBlock * F::kBytes);
     const size_t xoff = static_cast<size_t>(c0 * kXBlock);
-    stage_rows<C::kWPieces>(wraw, wrows, rb, nrows, woff, nb * kQK / F::kBlock * F::kBytes, W, whi, tid,
-                            kThreads);
+    if (kLd && through)
+      stage_rows_ld<C::kWPieces, 8>(wraw, wrows, rb, nrows, woff, nb * kQK / F::kBlock * F::kBytes, W, whi,
+                                    tid, kThreads);
+    else
+      stage_rows<C::kWPieces>(wraw, wrows, rb, nrows, woff, nb * kQK / F::kBlock * F::kBytes, W, whi, tid,
+                              kThreads);
     stage_rows<C::kXPieces>(xraw, xq, 0, 1, xoff, nb * kXBlock, xlo, xhi, tid, kThreads);
     cp_async_commit();
     cp_async_wait<0>();
@@ -350,7 +355,7 @@ __global__ void __launch_bounds__(kThreads) mmvq_kernel(MatmulQ8Args a) {
 }
 
 // matmul_q8_experts: block (x, i) is mmvq_kernel's block x on row i's expert matrix against q8_0 row i.
-template <class F, bool SB = false>
+template <class F, bool SB = false, bool kLd = false>
 __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
   grid_start();
   const bool second = blockIdx.y >= g.n;  // grid rows n .. 2 n - 1: matrix m2 (a pair launch)
@@ -371,9 +376,9 @@ __global__ void __launch_bounds__(kThreads) mmvq_experts_kernel(ExpertsArgs g) {
   // staged as the slot's would be, and go on to the slot; the same bytes, so the same products.
   const bool pending = g.t.pending && g.t.pending[g.t.slots[e]];
   const uint8_t* src = pending ? g.t.src[m] + static_cast<size_t>(e) * g.t.src_stride[m] : W;
-  mmvq_block<F, SB>(src, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq,
-                    g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y, r0,
-                    pending ? const_cast<uint8_t*>(W) : nullptr);
+  mmvq_block<F, SB, kLd>(src, g.rb, g.rows, g.cols, g.Xq + i * g.xrb, g.Xq,
+                         g.Xq + (g.n - 1) * g.xrb + nblk * kXBlock, Y, r0,
+                         pending ? const_cast<uint8_t*>(W) : nullptr);
 }
 }  // namespace vec
 
@@ -447,7 +452,12 @@ void launch_mmq_experts(const ExpertsArgs& g, cudaStream_t s) {
                   static_cast<unsigned>(g.m2 >= 0 ? 2 * g.n : g.n));
   // The experts' GEMV keeps the generic phase 1: with SB its extra shared memory costs a block an SM and
   // the 30B decode measured ~1% slower (bench/NOTES.md, 2026-12-06 evening).
-  launch_kernel(vec::mmvq_experts_kernel<F, false>, grid, vec::kThreads, 0, s, g);
+  // A table with pending slots (the write-through) under STRATA_CUDA_WT_LD=1: their rows staged by register
+  // loads (stage_rows_ld), a kernel of its own so that the loads' registers cost the other launches nothing.
+  if (g.t.pending && wt_ld_on())
+    launch_kernel(vec::mmvq_experts_kernel<F, false, true>, grid, vec::kThreads, 0, s, g);
+  else
+    launch_kernel(vec::mmvq_experts_kernel<F, false>, grid, vec::kThreads, 0, s, g);
   STRATA_CUDA_LAUNCH_CHECK();
 }
 

@@ -65,6 +65,48 @@ __device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* src, siz
   }
 }
 
+// stage_rows by plain 16-byte loads into registers, kPer a thread in flight at a time, then stores to dst:
+// the same bytes at the same places, in dst when the caller's barrier has passed (no cp.async group). For
+// a source in host memory (the write-through's pending rows): ncu and the 30B 1 GiB decode measured the
+// cp.async staging of such rows at ~25 GB/s of the link where the float GEMV's register loads of the same
+// rows reach ~34 (bench/NOTES.md, stop 45), so mmvq_experts' write-through takes this under
+// STRATA_CUDA_WT_LD=1.
+template <int kPieces, int kPer>
+__device__ __forceinline__ void stage_rows_ld(uint8_t* dst, const uint8_t* src, size_t stride, int count,
+                                              size_t off, int n, const uint8_t* lo, const uint8_t* hi,
+                                              int tid, int nthreads) {
+  const uintptr_t lo_a = reinterpret_cast<uintptr_t>(lo), hi_a = reinterpret_cast<uintptr_t>(hi);
+  const int total = count * kPieces;
+  for (int base = 0; base < total; base += kPer * nthreads) {
+    uint4 v[kPer];
+    bool live[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int it = base + tid + j * nthreads, i = it / kPieces, k = it % kPieces;
+      const uintptr_t first = reinterpret_cast<uintptr_t>(src + static_cast<size_t>(i) * stride + off);
+      const uintptr_t p = (first & ~uintptr_t{15}) + 16 * static_cast<uintptr_t>(k);
+      live[j] = it < total && p < first + static_cast<uintptr_t>(n);
+      if (!live[j]) continue;
+      if (p >= lo_a && p + 16 <= hi_a) {
+        v[j] = *reinterpret_cast<const uint4*>(p);
+      } else {  // the source's first or last piece: its bytes outside [lo, hi) are not read
+        uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int b = 0; b < 16; ++b)
+          if (p + b >= lo_a && p + b < hi_a)
+            w[b / 4] |= uint32_t{*reinterpret_cast<const uint8_t*>(p + b)} << (8 * (b % 4));
+        v[j] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (!live[j]) continue;
+      const int it = base + tid + j * nthreads;
+      *reinterpret_cast<uint4*>(dst + (it / kPieces) * 16 * kPieces + 16 * (it % kPieces)) = v[j];
+    }
+  }
+}
+
 // Write-through of what stage_rows staged from a source the slot has not received (ExpertTable::pending): row
 // i's bytes [off, off + n) from its staged pieces (dst + i * 16 kPieces, as stage_rows laid them out from
 // src) to the same bytes of slot, whose rows lie as src's modulo 16 (ExpertCache::write_through's condition):
