@@ -229,9 +229,14 @@ struct Q8_0 {
   static constexpr int kBlock = kQK8_0, kBytes = sizeof(BlockQ8_0);
   static constexpr int kD = offsetof(BlockQ8_0, d), kQs = offsetof(BlockQ8_0, qs);
   STRATA_HD static void decode(const uint8_t* b, int u, float v[kUnit]) {
-    const float d = half_float(ld16(b + kD));
     uint32_t w[4];
     ld_words<4>(b + kQs + kUnit * u, w);
+    decode_words(ld16(b + kD), w, v);
+  }
+  // Unit u's values from its block's scale bits and the unit's four words of quants (decode's arithmetic:
+  // the GEMV that loads a row's words before decoding any, gemv_row_q8raw_kernel, gets decode's values).
+  STRATA_HD static void decode_words(uint32_t d_bits, const uint32_t w[4], float v[kUnit]) {
+    const float d = half_float(d_bits);
     STRATA_UNROLL
     for (int i = 0; i < 4; ++i) STRATA_UNROLL
     for (int k = 0; k < 4; ++k) v[4 * i + k] = mul(s8_float(w[i] ^ 0x80808080u, k), d);

@@ -238,6 +238,59 @@ TEST_P(MatmulOp, MatmulStridedIsItsCalls) {
   }
 }
 
+// One token's Q8_0 GEMV that loads a lane's raw words of a row before decoding any (a GPU's
+// STRATA_CUDA_GEMV_RAW=1) gives the bits of the default one: through matmul, matmul_n (one launch) and
+// matmul_strided (one launch over the products); rows of fewer units than a warp, of one group of 4 or 8
+// rounds and a partial one, of two groups; some rows off 16-byte alignment (odd block counts).
+TEST_P(MatmulOp, OneTokenQ8RawIsTheDefaultGemv) {
+  std::mt19937 rng(41);
+  const QType t = QType::Q8_0;
+  for (const int64_t cols : {224, 2048, 2080, 4096, 9728}) {
+    const size_t rb = row_bytes(t, cols);
+    const int64_t rows = 37, n = 3;
+    Dev<uint8_t> W(be(), random_weights(t, n * rows, cols, rng), "W");
+    const int64_t ldx = cols + 4, ldy = rows + 1;
+    Dev<float> dx(be(), randf(rng, n * ldx, -2.f, 2.f), "X");
+    std::vector<float> got[2][3];  // [raw][matmul, matmul_n, matmul_strided]
+    for (const int raw : {0, 1}) {
+      const ScopedEnv env("STRATA_CUDA_GEMV_RAW", raw ? "1" : "0");
+      be().set_phase(Phase::Decode);
+      Dev<float> y1(be(), n * ldy, "Y"), yn(be(), n * ldy, "Y n"), ys(be(), n * ldy, "Y strided");
+      for (int64_t i = 0; i < n; ++i)
+        be().matmul((uint32_t)t, W.p() + i * rows * rb, rows, cols, dx.p() + i * ldx, ldx, 1,
+                    y1.p() + i * ldy, ldy);
+      Backend::MatmulOut outs[3];
+      for (int64_t i = 0; i < n; ++i) outs[i] = {W.p() + i * rows * rb, rows - i, yn.p() + i * ldy, ldy};
+      be().matmul_n((uint32_t)t, cols, dx.p(), ldx, 1, outs, n);
+      be().matmul_strided((uint32_t)t, W.p(), rows * rb, rows, cols, dx.p(), ldx, ldx, 1, ys.p(), ldy, ldy,
+                          n);
+      be().set_phase(Phase::Any);
+      got[raw][0] = y1.get();
+      got[raw][1] = yn.get();
+      got[raw][2] = ys.get();
+    }
+    for (int k = 0; k < 3; ++k)
+      expect_same(got[1][k], got[0][k],
+                  str(k == 0   ? "matmul"
+                      : k == 1 ? "matmul_n"
+                               : "matmul_strided",
+                      " Q8_0 ", cols, " columns, one token: STRATA_CUDA_GEMV_RAW=1 against 0"));
+    // and the default one's rows against the reference, so that equal bits are right bits
+    const auto wf = ref::dequant_rows(t, W.get().data(), rb, cols, n * rows);
+    const auto x = dx.get();
+    std::vector<float> g;
+    std::vector<double> want, mag;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < rows; ++r) {
+        const ref::Val v = ref::dot(&wf[(i * rows + r) * cols], &x[i * ldx], cols);
+        g.push_back(got[1][0][i * ldy + r]);
+        want.push_back(v.v);
+        mag.push_back(v.mag + 1e-30);
+      }
+    expect_err(max_err(g, want, mag), bounds().matmul, str("matmul Q8_0 ", cols, " columns, raw"));
+  }
+}
+
 // swiglu_q8_0 is swiglu then quantize_q8_0, bit for bit: the gate rows and their q8_0 bytes (row
 // stride past the blocks, whose gap stays untouched), a block of zeros (id = 0) among them.
 TEST_P(MatmulOp, SwigluQ8IsItsSteps) {

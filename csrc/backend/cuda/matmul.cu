@@ -93,6 +93,8 @@ bool gemv_xs_on() {
 // GPU run has checked and timed it: written after stop 42's device time ran out.
 bool gemv_experts_xs_on() { return env_switch("STRATA_CUDA_EXPERTS_XS", false); }
 
+bool gemv_raw_on() { return env_switch("STRATA_CUDA_GEMV_RAW", false); }
+
 bool wt_ld_on() { return env_switch("STRATA_CUDA_WT_LD", false); }
 
 bool gemv_stage_on() {

@@ -557,6 +557,122 @@ __global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs
   if (lane == 0) g.Y[i][r] = s;
 }
 
+// ---- one token's Q8_0 GEMV with all of a lane's loads of a row in flight at once ----
+// gemv_row_xs_kernel decodes 4 units a lane before its first product, so a 4096-column row takes two
+// memory round trips a warp after the activations' one; ncu on the H100 (2048 x 4096, stop 45): 11.1 us,
+// DRAM 24% busy, 23% of the warps an SM could hold (the grid's 2,048 warps, one a row), stalls on the
+// loads' scoreboard. Here a lane first loads the raw words of up to kG x 32 units of the row (each unit its
+// scale's 2 bytes and its 16 quants as 4 words: 5 registers), issued before the activations are staged so
+// that both round trips overlap, then decodes and multiplies them in order: the units each lane takes, their
+// values (Q8_0::decode_words, which decode calls) and the order of the fma chain are row_dot_with's, so the
+// bits are gemv_row_xs_kernel's. The whole row is prefetched into L2 before grid_start (the xs kernel: its
+// first half). STRATA_CUDA_GEMV_RAW=1 (read at each launch) until a GPU has timed it.
+template <int kG>
+struct Q8Raw {
+  uint32_t q[kG][4], d[kG];
+  // Units u0 + lane + 32 k (k < kG) of the row, those below `units`.
+  __device__ __forceinline__ void load(const uint8_t* row, int64_t u0, int64_t units, int lane) {
+#pragma unroll
+    for (int k = 0; k < kG; ++k) {
+      const int64_t u = u0 + lane + k * kWarp;
+      if (u >= units) continue;
+      const uint8_t* b = row + (u >> 1) * unit::Q8_0::kBytes;
+      d[k] = unit::ld16(b + unit::Q8_0::kD);
+      unit::ld_words<4>(b + unit::Q8_0::kQs + unit::kUnit * (u & 1), q[k]);
+    }
+  }
+  // acc += their products with the staged activations, unit by unit in column order.
+  __device__ __forceinline__ void dot(const float* xs, int64_t u0, int64_t units, int lane,
+                                      float& acc) const {
+#pragma unroll
+    for (int k = 0; k < kG; ++k) {
+      const int64_t u = u0 + lane + k * kWarp;
+      if (u >= units) continue;
+      float w[unit::kUnit], v[unit::kUnit];
+      unit::Q8_0::decode_words(d[k], q[k], w);
+#pragma unroll
+      for (int j = 0; j < unit::kUnit / 4; ++j)
+        *reinterpret_cast<float4*>(v + 4 * j) = reinterpret_cast<const float4*>(xs + u * kXStride)[j];
+#pragma unroll
+      for (int e = 0; e < unit::kUnit; ++e) acc = fmaf(w[e], v[e], acc);
+    }
+  }
+};
+
+// The lines of a row of rb bytes into L2 (a hint: no register is written).
+__device__ __forceinline__ void prefetch_bytes(const uint8_t* row, size_t rb, int lane) {
+  for (size_t off = static_cast<size_t>(lane) * 128; off < rb; off += kWarp * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+  if (lane == 0 && rb > 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + rb - 1));
+}
+
+// Row r of W (its scope's rows, `units` units) against the staged activations xs, the first group's loads
+// issued before the block stages xs (x, cols, x_vec): every thread of the block calls it (the barrier), live
+// ones with a row.
+template <int kG>
+__device__ __forceinline__ float q8raw_row(const uint8_t* row, bool live, const float* x, int64_t cols,
+                                           bool x_vec, int lane) {
+  const int64_t units = cols / unit::kUnit;  // Q8_0 rows: whole blocks, so whole units
+  Q8Raw<kG> g;
+  if (live) g.load(row, 0, units, lane);
+  stage_x_row(gemv_xs, x, cols, x_vec);
+  __syncthreads();
+  if (!live) return 0.0f;
+  float acc = 0.0f;
+  g.dot(gemv_xs, 0, units, lane, acc);
+  for (int64_t u0 = kG * kWarp; u0 < units; u0 += kG * kWarp) {
+    g.load(row, u0, units, lane);
+    g.dot(gemv_xs, u0, units, lane, acc);
+  }
+  return warp_sum(acc);
+}
+
+template <int kG>
+__global__ void __launch_bounds__(kXsThreads) gemv_row_q8raw_kernel(MatmulArgs a, bool x_vec) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp, b = blockIdx.y;
+  const uint8_t* row = a.W + b * a.w_stride + r * a.rb;
+  const bool live = r < a.rows;
+  if (live) prefetch_bytes(row, a.rb, lane);
+  grid_start();
+  const float s = q8raw_row<kG>(row, live, a.X + b * a.x_stride, a.cols, x_vec, lane);
+  if (live && lane == 0) a.Y[b * a.y_stride + r] = s;
+}
+
+template <int kG>
+__global__ void __launch_bounds__(kXsThreads) gemv_multi_q8raw_kernel(GemvMultiArgs g, bool x_vec) {
+  const int lane = threadIdx.x % kWarp;
+  int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
+  int i = 0;
+  const bool live = r < g.total;
+  if (live)
+    while (i + 1 < g.n && r >= g.rows[i]) r -= g.rows[i++];
+  const uint8_t* row = g.W[i] + r * g.rb;
+  if (live) prefetch_bytes(row, g.rb, lane);
+  grid_start();
+  const float s = q8raw_row<kG>(row, live, g.X, g.cols, x_vec, lane);
+  if (live && lane == 0) g.Y[i][r] = s;
+}
+
+// Groups of 4 rounds (2,048 columns) where the row has no more, else of 8: a lane's raw words, 20 or 40
+// registers.
+inline bool q8raw_small(int64_t cols) { return cols <= 4 * kWarp * unit::kUnit; }
+
+inline void q8raw_opt_in() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int most = static_cast<int>(xs_bytes(kXsMaxUnits * unit::kUnit));
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_row_q8raw_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_row_q8raw_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_multi_q8raw_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(gemv_multi_q8raw_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+  });
+}
+
 // matmul_experts with row i's activations staged once a block (gemv_row_xs_kernel's way): block (x, i) takes
 // kXsWarps rows of row i's expert matrix; kWt: a table with pending slots (gemv_row_experts_wt_kernel's
 // write-through, each warp's kWtArea after the activations). The experts' float-activation GEMV read each
@@ -642,7 +758,12 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.X = a.X + t0 * a.ldx;
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
-    if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols)) {
+    if (F::kType == QType::Q8_0 && g.T == 1 && gemv_raw_on() && xs_fits(a.cols)) {
+      q8raw_opt_in();
+      launch_kernel(q8raw_small(a.cols) ? gemv_row_q8raw_kernel<4> : gemv_row_q8raw_kernel<8>,
+                    dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads, xs_bytes(a.cols), s, g,
+                    x_vec);
+    } else if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols)) {
       xs_opt_in<F>();
       launch_kernel(gemv_row_xs_kernel<F>, dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads,
                     xs_smem<F>(a.cols, stage), s, g, x_vec, stage);
@@ -663,7 +784,12 @@ template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   using namespace gemv;
   const bool stage = gemv_stage_on();
-  if (gemv_xs_on() && xs_fits(g.cols)) {
+  if (F::kType == QType::Q8_0 && gemv_raw_on() && xs_fits(g.cols)) {
+    q8raw_opt_in();
+    launch_kernel(q8raw_small(g.cols) ? gemv_multi_q8raw_kernel<4> : gemv_multi_q8raw_kernel<8>,
+                  grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols), s, g,
+                  x_rows_aligned(g.X, 4));
+  } else if (gemv_xs_on() && xs_fits(g.cols)) {
     xs_opt_in<F>();
     launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads,
                   xs_smem<F>(g.cols, stage), s, g, x_rows_aligned(g.X, 4), stage);

@@ -184,6 +184,9 @@ bool gemv_experts_xs_on();
 // STRATA_CUDA_GEMV_STAGE=0: the one-token GEMV decodes its weights from global memory, not a warp's copy
 // in shared memory (gemv::WStage; the same bits either way), for the A/B.
 bool gemv_stage_on();
+// Whether one token's Q8_0 GEMV loads a lane's raw words of a row before decoding any
+// (gemv_row_q8raw_kernel; the same bits): STRATA_CUDA_GEMV_RAW=1, read at each launch; opt-in until timed.
+bool gemv_raw_on();
 // Whether mmvq_experts stages a pending slot's rows (the write-through) by register loads instead of
 // cp.async (STRATA_CUDA_WT_LD=1, read at each launch; the same bytes, so the same bits). Opt-in until a GPU
 // has timed it.
