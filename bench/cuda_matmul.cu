@@ -168,13 +168,14 @@ int main(int argc, char** argv) {
 
   // The shapes: a 2048 x 4096 dense matrix and qwen3-30b-a3b's expert matrices (gate/up 768 x 2048,
   // down 2048 x 768); GEMV at decode, the tensor cores at prompt chunks, both paths across the
-  // crossover, and the integer kernel where the type has one. A large projection (4096 x 8192: V4
-  // Flash's output projection) at decode only.
+  // crossover, and the integer kernel where the type has one. At decode only: a large projection (4096 x
+  // 8192: V4 Flash's output projection) and the 30B shape's output head (151,936 x 2048).
   std::vector<Cell> cells;
-  const int64_t shapes[][2] = {{2048, 4096}, {768, 2048}, {2048, 768}, {4096, 8192}};
+  const int64_t shapes[][2] = {{2048, 4096}, {768, 2048}, {2048, 768}, {4096, 8192}, {151936, 2048}};
+  const auto decode_only = [](const int64_t* sh) { return sh[1] == 8192 || sh[0] == 151936; };
   for (const auto& sh : shapes) {
     cells.push_back({"gemv", sh[0], sh[1], 1});
-    if (sh[1] == 8192) continue;
+    if (decode_only(sh)) continue;
     for (int64_t T : {512, 2048}) cells.push_back({"tc", sh[0], sh[1], T});
   }
   for (int64_t T : {2, 4, 8, 16, 32}) {
@@ -182,10 +183,10 @@ int main(int argc, char** argv) {
     cells.push_back({"tc", 2048, 4096, T});
   }
   for (const auto& sh : shapes)
-    if (sh[1] != 8192)
+    if (!decode_only(sh))
       for (int64_t T : {1, 8, 512, 2048}) cells.push_back({"q8", sh[0], sh[1], T});
 
-  std::printf("%-7s %-5s %5s %5s %5s %10s %9s %9s %10s %9s\n", "type", "path", "rows", "cols", "T", "us/call",
+  std::printf("%-7s %-5s %6s %5s %5s %10s %9s %9s %10s %9s\n", "type", "path", "rows", "cols", "T", "us/call",
               "GB/s", "TFLOP/s", "us chained", "GB/s");
   std::string json = str("{\"device\": \"", prop.name, "\", \"sms\": ", prop.multiProcessorCount,
                          ", \"runs\": ", runs, ", \"cells\": [");
@@ -229,7 +230,7 @@ int main(int argc, char** argv) {
         // Bytes a call must move at least: the weights once, the activations, the outputs.
         const double bytes = static_cast<double>(w.size()) + (q8 ? T * xrb : T * cols * 4.0) + T * rows * 4.0;
         const double flop = 2.0 * rows * cols * T;
-        std::printf("%-7s %-5s %5lld %5lld %5lld %10.2f %9.1f %9.2f", q.name, c.what, (long long)rows,
+        std::printf("%-7s %-5s %6lld %5lld %5lld %10.2f %9.1f %9.2f", q.name, c.what, (long long)rows,
                     (long long)cols, (long long)T, sec * 1e6, bytes / sec * 1e-9, flop / sec * 1e-12);
         if (chained > 0)
           std::printf(" %10.2f %9.1f\n", chained * 1e6, bytes / chained * 1e-9);
