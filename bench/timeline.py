@@ -13,6 +13,10 @@ Each activity falls in one class:
   experts  the experts' matmul kernels (a bounded decode's write-through ones read their misses from the host
            themselves, so there the link's time is inside this class);
   compute  every other kernel and memset.
+A kernel launched early (programmatic dependent launch: it starts while the one before it on its stream still
+runs, and waits inside for it) counts from the end of the activities before it on its stream: its own time. The
+classes' busy times and the table of activities use those own intervals, so a small kernel queued behind a
+long one is not charged the long one's time (the table also gives each one's start-to-end time).
 The summary gives, per token (decode) or per prompt: the span from the first activity's start to the last
 one's end, each class's busy time (the union of its intervals), the time the copy engine and the kernels ran
 at once, the GPU's idle time inside the span (waits on the host: downloads, syncs, launches), and the two
@@ -100,13 +104,24 @@ def events(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def own_intervals(ev: list[dict[str, Any]]) -> None:
+    """Sets each activity's "own" start: its start, or the latest end of the activities before it on its stream
+    where that is later (a kernel launched early waits inside for those; from then on the time is its own)."""
+    last: dict[Any, float] = {}
+    for e in sorted(ev, key=lambda e: (str(e["stream"]), e["start"], e["end"])):
+        prev = last.get(e["stream"], float("-inf"))
+        e["own_start"] = min(max(e["start"], prev), e["end"])
+        last[e["stream"]] = max(prev, e["end"])
+
+
 def summarize_events(ev: list[dict[str, Any]], units: int) -> dict[str, Any]:
     """Busy times, overlaps and idle time of a list of activities, in us per unit (a token or a prompt)."""
     if not ev:
         raise ValueError("the trace holds no GPU activity: was the profiler's CUDA tracing on?")
     units = max(units, 1)
+    own_intervals(ev)
     t0, t1 = min(e["start"] for e in ev), max(e["end"] for e in ev)
-    by_class = {c: union((e["start"], e["end"]) for e in ev if e["class"] == c) for c in CLASSES}
+    by_class = {c: union((e["own_start"], e["end"]) for e in ev if e["class"] == c) for c in CLASSES}
     kernels = union(iv for c in ("fill", "experts", "compute") for iv in by_class[c])
     copies = by_class["copy"]
     everything = union(kernels + copies)
@@ -120,11 +135,12 @@ def summarize_events(ev: list[dict[str, Any]], units: int) -> dict[str, Any]:
         streams[e["stream"]][0] += 1
     for s in streams:
         streams[s][1] = length(union((e["start"], e["end"]) for e in ev if e["stream"] == s))
-    top: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    top: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for e in ev:
         key = base_name(e["name"])[:100]
         top[key][0] += 1
         top[key][1] += e["end"] - e["start"]
+        top[key][2] += e["end"] - e["own_start"]
     return {
         "units": units,
         "span_us": span / units,
@@ -141,8 +157,8 @@ def summarize_events(ev: list[dict[str, Any]], units: int) -> dict[str, Any]:
         "copy_bytes": copy_bytes / units,
         "copy_gbps_busy": copy_bytes / c / 1e3 if c > 0 else None,
         "streams": {str(s): {"events": n / units, "busy_us": b / units} for s, (n, b) in streams.items()},
-        "top": sorted(({"name": n, "calls": cnt / units, "us": us / units} for n, (cnt, us) in top.items()),
-                      key=lambda r: -r["us"])[:20],
+        "top": sorted(({"name": n, "calls": cnt / units, "us": us / units, "own_us": own / units}
+                       for n, (cnt, us, own) in top.items()), key=lambda r: -r["own_us"])[:20],
     }
 
 
@@ -167,9 +183,9 @@ def print_summary(s: dict[str, Any], what: str) -> None:
     for st, v in sorted(s["streams"].items(), key=lambda kv: -kv[1]["busy_us"]):
         print(f"{st:>8s} {v['events']:9.1f} {v['busy_us']:10.1f}")
     print()
-    print(f"{'activity':100s} {'calls':>7s} {'us':>9s}")
+    print(f"{'activity':100s} {'calls':>7s} {'own us':>9s} {'us':>9s}")
     for r in s["top"]:
-        print(f"{r['name']:100s} {r['calls']:7.1f} {r['us']:9.1f}")
+        print(f"{r['name']:100s} {r['calls']:7.1f} {r['own_us']:9.1f} {r['us']:9.1f}")
 
 
 def load_trace(path: str) -> dict[str, Any]:

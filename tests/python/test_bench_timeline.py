@@ -82,3 +82,20 @@ def test_kernels_of_an_anonymous_namespace_keep_their_names():
     s = timeline.summarize_events(ev, 1)
     names = sorted(t["name"] for t in s["top"])
     assert names == ["void strata::cuda::gather_rows", "void strata::cuda::scatter_add_kernel"]
+
+
+def test_a_kernel_launched_early_counts_from_the_end_of_the_one_before():
+    # Programmatic dependent launch: the compute kernel starts at 2 while the experts kernel [0, 10) still runs
+    # on its stream and waits inside for it; its own time is [10, 12). A kernel on another stream is not cut.
+    ev = timeline.events({"traceEvents": [
+        _x("kernel", "void strata::cuda::mmvq_experts_kernel<(QType)12>(Args)", 0, 10, 7),
+        _x("kernel", "void strata::cuda::swiglu_q8_0_kernel(float*)", 2, 10, 7),
+        _x("kernel", "void strata::cuda::rms_norm(float*)", 3, 2, 8)]})
+    s = timeline.summarize_events(ev, 1)
+    assert s["busy_us"] == pytest.approx({"copy": 0.0, "fill": 0.0, "experts": 10.0, "compute": 2.0 + 2.0})
+    assert s["kernels_us"] == pytest.approx(12.0)
+    top = {t["name"]: t for t in s["top"]}
+    swiglu = top["void strata::cuda::swiglu_q8_0_kernel"]
+    assert swiglu["own_us"] == pytest.approx(2.0) and swiglu["us"] == pytest.approx(10.0)
+    assert top["void strata::cuda::rms_norm"]["own_us"] == pytest.approx(2.0)
+    assert s["top"][0]["name"] == "void strata::cuda::mmvq_experts_kernel<"
