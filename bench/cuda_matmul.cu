@@ -8,7 +8,8 @@
 // weights from memory as decode does. The few-token cells are also timed chained: 32 calls back to back
 // in one CUDA graph (programmatic dependent launch between them, as a recorded decode step runs them), the
 // time a call then excludes the launch overhead a single call pays (~4 us on an H100), which is how a
-// decode step's kernels see them; the GB/s of that column is the figure against the HBM's.
+// decode step's kernels see them; the GB/s of that column is the figure against the HBM's. The copies are
+// never written after they are made, so the calls say so (w_fixed), as a model's resident weights do.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -220,7 +221,7 @@ int main(int argc, char** argv) {
             cuda::launch_matmul_q8(type, W, rows, cols, dxq, xrb, T, dy, rows, s);
           else
             cuda::launch_matmul_path(c.what[0] == 'g' ? MatmulPath::Gemv : MatmulPath::TensorCore, type, W,
-                                     rows, cols, dx, cols, T, dy, rows, s);
+                                     rows, cols, dx, cols, T, dy, rows, s, /*w_fixed=*/true);
         };
         const double sec = median_time(rot, runs, s, call);
         const double chained = T <= 8 ? chained_time(rot, runs, s, call) : 0.0;

@@ -173,7 +173,8 @@ class Backend {
   // recorded after it on `s` has completed. CPU: copies at once.
   virtual void upload_async(void* dst, const void* src, size_t bytes, Stream s) = 0;
   // A weight the device reads for the model's life: the CPU borrows the host bytes in place (they
-  // must outlive the buffer), a GPU copies them into memory the returned buffer owns.
+  // must outlive the buffer), a GPU copies them into memory the returned buffer owns. Nothing may write
+  // it afterwards: a GPU's kernels may read it before the kernel queued before them has finished.
   virtual DeviceBuffer resident(const void* host, size_t bytes, const char* what) = 0;
 
   // ---- streams and events ----

@@ -248,33 +248,39 @@ TEST_P(MatmulOp, OneTokenQ8RawIsTheDefaultGemv) {
   for (const int64_t cols : {224, 2048, 2080, 4096, 9728}) {
     const size_t rb = row_bytes(t, cols);
     const int64_t rows = 37, n = 3;
-    Dev<uint8_t> W(be(), random_weights(t, n * rows, cols, rng), "W");
+    const auto host_w = random_weights(t, n * rows, cols, rng);
+    Dev<uint8_t> W(be(), host_w, "W");
+    // The same bytes as a resident weight: a GPU's raw-word kernel loads them before grid_start.
+    const DeviceBuffer fixed_w = be().resident(host_w.data(), host_w.size(), "W resident");
     const int64_t ldx = cols + 4, ldy = rows + 1;
     Dev<float> dx(be(), randf(rng, n * ldx, -2.f, 2.f), "X");
-    std::vector<float> got[2][3];  // [raw][matmul, matmul_n, matmul_strided]
-    for (const int raw : {0, 1}) {
+    std::vector<float> got[3]
+                          [3];  // [default, raw, raw on the resident copy][matmul, matmul_n, matmul_strided]
+    for (const int raw : {0, 1, 2}) {
       const ScopedEnv env("STRATA_CUDA_GEMV_RAW", raw ? "1" : "0");
+      const uint8_t* wp = raw == 2 ? static_cast<const uint8_t*>(fixed_w.get()) : W.p();
       be().set_phase(Phase::Decode);
       Dev<float> y1(be(), n * ldy, "Y"), yn(be(), n * ldy, "Y n"), ys(be(), n * ldy, "Y strided");
       for (int64_t i = 0; i < n; ++i)
-        be().matmul((uint32_t)t, W.p() + i * rows * rb, rows, cols, dx.p() + i * ldx, ldx, 1,
-                    y1.p() + i * ldy, ldy);
+        be().matmul((uint32_t)t, wp + i * rows * rb, rows, cols, dx.p() + i * ldx, ldx, 1, y1.p() + i * ldy,
+                    ldy);
       Backend::MatmulOut outs[3];
-      for (int64_t i = 0; i < n; ++i) outs[i] = {W.p() + i * rows * rb, rows - i, yn.p() + i * ldy, ldy};
+      for (int64_t i = 0; i < n; ++i) outs[i] = {wp + i * rows * rb, rows - i, yn.p() + i * ldy, ldy};
       be().matmul_n((uint32_t)t, cols, dx.p(), ldx, 1, outs, n);
-      be().matmul_strided((uint32_t)t, W.p(), rows * rb, rows, cols, dx.p(), ldx, ldx, 1, ys.p(), ldy, ldy,
-                          n);
+      be().matmul_strided((uint32_t)t, wp, rows * rb, rows, cols, dx.p(), ldx, ldx, 1, ys.p(), ldy, ldy, n);
       be().set_phase(Phase::Any);
       got[raw][0] = y1.get();
       got[raw][1] = yn.get();
       got[raw][2] = ys.get();
     }
-    for (int k = 0; k < 3; ++k)
-      expect_same(got[1][k], got[0][k],
-                  str(k == 0   ? "matmul"
-                      : k == 1 ? "matmul_n"
-                               : "matmul_strided",
-                      " Q8_0 ", cols, " columns, one token: STRATA_CUDA_GEMV_RAW=1 against 0"));
+    for (int v = 1; v < 3; ++v)
+      for (int k = 0; k < 3; ++k)
+        expect_same(got[v][k], got[0][k],
+                    str(k == 0   ? "matmul"
+                        : k == 1 ? "matmul_n"
+                                 : "matmul_strided",
+                        " Q8_0 ", cols, " columns, one token: STRATA_CUDA_GEMV_RAW=1",
+                        v == 2 ? " on resident weights" : "", " against 0"));
     // and the default one's rows against the reference, so that equal bits are right bits
     const auto wf = ref::dequant_rows(t, W.get().data(), rb, cols, n * rows);
     const auto x = dx.get();

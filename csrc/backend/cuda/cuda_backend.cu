@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "quant/quant.h"
 
 namespace strata {
 namespace cuda {
@@ -142,6 +144,10 @@ class CudaBackend final : public Backend,
   // free and free_pinned run in destructors: a failure is logged, never thrown.
   void free(void* p) override {
     if (!p) return;
+    {
+      std::lock_guard<std::mutex> lock(fixed_mu_);
+      fixed_.erase(reinterpret_cast<uintptr_t>(p));  // the address may come back as writable memory
+    }
     report(cudaSetDevice(device_), "cudaSetDevice");
     report(cudaFree(p), "cudaFree");
     --live_;
@@ -226,7 +232,29 @@ class CudaBackend final : public Backend,
   DeviceBuffer resident(const void* host, size_t bytes, const char* what) override {
     DeviceBuffer b(*this, bytes, what);
     upload(b.get(), host, bytes);
+    std::lock_guard<std::mutex> lock(fixed_mu_);
+    const auto at = reinterpret_cast<uintptr_t>(b.get());
+    fixed_[at] = at + bytes;
     return b;
+  }
+  // The bytes of `rows` rows of `cols` elements of `type` (0 for a type strata does not know or a row that
+  // is not whole blocks: the launch refuses those itself).
+  static size_t weight_bytes(uint32_t type, int64_t rows, int64_t cols) {
+    const QuantTraits* q = find_quant(type);
+    if (!q || rows < 0 || cols < 0 || cols % q->block_size != 0) return 0;
+    return static_cast<size_t>(rows) * static_cast<size_t>(cols / q->block_size) * q->type_size;
+  }
+  // Whether [p, p + bytes) lies in one resident buffer: memory nothing writes while work is queued (the
+  // upload finished before resident returned), which a one-token GEMV may read before waiting for the
+  // kernel before it (cuda::MatmulArgs::w_fixed).
+  bool fixed(const void* p, size_t bytes) const {
+    if (bytes == 0) return false;
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(fixed_mu_);
+    auto it = fixed_.upper_bound(a);
+    if (it == fixed_.begin()) return false;
+    --it;
+    return a >= it->first && a + bytes <= it->second;
   }
 
   // ---- streams and events: an EventId is 1 + its index in events_ (0 is "no event") ----
@@ -388,7 +416,7 @@ class CudaBackend final : public Backend,
               int64_t T, float* Y, int64_t ldy) override {
     use();
     cuda::launch_matmul_path(matmul_path(type, rows, cols, T), type, W, rows, cols, X, ldx, T, Y, ldy,
-                             compute_);
+                             compute_, fixed(W, weight_bytes(type, rows, cols)));
   }
   // A prompt always on tensor cores and decode always on GEMV, whatever the number of tokens: a row's
   // result then never depends on the chunking (see Phase); Phase::Any chooses by the shape.
@@ -401,14 +429,19 @@ class CudaBackend final : public Backend,
   void matmul_n(uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T, const MatmulOut* outs,
                 int n) override {
     use();
-    cuda::launch_matmul_n(matmul_path(type, 0, cols, T), type, cols, X, ldx, T, outs, n, compute_);
+    bool all_fixed = n > 0;
+    for (int i = 0; i < n; ++i)
+      all_fixed = all_fixed && fixed(outs[i].W, weight_bytes(type, outs[i].rows, cols));
+    cuda::launch_matmul_n(matmul_path(type, 0, cols, T), type, cols, X, ldx, T, outs, n, compute_, all_fixed);
   }
   void matmul_strided(uint32_t type, const void* W, size_t w_stride, int64_t rows, int64_t cols,
                       const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y, int64_t y_stride,
                       int64_t ldy, int64_t n) override {
     use();
+    const size_t one = weight_bytes(type, rows, cols);
+    const size_t span = n > 0 && one > 0 ? static_cast<size_t>(n - 1) * w_stride + one : 0;
     cuda::launch_matmul_strided(matmul_path(type, rows, cols, T), type, W, w_stride, rows, cols, X, x_stride,
-                                ldx, T, Y, y_stride, ldy, n, compute_);
+                                ldx, T, Y, y_stride, ldy, n, compute_, n > 0 && fixed(W, span));
   }
   void matmul_experts(uint32_t type, const ExpertTable& t, int m, int64_t rows, int64_t cols,
                       const int32_t* ids, const int32_t* order, int64_t n, const float* X, int64_t ldx,
@@ -835,8 +868,10 @@ class CudaBackend final : public Backend,
   cudaEvent_t prefetch_forked_ = nullptr, prefetch_done_ = nullptr;
   bool prefetch_pending_ = false;
   std::atomic<size_t> live_{0};
-  std::mutex events_mu_;             // the expert cache may create and query events from its own threads
-  std::vector<cudaEvent_t> events_;  // nullptr: a free slot, listed in free_ids_
+  mutable std::mutex fixed_mu_;
+  std::map<uintptr_t, uintptr_t> fixed_;  // resident buffers: start -> end
+  std::mutex events_mu_;                  // the expert cache may create and query events from its own threads
+  std::vector<cudaEvent_t> events_;       // nullptr: a free slot, listed in free_ids_
   std::vector<EventId> free_ids_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

@@ -108,13 +108,15 @@ bool gemv_stage_on() {
 bool matmul_should_use_gemv(uint32_t, int64_t, int64_t, int64_t T) { return T <= kGemvMaxT; }
 
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
-                        const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s) {
+                        const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s,
+                        bool w_fixed) {
   dispatch_format(type, "matmul weight", [&](auto fmt) {
     using F = decltype(fmt);
     const size_t rb = row_bytes(F::kType, cols);
     check_matmul<F>("matmul", W, rb, rows, cols, X, ldx, T, ldy);
     if (rows == 0 || T == 0) return;
-    const MatmulArgs a{static_cast<const uint8_t*>(W), rb, rows, cols, X, ldx, T, Y, ldy};
+    MatmulArgs a{static_cast<const uint8_t*>(W), rb, rows, cols, X, ldx, T, Y, ldy};
+    a.w_fixed = w_fixed;
     if (path == MatmulPath::Gemv)
       launch_gemv<F>(a, s);
     else
@@ -123,7 +125,7 @@ void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t r
 }
 
 void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T,
-                     const Backend::MatmulOut* outs, int n, cudaStream_t s) {
+                     const Backend::MatmulOut* outs, int n, cudaStream_t s, bool w_fixed) {
   int64_t total = 0;
   for (int i = 0; i < n; ++i) total += outs[i].rows;
   const bool one_launch =
@@ -131,7 +133,8 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
       ((path == MatmulPath::Gemv && T == 1) || (path == MatmulPath::TensorCore && mma_multi_on()));
   if (!one_launch) {
     for (int i = 0; i < n; ++i)
-      launch_matmul_path(path, type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy, s);
+      launch_matmul_path(path, type, outs[i].W, outs[i].rows, cols, X, ldx, T, outs[i].Y, outs[i].ldy, s,
+                         w_fixed);
     return;
   }
   dispatch_format(type, "matmul weight", [&](auto fmt) {
@@ -151,6 +154,7 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
       g.cols = cols;
       g.X = X;
       g.total = total;
+      g.w_fixed = w_fixed;
       for (int i = 0; i < n; ++i) {
         g.W[i] = static_cast<const uint8_t*>(outs[i].W);
         g.rows[i] = outs[i].rows;
@@ -183,7 +187,7 @@ void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* 
 
 void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t w_stride, int64_t rows,
                            int64_t cols, const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y,
-                           int64_t y_stride, int64_t ldy, int64_t n, cudaStream_t s) {
+                           int64_t y_stride, int64_t ldy, int64_t n, cudaStream_t s, bool w_fixed) {
   STRATA_CHECK(n >= 0, ConfigError, "matmul_strided: ", n, " products");
   // One launch over the products (grid y for one token's GEMV, grid z for the tensor-core tile); a few
   // tokens' GEMV (2-8): their own launches.
@@ -191,7 +195,7 @@ void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t
   if (!one_launch) {
     for (int64_t i = 0; i < n; ++i)
       launch_matmul_path(path, type, static_cast<const uint8_t*>(W) + i * w_stride, rows, cols,
-                         X + i * x_stride, ldx, T, Y + i * y_stride, ldy, s);
+                         X + i * x_stride, ldx, T, Y + i * y_stride, ldy, s, w_fixed);
     return;
   }
   dispatch_format(type, "matmul weight", [&](auto fmt) {
@@ -203,6 +207,7 @@ void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t
     MatmulArgs a{static_cast<const uint8_t*>(W), rb, rows, cols, X, ldx, T, Y, ldy};
     a.batch = n;
     a.w_stride = w_stride;
+    a.w_fixed = w_fixed;
     a.x_stride = x_stride;
     a.y_stride = y_stride;
     if (path == MatmulPath::Gemv)

@@ -55,15 +55,19 @@ bool matmul_should_use_gemv(uint32_t type, int64_t rows, int64_t cols, int64_t T
 // matmul_n: n matmuls of one activation, as launch_matmul_path of each, in one launch where the path is
 // GEMV and T is 1 (decode: the attention's q, k and v) or the path is the tensor-core tile (a prompt's:
 // the small k and v no longer run as launches of their own that fill a fraction of the GPU).
+// w_fixed (here and below): the weights are never written while work is queued (Backend::resident's
+// memory): a one-token GEMV may then load them before it waits for the kernel before it (the raw-word
+// Q8_0 GEMV does).
 void launch_matmul_n(MatmulPath path, uint32_t type, int64_t cols, const float* X, int64_t ldx, int64_t T,
-                     const Backend::MatmulOut* outs, int n, cudaStream_t s);
+                     const Backend::MatmulOut* outs, int n, cudaStream_t s, bool w_fixed = false);
 // Backend::matmul_strided: n products of one shape at fixed strides, as launch_matmul_path of each, in one
 // GEMV launch (grid y) where the path is GEMV and T is 1 (decode: latent attention's per-head k_b, v_b).
 void launch_matmul_strided(MatmulPath path, uint32_t type, const void* W, size_t w_stride, int64_t rows,
                            int64_t cols, const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y,
-                           int64_t y_stride, int64_t ldy, int64_t n, cudaStream_t s);
+                           int64_t y_stride, int64_t ldy, int64_t n, cudaStream_t s, bool w_fixed = false);
 // launch_matmul with the kernel named rather than chosen (benchmarks; either takes any T).
 void launch_matmul_path(MatmulPath path, uint32_t type, const void* W, int64_t rows, int64_t cols,
-                        const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s);
+                        const float* X, int64_t ldx, int64_t T, float* Y, int64_t ldy, cudaStream_t s,
+                        bool w_fixed = false);
 
 }  // namespace strata::cuda

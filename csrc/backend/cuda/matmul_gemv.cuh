@@ -566,7 +566,9 @@ __global__ void __launch_bounds__(kXsThreads) gemv_multi_xs_kernel(GemvMultiArgs
 // that both round trips overlap, then decodes and multiplies them in order: the units each lane takes, their
 // values (Q8_0::decode_words, which decode calls) and the order of the fma chain are row_dot_with's, so the
 // bits are gemv_row_xs_kernel's. The whole row is prefetched into L2 before grid_start (the xs kernel: its
-// first half). STRATA_CUDA_GEMV_RAW=1 (read at each launch) until a GPU has timed it.
+// first half), and where the launch says the weights are fixed (MatmulArgs::w_fixed: Backend::resident's
+// memory) the first group's loads go before grid_start too. STRATA_CUDA_GEMV_RAW=1 (read at each launch)
+// until a GPU has timed it.
 template <int kG>
 struct Q8Raw {
   uint32_t q[kG][4], d[kG];
@@ -606,15 +608,30 @@ __device__ __forceinline__ void prefetch_bytes(const uint8_t* row, size_t rb, in
   if (lane == 0 && rb > 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + rb - 1));
 }
 
-// Row r of W (its scope's rows, `units` units) against the staged activations xs, the first group's loads
-// issued before the block stages xs (x, cols, x_vec): every thread of the block calls it (the barrier), live
-// ones with a row.
+// A row's first group of raw words: before grid_start where the weights are fixed (w_fixed: never written
+// while work is queued, so they may be read while the kernel before still runs; under programmatic
+// dependent launch their round trip then overlaps that kernel), the row's lines into L2 otherwise and the
+// loads after grid_start. Every thread of the block calls both halves (the barrier in q8raw_finish). kFixed
+// is a template parameter so that each kernel has one load site: nvcc 13.0's cicc at -O1 (the CI's device
+// optimization) crashed compiling a kernel with a load on either side of grid_start.
+template <int kG, bool kFixed>
+__device__ __forceinline__ void q8raw_start(Q8Raw<kG>& g, const uint8_t* row, size_t rb, int64_t cols,
+                                            bool live, int lane) {
+  if (live) {
+    if constexpr (kFixed) g.load(row, 0, cols / unit::kUnit, lane);
+    prefetch_bytes(row, rb, lane);
+  }
+  grid_start();
+  if constexpr (!kFixed)
+    if (live) g.load(row, 0, cols / unit::kUnit, lane);
+}
+
+// Row . x with the first group loaded (q8raw_start): the block stages x (cols, x_vec) while those loads
+// are in flight, then each live warp multiplies group by group.
 template <int kG>
-__device__ __forceinline__ float q8raw_row(const uint8_t* row, bool live, const float* x, int64_t cols,
-                                           bool x_vec, int lane) {
+__device__ __forceinline__ float q8raw_finish(Q8Raw<kG>& g, const uint8_t* row, bool live, const float* x,
+                                              int64_t cols, bool x_vec, int lane) {
   const int64_t units = cols / unit::kUnit;  // Q8_0 rows: whole blocks, so whole units
-  Q8Raw<kG> g;
-  if (live) g.load(row, 0, units, lane);
   stage_x_row(gemv_xs, x, cols, x_vec);
   __syncthreads();
   if (!live) return 0.0f;
@@ -627,19 +644,19 @@ __device__ __forceinline__ float q8raw_row(const uint8_t* row, bool live, const 
   return warp_sum(acc);
 }
 
-template <int kG>
+template <int kG, bool kFixed>
 __global__ void __launch_bounds__(kXsThreads) gemv_row_q8raw_kernel(MatmulArgs a, bool x_vec) {
   const int lane = threadIdx.x % kWarp;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp, b = blockIdx.y;
-  const uint8_t* row = a.W + b * a.w_stride + r * a.rb;
   const bool live = r < a.rows;
-  if (live) prefetch_bytes(row, a.rb, lane);
-  grid_start();
-  const float s = q8raw_row<kG>(row, live, a.X + b * a.x_stride, a.cols, x_vec, lane);
+  const uint8_t* row = a.W + b * a.w_stride + (live ? r : 0) * a.rb;
+  Q8Raw<kG> g;
+  q8raw_start<kG, kFixed>(g, row, a.rb, a.cols, live, lane);
+  const float s = q8raw_finish(g, row, live, a.X + b * a.x_stride, a.cols, x_vec, lane);
   if (live && lane == 0) a.Y[b * a.y_stride + r] = s;
 }
 
-template <int kG>
+template <int kG, bool kFixed>
 __global__ void __launch_bounds__(kXsThreads) gemv_multi_q8raw_kernel(GemvMultiArgs g, bool x_vec) {
   const int lane = threadIdx.x % kWarp;
   int64_t r = static_cast<int64_t>(blockIdx.x) * kXsWarps + threadIdx.x / kWarp;
@@ -647,10 +664,10 @@ __global__ void __launch_bounds__(kXsThreads) gemv_multi_q8raw_kernel(GemvMultiA
   const bool live = r < g.total;
   if (live)
     while (i + 1 < g.n && r >= g.rows[i]) r -= g.rows[i++];
-  const uint8_t* row = g.W[i] + r * g.rb;
-  if (live) prefetch_bytes(row, g.rb, lane);
-  grid_start();
-  const float s = q8raw_row<kG>(row, live, g.X, g.cols, x_vec, lane);
+  const uint8_t* row = g.W[i] + (live ? r : 0) * g.rb;
+  Q8Raw<kG> w;
+  q8raw_start<kG, kFixed>(w, row, g.rb, g.cols, live, lane);
+  const float s = q8raw_finish(w, row, live, g.X, g.cols, x_vec, lane);
   if (live && lane == 0) g.Y[i][r] = s;
 }
 
@@ -658,18 +675,21 @@ __global__ void __launch_bounds__(kXsThreads) gemv_multi_q8raw_kernel(GemvMultiA
 // registers.
 inline bool q8raw_small(int64_t cols) { return cols <= 4 * kWarp * unit::kUnit; }
 
-inline void q8raw_opt_in() {
+template <class F>  // F: Q8_0 (a template, so that only the Q8_0 unit instantiates the kernels)
+void q8raw_opt_in() {
   static std::once_flag once;
   std::call_once(once, [] {
     const int most = static_cast<int>(xs_bytes(kXsMaxUnits * unit::kUnit));
-    STRATA_CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_row_q8raw_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-    STRATA_CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_row_q8raw_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-    STRATA_CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_multi_q8raw_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-    STRATA_CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_multi_q8raw_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    const void* kernels[] = {reinterpret_cast<const void*>(gemv_row_q8raw_kernel<4, false>),
+                             reinterpret_cast<const void*>(gemv_row_q8raw_kernel<8, false>),
+                             reinterpret_cast<const void*>(gemv_row_q8raw_kernel<4, true>),
+                             reinterpret_cast<const void*>(gemv_row_q8raw_kernel<8, true>),
+                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<4, false>),
+                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<8, false>),
+                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<4, true>),
+                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<8, true>)};
+    for (const void* k : kernels)
+      STRATA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
   });
 }
 
@@ -758,12 +778,20 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.X = a.X + t0 * a.ldx;
     g.Y = a.Y + t0 * a.ldy;
     g.T = min64(kMaxT, a.T - t0);
-    if (F::kType == QType::Q8_0 && g.T == 1 && gemv_raw_on() && xs_fits(a.cols)) {
-      q8raw_opt_in();
-      launch_kernel(q8raw_small(a.cols) ? gemv_row_q8raw_kernel<4> : gemv_row_q8raw_kernel<8>,
-                    dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads, xs_bytes(a.cols), s, g,
-                    x_vec);
-    } else if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols)) {
+    if constexpr (F::kType == QType::Q8_0) {  // (instantiated in the Q8_0 unit alone)
+      if (g.T == 1 && gemv_raw_on() && xs_fits(a.cols)) {
+        q8raw_opt_in<F>();
+        const auto k =
+            a.w_fixed
+                ? (q8raw_small(a.cols) ? gemv_row_q8raw_kernel<4, true> : gemv_row_q8raw_kernel<8, true>)
+                : (q8raw_small(a.cols) ? gemv_row_q8raw_kernel<4, false> : gemv_row_q8raw_kernel<8, false>);
+        launch_kernel(k, dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads, xs_bytes(a.cols), s, g,
+                      x_vec);
+        STRATA_CUDA_LAUNCH_CHECK();
+        continue;
+      }
+    }
+    if (g.T == 1 && gemv_xs_on() && xs_fits(a.cols)) {
       xs_opt_in<F>();
       launch_kernel(gemv_row_xs_kernel<F>, dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads,
                     xs_smem<F>(a.cols, stage), s, g, x_vec, stage);
@@ -784,12 +812,20 @@ template <class F>
 void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   using namespace gemv;
   const bool stage = gemv_stage_on();
-  if (F::kType == QType::Q8_0 && gemv_raw_on() && xs_fits(g.cols)) {
-    q8raw_opt_in();
-    launch_kernel(q8raw_small(g.cols) ? gemv_multi_q8raw_kernel<4> : gemv_multi_q8raw_kernel<8>,
-                  grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols), s, g,
-                  x_rows_aligned(g.X, 4));
-  } else if (gemv_xs_on() && xs_fits(g.cols)) {
+  if constexpr (F::kType == QType::Q8_0) {
+    if (gemv_raw_on() && xs_fits(g.cols)) {
+      q8raw_opt_in<F>();
+      const auto k =
+          g.w_fixed
+              ? (q8raw_small(g.cols) ? gemv_multi_q8raw_kernel<4, true> : gemv_multi_q8raw_kernel<8, true>)
+              : (q8raw_small(g.cols) ? gemv_multi_q8raw_kernel<4, false> : gemv_multi_q8raw_kernel<8, false>);
+      launch_kernel(k, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols), s, g,
+                    x_rows_aligned(g.X, 4));
+      STRATA_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
+  if (gemv_xs_on() && xs_fits(g.cols)) {
     xs_opt_in<F>();
     launch_kernel(gemv_multi_xs_kernel<F>, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads,
                   xs_smem<F>(g.cols, stage), s, g, x_rows_aligned(g.X, 4), stage);

@@ -33,6 +33,7 @@ struct MatmulArgs {
   int64_t batch = 1;
   size_t w_stride = 0;
   int64_t x_stride = 0, y_stride = 0;
+  bool w_fixed = false;  // W is never written while work is queued: it may be read before grid_start
 };
 
 // Up to kGemvMulti matmuls of one activation row (T = 1) in one launch: rows [0, rows[0]) of the
@@ -46,6 +47,7 @@ struct GemvMultiArgs {
   size_t rb;
   int64_t cols, total;
   const float* X;
+  bool w_fixed = false;  // as MatmulArgs::w_fixed, for every W
 };
 
 // The same matmuls on the tensor-core tile (a prompt's q, k and v): grid x walks the matrices' row tiles
