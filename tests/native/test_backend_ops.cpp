@@ -230,47 +230,52 @@ TEST_P(Op, RouterTopk) {
 // path) and off it (more tokens, a prompt, a quantized router); the fused launch leaves its ticket
 // zeroed, so the calls in a row each find the last block.
 TEST_P(Op, RouteIsItsSteps) {
-  std::mt19937 rng(34);
-  struct Shape {
-    int64_t E, D, K;
-  };
-  for (QType t : {QType::F32, QType::F16, QType::BF16, QType::Q8_0})
-    for (const Shape sh :
-         {Shape{128, 2048, 8}, Shape{7, 96, 3}, Shape{64, 512, 1}, Shape{300, 64, 300}, Shape{96, 256, 7}})
-      for (Phase ph : {Phase::Decode, Phase::Prompt})
-        for (int64_t T : {1, 3})
-          for (bool norm : {false, true}) {
-            const int64_t E = sh.E, D = sh.D, K = sh.K;
-            auto wb = random_weights(t, E, D, rng);
-            if (E == 96) {  // experts 2i and 2i + 1 alike: every logit tied with its neighbour's
-              const size_t rb = row_bytes(t, D);
-              for (int64_t r = 1; r < E; r += 2)
-                std::copy_n(wb.begin() + (r - 1) * rb, rb, wb.begin() + r * rb);
+  // On a GPU the fused launch with 4 warps a block (the default) and STRATA_CUDA_ROUTE_WARPS 1 and 2.
+  for (const char* warps : {"4", "2", "1"}) {
+    const ScopedEnv env("STRATA_CUDA_ROUTE_WARPS", warps);
+    SCOPED_TRACE(str("STRATA_CUDA_ROUTE_WARPS=", warps));
+    std::mt19937 rng(34);
+    struct Shape {
+      int64_t E, D, K;
+    };
+    for (QType t : {QType::F32, QType::F16, QType::BF16, QType::Q8_0})
+      for (const Shape sh :
+           {Shape{128, 2048, 8}, Shape{7, 96, 3}, Shape{64, 512, 1}, Shape{300, 64, 300}, Shape{96, 256, 7}})
+        for (Phase ph : {Phase::Decode, Phase::Prompt})
+          for (int64_t T : {1, 3})
+            for (bool norm : {false, true}) {
+              const int64_t E = sh.E, D = sh.D, K = sh.K;
+              auto wb = random_weights(t, E, D, rng);
+              if (E == 96) {  // experts 2i and 2i + 1 alike: every logit tied with its neighbour's
+                const size_t rb = row_bytes(t, D);
+                for (int64_t r = 1; r < E; r += 2)
+                  std::copy_n(wb.begin() + (r - 1) * rb, rb, wb.begin() + r * rb);
+              }
+              Dev<uint8_t> W(be(), wb, "router");
+              auto xs = randf(rng, T * D, -2.f, 2.f);
+              if (E == 7) std::fill(xs.begin(), xs.end(), 0.f);  // every logit 0: ties everywhere
+              Dev<float> x(be(), xs, "x");
+              Dev<float> lg(be(), T * E, "logits"), lg1(be(), T * E, "logits"), w(be(), T * K, "w"),
+                  w1(be(), T * K, "w");
+              Dev<int32_t> ids(be(), T * K, "ids"), ids1(be(), T * K, "ids"), off(be(), E + 1, "off"),
+                  off1(be(), E + 1, "off"), rows(be(), T * K, "rows"), rows1(be(), T * K, "rows");
+              be().set_phase(ph);
+              be().route((uint32_t)t, W.p(), E, D, x.p(), T, K, norm, lg.p(), ids.p(), w.p(), off.p(),
+                         rows.p());
+              be().matmul((uint32_t)t, W.p(), E, D, x.p(), D, T, lg1.p(), E);
+              be().router_topk(lg1.p(), T, E, K, norm, ids1.p(), w1.p());
+              be().group_by_expert(ids1.p(), T, K, E, off1.p(), rows1.p());
+              be().set_phase(Phase::Any);
+              const std::string what =
+                  str("route ", quant_traits(t).name, " E=", E, " D=", D, " K=", K, " T=", T, " norm=", norm,
+                      ph == Phase::Decode ? " decode" : " prompt");
+              expect_same(lg.get(), lg1.get(), what + " logits");
+              expect_same(ids.get(), ids1.get(), what + " ids");
+              expect_same(w.get(), w1.get(), what + " weights");
+              expect_same(off.get(), off1.get(), what + " off");
+              expect_same(rows.get(), rows1.get(), what + " rows");
             }
-            Dev<uint8_t> W(be(), wb, "router");
-            auto xs = randf(rng, T * D, -2.f, 2.f);
-            if (E == 7) std::fill(xs.begin(), xs.end(), 0.f);  // every logit 0: ties everywhere
-            Dev<float> x(be(), xs, "x");
-            Dev<float> lg(be(), T * E, "logits"), lg1(be(), T * E, "logits"), w(be(), T * K, "w"),
-                w1(be(), T * K, "w");
-            Dev<int32_t> ids(be(), T * K, "ids"), ids1(be(), T * K, "ids"), off(be(), E + 1, "off"),
-                off1(be(), E + 1, "off"), rows(be(), T * K, "rows"), rows1(be(), T * K, "rows");
-            be().set_phase(ph);
-            be().route((uint32_t)t, W.p(), E, D, x.p(), T, K, norm, lg.p(), ids.p(), w.p(), off.p(),
-                       rows.p());
-            be().matmul((uint32_t)t, W.p(), E, D, x.p(), D, T, lg1.p(), E);
-            be().router_topk(lg1.p(), T, E, K, norm, ids1.p(), w1.p());
-            be().group_by_expert(ids1.p(), T, K, E, off1.p(), rows1.p());
-            be().set_phase(Phase::Any);
-            const std::string what =
-                str("route ", quant_traits(t).name, " E=", E, " D=", D, " K=", K, " T=", T, " norm=", norm,
-                    ph == Phase::Decode ? " decode" : " prompt");
-            expect_same(lg.get(), lg1.get(), what + " logits");
-            expect_same(ids.get(), ids1.get(), what + " ids");
-            expect_same(w.get(), w1.get(), what + " weights");
-            expect_same(off.get(), off1.get(), what + " off");
-            expect_same(rows.get(), rows1.get(), what + " rows");
-          }
+  }
 }
 
 // The backend's group_by_expert of ids against the reference (offsets and rows, bit for bit); returns the

@@ -5,6 +5,7 @@
 #include "backend/cuda/counting_sort.cuh"
 #include "backend/cuda/matmul_gemv.cuh"
 #include "backend/cuda/router.cuh"
+#include "core/env.h"
 
 namespace strata::cuda {
 namespace {
@@ -157,9 +158,12 @@ __device__ __forceinline__ void group_distinct_block(const int32_t* ids, int64_t
   }
 }
 
-// route for one token: warp w of block b computes logit 4 b + w as gemv_row_kernel does (row_dot, the
-// same bits as matmul); the last block to finish (a ticket, reset for the next call) picks the top-K
-// from those logits and groups the pairs, all its threads at once.
+// route for one token: warp w of block b computes logit n b + w (n warps a block: 4, or
+// STRATA_CUDA_ROUTE_WARPS) as gemv_row_kernel does (row_dot, the same bits as matmul); the last block to
+// finish (a ticket, reset for the next call) picks the top-K from those logits and groups the pairs, all its
+// threads at once. Fewer warps a block spread the router's rows over more SMs (E = 128 rows of 4 warps are
+// 32 blocks: 32 of an H100's 132 SMs read the 2 MB of a 235B router) at the price of fewer threads for the
+// last block's picks; the same bits either way.
 template <class F>
 __global__ void __launch_bounds__(gemv::kRowThreads)
     route_kernel(const uint8_t* W, size_t rb, int64_t E, int64_t D, const float* x, bool x_vec, int64_t K,
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(gemv::kRowThreads)
   __shared__ float red[kWarp];
   __shared__ bool last;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * gemv::kRowWarps + warp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + warp;
   if (r < E) {
     const float v = gemv::row_dot<F>(W + r * rb, x, D, x_vec, lane);
     if (lane == 0) logits[r] = v;
@@ -230,7 +234,9 @@ bool launch_route(uint32_t type, const void* W, int64_t E, int64_t D, const floa
                  " bytes");
     STRATA_CHECK(reinterpret_cast<uintptr_t>(x) % 4 == 0, ConfigError, "route: activations at ", x,
                  " are not 4-byte aligned");
-    launch_kernel(route_kernel<F>, grid_x(ceil_div(E, gemv::kRowWarps)), gemv::kRowThreads,
+    const int64_t warps =
+        env_int("STRATA_CUDA_ROUTE_WARPS", gemv::kRowWarps, 1, gemv::kRowWarps, "a number of warps a block");
+    launch_kernel(route_kernel<F>, grid_x(ceil_div(E, warps)), static_cast<unsigned>(warps * kWarp),
                   E * 4 + topk_smem(E, K), s, static_cast<const uint8_t*>(W), rb, E, D, x,
                   x_rows_aligned(x, D), K, norm, logits, ids, weights, off, rows, ticket);
     STRATA_CUDA_LAUNCH_CHECK();
