@@ -84,15 +84,13 @@ struct Rotation {
   Rotation& operator=(const Rotation&) = delete;
 };
 
-// Median seconds of one call(weights) over `runs` timed calls after a warm-up.
-double median_time(const Rotation& rot, int runs, cudaStream_t s,
-                   const std::function<void(const void*)>& call) {
-  for (int i = 0; i < kWarmup; ++i) call(rot.copies[i % rot.copies.size()]);
+// The median over `runs` of the seconds between CUDA events recorded on s around body(i).
+double median_events(int runs, cudaStream_t s, const std::function<void(int)>& body) {
   std::vector<cudaEvent_t> ev(2 * runs);
   for (auto& e : ev) STRATA_CUDA_CHECK(cudaEventCreate(&e));
   for (int i = 0; i < runs; ++i) {
     STRATA_CUDA_CHECK(cudaEventRecord(ev[2 * i], s));
-    call(rot.copies[(kWarmup + i) % rot.copies.size()]);
+    body(i);
     STRATA_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s));
   }
   STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -107,6 +105,13 @@ double median_time(const Rotation& rot, int runs, cudaStream_t s,
   return t[runs / 2];
 }
 
+// Median seconds of one call(weights) over `runs` timed calls after a warm-up.
+double median_time(const Rotation& rot, int runs, cudaStream_t s,
+                   const std::function<void(const void*)>& call) {
+  for (int i = 0; i < kWarmup; ++i) call(rot.copies[i % rot.copies.size()]);
+  return median_events(runs, s, [&](int i) { call(rot.copies[(kWarmup + i) % rot.copies.size()]); });
+}
+
 // Seconds a call with kChain calls back to back in one CUDA graph, each on the next weight copy (the
 // median over graph launches after a warm-up one, divided by kChain).
 constexpr int kChain = 32;
@@ -119,26 +124,11 @@ double chained_time(const Rotation& rot, int runs, cudaStream_t s,
   STRATA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   STRATA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   STRATA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up
-  runs = std::max(3, std::min(runs, 20));
-  std::vector<cudaEvent_t> ev(2 * runs);
-  for (auto& e : ev) STRATA_CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < runs; ++i) {
-    STRATA_CUDA_CHECK(cudaEventRecord(ev[2 * i], s));
-    STRATA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    STRATA_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s));
-  }
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t(runs);
-  for (int i = 0; i < runs; ++i) {
-    float ms = 0;
-    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1e-3 / kChain;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
+  const double t = median_events(std::max(3, std::min(runs, 20)), s,
+                                 [&](int) { STRATA_CUDA_CHECK(cudaGraphLaunch(exec, s)); });
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  std::nth_element(t.begin(), t.begin() + runs / 2, t.end());
-  return t[runs / 2];
+  return t / kChain;
 }
 
 template <class T>
