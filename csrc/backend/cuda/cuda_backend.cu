@@ -237,9 +237,12 @@ class CudaBackend final : public Backend,
     fixed_[at] = at + bytes;
     return b;
   }
-  // The bytes of `rows` rows of `cols` elements of `type` (0 for a type strata does not know or a row that
-  // is not whole blocks: the launch refuses those itself).
-  static size_t weight_bytes(uint32_t type, int64_t rows, int64_t cols) {
+  // The bytes of `rows` rows of `cols` Q8_0 elements, the weights whose matmul asks whether they are fixed;
+  // 0 for other types (only the raw-word Q8_0 GEMV reads MatmulArgs::w_fixed: they skip the lookup, a lock
+  // and a map search a call on op-by-op paths) and for rows that are not whole blocks (the launch refuses
+  // those itself).
+  static size_t raw_gemv_bytes(uint32_t type, int64_t rows, int64_t cols) {
+    if (type != static_cast<uint32_t>(QType::Q8_0)) return 0;
     const QuantTraits* q = find_quant(type);
     if (!q || rows < 0 || cols < 0 || cols % q->block_size != 0) return 0;
     return static_cast<size_t>(rows) * static_cast<size_t>(cols / q->block_size) * q->type_size;
@@ -416,7 +419,7 @@ class CudaBackend final : public Backend,
               int64_t T, float* Y, int64_t ldy) override {
     use();
     cuda::launch_matmul_path(matmul_path(type, rows, cols, T), type, W, rows, cols, X, ldx, T, Y, ldy,
-                             compute_, fixed(W, weight_bytes(type, rows, cols)));
+                             compute_, fixed(W, raw_gemv_bytes(type, rows, cols)));
   }
   // A prompt always on tensor cores and decode always on GEMV, whatever the number of tokens: a row's
   // result then never depends on the chunking (see Phase); Phase::Any chooses by the shape.
@@ -431,14 +434,14 @@ class CudaBackend final : public Backend,
     use();
     bool all_fixed = n > 0;
     for (int i = 0; i < n; ++i)
-      all_fixed = all_fixed && fixed(outs[i].W, weight_bytes(type, outs[i].rows, cols));
+      all_fixed = all_fixed && fixed(outs[i].W, raw_gemv_bytes(type, outs[i].rows, cols));
     cuda::launch_matmul_n(matmul_path(type, 0, cols, T), type, cols, X, ldx, T, outs, n, compute_, all_fixed);
   }
   void matmul_strided(uint32_t type, const void* W, size_t w_stride, int64_t rows, int64_t cols,
                       const float* X, int64_t x_stride, int64_t ldx, int64_t T, float* Y, int64_t y_stride,
                       int64_t ldy, int64_t n) override {
     use();
-    const size_t one = weight_bytes(type, rows, cols);
+    const size_t one = raw_gemv_bytes(type, rows, cols);
     const size_t span = n > 0 && one > 0 ? static_cast<size_t>(n - 1) * w_stride + one : 0;
     cuda::launch_matmul_strided(matmul_path(type, rows, cols, T), type, W, w_stride, rows, cols, X, x_stride,
                                 ldx, T, Y, y_stride, ldy, n, compute_, n > 0 && fixed(W, span));
