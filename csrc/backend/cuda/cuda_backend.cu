@@ -242,10 +242,8 @@ class CudaBackend final : public Backend,
   // and a map search a call on op-by-op paths) and for rows that are not whole blocks (the launch refuses
   // those itself).
   static size_t raw_gemv_bytes(uint32_t type, int64_t rows, int64_t cols) {
-    if (type != static_cast<uint32_t>(QType::Q8_0)) return 0;
-    const QuantTraits* q = find_quant(type);
-    if (!q || rows < 0 || cols < 0 || cols % q->block_size != 0) return 0;
-    return static_cast<size_t>(rows) * static_cast<size_t>(cols / q->block_size) * q->type_size;
+    if (type != static_cast<uint32_t>(QType::Q8_0) || rows < 0 || cols < 0 || cols % kQK8_0 != 0) return 0;
+    return static_cast<size_t>(rows) * row_bytes(QType::Q8_0, cols);
   }
   // Whether [p, p + bytes) lies in one resident buffer: memory nothing writes while work is queued (the
   // upload finished before resident returned), which a one-token GEMV may read before waiting for the

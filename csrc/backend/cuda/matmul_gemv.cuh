@@ -392,15 +392,7 @@ __device__ __forceinline__ const uint8_t* write_through_row(uint8_t* sh, uint8_t
   for (int k = 0; k < kPer; ++k) {
     const int idx = lane + k * kWarp;
     if (idx >= pieces) continue;
-    const uintptr_t p = first + 16 * static_cast<uintptr_t>(idx);
-    if (p >= lo_a && p + 16 <= hi_a) {
-      v[k] = *reinterpret_cast<const uint4*>(p);
-    } else {  // the source's first or last piece: its bytes outside [lo, hi) are not read
-      __align__(16) uint8_t b[16];
-      for (int j = 0; j < 16; ++j)
-        b[j] = (p + j >= lo_a && p + j < hi_a) ? *reinterpret_cast<const uint8_t*>(p + j) : 0;
-      v[k] = *reinterpret_cast<const uint4*>(b);
-    }
+    v[k] = ld_piece16(first + 16 * static_cast<uintptr_t>(idx), lo_a, hi_a);
   }
 #pragma unroll
   for (int k = 0; k < kPer; ++k)
@@ -675,23 +667,31 @@ __global__ void __launch_bounds__(kXsThreads) gemv_multi_q8raw_kernel(GemvMultiA
 // registers.
 inline bool q8raw_small(int64_t cols) { return cols <= 4 * kWarp * unit::kUnit; }
 
-template <class F>  // F: Q8_0 (a template, so that only the Q8_0 unit instantiates the kernels)
-void q8raw_opt_in() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const int most = static_cast<int>(xs_bytes(kXsMaxUnits * unit::kUnit));
-    const void* kernels[] = {reinterpret_cast<const void*>(gemv_row_q8raw_kernel<4, false>),
-                             reinterpret_cast<const void*>(gemv_row_q8raw_kernel<8, false>),
-                             reinterpret_cast<const void*>(gemv_row_q8raw_kernel<4, true>),
-                             reinterpret_cast<const void*>(gemv_row_q8raw_kernel<8, true>),
-                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<4, false>),
-                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<8, false>),
-                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<4, true>),
-                             reinterpret_cast<const void*>(gemv_multi_q8raw_kernel<8, true>)};
-    for (const void* k : kernels)
-      STRATA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-  });
-}
+// The raw-word kernels by [w_fixed][groups of 8], opted in to the xs kernels' shared memory once. F: Q8_0 (a
+// template, so that only the Q8_0 unit instantiates the kernels).
+template <class F>
+struct Q8RawKernels {
+  using Row = void (*)(MatmulArgs, bool);
+  using Multi = void (*)(GemvMultiArgs, bool);
+  static constexpr Row kRow[2][2] = {{gemv_row_q8raw_kernel<4, false>, gemv_row_q8raw_kernel<8, false>},
+                                     {gemv_row_q8raw_kernel<4, true>, gemv_row_q8raw_kernel<8, true>}};
+  static constexpr Multi kMulti[2][2] = {
+      {gemv_multi_q8raw_kernel<4, false>, gemv_multi_q8raw_kernel<8, false>},
+      {gemv_multi_q8raw_kernel<4, true>, gemv_multi_q8raw_kernel<8, true>}};
+  static void opt_in() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      const int most = static_cast<int>(xs_bytes(kXsMaxUnits * unit::kUnit));
+      for (int f = 0; f < 2; ++f)
+        for (int g = 0; g < 2; ++g) {
+          STRATA_CUDA_CHECK(
+              cudaFuncSetAttribute(kRow[f][g], cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+          STRATA_CUDA_CHECK(
+              cudaFuncSetAttribute(kMulti[f][g], cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        }
+    });
+  }
+};
 
 // matmul_experts with row i's activations staged once a block (gemv_row_xs_kernel's way): block (x, i) takes
 // kXsWarps rows of row i's expert matrix; kWt: a table with pending slots (gemv_row_experts_wt_kernel's
@@ -780,11 +780,9 @@ void launch_gemv(const MatmulArgs& a, cudaStream_t s) {
     g.T = min64(kMaxT, a.T - t0);
     if constexpr (F::kType == QType::Q8_0) {  // (instantiated in the Q8_0 unit alone)
       if (g.T == 1 && gemv_raw_on() && xs_fits(a.cols)) {
-        q8raw_opt_in<F>();
-        const auto k =
-            a.w_fixed
-                ? (q8raw_small(a.cols) ? gemv_row_q8raw_kernel<4, true> : gemv_row_q8raw_kernel<8, true>)
-                : (q8raw_small(a.cols) ? gemv_row_q8raw_kernel<4, false> : gemv_row_q8raw_kernel<8, false>);
+        using K = Q8RawKernels<F>;
+        K::opt_in();
+        const auto k = K::kRow[a.w_fixed][!q8raw_small(a.cols)];
         launch_kernel(k, dim3(grid_x(ceil_div(a.rows, kXsWarps)), batch), kXsThreads, xs_bytes(a.cols), s, g,
                       x_vec);
         STRATA_CUDA_LAUNCH_CHECK();
@@ -814,11 +812,9 @@ void launch_gemv_multi(const GemvMultiArgs& g, cudaStream_t s) {
   const bool stage = gemv_stage_on();
   if constexpr (F::kType == QType::Q8_0) {
     if (gemv_raw_on() && xs_fits(g.cols)) {
-      q8raw_opt_in<F>();
-      const auto k =
-          g.w_fixed
-              ? (q8raw_small(g.cols) ? gemv_multi_q8raw_kernel<4, true> : gemv_multi_q8raw_kernel<8, true>)
-              : (q8raw_small(g.cols) ? gemv_multi_q8raw_kernel<4, false> : gemv_multi_q8raw_kernel<8, false>);
+      using K = Q8RawKernels<F>;
+      K::opt_in();
+      const auto k = K::kMulti[g.w_fixed][!q8raw_small(g.cols)];
       launch_kernel(k, grid_x(ceil_div(g.total, kXsWarps)), kXsThreads, xs_bytes(g.cols), s, g,
                     x_rows_aligned(g.X, 4));
       STRATA_CUDA_LAUNCH_CHECK();

@@ -65,6 +65,18 @@ __device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* src, siz
   }
 }
 
+// The 16 bytes at p (16-byte aligned) by one load where they lie inside [lo, hi), the source's readable
+// extent; else (at most its first and last piece) byte by byte, the bytes outside as zeros, never read.
+__device__ __forceinline__ uint4 ld_piece16(uintptr_t p, uintptr_t lo, uintptr_t hi) {
+  if (p >= lo && p + 16 <= hi) return *reinterpret_cast<const uint4*>(p);
+  uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int b = 0; b < 16; ++b)
+    if (p + b >= lo && p + b < hi)
+      w[b / 4] |= uint32_t{*reinterpret_cast<const uint8_t*>(p + b)} << (8 * (b % 4));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // stage_rows by plain 16-byte loads into registers, kPer a thread in flight at a time, then stores to dst:
 // the same bytes at the same places, in dst when the caller's barrier has passed (no cp.async group). For
 // a source in host memory (the write-through's pending rows): ncu and the 30B 1 GiB decode measured the
@@ -86,17 +98,7 @@ __device__ __forceinline__ void stage_rows_ld(uint8_t* dst, const uint8_t* src, 
       const uintptr_t first = reinterpret_cast<uintptr_t>(src + static_cast<size_t>(i) * stride + off);
       const uintptr_t p = (first & ~uintptr_t{15}) + 16 * static_cast<uintptr_t>(k);
       live[j] = it < total && p < first + static_cast<uintptr_t>(n);
-      if (!live[j]) continue;
-      if (p >= lo_a && p + 16 <= hi_a) {
-        v[j] = *reinterpret_cast<const uint4*>(p);
-      } else {  // the source's first or last piece: its bytes outside [lo, hi) are not read
-        uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int b = 0; b < 16; ++b)
-          if (p + b >= lo_a && p + b < hi_a)
-            w[b / 4] |= uint32_t{*reinterpret_cast<const uint8_t*>(p + b)} << (8 * (b % 4));
-        v[j] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
+      if (live[j]) v[j] = ld_piece16(p, lo_a, hi_a);
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
